@@ -1,0 +1,25 @@
+"""Draft heads: what a head *is* (config + module). See docs/design.md for the contracts."""
+from heads.auto import HEAD_CLASSES, AutoHead, build_head
+from heads.common import DraftHead, DraftHeadConfig, target_identity
+from heads.eagle import EagleConfig, EagleHead
+from heads.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
+from heads.layers import HeadCache, HeadOutput
+from heads.medusa import MedusaConfig, MedusaHead
+
+__all__ = [
+    "AutoHead",
+    "build_head",
+    "HEAD_CLASSES",
+    "DraftHead",
+    "DraftHeadConfig",
+    "target_identity",
+    "MedusaConfig",
+    "MedusaHead",
+    "EagleConfig",
+    "EagleHead",
+    "Eagle3Config",
+    "Eagle3Head",
+    "default_aux_layer_ids",
+    "HeadCache",
+    "HeadOutput",
+]

@@ -1,0 +1,98 @@
+"""``build_head`` (a fresh head for a target) and ``AutoHead`` (load any saved head)."""
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+
+from transformers import PretrainedConfig, PreTrainedModel
+
+from heads.common import DraftHead, DraftHeadConfig, text_config
+from heads.eagle import EagleConfig, EagleHead, layer_kwargs_from_target
+from heads.eagle3 import Eagle3Config, Eagle3Head
+from heads.medusa import MedusaConfig, MedusaHead
+
+HEAD_CLASSES: dict[str, type[DraftHead]] = {"medusa": MedusaHead, "eagle": EagleHead, "eagle3": Eagle3Head}
+_BY_MODEL_TYPE = {cls.config_class.model_type: cls for cls in HEAD_CLASSES.values()}
+# The public EAGLE-3 layout (EAGLE authors, SpecForge) is converted on load by heads.formats.
+PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
+
+
+def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options: Any) -> DraftHead:
+    """An untrained head of ``kind`` ("medusa", "eagle", "eagle3") shaped for ``target``.
+
+    ``target`` is a config or a model; with a model, Medusa's lm_heads start as copies of the
+    target's. ``options`` set head config fields (e.g. ``num_heads=5``, ``draft_vocab_size=2048``,
+    ``aux_layer_ids=[1, 4, 7]``, ``intermediate_size=...``); unknown fields are errors.
+    """
+    if kind not in HEAD_CLASSES:
+        raise ValueError(f"unknown head kind '{kind}'; expected one of {sorted(HEAD_CLASSES)}")
+    config_cls = HEAD_CLASSES[kind].config_class
+    tcfg = text_config(target)
+    base = config_cls.identity_kwargs(target)
+    if kind == "medusa":
+        base.update(hidden_size=tcfg.hidden_size, vocab_size=tcfg.vocab_size)
+    else:
+        base.update(layer_kwargs_from_target(tcfg))
+    allowed = set(_init_params(config_cls))
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for a {kind} head; allowed: {sorted(allowed)}")
+    head = HEAD_CLASSES[kind](config_cls(**{**base, **options}))
+    if kind == "medusa" and isinstance(target, PreTrainedModel):
+        head.init_lm_heads_from(target)
+    return head
+
+
+def _init_params(config_cls: type[PretrainedConfig]) -> list[str]:
+    names: list[str] = []
+    for cls in config_cls.__mro__:
+        if cls in (DraftHeadConfig, PretrainedConfig, object):
+            break
+        names += [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")]
+    return names
+
+
+class AutoHead:
+    """Load a saved head (a local directory or a Hub repo id) into its own class."""
+
+    @staticmethod
+    def from_pretrained(path_or_repo: str | os.PathLike, **kwargs: Any) -> DraftHead:
+        config_dict, _ = PretrainedConfig.get_config_dict(str(path_or_repo), **_hub_kwargs(kwargs))
+        model_type = config_dict.get("model_type")
+        if model_type in _BY_MODEL_TYPE:
+            try:
+                return _BY_MODEL_TYPE[model_type].from_pretrained(path_or_repo, **kwargs)
+            except SafetensorError as err:  # e.g. a truncated download: name the files
+                files = sorted(p.name for p in Path(path_or_repo).glob("*.safetensors")) or ["*.safetensors"]
+                raise ValueError(
+                    f"{path_or_repo}: cannot read the head's weights {files} ({err}); the checkpoint is "
+                    "incomplete or corrupt, save or download it again"
+                ) from err
+        if any(a in PUBLIC_EAGLE3_ARCHITECTURES for a in config_dict.get("architectures") or []):
+            from heads.formats import import_eagle3
+
+            return import_eagle3(path_or_repo, **kwargs)
+        raise ValueError(
+            f"{path_or_repo}: config.json has model_type={model_type!r} and architectures="
+            f"{config_dict.get('architectures')}, which is not a draftsmith head "
+            f"({sorted(_BY_MODEL_TYPE)}) nor a public EAGLE-3 checkpoint ({list(PUBLIC_EAGLE3_ARCHITECTURES)})"
+        )
+
+
+def _hub_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    keys = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder")
+    return {k: kwargs[k] for k in keys if k in kwargs}
+
+
+__all__ = [
+    "AutoHead",
+    "build_head",
+    "HEAD_CLASSES",
+    "MedusaConfig",
+    "EagleConfig",
+    "Eagle3Config",
+]

@@ -1,0 +1,126 @@
+"""What every draft head shares: the target's identity, and the check that a head fits a target."""
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig, PreTrainedModel
+
+# Fields that decide whether a head's tensors fit a target. Checked on every use.
+_SHAPE_FIELDS = ("hidden_size", "num_layers", "vocab_size")
+
+
+def text_config(target: PretrainedConfig | PreTrainedModel) -> PretrainedConfig:
+    """The decoder's config of a target model or config (multimodal configs nest it)."""
+    config = target.config if isinstance(target, PreTrainedModel) else target
+    if not isinstance(config, PretrainedConfig):
+        raise TypeError(f"expected a transformers model or config, got {type(target).__name__}")
+    return config.get_text_config()
+
+
+def target_identity(target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:
+    """The facts about a target that a head records and checks (no weights)."""
+    config = text_config(target)
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size") if getattr(config, k, None) is None]
+    if missing:
+        raise ValueError(f"target config {type(config).__name__} has no {', '.join(missing)}")
+    architectures = getattr(config, "architectures", None) or [type(target).__name__]
+    return {
+        "name_or_path": getattr(config, "_name_or_path", "") or "",
+        "architecture": architectures[0],
+        "model_type": getattr(config, "model_type", "") or "",
+        "hidden_size": int(config.hidden_size),
+        "num_layers": int(config.num_hidden_layers),
+        "vocab_size": int(config.vocab_size),
+        "max_position_embeddings": int(getattr(config, "max_position_embeddings", 0) or 0),
+    }
+
+
+def rope_config_from_target(target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:
+    """The target's RoPE settings as one flat dict: ``rope_type``, ``rope_theta`` and scaling fields.
+
+    transformers 5 keeps them in ``rope_parameters``; older configs in ``rope_theta``/``rope_scaling``.
+    """
+    config = text_config(target)
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" not in params and params:
+        # Per-layer-type parameters (e.g. {"full_attention": {...}, "sliding_attention": {...}}).
+        params = params.get("full_attention") or next(iter(params.values()))
+    if isinstance(params, dict) and params:
+        rope = dict(params)
+    else:
+        rope = dict(getattr(config, "rope_scaling", None) or {})
+        rope["rope_theta"] = float(getattr(config, "rope_theta", 10000.0))
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope["rope_theta"] = float(rope.get("rope_theta", 10000.0))
+    return rope
+
+
+class DraftHeadConfig(PretrainedConfig):
+    """Base config of all heads: the target's identity travels with the weights.
+
+    Args:
+        target_name_or_path: hub id or path of the target the head was made for.
+        target_architecture: e.g. ``"LlamaForCausalLM"``.
+        target_model_type: e.g. ``"llama"``.
+        target_hidden_size, target_num_layers, target_vocab_size: checked on every use.
+        target_max_position_embeddings: the target's context length.
+    """
+
+    head_kind: str = ""
+
+    def __init__(
+        self,
+        target_name_or_path: str = "",
+        target_architecture: str = "",
+        target_model_type: str = "",
+        target_hidden_size: int = 0,
+        target_num_layers: int = 0,
+        target_vocab_size: int = 0,
+        target_max_position_embeddings: int = 0,
+        **kwargs,
+    ):
+        self.target_name_or_path = target_name_or_path
+        self.target_architecture = target_architecture
+        self.target_model_type = target_model_type
+        self.target_hidden_size = target_hidden_size
+        self.target_num_layers = target_num_layers
+        self.target_vocab_size = target_vocab_size
+        self.target_max_position_embeddings = target_max_position_embeddings
+        super().__init__(**kwargs)
+
+    @classmethod
+    def identity_kwargs(cls, target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:
+        """``target_*`` constructor arguments describing ``target``."""
+        return {f"target_{k}": v for k, v in target_identity(target).items()}
+
+
+class DraftHead(PreTrainedModel):
+    """Behaviour shared by all heads. Subclasses set ``config_class`` and build their modules."""
+
+    config_class = DraftHeadConfig
+    base_model_prefix = ""
+    supports_gradient_checkpointing = False
+
+    @property
+    def head_kind(self) -> str:
+        return self.config.head_kind
+
+    @property
+    def feature_layer_ids(self) -> tuple[int, ...]:
+        """HF hidden_states indices the head reads; () = the target's final post-norm state."""
+        return ()
+
+    def check_target(self, target: PretrainedConfig | PreTrainedModel) -> None:
+        """Raise ``ValueError`` naming every field where ``target`` does not fit this head."""
+        have = target_identity(target)
+        problems = []
+        for field in _SHAPE_FIELDS:
+            want = getattr(self.config, f"target_{field}")
+            if want != have[field]:
+                problems.append(f"{field}={want} (head) vs {field}={have[field]} (target)")
+        if problems:
+            raise ValueError(
+                f"this {self.head_kind} head was made for target "
+                f"'{self.config.target_name_or_path or self.config.target_architecture}', which does not "
+                f"match the given target '{have['name_or_path'] or have['architecture']}': " + "; ".join(problems)
+            )

@@ -1,0 +1,155 @@
+"""EAGLE-3 head: fused multi-layer target features, a 2H-wide attention input, a reduced vocabulary.
+
+Features are the residual-stream states *entering* target layers ``aux_layer_ids`` (HF
+hidden_states indices, default [2, L//2, L-3]), concatenated low→high and fused by ``fc`` (step 0
+only). The decoder layer attends over ``concat(input_layernorm(embed(tok)), hidden_norm(hidden))``;
+the un-normed output is fed back as the next step's hidden state, and draft logits are
+``lm_head(norm(out))`` over ``draft_vocab_size`` tokens, mapped to target ids by ``d2t`` offsets.
+Parameter names match the public EAGLE-3 layout (``midlayer.*``) so export is a pure rename-free copy.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from transformers import initialization as init
+
+from heads.common import DraftHead
+from heads.eagle import EagleConfig
+from heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high feature layers as HF hidden_states indices."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+class Eagle3Config(EagleConfig):
+    """EAGLE-3 head config (layer fields as ``EagleConfig``).
+
+    Args:
+        aux_layer_ids: HF hidden_states indices of the fused target features (state entering
+            layer k); default ``[2, L//2, L-3]`` of the target's L layers.
+        draft_vocab_size: size of the draft vocabulary; ``None`` or the target's vocab size
+            means the full vocabulary (then no ``d2t``/``t2d`` buffers exist).
+    """
+
+    model_type = "draftsmith_eagle3"
+    head_kind = "eagle3"
+
+    def __init__(self, aux_layer_ids: list[int] | None = None, draft_vocab_size: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        layers = self.target_num_layers
+        self.aux_layer_ids = list(aux_layer_ids) if aux_layer_ids else (default_aux_layer_ids(layers) if layers else [])
+        self.draft_vocab_size = int(draft_vocab_size or self.vocab_size)
+        self.fc_bias = False
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} exceeds vocab_size={self.vocab_size}")
+        bad = [i for i in self.aux_layer_ids if layers and not 0 <= i < layers]
+        if bad:
+            raise ValueError(f"aux_layer_ids {bad} are outside the target's layers 0..{layers - 1}")
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size < self.vocab_size
+
+
+class Eagle3DecoderLayer(nn.Module):
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.self_attn = Attention(config, in_features=2 * h, layer_idx=0)
+        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, hidden: Tensor, embeds: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: HeadCache | None
+    ) -> Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
+        hidden = hidden + self.self_attn(x, cos, sin, mask, cache)  # residual is the un-normed hidden
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Head(DraftHead):
+    config_class = Eagle3Config
+    _no_split_modules = ["Eagle3DecoderLayer"]
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__(config)
+        target_width = config.target_hidden_size or config.hidden_size
+        if not config.aux_layer_ids:
+            raise ValueError("Eagle3Config.aux_layer_ids is empty; set it or target_num_layers")
+        self.fc = nn.Linear(len(config.aux_layer_ids) * target_width, config.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        if config.reduced_vocab:
+            # Until set_draft_vocab() is called, the draft vocabulary is the first Vd target ids.
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+            t2d[: config.draft_vocab_size] = True
+            self.register_buffer("t2d", t2d)
+        self.rotary = Rotary(config.head_dim, config.rope_config)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            init.ones_(module.weight)
+
+    @property
+    def feature_layer_ids(self) -> tuple[int, ...]:
+        return tuple(self.config.aux_layer_ids)
+
+    def project(self, aux_hidden: Tensor) -> Tensor:
+        """Fuse the target's aux features (B, T, n·H_t) into the head's width (B, T, H)."""
+        return self.fc(aux_hidden)
+
+    def forward(
+        self,
+        hidden_states: Tensor,  # (B, T, H): project(aux) at step 0, then the head's own output
+        inputs_embeds: Tensor,  # (B, T, H): target embedding of the next token
+        position_ids: Tensor,  # (B, T)
+        attention_mask: Tensor | None = None,  # additive (B, 1, T, S) or None = causal
+        past_key_values: HeadCache | None = None,
+    ) -> HeadOutput:
+        cos, sin = self.rotary(position_ids, hidden_states.dtype)
+        out = self.midlayer(hidden_states, inputs_embeds, cos, sin, attention_mask, past_key_values)
+        return HeadOutput(hidden_states=out, past_key_values=past_key_values)  # un-normed
+
+    def compute_logits(self, hidden_states: Tensor) -> Tensor:
+        """Draft-vocabulary logits (B, T, Vd)."""
+        return self.lm_head(self.norm(hidden_states))
+
+    def draft_to_target(self, draft_ids: Tensor) -> Tensor:
+        """Map draft-vocabulary ids to target ids (identity for a full vocabulary)."""
+        if not self.config.reduced_vocab:
+            return draft_ids
+        return draft_ids + self.d2t[draft_ids]
+
+    @torch.no_grad()
+    def set_draft_vocab(self, target_ids: Tensor | list[int]) -> None:
+        """Use these target ids (strictly increasing, ``draft_vocab_size`` of them) as the draft vocabulary."""
+        ids = torch.as_tensor(target_ids, dtype=torch.long).flatten()
+        vd, v = self.config.draft_vocab_size, self.config.vocab_size
+        if not self.config.reduced_vocab:
+            if not torch.equal(ids, torch.arange(v)):
+                raise ValueError("a full-vocabulary head's draft vocabulary is all target ids in order")
+            return
+        if ids.numel() != vd:
+            raise ValueError(f"draft vocabulary has {ids.numel()} ids, expected draft_vocab_size={vd}")
+        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+            raise ValueError("draft vocabulary ids must be strictly increasing (sorted target ids)")
+        if int(ids[0]) < 0 or int(ids[-1]) >= v:
+            raise ValueError(f"draft vocabulary ids must lie in [0, {v}), got {int(ids[0])}..{int(ids[-1])}")
+        self.d2t.copy_(ids - torch.arange(vd, device=ids.device).to(ids))
+        self.t2d.zero_()
+        self.t2d[ids.to(self.t2d.device)] = True
+
+    def draft_vocab_ids(self) -> Tensor:
+        """Target ids of the draft vocabulary, (Vd,) sorted."""
+        return self.draft_to_target(torch.arange(self.config.draft_vocab_size, device=self.lm_head.weight.device))

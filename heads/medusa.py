@@ -1,0 +1,89 @@
+"""Medusa-1 head: K residual-block heads on the target's final hidden state.
+
+Head k reads the post-final-norm hidden state h_t and predicts token t+k+2 (the target's own
+lm_head predicts t+1). Each head is ``num_layers`` blocks ``x + SiLU(W x + b)`` with W zero-initialised
+(so a fresh head starts as the identity) and its own lm_head, initialised from the target's.
+Parameter names follow vLLM's Medusa layout (``blocks.{i}.layers.{j}``, ``lm_heads.{i}``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+
+from heads.common import DraftHead, DraftHeadConfig
+
+
+class MedusaConfig(DraftHeadConfig):
+    """Medusa head config.
+
+    Args:
+        num_heads: K, the number of future tokens drafted per step (head k predicts t+k+2).
+        num_layers: residual blocks per head.
+        hidden_size: the target's hidden size.
+        vocab_size: the target's vocabulary size.
+    """
+
+    model_type = "draftsmith_medusa"
+    head_kind = "medusa"
+
+    def __init__(self, num_heads: int = 4, num_layers: int = 1, hidden_size: int = 4096, vocab_size: int = 32000, **kwargs):
+        if num_heads < 1 or num_layers < 1:
+            raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {num_heads} and {num_layers}")
+        self.num_heads = num_heads
+        self.num_layers = num_layers
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        super().__init__(**kwargs)
+
+
+class ResBlocks(nn.Module):
+    """``num_layers`` residual blocks x + SiLU(W x + b); each block is its own module."""
+
+    def __init__(self, hidden_size: int, num_layers: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(hidden_size, hidden_size, bias=True) for _ in range(num_layers)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = x + F.silu(layer(x))
+        return x
+
+
+class MedusaHead(DraftHead):
+    config_class = MedusaConfig
+
+    def __init__(self, config: MedusaConfig) -> None:
+        super().__init__(config)
+        self.blocks = nn.ModuleList([ResBlocks(config.hidden_size, config.num_layers) for _ in range(config.num_heads)])
+        self.lm_heads = nn.ModuleList(
+            [nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_heads)]
+        )
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # transformers visits leaf modules (a container without parameters of its own is skipped for
+        # custom code), so tell the block linears (biased) from the lm_heads (bias-free) here.
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            init.zeros_(module.weight)  # zero: every head starts as the identity map
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @torch.no_grad()
+    def init_lm_heads_from(self, target: PreTrainedModel) -> None:
+        """Copy the target's lm_head into every head's lm_head (Medusa's initialisation)."""
+        weight = target.get_output_embeddings().weight  # (V, H)
+        if tuple(weight.shape) != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError(
+                f"target lm_head has shape {tuple(weight.shape)}, the Medusa head expects "
+                f"({self.config.vocab_size}, {self.config.hidden_size})"
+            )
+        for lm_head in self.lm_heads:
+            lm_head.weight.copy_(weight.to(lm_head.weight))
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        """Logits (K, B, T, V) from the target's final post-norm hidden states (B, T, H)."""
+        return torch.stack([lm_head(block(hidden_states)) for block, lm_head in zip(self.blocks, self.lm_heads)])

@@ -1,0 +1,89 @@
+"""Shared fixtures: tiny HF targets built in-process from configs (no downloads)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+ARCHES = ("llama", "qwen2", "qwen3", "mistral")
+
+_CONFIGS = {
+    "llama": LlamaConfig,
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+    "mistral": MistralConfig,
+}
+
+
+def make_tiny_target(
+    arch: str = "llama",
+    *,
+    vocab_size: int = 96,
+    hidden_size: int = 32,
+    num_layers: int = 6,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 64,
+    max_position_embeddings: int = 256,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    seed: int = 0,
+    **extra,
+):
+    """A randomly initialised causal LM of the given family, in eval mode.
+
+    ``num_layers`` defaults to 6 so EAGLE-3's default aux layers [2, L//2, L-3] = [2, 3, 3]
+    are valid; pass ``num_layers=8`` for three distinct ones.
+    """
+    cls = _CONFIGS[arch]
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    if arch == "qwen3":
+        kwargs["head_dim"] = hidden_size // num_heads
+    if arch == "mistral":
+        kwargs["sliding_window"] = None
+    kwargs.update(extra)
+    config = cls(**kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    return model.to(dtype).eval()
+
+
+@pytest.fixture(params=ARCHES)
+def arch(request):
+    return request.param
+
+
+@pytest.fixture
+def tiny_llama():
+    return make_tiny_target("llama", num_layers=8)
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
