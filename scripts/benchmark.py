@@ -1,0 +1,387 @@
+"""Every decoding method on one target, the same prompts, the same run — against the physical bound.
+
+    python scripts/benchmark.py --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
+        [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--out DIR]
+
+Methods: vanilla greedy ``generate``; HF assisted generation (``--assistant``, a small LM sharing
+the tokenizer); HF prompt-lookup decoding; each head with its default tree (Medusa static tree,
+EAGLE-2 / EAGLE-3 dynamic tree) and as a plain chain. Per method: median tokens/s over prompts
+and repeats (after warm-up), speedup over vanilla, τ (tokens per verification forward), the mean
+number of tokens each verification forward carried, peak memory (CUDA only), and whether the
+greedy output is identical to vanilla's.
+
+The bound: a verification forward over N tokens costs t(N) on this hardware; a method with
+acceptance τ verifying N tokens per step can at best be τ·t(1)/t(N) times faster than vanilla
+(drafting for free). efficiency = measured speedup / bound says how much of that we keep.
+
+``--train-throughput`` adds head-training tokens/s against the target's forward-only tokens/s.
+Writes results.json, results.md and PNG plots to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.cache_utils import DynamicCache
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+from heads import AutoHead  # noqa: E402
+from infer import Chain, SpeculativeGenerator  # noqa: E402
+from infer.cache import keep_accepted  # noqa: E402
+from infer.target import decoder_layers, target_forward  # noqa: E402
+from infer.tree import tree_attention_mask, tree_from_parents  # noqa: E402
+
+
+# ----------------------------------------------------------------------------------- prompts
+
+
+def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
+    """Token-id prompts: a JSONL file of {"prompt": str} or {"messages": [...]}, else the demo
+    corpus's held-out split (code continuation: the first ``--prompt-tokens`` tokens of a file chunk)."""
+    prompts: list[list[int]] = []
+    if args.prompts:
+        for line_no, line in enumerate(Path(args.prompts).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if "messages" in row:
+                ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            elif "prompt" in row:
+                ids = tokenizer(row["prompt"])["input_ids"]
+            else:
+                raise ValueError(f"{args.prompts}:{line_no}: a prompt row needs 'prompt' or 'messages', got {sorted(row)}")
+            prompts.append(list(ids))
+    else:
+        from data.corpus import corpus_rows
+
+        for row in corpus_rows("heldout"):
+            ids = tokenizer(row["text"])["input_ids"]
+            if len(ids) >= args.prompt_tokens + args.max_new_tokens:
+                prompts.append(ids[: args.prompt_tokens])
+            if len(prompts) == args.num_prompts:
+                break
+    if not prompts:
+        raise ValueError("no prompts: the prompt file is empty or no held-out chunk is long enough")
+    return prompts[: args.num_prompts]
+
+
+# ----------------------------------------------------------------------------------- counting
+
+
+class ForwardCounter:
+    """Counts target forwards and their query lengths with a pre-hook on the first decoder layer."""
+
+    def __init__(self, target) -> None:
+        self.lengths: list[int] = []
+        self._handle = decoder_layers(target)[0].register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        self.lengths.append(int(hidden.shape[1]))
+
+    def reset(self) -> None:
+        self.lengths = []
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()  # sync: timings must include the queued kernels
+
+
+# ----------------------------------------------------------------------------------- methods
+
+
+@dataclass
+class Method:
+    name: str
+    kind: str  # vanilla | assisted | prompt_lookup | head
+    run: object  # callable(input_ids) -> output ids (1, P + new)
+    runs: list[dict] = field(default_factory=list)
+
+
+def build_methods(args, target, tokenizer) -> list[Method]:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    common = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
+    if args.ignore_eos:
+        common["eos_token_id"] = None
+    eos = None if args.ignore_eos else tokenizer.eos_token_id
+
+    def hf(**extra):
+        return lambda ids: target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra)
+
+    methods = [Method("vanilla", "vanilla", hf())]
+    if args.assistant:
+        assistant = AutoModelForCausalLM.from_pretrained(args.assistant, dtype=target.dtype).to(target.device).eval()
+        methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
+    methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
+    for head_dir in args.heads:
+        head = AutoHead.from_pretrained(head_dir).eval()
+        label = Path(head_dir).name
+        variants = [("tree", None), (f"chain{args.chain_length}", Chain(args.chain_length))]
+        for variant, tree in variants:
+            gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree)
+            run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
+            name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
+            methods.append(Method(name, "head", run))
+    return methods
+
+
+def time_methods(methods: list[Method], prompts, args, target, counter: ForwardCounter) -> None:
+    device = target.device
+    total = len(methods) * len(prompts) * (args.warmup + args.repeats)
+    bar = tqdm(total=total, desc="benchmark", unit="gen")
+    for p_idx, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt], device=device)
+        for method in methods:  # interleaved per prompt: slow drifts hit every method alike
+            times = []
+            for rep in range(args.warmup + args.repeats):
+                counter.reset()
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                sync(device)
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    out = method.run(ids)
+                sync(device)
+                elapsed = time.perf_counter() - start
+                bar.update()
+                if rep >= args.warmup:
+                    times.append(elapsed)
+            new = out[0, ids.shape[1]:].tolist()
+            verify = counter.lengths[1:]  # the first forward is the prefill
+            method.runs.append({
+                "prompt": p_idx,
+                "new_tokens": len(new),
+                "seconds": statistics.median(times),
+                "forwards": len(counter.lengths),
+                "verify_lengths_mean": statistics.fmean(verify) if verify else 1.0,
+                "tau": (len(new) - 1) / max(1, len(counter.lengths) - 1),
+                "peak_mem_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
+                "tokens": new,
+            })
+    bar.close()
+
+
+# ----------------------------------------------------------------------------------- the bound
+
+
+def verification_cost(target, prompt: list[int], sizes: list[int], repeats: int) -> dict[int, float]:
+    """Median seconds of one target forward over an N-token tree after a cached prompt, per N."""
+    device = target.device
+    cache = DynamicCache()
+    ids = torch.tensor([prompt], device=device)
+    with torch.inference_mode():
+        target_forward(target, ids, past_key_values=cache, use_cache=True, compute_logits=False)
+        prefix = ids.shape[1]
+        costs = {}
+        for n in tqdm(sizes, desc="verification cost t(N)", unit="N"):
+            # a bushy tree (root + children under the first few nodes); cost depends on N, not shape
+            parents = [-1] + [(i - 1) // 4 for i in range(1, n)]
+            tree = tree_from_parents(parents, device)
+            mask = tree_attention_mask(tree.mask, prefix, target.dtype)
+            positions = (prefix + tree.depths)[None]
+            tokens = torch.tensor([prompt[-1]] * n, device=device)[None]
+            times = []
+            for rep in range(repeats + 1):
+                sync(device)
+                start = time.perf_counter()
+                target_forward(target, tokens, attention_mask=mask, position_ids=positions,
+                               past_key_values=cache, use_cache=True)
+                sync(device)
+                if rep:  # the first is warm-up
+                    times.append(time.perf_counter() - start)
+                keep_accepted(cache, prefix, torch.empty(0, dtype=torch.long, device=device))
+            costs[n] = statistics.median(times)
+    return costs
+
+
+def cost_at(costs: dict[int, float], n: float) -> float:
+    """t(n) by linear interpolation of the measured sweep."""
+    sizes = sorted(costs)
+    if n <= sizes[0]:
+        return costs[sizes[0]]
+    for lo, hi in zip(sizes, sizes[1:]):
+        if n <= hi:
+            return costs[lo] + (costs[hi] - costs[lo]) * (n - lo) / (hi - lo)
+    return costs[sizes[-1]] * n / sizes[-1]
+
+
+# ----------------------------------------------------------------------------------- report
+
+
+def summarise(methods: list[Method], costs: dict[int, float]) -> list[dict]:
+    vanilla = methods[0]
+    rows = []
+    for m in methods:
+        tps = [r["new_tokens"] / r["seconds"] for r in m.runs]
+        speedups = [v["seconds"] / r["seconds"] * r["new_tokens"] / v["new_tokens"] for r, v in zip(m.runs, vanilla.runs)]
+        tau = statistics.fmean(r["tau"] for r in m.runs)
+        n_verify = statistics.fmean(r["verify_lengths_mean"] for r in m.runs)
+        bound = tau * costs[1] / cost_at(costs, n_verify)
+        speedup = statistics.median(speedups)
+        mem = [r["peak_mem_mb"] for r in m.runs if r["peak_mem_mb"] is not None]
+        rows.append({
+            "method": m.name,
+            "tokens_per_s": statistics.median(tps),
+            "speedup": speedup,
+            "tau": tau,
+            "forwards_per_token": statistics.fmean(r["forwards"] / max(1, r["new_tokens"]) for r in m.runs),
+            "tokens_per_verify": n_verify,
+            "bound": bound,
+            "efficiency": speedup / bound if bound else float("nan"),
+            "peak_mem_mb": max(mem) if mem else None,
+            "identical": all(r["tokens"] == v["tokens"] for r, v in zip(m.runs, vanilla.runs)),
+        })
+    return rows
+
+
+def markdown(rows: list[dict], costs: dict[int, float], meta: dict) -> str:
+    lines = [
+        f"Target `{meta['target']}` on {meta['hardware']}, {meta['dtype']}, {meta['num_prompts']} prompts × "
+        f"{meta['repeats']} repeats, max_new_tokens={meta['max_new_tokens']}.",
+        "",
+        "| method | tokens/s | speedup | τ | fwd/token | tokens/verify | bound | efficiency | peak MiB | identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|:-:|",
+    ]
+    for r in rows:
+        mem = f"{r['peak_mem_mb']:.0f}" if r["peak_mem_mb"] is not None else "–"
+        lines.append(
+            f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | {r['tau']:.2f} | "
+            f"{r['forwards_per_token']:.2f} | {r['tokens_per_verify']:.1f} | {r['bound']:.2f}× | "
+            f"{r['efficiency']:.0%} | {mem} | {'yes' if r['identical'] else 'NO'} |"
+        )
+    lines += ["", "Verification cost t(N) / t(1):", "",
+              "| N | " + " | ".join(str(n) for n in costs) + " |",
+              "|---|" + "---:|" * len(costs),
+              "| t(N)/t(1) | " + " | ".join(f"{costs[n] / costs[1]:.2f}" for n in costs) + " |",
+              f"", f"t(1) = {costs[1] * 1e3:.2f} ms."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], costs: dict[int, float], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["method"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    axes[0].barh(names, [r["speedup"] for r in rows], color="tab:blue", label="measured")
+    axes[0].scatter([r["bound"] for r in rows], names, color="tab:red", marker="|", s=300, label="bound τ·t(1)/t(N)")
+    axes[0].axvline(1.0, color="gray", lw=0.8)
+    axes[0].set_xlabel("speedup over vanilla greedy")
+    axes[0].legend(loc="lower right")
+    axes[0].invert_yaxis()
+    axes[1].barh(names, [r["tau"] for r in rows], color="tab:green")
+    axes[1].set_xlabel("τ: tokens per verification forward")
+    axes[1].set_yticklabels([])
+    axes[1].invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(out / "speedup_tau.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sizes = sorted(costs)
+    ax.plot(sizes, [costs[n] / costs[1] for n in sizes], marker="o")
+    ax.plot(sizes, sizes, ls="--", color="gray", label="linear (t(N) = N·t(1))")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("tokens verified in one forward (N)")
+    ax.set_ylabel("t(N) / t(1)")
+    ax.legend()
+    ax.set_title("verification cost vs tree size")
+    fig.tight_layout()
+    fig.savefig(out / "verification_cost.png", dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="target model directory or hub id")
+    p.add_argument("--heads", nargs="*", default=[], help="trained head directories")
+    p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation")
+    p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length for held-out corpus prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max_new_tokens")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--chain-length", type=int, default=4)
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    p.add_argument("--tree-sizes", default="1,2,4,8,16,32,48,64,96,128")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--train-throughput", action="store_true", help="also measure head-training tokens/s")
+    p.add_argument("--out", default="bench-out")
+    args = p.parse_args(argv)
+    if args.repeats < 1 or args.num_prompts < 1:
+        p.error("--repeats and --num-prompts must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    prompts = load_prompts(args, tokenizer)
+    sizes = sorted({int(s) for s in args.tree_sizes.split(",")} | {1})
+    costs = verification_cost(target, prompts[0], sizes, repeats=max(3, args.repeats))
+
+    counter = ForwardCounter(target)
+    methods = build_methods(args, target, tokenizer)
+    time_methods(methods, prompts, args, target, counter)
+    rows = summarise(methods, costs)
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    meta = {
+        "target": args.target, "heads": args.heads, "assistant": args.assistant, "hardware": hardware,
+        "dtype": str(dtype).removeprefix("torch."), "num_prompts": len(prompts), "repeats": args.repeats,
+        "max_new_tokens": args.max_new_tokens, "torch": torch.__version__, "command": " ".join(sys.argv),
+    }
+    result = {"meta": meta, "rows": rows, "verification_cost_s": costs,
+              "runs": {m.name: m.runs for m in methods}}
+    if args.train_throughput:
+        from train.loop import measure_throughput
+
+        result["train_throughput"] = {
+            kind: measure_throughput(args.target, kind, device=device) for kind in ("medusa", "eagle", "eagle3")
+        }
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    table = markdown(rows, costs, meta)
+    if "train_throughput" in result:
+        table += "\nHead training throughput (tokens/s) vs the target's forward-only tokens/s:\n\n"
+        table += "| head | train tokens/s | target forward tokens/s | ratio |\n|---|---:|---:|---:|\n"
+        for kind, r in result["train_throughput"].items():
+            table += f"| {kind} | {r['train_tokens_per_s']:.0f} | {r['forward_tokens_per_s']:.0f} | {r['train_tokens_per_s'] / r['forward_tokens_per_s']:.2f} |\n"
+    (out / "results.md").write_text(table)
+    plot(rows, costs, out)
+    print(table)
+    print(f"results in {out}/ (results.json, results.md, speedup_tau.png, verification_cost.png)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
