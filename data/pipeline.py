@@ -1,0 +1,309 @@
+"""Rows → cached, tokenized training examples (``input_ids``, ``loss_mask``) plus a Summary.
+
+``build_examples`` keeps the row order, rejects bad rows with a counted reason (or raises in
+strict mode), applies an explicit over-length policy, and caches the result with ``datasets``
+under ``<cache_dir>/<key>``, key = hash(data fingerprint, tokenizer fingerprint (vocab, merges,
+added tokens, special tokens, chat template), settings, code version). The default cache dir is
+``$DRAFTSMITH_CACHE/data``, else ``~/.cache/draftsmith/data``.
+
+Columns: ``input_ids`` int32 and ``loss_mask`` int8 lists (see ``data.masks`` for the mask).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from data.conversations import NO_LOSS_AFTER_TRUNCATION, OVERLONG, REASONS, RowError, normalize_row
+from data.masks import Method, encode_conversation, encode_text, mask_method
+
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedTokenizerBase
+
+Overlong = Literal["truncate", "drop"]
+_CODE_FILES = ("conversations.py", "masks.py", "pipeline.py")
+
+
+@dataclass
+class Summary:
+    """What happened to every input row. ``rows_in == examples_out + sum(skipped.values())``."""
+
+    rows_in: int = 0
+    examples_out: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows
+    truncated: int = 0  # kept examples cut to max_length
+    tokens: int = 0  # over kept examples
+    loss_tokens: int = 0  # tokens with loss_mask 1
+    mask_method: str | None = None  # "generation" / "prefix_diff"; None when no conversation row
+    first_error: str | None = None  # "row N: reason: detail" of the first skipped row
+    cache_hit: bool = False
+    cache_path: str = ""
+
+    def __str__(self) -> str:
+        lines = [
+            f"rows in {self.rows_in}, examples out {self.examples_out}, "
+            f"skipped {sum(self.skipped.values())}, truncated {self.truncated}",
+            f"tokens {self.tokens}, loss tokens {self.loss_tokens}, mask method {self.mask_method}",
+        ]
+        lines += [f"  skipped {reason}: {n}" for reason, n in self.skipped.items()]
+        if self.first_error:
+            lines.append(f"  first skipped: {self.first_error}")
+        lines.append(f"cache {'hit' if self.cache_hit else 'miss'}: {self.cache_path}")
+        return "\n".join(lines)
+
+
+def default_cache_dir() -> Path:
+    """``$DRAFTSMITH_CACHE/data`` if set, else ``~/.cache/draftsmith/data``."""
+    root = os.environ.get("DRAFTSMITH_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "draftsmith") / "data"
+
+
+def load_rows(source: object) -> list[dict] | datasets.Dataset:
+    """Rows from a .json/.jsonl/.parquet path, a ``datasets.Dataset``, a list of dicts, or
+    ``"stdlib:train"`` / ``"stdlib:heldout"`` (text chunks of the Python standard library).
+
+    A .json file holds a list of rows, or a dict with exactly one list-of-rows value.
+    """
+    if isinstance(source, list):
+        return source
+    if isinstance(source, str) and source.startswith("stdlib:"):
+        from data.corpus import corpus_rows  # lazy: scans the stdlib, only needed for this source
+
+        return corpus_rows(source.removeprefix("stdlib:"))  # validates the split name
+    if isinstance(source, (str, os.PathLike)):
+        return _load_file(Path(source))
+    import datasets
+
+    if isinstance(source, datasets.Dataset):
+        return source
+    if isinstance(source, datasets.DatasetDict):
+        raise TypeError(
+            f"source is a DatasetDict with splits {list(source)}; pass one split, e.g. ds['train']"
+        )
+    raise TypeError(f"unsupported source type {type(source).__name__}; expected a path, Dataset or list")
+
+
+def build_examples(
+    source: object,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    max_length: int,
+    overlong: Overlong = "truncate",
+    strict: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+) -> tuple[datasets.Dataset, Summary]:
+    """Tokenized examples with loss masks, in row order, and a Summary of every row's fate.
+
+    ``overlong``: ``"truncate"`` cuts examples to ``max_length`` (dropping those left without a
+    loss token), ``"drop"`` rejects them. ``strict=True`` raises ``ValueError("row N: reason:
+    ...")`` at the first bad row instead of skipping it (also when the result comes from cache).
+    ``cache_dir=None`` uses ``default_cache_dir()``.
+    """
+    import datasets
+
+    if overlong not in ("truncate", "drop"):
+        raise ValueError(f"overlong={overlong!r}; expected 'truncate' or 'drop'")
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length={max_length!r}; expected a positive int")
+
+    rows = None
+    if _is_file_source(source):
+        data_fingerprint = _file_fingerprint(Path(source))  # no parsing needed on a cache hit
+    else:
+        rows = load_rows(source)
+        data_fingerprint = _rows_fingerprint(rows)
+    key_parts = {
+        "data": data_fingerprint,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "settings": {"max_length": max_length, "overlong": overlong},
+        "code": _code_version(),
+    }
+    key = _digest(json.dumps(key_parts, sort_keys=True))[:24]
+    path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = path / key
+
+    if (path / "summary.json").is_file():
+        summary = Summary(**json.loads((path / "summary.json").read_text()))
+        summary.cache_hit = True
+    else:
+        rows = load_rows(source) if rows is None else rows
+        columns, summary = _encode_rows(rows, tokenizer, max_length, overlong, strict)
+        if not summary.examples_out:  # nothing to train on (and datasets cannot reload 0 rows)
+            raise ValueError(f"no examples out of {summary.rows_in} rows:\n{summary}")
+        features = datasets.Features(
+            {
+                "input_ids": datasets.Sequence(datasets.Value("int32")),
+                "loss_mask": datasets.Sequence(datasets.Value("int8")),
+            }
+        )
+        _save(datasets.Dataset.from_dict(columns, features=features), summary, key_parts, path)
+    summary.cache_path = str(path)
+    if strict and summary.first_error:
+        raise ValueError(summary.first_error)
+    return datasets.load_from_disk(str(path / "dataset")), summary
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Hash of everything that changes token ids or masks: vocab, merges, normalizer,
+    pre-tokenizer, added tokens, special-token names (templates read them) and chat template."""
+    if not tokenizer.is_fast:
+        raise TypeError(f"the data pipeline needs a fast tokenizer; got {type(tokenizer).__name__}")
+    parts = [
+        type(tokenizer).__name__,
+        tokenizer.backend_tokenizer.to_str(),
+        json.dumps(tokenizer.special_tokens_map, sort_keys=True),
+        json.dumps(tokenizer.chat_template, sort_keys=True),
+    ]
+    return _digest("\0".join(parts))
+
+
+def _encode_rows(
+    rows: Iterable[object],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    overlong: Overlong,
+    strict: bool,
+) -> tuple[dict[str, list[list[int]]], Summary]:
+    columns: dict[str, list[list[int]]] = {"input_ids": [], "loss_mask": []}
+    summary = Summary()
+    skipped: Counter[str] = Counter()
+    method: Method | None = None  # resolved at the first conversation row
+    for index, row in enumerate(rows):
+        summary.rows_in += 1
+        try:
+            sample = normalize_row(row)
+            if isinstance(sample, str):
+                ids, mask = encode_text(tokenizer, sample)
+            else:
+                method = method or mask_method(tokenizer)
+                ids, mask = encode_conversation(tokenizer, sample, method)
+            truncated = len(ids) > max_length
+            if truncated and overlong == "drop":
+                raise RowError(OVERLONG, f"{len(ids)} tokens > max_length={max_length}")
+            if truncated:
+                ids, mask = ids[:max_length], mask[:max_length]
+                if not any(mask):
+                    raise RowError(
+                        NO_LOSS_AFTER_TRUNCATION, f"no loss token in the first {max_length} tokens"
+                    )
+        except RowError as err:
+            message = f"row {index}: {err}"
+            if strict:
+                raise ValueError(message) from err
+            skipped[err.reason] += 1
+            summary.first_error = summary.first_error or message
+            continue
+        columns["input_ids"].append(ids)
+        columns["loss_mask"].append(mask)
+        summary.examples_out += 1
+        summary.truncated += truncated
+        summary.tokens += len(ids)
+        summary.loss_tokens += sum(mask)
+    summary.skipped = {reason: skipped[reason] for reason in REASONS if skipped[reason]}
+    summary.mask_method = method
+    return columns, summary
+
+
+def _save(dataset: datasets.Dataset, summary: Summary, key_parts: dict, path: Path) -> None:
+    """Write to a private temp dir, then rename: readers never see a half-written entry."""
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
+    dataset.save_to_disk(str(tmp / "dataset"))
+    record = {k: v for k, v in asdict(summary).items() if k not in ("cache_hit", "cache_path")}
+    (tmp / "key.json").write_text(json.dumps(key_parts, indent=1, sort_keys=True))
+    (tmp / "summary.json").write_text(json.dumps(record, indent=1))
+    try:
+        tmp.rename(path)
+    except OSError:
+        if not (path / "summary.json").is_file():  # not a concurrent writer of the same key
+            raise
+        shutil.rmtree(tmp)
+
+
+def _load_file(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        with path.open(encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{line_no}: invalid JSON ({err})") from err
+        return rows
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: invalid JSON ({err})") from err
+        if isinstance(data, dict):
+            lists = [k for k, v in data.items() if isinstance(v, list)]
+            if len(lists) != 1:
+                raise ValueError(
+                    f"{path}: a JSON object must hold exactly one list of rows; list keys: {lists}"
+                )
+            data = data[lists[0]]
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
+        return data
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    raise ValueError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+
+
+def _is_file_source(source: object) -> bool:
+    if isinstance(source, str):
+        return not source.startswith("stdlib:")
+    return isinstance(source, os.PathLike)
+
+
+def _file_fingerprint(path: Path) -> str:
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    h = hashlib.sha256(path.suffix.lower().encode())  # the suffix decides how the bytes are parsed
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _rows_fingerprint(rows: Iterable) -> str:
+    h = hashlib.sha256()
+    for row in rows:
+        # default=repr: Parquet/datasets rows may hold values json cannot write (dates, bytes)
+        h.update(json.dumps(row, sort_keys=True, ensure_ascii=False, default=repr).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _code_version() -> dict[str, str]:
+    """This pipeline's own source plus the libraries that render and tokenize."""
+    import datasets
+    import tokenizers
+    import transformers
+
+    here = Path(__file__).parent
+    source = _digest("".join((here / name).read_text(encoding="utf-8") for name in _CODE_FILES))
+    return {
+        "source": source,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "datasets": datasets.__version__,
+    }
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
