@@ -18,7 +18,7 @@ from heads.medusa import MedusaConfig, MedusaHead
 HEAD_CLASSES: dict[str, type[DraftHead]] = {"medusa": MedusaHead, "eagle": EagleHead, "eagle3": Eagle3Head}
 _BY_MODEL_TYPE = {cls.config_class.model_type: cls for cls in HEAD_CLASSES.values()}
 # The public EAGLE-3 layout (EAGLE authors, SpecForge) is converted on load by heads.formats.
-PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
+PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3Speculator")
 
 
 def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options: Any) -> DraftHead:

@@ -111,16 +111,41 @@ class DraftHead(PreTrainedModel):
         return ()
 
     def check_target(self, target: PretrainedConfig | PreTrainedModel) -> None:
-        """Raise ``ValueError`` naming every field where ``target`` does not fit this head."""
+        """Raise ``ValueError`` naming every field where ``target`` does not fit this head.
+
+        Fields the head does not know (0: e.g. a public checkpoint imported without its target)
+        are not compared; the feature layers a head reads must exist in the target.
+        """
         have = target_identity(target)
         problems = []
         for field in _SHAPE_FIELDS:
             want = getattr(self.config, f"target_{field}")
-            if want != have[field]:
+            if want and want != have[field]:
                 problems.append(f"{field}={want} (head) vs {field}={have[field]} (target)")
+        missing = [i for i in self.feature_layer_ids if not 0 <= i < have["num_layers"]]
+        if missing:
+            problems.append(f"feature layers {missing} (head) vs num_layers={have['num_layers']} (target)")
         if problems:
             raise ValueError(
                 f"this {self.head_kind} head was made for target "
                 f"'{self.config.target_name_or_path or self.config.target_architecture}', which does not "
                 f"match the given target '{have['name_or_path'] or have['architecture']}': " + "; ".join(problems)
             )
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool | None = None,
+        token: str | None = None,
+        revision: str | None = None,
+        commit_message: str | None = None,
+        fmt: str | None = None,
+    ) -> str:
+        """Upload weights, config and a generated model card (transformers' generic card would
+        replace ours); ``fmt`` uploads an engine export instead (see ``heads.formats``)."""
+        from heads.card import push_head_to_hub  # heads.card imports the head classes
+
+        return push_head_to_hub(
+            self, repo_id, private=bool(private), token=token, fmt=fmt, revision=revision, commit_message=commit_message
+        )

@@ -216,3 +216,11 @@ def test_heads_build_for_other_families(arch):
         assert head.config.target_model_type == arch
     assert isinstance(build_head("eagle", target), EagleHead)
     assert isinstance(build_head("eagle3", target), Eagle3Head)
+
+
+def test_check_target_skips_unknown_fields_but_checks_feature_layers(target):
+    head = build_head("eagle3", target)  # aux [2, 4, 5]
+    head.config.target_num_layers = 0  # unknown, as for a public checkpoint imported without its target
+    head.check_target(target)
+    with pytest.raises(ValueError, match=r"feature layers \[5\] \(head\) vs num_layers=5"):
+        head.check_target(make_tiny_target("llama", num_layers=5))

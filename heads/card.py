@@ -1,0 +1,264 @@
+"""Model cards (README.md) for heads and their engine exports, and publishing a head to the Hub.
+
+A card states what the head was made for, how it reads the target (for EAGLE-3: the aux layers and
+their convention in each engine), what it was trained on and the measured simulated τ when the head
+directory has the training loop's files, and how to serve it with draftsmith, vLLM, SGLang,
+TensorRT-LLM or TGI.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from huggingface_hub import HfApi, ModelCardData
+
+from heads.auto import AutoHead
+from heads.common import DraftHead
+from heads.eagle3 import default_aux_layer_ids
+from heads.formats import FORMAT_KINDS, export_head
+
+METRICS_FILE = "metrics.jsonl"  # train.loop: one JSON record per line; evaluations carry "tau", "acc", ...
+TRAIN_CONFIG_FILE = "config.yaml"  # train.loop: the resolved TrainConfig
+TRAINING_FILES = (METRICS_FILE, TRAIN_CONFIG_FILE)  # uploaded with the head when present
+_TITLES = {"medusa": "Medusa", "eagle": "EAGLE (1/2)", "eagle3": "EAGLE-3"}
+
+
+@dataclass
+class TrainingInfo:
+    """What a head directory says about its training."""
+
+    config: dict[str, Any] | None  # the resolved training config (config.yaml)
+    best: dict[str, Any] | None  # the evaluation record with the highest simulated τ
+    evaluations: int  # evaluation records in metrics.jsonl
+
+
+def training_info(head_dir: str | Path) -> TrainingInfo | None:
+    """The training config and best held-out evaluation found in ``head_dir``; None when it has neither."""
+    directory = Path(head_dir)
+    config_path, metrics_path = directory / TRAIN_CONFIG_FILE, directory / METRICS_FILE
+    if not config_path.is_file() and not metrics_path.is_file():
+        return None
+    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
+    evaluations = []
+    if metrics_path.is_file():
+        for number, line in enumerate(metrics_path.read_text().splitlines(), 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{metrics_path}:{number} is not JSON ({err})") from err
+            if "tau" in record:
+                evaluations.append(record)
+    best = max(evaluations, key=lambda r: r["tau"]) if evaluations else None
+    return TrainingInfo(config if isinstance(config, dict) else None, best, len(evaluations))
+
+
+# ------------------------------------------------------------------------------------------ card
+
+
+def model_card(
+    head: DraftHead,
+    *,
+    repo_id: str | None = None,
+    fmt: str | None = None,
+    export_config: dict[str, Any] | None = None,
+    training: TrainingInfo | None = None,
+) -> str:
+    """README.md text: Hub front matter, target, input convention, training, usage.
+
+    ``fmt``/``export_config``: the card describes an engine export (what was written to config.json);
+    ``repo_id``: usage snippets point at the Hub repo instead of a placeholder directory.
+    """
+    cfg, kind = head.config, head.head_kind
+    target = cfg.target_name_or_path or None
+    tags = ["speculative-decoding", kind, "draft-model"] + ([fmt] if fmt else [])
+    front = ModelCardData(base_model=target, library_name="draftsmith", tags=tags).to_yaml()
+    where = f"the `{fmt}` serving format" if fmt else "draftsmith's own format"
+    lines = [
+        "---", front, "---", "",
+        f"# {_TITLES[kind]} draft head for `{target or cfg.target_architecture or 'an unnamed target'}`", "",
+        f"Draft head ({_TITLES[kind]}) for lossless speculative decoding, made with draftsmith and "
+        f"stored in {where}. It drafts tokens that the "
+        "target verifies, so outputs are exactly the target's own; only the speed depends on the head.", "",
+        "## Target", "",
+        "| field | value |", "|---|---|",
+        *(f"| {field} | `{getattr(cfg, 'target_' + field) or 'unknown'}` |" for field in
+          ("name_or_path", "architecture", "model_type", "hidden_size", "num_layers", "vocab_size",
+           "max_position_embeddings")),
+        "", "## What the head reads", "", *_input_lines(head, export_config), "",
+    ]
+    if training is not None:
+        lines += ["## Training", "", *_training_lines(training), ""]
+    lines += ["## Usage", "", *_usage_lines(head, repo_id, fmt), ""]
+    return "\n".join(lines)
+
+
+def _input_lines(head: DraftHead, export_config: dict[str, Any] | None) -> list[str]:
+    cfg = head.config
+    if head.head_kind == "medusa":
+        return [f"- the target's final post-norm hidden state (its lm_head input); {cfg.num_heads} heads of "
+                f"{cfg.num_layers} residual block(s) each, head k predicts token t+k+2 (the target predicts t+1)"]
+    if head.head_kind == "eagle":
+        return ["- the target's final post-norm hidden state f_i and the target's embedding of token i+1 "
+                "(embedding first in the fc input); drafts with the target's own lm_head"]
+    ids = list(cfg.aux_layer_ids)
+    lines = [
+        f"- aux layers **{ids}** as HF `output_hidden_states` indices: the residual stream *entering* layer k "
+        "(0 = embeddings). This is the convention of draftsmith and of vLLM's top-level "
+        "`eagle_aux_hidden_state_layer_ids`.",
+        f"- in the *output of layer k* convention of SGLang (`eagle_config.eagle_aux_hidden_state_layer_ids`) and "
+        f"TensorRT-LLM (`eagle3_layers_to_capture`) the same layers are **{[i - 1 for i in ids]}**.",
+        f"- draft vocabulary: {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens"
+        + (" (`d2t` offsets: target id = draft id + d2t[draft id]; `t2d` marks the draft tokens)"
+           if cfg.reduced_vocab else " (the full vocabulary; no d2t/t2d)"),
+    ]
+    if export_config is None:
+        return lines
+    if "eagle_config" in export_config:
+        lines.append(f"- this export writes `eagle_aux_hidden_state_layer_ids: {ids}` and "
+                     f"`eagle_config.eagle_aux_hidden_state_layer_ids: {[i - 1 for i in ids]}`, each in its "
+                     "engine's convention")
+    elif "speculators_model_type" in export_config:
+        lines.append(f"- this export writes `eagle_aux_hidden_state_layer_ids: {ids}` (vLLM's convention)")
+    else:
+        lines.append("- this export writes no layer ids: they equal every engine's default [2, L//2, L-3] for "
+                     f"this {cfg.target_num_layers}-layer target, which each engine computes itself")
+    return lines
+
+
+def _training_lines(info: TrainingInfo) -> list[str]:
+    lines = []
+    config = info.config or {}
+    data, opt = config.get("data") or {}, config.get("train") or {}
+    if data:
+        lines.append(f"- data: `{data.get('train')}` (max_length {data.get('max_length')}), "
+                     f"held-out: `{data.get('eval')}`")
+    if opt:
+        budget = f"{opt['max_steps']} steps" if opt.get("max_steps") else f"{opt.get('epochs')} epoch(s)"
+        lines.append(f"- {budget}, lr {opt.get('lr')}, micro-batch {opt.get('micro_batch_size')} x "
+                     f"{opt.get('grad_accum_steps')} accumulation, precision {opt.get('mixed_precision')}")
+    if info.best is not None:
+        best = info.best
+        lines.append(f"- best held-out **simulated τ {best['tau']:.3f}** at step {best.get('step')} "
+                     f"({info.evaluations} evaluations, {best.get('positions', '?')} positions; greedy, "
+                     "teacher-forced: real decoding τ also depends on the tree)")
+        if best.get("acc"):
+            lines.append(f"- per-step top-1 accuracy acc_k: {', '.join(f'{a:.3f}' for a in best['acc'])}")
+    return lines or ["- no training record in this directory"]
+
+
+def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[str]:
+    kind, cfg = head.head_kind, head.config
+    target = cfg.target_name_or_path or "TARGET"
+    native = fmt is None
+    head_ref = repo_id or ("HEAD_DIR" if native else "DRAFT_DIR")
+    serve_dir = head_ref if not native else "SERVE_DIR"
+    lines: list[str] = []
+    if native or (kind == "eagle3" and fmt in ("vllm", "sglang", "speculators")):
+        lines += ["draftsmith (loads this " + ("head" if native else "export, converting it back") + "):", "",
+                  "```python", "from infer import SpeculativeGenerator", "",
+                  f"gen = SpeculativeGenerator.from_pretrained({target!r}, {head_ref!r})",
+                  "out = gen.generate(input_ids, max_new_tokens=128)", "```", ""]
+
+    def export_step(to: str) -> list[str]:
+        if not native:
+            return []
+        return ["```bash", f"python scripts/export.py --head {head_ref} --to {to} --out {serve_dir}", "```"]
+
+    if kind == "eagle3":
+        lines += ["vLLM:", "", *export_step("vllm"), "```bash",
+                  f"vllm serve {target} --speculative-config "
+                  f"'{{\"method\": \"eagle3\", \"model\": \"{serve_dir}\", \"num_speculative_tokens\": 3}}'", "```", ""]
+        if fmt != "speculators":
+            lines += ["SGLang:", "", *export_step("sglang"), "```bash",
+                      f"python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
+                      f"--speculative-draft-model-path {serve_dir} --speculative-num-steps 5 "
+                      "--speculative-eagle-topk 8 --speculative-num-draft-tokens 32", "```", "",
+                      "TensorRT-LLM (PyTorch backend): `trtllm-serve " + target + " --config spec.yaml` with", "",
+                      "```yaml", "speculative_config:", "  decoding_type: Eagle3", "  max_draft_len: 3",
+                      f"  speculative_model: {serve_dir}", *_trtllm_layers(head), "```", ""]
+    elif kind == "eagle":
+        lines += ["vLLM:", "", *export_step("eagle-vllm"), "```bash",
+                  f"vllm serve {target} --speculative-config "
+                  f"'{{\"method\": \"eagle\", \"model\": \"{serve_dir}\", \"num_speculative_tokens\": 3}}'", "```", ""]
+    else:
+        lines += ["vLLM:", "", *export_step("medusa-vllm"), "```bash",
+                  f"vllm serve {target} --speculative-config '{{\"method\": \"medusa\", \"model\": \"{serve_dir}\", "
+                  f"\"num_speculative_tokens\": {cfg.num_heads}}}'", "```", "",
+                  "TGI (the target comes from `base_model_name_or_path`):", "", *export_step("medusa-tgi"),
+                  "```bash", f"text-generation-launcher --model-id {serve_dir}", "```", ""]
+    return lines
+
+
+def _trtllm_layers(head: DraftHead) -> list[str]:
+    ids, layers = list(head.config.aux_layer_ids), head.config.target_num_layers
+    if layers and ids == default_aux_layer_ids(layers):
+        return []  # TensorRT-LLM's default {1, L//2 - 1, L - 4} is the same layers
+    return [f"  eagle3_layers_to_capture: {[i - 1 for i in ids]}  # output of layer k"]
+
+
+# ------------------------------------------------------------------------------------------- hub
+
+
+def push_head_to_hub(
+    head: DraftHead | str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    token: str | None = None,
+    fmt: str | None = None,
+    revision: str | None = None,
+    commit_message: str | None = None,
+) -> str:
+    """Upload a head (an object or a saved directory) with a generated model card; returns the commit URL.
+
+    Uploads config.json, the weights, README.md and, from a head directory, the training loop's
+    ``metrics.jsonl``/``config.yaml``. With ``fmt`` (see ``heads.formats.FORMATS``) the repo holds that
+    engine export instead, so vLLM/SGLang can load it by repo id (EAGLE-3 exports still load with
+    ``AutoHead``). Everything is staged and checked locally before the first network call.
+    """
+    if fmt is not None and fmt not in FORMAT_KINDS:
+        raise ValueError(f"unknown format '{fmt}'; expected one of {list(FORMAT_KINDS)}")
+    head_dir = None if isinstance(head, DraftHead) else Path(head)
+    if head_dir is not None:
+        head = AutoHead.from_pretrained(head_dir)  # a broken directory fails here, before any upload
+    info = training_info(head_dir) if head_dir is not None else None
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = Path(tmp) / "upload"
+        export_config = None
+        if fmt is None:
+            head.save_pretrained(stage)
+            _check_reload(head, stage)
+        else:
+            export_head(head, stage, fmt)
+            export_config = json.loads((stage / "config.json").read_text())
+        for name in TRAINING_FILES:
+            if head_dir is not None and (head_dir / name).is_file():
+                shutil.copyfile(head_dir / name, stage / name)
+        card = model_card(head, repo_id=repo_id, fmt=fmt, export_config=export_config, training=info)
+        (stage / "README.md").write_text(card)
+        api = HfApi(token=token)
+        repo = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        commit = api.upload_folder(
+            repo_id=repo.repo_id,
+            folder_path=stage,
+            repo_type="model",
+            revision=revision,
+            commit_message=commit_message or f"Upload {head.head_kind} draft head" + (f" ({fmt})" if fmt else ""),
+        )
+    return commit.commit_url
+
+
+def _check_reload(head: DraftHead, directory: Path) -> None:
+    """The staged files load back into an identical head."""
+    loaded = AutoHead.from_pretrained(directory)
+    mine, theirs = head.state_dict(), loaded.state_dict()
+    differ = sorted(k for k in mine.keys() | theirs.keys()
+                    if k not in mine or k not in theirs or not torch.equal(mine[k].cpu(), theirs[k].cpu()))
+    if differ:
+        raise ValueError(f"{directory}: the saved head does not load back identically (tensors {differ})")

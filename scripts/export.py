@@ -1,0 +1,60 @@
+"""Export a trained head for a serving engine (vLLM, SGLang, TensorRT-LLM, TGI).
+
+    python scripts/export.py --head runs/demo-eagle3 --to vllm --out exports/demo-eagle3
+    python scripts/export.py --head user/my-head --to speculators --out exports/spec --target org/target-model
+    python scripts/export.py --head runs/medusa --to medusa-tgi --out exports/medusa-tgi --dtype bfloat16
+
+Formats: vllm and sglang (EAGLE-3, the same directory serves both and TensorRT-LLM), speculators
+(EAGLE-3, `vllm serve DIR` alone), eagle-vllm (EAGLE-1/2), medusa-vllm, medusa-tgi. The export is
+validated after writing and refused when an engine would load it wrong; docs/serving.md has the
+launch commands.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig
+
+from heads import AutoHead
+from heads.formats import FORMATS, export_head
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head", required=True, help="head directory or Hub repo id (anything AutoHead loads)")
+    parser.add_argument("--to", required=True, choices=FORMATS, help="serving format")
+    parser.add_argument("--out", required=True, type=Path, help="output directory (must be empty or absent)")
+    parser.add_argument("--target", help="target path or Hub id: checked against the head, fills missing facts")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the weights (default: as saved)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=3,
+                        help="speculators format: proposal length vLLM uses by default")
+    parser.add_argument("--max-position-embeddings", type=int,
+                        help="context to declare (default: the larger of the head's and the target's)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    head = AutoHead.from_pretrained(args.head)
+    target = AutoConfig.from_pretrained(args.target) if args.target else None
+    out = export_head(
+        head,
+        args.out,
+        args.to,
+        target=target,
+        dtype=DTYPES[args.dtype] if args.dtype else None,
+        num_speculative_tokens=args.num_speculative_tokens,
+        max_position_embeddings=args.max_position_embeddings,
+        overwrite=args.overwrite,
+    )
+    print(f"{head.head_kind} head exported as '{args.to}' to {out} (launch commands: {out / 'README.md'})")
+    return out
+
+
+if __name__ == "__main__":
+    main()
