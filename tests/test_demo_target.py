@@ -1,0 +1,129 @@
+"""A micro demo target: trains, learns, loads with the Auto classes, and is cached by key."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from data.tokenizer import IM_END
+from train.demo import demo_target_dir, ensure_demo_target, is_built
+from train.lm import EMBED_INIT_STD, SIZES, SUMMARY_FILE, LMSettings, build_model, settings_for
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_demo_target.py"
+
+# Tiny dims and a slice of the corpus: trains in a few seconds on 2 CPU cores.
+MICRO = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
+             seq_len=64, batch_size=8, max_steps=120, lr=3e-3, eval_tokens=4096, max_corpus_chars=400_000)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        root = tmp_path_factory.mktemp("cache")
+        mp.setenv("DRAFTSMITH_CACHE", str(root))
+        mp.delenv("WORLD_SIZE", raising=False)
+        yield root
+
+
+@pytest.fixture(scope="module")
+def micro(cache):
+    return ensure_demo_target("tiny", 0, show_progress=False, **MICRO)
+
+
+def test_micro_target_learns(micro):
+    summary = json.loads((micro / SUMMARY_FILE).read_text())
+    curve = summary["train_loss_curve"]
+    assert curve[-1] < curve[0] - 1.0
+    # Genuinely trained: clearly better than predicting token frequencies.
+    assert summary["heldout_loss"] < summary["unigram_heldout_loss"] - 0.2
+    assert summary["tokens_seen"] == MICRO["max_steps"] * MICRO["batch_size"] * MICRO["seq_len"]
+    assert summary["settings"] == dataclasses.asdict(settings_for("tiny", seed=0, **MICRO))
+
+
+def test_micro_target_loads_with_auto_classes(micro):
+    model = AutoModelForCausalLM.from_pretrained(micro).eval()
+    tok = AutoTokenizer.from_pretrained(micro)
+    assert (micro / "model.safetensors").is_file()
+    assert model.config.model_type == "llama" and model.config.num_hidden_layers == MICRO["num_layers"]
+    assert model.config.vocab_size == len(tok) == MICRO["vocab_size"]
+    assert model.config.max_position_embeddings == MICRO["seq_len"]
+    assert set(model.generation_config.eos_token_id) == {tok.eos_token_id, tok.convert_tokens_to_ids(IM_END)}
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Write `json`."}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**prompt, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > prompt["input_ids"].shape[1]
+
+
+def test_cache_reuses_directory(micro, cache):
+    assert micro == demo_target_dir("tiny", 0, **MICRO)
+    assert micro.parent == cache / "demo" and micro.name.startswith("tiny-seed0-")
+    stamp = (micro / "model.safetensors").stat().st_mtime_ns
+    assert ensure_demo_target("tiny", 0, show_progress=False, **MICRO) == micro
+    assert (micro / "model.safetensors").stat().st_mtime_ns == stamp
+    # Any change in settings is a different cache entry.
+    assert demo_target_dir("tiny", 0, **{**MICRO, "max_steps": 7}) != micro
+    assert demo_target_dir("tiny", 1, **MICRO) != micro
+    assert not list(cache.glob("demo/.*tmp*"))
+
+
+def test_mismatching_out_dir_is_refused(micro, tmp_path):
+    (tmp_path / "occupied").mkdir()
+    (tmp_path / "occupied" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="occupied"):
+        ensure_demo_target("tiny", 0, out_dir=tmp_path / "occupied", show_progress=False, **MICRO)
+    fp = json.loads((micro / SUMMARY_FILE).read_text())["fingerprint"]
+    assert is_built(micro, fp) and not is_built(micro, "0" * 12)
+
+
+def test_missing_target_in_distributed_launch_raises(cache, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="make_demo_target.py"):
+        ensure_demo_target("tiny", 0, show_progress=False, **{**MICRO, "max_steps": 3})
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("make_demo_target", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_script_makes_assistant_sharing_the_tokenizer(micro, tmp_path):
+    out = _load_script().main(["--out", str(tmp_path / "assistant"), "--size", "assistant",
+                                 "--tokenizer", str(micro), "--max-steps", "3"])
+    assert out == tmp_path / "assistant"
+    assert (out / "tokenizer.json").read_bytes() == (micro / "tokenizer.json").read_bytes()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.vocab_size == MICRO["vocab_size"]
+    assert model.config.num_hidden_layers == SIZES["assistant"].num_layers
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["tokenizer_source"] == str(micro) and summary["settings"]["max_steps"] == 3
+
+
+def test_init_scales_residual_outputs_and_embeddings(micro):
+    settings = settings_for("tiny", hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    model = build_model(settings, AutoTokenizer.from_pretrained(micro))
+    out_std = model.config.initializer_range / math.sqrt(2 * settings.num_layers)
+    for layer in model.model.layers:
+        for weight in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+            assert abs(weight.std().item() - out_std) < 0.1 * out_std
+        assert abs(layer.self_attn.q_proj.weight.std().item() - model.config.initializer_range) < 0.002
+    assert abs(model.model.embed_tokens.weight.std().item() - EMBED_INIT_STD) < 0.02
+
+
+def test_presets_and_validation():
+    assert SIZES["tiny"].num_layers >= 8
+    assert SIZES["assistant"].num_layers < SIZES["tiny"].num_layers
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        LMSettings(num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="max_steps"):
+        settings_for("tiny", max_steps=0)
+    with pytest.raises(ValueError, match="huge"):
+        settings_for("huge")

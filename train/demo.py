@@ -1,0 +1,118 @@
+"""Where the demo LMs live, and reusing them instead of retraining.
+
+A demo LM directory is complete when its ``demo_target.json`` carries the fingerprint of what
+was asked for: recipe version, corpus, every ``LMSettings`` field and the tokenizer it borrowed.
+The default location is ``$DRAFTSMITH_CACHE/demo/<size>-seed<N>-<fingerprint>`` (the cache root
+defaults to ``~/.cache/draftsmith``). Builds go to a temporary sibling that is renamed into place,
+so an interrupted build never looks complete, under a file lock, so concurrent requests for the
+same LM train it once (POSIX only: ``fcntl``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from data.corpus import corpus_fingerprint
+from train.lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
+
+# Bump when train/lm.py or data/tokenizer.py change what the same settings produce.
+RECIPE_VERSION = 2
+# Sizes that borrow the tokenizer of another demo LM by default (same seed).
+TOKENIZER_SOURCE = {"assistant": "tiny"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def cache_root() -> Path:
+    """``$DRAFTSMITH_CACHE`` if set, else ``~/.cache/draftsmith``."""
+    return Path(os.environ.get("DRAFTSMITH_CACHE") or Path.home() / ".cache" / "draftsmith")
+
+
+def tokenizer_key(tokenizer_dir: str | Path) -> str:
+    """A hash of the tokenizer files in ``tokenizer_dir``."""
+    tokenizer_dir = Path(tokenizer_dir)
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no tokenizer.json in {tokenizer_dir}")
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            h.update(name.encode() + b"\0" + (tokenizer_dir / name).read_bytes())
+    return "files:" + h.hexdigest()[:16]
+
+
+def fingerprint(settings: LMSettings, tokenizer: str | None) -> str:
+    """The cache key of a demo LM (``tokenizer`` is None when it trains its own)."""
+    payload = {"recipe": RECIPE_VERSION, "corpus": corpus_fingerprint(), "tokenizer": tokenizer,
+               "settings": dataclasses.asdict(settings)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _resolve(size: str, seed: int, tokenizer_dir: str | Path | None, overrides: dict):
+    """(settings, fingerprint, directory name) of a request."""
+    settings = settings_for(size, seed=seed, **overrides)
+    if tokenizer_dir is not None:
+        key = tokenizer_key(tokenizer_dir)
+    elif size in TOKENIZER_SOURCE:
+        key = "demo:" + demo_target_dir(TOKENIZER_SOURCE[size], seed).name
+    else:
+        key = None
+    fp = fingerprint(settings, key)
+    return settings, fp, f"{size}-seed{seed}-{fp}"
+
+
+def demo_target_dir(size: str = "tiny", seed: int = 0, *, tokenizer_dir: str | Path | None = None,
+                    **overrides) -> Path:
+    """The cache directory of a demo LM (which may not be built yet); overrides are LMSettings fields."""
+    return cache_root() / "demo" / _resolve(size, seed, tokenizer_dir, overrides)[2]
+
+
+def is_built(directory: Path, fp: str) -> bool:
+    """Whether ``directory`` holds a complete demo LM with fingerprint ``fp``."""
+    summary = directory / SUMMARY_FILE
+    return summary.is_file() and json.loads(summary.read_text()).get("fingerprint") == fp
+
+
+def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path | None = None,
+                       tokenizer_dir: str | Path | None = None, show_progress: bool = True,
+                       **overrides) -> Path:
+    """The directory of a trained demo LM, trained now only if no matching one exists.
+
+    ``out_dir`` defaults to ``demo_target_dir(...)``. Sizes in ``TOKENIZER_SOURCE`` without a
+    ``tokenizer_dir`` borrow the tokenizer of that demo LM (built first if missing). Must be called
+    from a single process: it trains in-process.
+    """
+    settings, fp, name = _resolve(size, seed, tokenizer_dir, overrides)
+    out = Path(out_dir) if out_dir is not None else cache_root() / "demo" / name
+    if is_built(out, fp):
+        return out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists but is not a demo LM with fingerprint {fp} "
+                              f"(size={size}, seed={seed}, overrides={overrides}); remove it or choose another --out")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise RuntimeError(f"demo LM {out} is missing and cannot be trained inside a distributed launch; "
+                           f"build it first: python scripts/make_demo_target.py --size {size} --seed {seed}")
+    if tokenizer_dir is None and size in TOKENIZER_SOURCE:
+        tokenizer_dir = ensure_demo_target(TOKENIZER_SOURCE[size], seed, show_progress=show_progress)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir is not None else None
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        # Another process building the same LM holds this lock: wait for it, then reuse its result.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_built(out, fp):
+            return out
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        try:
+            train_lm(tmp, settings, tokenizer=tokenizer, show_progress=show_progress,
+                     metadata={"fingerprint": fp, "size": size,
+                               "tokenizer_source": str(tokenizer_dir) if tokenizer_dir is not None else None})
+            os.replace(tmp, out)  # atomic; succeeds over an empty directory
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
