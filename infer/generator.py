@@ -1,0 +1,312 @@
+"""The speculative generation loop: draft -> verify (one target forward) -> accept -> compact.
+
+One step:
+1. the drafter proposes a tree rooted at the last emitted token (the "root", not yet in the
+   target's KV cache);
+2. the target runs once over all tree nodes with a 4D additive tree mask and depth positions;
+3. an acceptance rule keeps the longest valid path and picks the bonus token after it;
+4. the target cache keeps exactly prefix + accepted nodes; the drafter observes the accepted
+   tokens with their true target features; the bonus token becomes the next root.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.cache_utils import DynamicCache
+
+from heads import AutoHead
+from infer.accept import (
+    Accepted,
+    chain_sample_accept,
+    check_sampling_params,
+    greedy_accept,
+    tree_sample_accept,
+    typical_accept,
+)
+from infer.cache import keep_accepted
+from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter
+from infer.target import TargetOutput, target_forward
+from infer.tree import tree_attention_mask
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")  # flash attention takes no arbitrary tree mask
+
+
+@dataclass
+class GenerationStats:
+    """What the last ``generate`` call did."""
+
+    new_tokens: int = 0
+    target_forwards: int = 0  # including the prefill
+    steps: int = 0  # verification forwards
+    step_tokens: int = 0  # tokens emitted by verification steps (accepted drafts + bonus)
+    wall_time: float = 0.0  # seconds
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verification step (accepted drafts + bonus); 0.0 before any step."""
+        return self.step_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+
+@dataclass
+class DecodeState:
+    """Everything one generation carries from step to step."""
+
+    cache: DynamicCache  # target KV of all emitted tokens except the root
+    draft: Any  # the drafter's own state (head cache, last head output, ...)
+    root: Tensor  # 0-d long: last emitted token
+    emitted: list[Tensor] = field(default_factory=list)  # chunks of new tokens
+    num_new: int = 0
+
+
+def _text_config(model: nn.Module):
+    return model.config.get_text_config()
+
+
+def _sliding_window(config) -> int | None:
+    """The sliding window the target really uses, or None."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return None if getattr(config, "use_sliding_window", True) is False else window
+
+
+class SpeculativeGenerator:
+    """Lossless tree speculative decoding with a draft head (batch size 1).
+
+    Args:
+        target: a Hugging Face causal LM (sdpa or eager attention).
+        head: a draftsmith head (Medusa, EAGLE, EAGLE-3) made for ``target``, moved to the
+            target's device and dtype; or any object following ``infer.drafters.Drafter``.
+        tokenizer: optional, kept for callers (the CLI); generation works on ids.
+        tree: ``StaticTree`` (Medusa), ``DynamicTree`` (EAGLE) or ``Chain``; None = the kind's
+            default for the target's device (``infer.drafters.default_tree``: smaller on CPU).
+        acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance: LOSSY, only used
+            at temperature > 0, with ``typical_threshold`` and ``typical_alpha``).
+    """
+
+    def __init__(
+        self,
+        target: nn.Module,
+        head: nn.Module | Drafter,
+        tokenizer: Any = None,
+        tree: TreeOption | None = None,
+        acceptance: str = "exact",
+        typical_threshold: float = 0.09,
+        typical_alpha: float = 0.3,
+    ) -> None:
+        attn = getattr(target.config, "_attn_implementation", None)
+        if attn not in SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"target attention '{attn}' cannot take a tree mask; load it with "
+                f"attn_implementation in {SUPPORTED_ATTENTION}"
+            )
+        if acceptance not in ("exact", "typical"):
+            raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
+        self.target = target
+        self.tokenizer = tokenizer
+        self.device = target.get_input_embeddings().weight.device
+        self.dtype = target.get_input_embeddings().weight.dtype
+        if isinstance(head, nn.Module):
+            head.check_target(target)
+            head.to(device=self.device, dtype=self.dtype)
+            self.head: nn.Module | None = head
+            self.drafter: Drafter = make_drafter(head, target, tree)
+        else:
+            if tree is not None:
+                raise ValueError("tree options belong to the drafter; a custom drafter ignores `tree`")
+            self.head = None
+            self.drafter = head
+        self.acceptance = acceptance
+        self.typical = (typical_threshold, typical_alpha)
+        self.last_stats = GenerationStats()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target_path: str,
+        head_path: str | nn.Module,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        **kwargs: Any,
+    ) -> SpeculativeGenerator:
+        """Load a target (HF id or directory) and a head (directory, HF id, or a loaded head);
+        ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to the
+        target checkpoint's own (the head follows the target).
+        """
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        target = AutoModelForCausalLM.from_pretrained(
+            target_path, dtype=dtype or "auto", attn_implementation="sdpa"
+        ).to(device).eval()
+        head = head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(target_path)
+        except OSError:  # a bare checkpoint without tokenizer files still generates from ids
+            tokenizer = None
+        return cls(target, head.eval(), tokenizer=tokenizer, **kwargs)
+
+    # ------------------------------------------------------------------------------ checks
+
+    def _check(self, input_ids: Tensor, max_new_tokens: int, sampling: Sampling) -> None:
+        check_sampling_params(sampling.temperature, sampling.top_k, sampling.top_p)
+        if not isinstance(input_ids, Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
+            raise ValueError("input_ids must be a LongTensor of shape (1, prompt_len)")
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"batch size must be 1, got {input_ids.shape[0]}")
+        if input_ids.shape[1] == 0:
+            raise ValueError("the prompt is empty: pass at least one token (e.g. BOS)")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        config = _text_config(self.target)
+        vocab = config.vocab_size
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:  # sync
+            raise ValueError(f"input_ids contain ids outside the target's vocabulary [0, {vocab})")
+        total = input_ids.shape[1] + max_new_tokens
+        context = getattr(config, "max_position_embeddings", None)
+        if context is not None and input_ids.shape[1] >= context:
+            raise ValueError(f"the prompt has {input_ids.shape[1]} tokens; the target's context is {context}")
+        if context is not None and total > context:
+            raise ValueError(
+                f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
+                f"target's context of {context} tokens"
+            )
+        window = _sliding_window(config)
+        if window is not None and total > window:
+            raise ValueError(
+                f"prompt + max_new_tokens = {total} exceeds the target's sliding window ({window}); "
+                "tree verification supports full attention only"
+            )
+
+    def _eos_ids(self, eos_token_id: int | list[int] | None) -> Tensor:
+        if eos_token_id is None:  # as HF generate: the model's generation config decides
+            gen_config = getattr(self.target, "generation_config", None)
+            eos_token_id = getattr(gen_config, "eos_token_id", None)
+        ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------------------------- steps
+
+    def _features(self, out: TargetOutput) -> Tensor:
+        return out.aux_hidden if self.drafter.aux_layer_ids else out.final_hidden  # (1, T, F)
+
+    def _next_token(self, logits: Tensor, sampling: Sampling) -> Tensor:
+        """First new token from the prefill's last logits (V,), as HF's loop picks it."""
+        if sampling.greedy:
+            return logits.float().argmax()
+        return torch.multinomial(sampling.probs(logits), 1)[0]
+
+    def _verify(self, state: DecodeState, draft: Draft) -> tuple[int, TargetOutput]:
+        """One target forward over all tree nodes; returns (prefix length, output)."""
+        prefix = state.cache.get_seq_length()
+        mask = tree_attention_mask(draft.tree.mask, prefix, self.dtype)  # (1, 1, N, S + N)
+        out = target_forward(
+            self.target,
+            draft.tokens[None],
+            aux_layer_ids=self.drafter.aux_layer_ids,
+            attention_mask=mask,
+            position_ids=(prefix + draft.tree.depths)[None],
+            past_key_values=state.cache,
+            use_cache=True,
+        )
+        return prefix, out
+
+    def _accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
+        tree = draft.tree
+        if sampling.greedy:
+            return greedy_accept(logits, draft.tokens, tree.retrieve_indices)
+        p = sampling.probs(logits)  # (N, V)
+        if self.acceptance == "typical":
+            return typical_accept(p, draft.tokens, tree.retrieve_indices, *self.typical)
+        if draft.q is not None:
+            return chain_sample_accept(p[None], draft.q[None], draft.tokens[None])
+        return tree_sample_accept(p[None], draft.tokens[None], tree.children)
+
+    @staticmethod
+    def _trim(tokens: Tensor, eos: Tensor, remaining: int) -> tuple[Tensor, bool]:
+        """Cut after the first EOS and to ``remaining`` tokens; returns (kept, stop)."""
+        hits = torch.isin(tokens, eos).nonzero()  # sync
+        if hits.numel():
+            return tokens[: int(hits[0, 0]) + 1][:remaining], True
+        return tokens[:remaining], tokens.numel() >= remaining
+
+    def _emit(self, state: DecodeState, tokens: Tensor, streamer: Any) -> None:
+        state.emitted.append(tokens)
+        state.num_new += tokens.numel()
+        if streamer is not None:
+            streamer.put(tokens.cpu())
+
+    # ------------------------------------------------------------------------------- loop
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_id: int | list[int] | None = None,
+        streamer: Any = None,
+    ) -> Tensor:
+        """Generate like ``target.generate`` (greedy when temperature == 0, otherwise sampling with
+        HF's temperature -> top-k -> top-p). Returns (1, prompt_len + new) on ``input_ids``' device.
+
+        ``top_k=0`` disables top-k (HF's ``generate`` applies top_k=50 unless told otherwise: pass
+        the same values to both when comparing). ``eos_token_id=None`` uses the target's
+        generation config, as HF does. ``streamer`` gets HF's ``put``/``end`` calls: the prompt
+        first, then each accepted run.
+        """
+        sampling = Sampling(float(temperature), top_k, float(top_p))
+        self._check(input_ids, max_new_tokens, sampling)
+        start = time.perf_counter()
+        stats = GenerationStats()
+        eos = self._eos_ids(eos_token_id)
+        ids = input_ids.to(self.device)
+        if streamer is not None:
+            streamer.put(ids.cpu())
+
+        out = target_forward(
+            self.target, ids, aux_layer_ids=self.drafter.aux_layer_ids,
+            past_key_values=DynamicCache(), use_cache=True,
+        )
+        stats.target_forwards += 1
+        first = self._next_token(out.logits[0, -1], sampling)
+        state = DecodeState(cache=out.past_key_values, draft=self.drafter.new_state(), root=first)
+        kept, stop = self._trim(first.reshape(1), eos, max_new_tokens)
+        self._emit(state, kept, streamer)
+        if not stop:
+            self.drafter.observe(state.draft, self._features(out), torch.cat([ids[:, 1:], kept[None]], dim=1))
+
+        while not stop:
+            remaining = max_new_tokens - state.num_new
+            # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
+            draft = self.drafter.propose(state.draft, state.root, sampling, max_depth=remaining - 1)
+            prefix, out = self._verify(state, draft)
+            accepted = self._accept(out.logits[0], draft, sampling)
+            nodes = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first
+            new = torch.cat([draft.tokens[nodes[1:]], accepted.bonus])  # (A,)
+            keep_accepted(state.cache, prefix, nodes)
+            stats.target_forwards += 1
+            stats.steps += 1
+            kept, stop = self._trim(new, eos, remaining)
+            stats.step_tokens += kept.numel()
+            self._emit(state, kept, streamer)
+            if not stop:
+                self.drafter.observe(state.draft, self._features(out)[:, nodes], new[None])
+                state.root = new[-1]
+
+        if streamer is not None:
+            streamer.end()
+        stats.new_tokens = state.num_new
+        stats.wall_time = time.perf_counter() - start
+        self.last_stats = stats
+        return torch.cat([input_ids, torch.cat(state.emitted)[None].to(input_ids.device)], dim=1)

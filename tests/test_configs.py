@@ -1,0 +1,46 @@
+"""Every shipped config parses, starts with the command that runs it, and round-trips."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from train.config import TrainConfig, from_dict, load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+
+
+def test_there_are_configs():
+    names = {p.name for p in CONFIGS}
+    assert {"demo.yaml", "llama3.1-8b-eagle3.yaml", "qwen3-8b-eagle3.yaml", "llama3.1-8b-medusa.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_parses_and_round_trips(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, TrainConfig)
+    assert from_dict(cfg.to_dict()) == cfg  # the resolved YAML written to output_dir reloads as is
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_starts_with_its_command(path):
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# accelerate launch ") and "train/train_head.py" in first
+    if path.name != "demo.yaml":
+        assert f"--config configs/{path.name}" in first
+
+
+def test_realistic_configs_use_the_reference_recipe():
+    for name in ("llama3.1-8b-eagle3.yaml", "qwen3-8b-eagle3.yaml"):
+        cfg = load_config(CONFIGS[0].parent / name)
+        assert (cfg.head.kind, cfg.head.ttt_steps, cfg.head.draft_vocab_size) == ("eagle3", 7, 32000)
+        assert (cfg.train.lr, cfg.train.betas, cfg.train.max_grad_norm) == (5e-5, (0.9, 0.95), 0.5)
+        assert cfg.train.mixed_precision == "bf16"
+    medusa = load_config(CONFIGS[0].parent / "llama3.1-8b-medusa.yaml")
+    assert (medusa.head.kind, medusa.head.num_heads) == ("medusa", 4)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+def test_demo_config_accepts_every_head_kind(kind):
+    cfg = load_config(CONFIGS[0].parent / "demo.yaml", [f"head.kind={kind}"])
+    assert cfg.head.kind == kind and cfg.output_dir.endswith(f"demo-tiny-{kind}")

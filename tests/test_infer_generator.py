@@ -1,0 +1,270 @@
+"""SpeculativeGenerator, greedy: token-for-token equal to ``target.generate(do_sample=False)``.
+
+Random heads accept little, so an oracle drafter (drafting the target's own greedy continuation
+with decoy branches and planted mistakes) drives long accepted runs through verification,
+compaction and EOS/max_new_tokens handling, and checks that the generator feeds it the true
+target features of exactly the accepted tokens.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import ARCHES, make_tiny_target
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast, TextStreamer
+
+from heads import build_head
+from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from infer.drafters import Draft, Sampling, default_tree
+from infer.target import target_forward
+from infer.tree import tree_from_parents
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (10-50x)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+KINDS = ("medusa", "eagle", "eagle3")
+VOCAB = 96
+# Small trees keep the CPU tests fast; each kind's CPU and accelerator default trees run too.
+SMALL = {"medusa": StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))),
+         "eagle": DynamicTree(depth=4, top_k=3, total_tokens=12),
+         "eagle3": DynamicTree(depth=4, top_k=3, total_tokens=12)}
+
+
+def _target(arch: str, dtype=torch.float64, **kw):
+    model = make_tiny_target(arch, dtype=dtype, initializer_range=kw.pop("initializer_range", 0.3), **kw)
+    model.generation_config.eos_token_id = None  # EOS only where a test asks for it
+    return model
+
+
+@pytest.fixture(scope="module", params=ARCHES)
+def target64(request):
+    return _target(request.param)
+
+
+def _hf_greedy(model, ids, max_new, eos=None):
+    return model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
+
+
+def _prompt(rng: random.Random, length: int) -> torch.Tensor:
+    return torch.tensor([[rng.randrange(3, VOCAB) for _ in range(length)]])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_matches_hf_random_heads(target64, kind):
+    rng = random.Random(f"{target64.config.model_type}-{kind}")  # str seeds are stable across runs
+    torch.manual_seed(rng.randrange(1000))
+    head = build_head(kind, target64)
+    cases = [(None, 1, 1), (None, 24, 40), (default_tree(kind, "cuda"), 10, 30), (SMALL[kind], 5, 33),
+             (SMALL[kind], 1, 17), (Chain(3), 9, 25)]
+    for tree, prompt_len, max_new in cases:
+        gen = SpeculativeGenerator(target64, head, tree=tree)
+        ids = _prompt(rng, prompt_len)
+        ref = _hf_greedy(target64, ids, max_new)
+        out = gen.generate(ids, max_new_tokens=max_new)
+        assert torch.equal(out, ref), (tree, prompt_len, max_new)
+        stats = gen.last_stats
+        assert stats.new_tokens == max_new == out.shape[1] - prompt_len
+        assert stats.target_forwards == stats.steps + 1
+        assert stats.step_tokens == max_new - 1
+    # EOS: stop at the first occurrence of a token the reference emits mid-way.
+    ids = _prompt(rng, 7)
+    ref = _hf_greedy(target64, ids, 30)
+    eos = int(ref[0, 7 + 12])
+    out = SpeculativeGenerator(target64, head, tree=SMALL[kind]).generate(ids, max_new_tokens=30, eos_token_id=eos)
+    assert torch.equal(out, _hf_greedy(target64, ids, 30, eos=eos))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_fp32(arch):
+    model = _target(arch, dtype=torch.float32)
+    rng = random.Random(7)
+    for kind in KINDS:
+        torch.manual_seed(0)
+        gen = SpeculativeGenerator(model, build_head(kind, model), tree=SMALL[kind])
+        for prompt_len, max_new in [(3, 30), (12, 21)]:
+            ids = _prompt(rng, prompt_len)
+            assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(model, ids, max_new))
+
+
+def test_greedy_default_init_and_eager_attention():
+    """Near-uniform logits (HF's default init) in fp64, and the eager attention path."""
+    for attn in ("sdpa", "eager"):
+        model = _target("llama", initializer_range=0.02, attn_implementation=attn)
+        rng = random.Random(3)
+        for kind in KINDS:
+            torch.manual_seed(1)
+            gen = SpeculativeGenerator(model, build_head(kind, model), tree=SMALL[kind])
+            ids = _prompt(rng, 6)
+            assert torch.equal(gen.generate(ids, max_new_tokens=24), _hf_greedy(model, ids, 24))
+
+
+def test_eagle3_reduced_draft_vocab_maps_to_target_ids():
+    model = _target("qwen3", num_layers=8)
+    torch.manual_seed(0)
+    head = build_head("eagle3", model, draft_vocab_size=32)
+    vocab_ids = torch.randperm(VOCAB)[:32].sort().values
+    head.set_draft_vocab(vocab_ids)
+    gen = SpeculativeGenerator(model, head, tree=DynamicTree(depth=3, top_k=4, total_tokens=10))
+    proposed = []
+    propose = gen.drafter.propose
+
+    def recording(state, root, sampling, max_depth):
+        draft = propose(state, root, sampling, max_depth)
+        proposed.append(draft.tokens[1:])
+        return draft
+
+    gen.drafter.propose = recording
+    ids = _prompt(random.Random(0), 5)
+    assert torch.equal(gen.generate(ids, max_new_tokens=20), _hf_greedy(model, ids, 20))
+    drafted = torch.cat(proposed)
+    assert drafted.numel() > 0 and torch.isin(drafted, vocab_ids).all()
+
+
+# ------------------------------------------------------------------------------ the oracle
+
+
+class OracleDrafter:
+    """Drafts a tree around the reference continuation: the true token at each depth (sometimes
+    replaced by a wrong one), shuffled among decoy siblings that carry decoy subtrees."""
+
+    aux_layer_ids = ()
+
+    def __init__(self, sequence: torch.Tensor, features: torch.Tensor, depth: int, seed: int, wrong_rate: float):
+        self.seq, self.features = sequence, features  # (L,), (L, H) true final hidden states
+        self.depth, self.rng, self.wrong_rate = depth, random.Random(seed), wrong_rate
+
+    def new_state(self) -> dict:
+        return {"pos": 0}
+
+    def observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        start, count = state["pos"], next_tokens.shape[1]
+        assert torch.equal(next_tokens[0], self.seq[start + 1 : start + 1 + count])
+        tol = 1e-8 if features.dtype == torch.float64 else 1e-4
+        torch.testing.assert_close(features[0], self.features[start : start + count], rtol=tol, atol=tol)
+        state["pos"] += count
+
+    def propose(self, state: dict, root: torch.Tensor, sampling: Sampling, max_depth: int) -> Draft:
+        pos = state["pos"]
+        assert int(root) == int(self.seq[pos])
+        levels = min(self.depth, max_depth, self.seq.numel() - pos - 1)
+        parents, tokens = [-1], [int(root)]
+        main, decoys = 0, []  # node on the true path; decoy nodes of the previous level
+        for d in range(1, levels + 1):
+            truth = int(self.seq[pos + d])
+            token = (truth + 1) % VOCAB if self.rng.random() < self.wrong_rate else truth
+            level = [(main, token, True)]
+            level += [(main, (truth + k) % VOCAB, False) for k in range(2, 2 + self.rng.randrange(3))]
+            self.rng.shuffle(level)
+            level += [(p, self.rng.randrange(VOCAB), False) for p in decoys]
+            decoys = []
+            for parent, tok, on_path in level:
+                parents.append(parent)
+                tokens.append(tok)
+                if on_path:
+                    main = len(tokens) - 1
+                else:
+                    decoys.append(len(tokens) - 1)
+        return Draft(torch.tensor(tokens), tree_from_parents(parents))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_oracle_long_runs_eos_and_budget(arch):
+    model = _target(arch)
+    rng = random.Random(11)
+    for case in range(4):
+        prompt_len, max_new = rng.randrange(1, 12), rng.randrange(8, 60)
+        ids = _prompt(rng, prompt_len)
+        ref = _hf_greedy(model, ids, max_new)
+        with torch.no_grad():
+            feats = target_forward(model, ref).final_hidden[0]
+        eos = int(ref[0, prompt_len + rng.randrange(max_new)]) if case % 2 else None
+        expected = _hf_greedy(model, ids, max_new, eos=eos)
+        oracle = OracleDrafter(ref[0], feats, depth=rng.randrange(3, 9), seed=case, wrong_rate=0.15)
+        gen = SpeculativeGenerator(model, oracle)
+        out = gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos)
+        assert torch.equal(out, expected), (case, eos)
+        new = out.shape[1] - prompt_len
+        if new > 20:
+            assert gen.last_stats.tau > 2.0, gen.last_stats
+
+
+# --------------------------------------------------------------------------- streaming, stats
+
+
+class RecordingStreamer:
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.clone())
+
+    def end(self):
+        self.ended += 1
+
+
+def test_streamer_gets_prompt_then_every_accepted_run():
+    model = _target("llama")
+    ids = _prompt(random.Random(2), 4)
+    ref = _hf_greedy(model, ids, 40)
+    with torch.no_grad():
+        feats = target_forward(model, ref).final_hidden[0]
+    streamer = RecordingStreamer()
+    gen = SpeculativeGenerator(model, OracleDrafter(ref[0], feats, depth=5, seed=0, wrong_rate=0.0))
+    out = gen.generate(ids, max_new_tokens=40, streamer=streamer)
+    assert torch.equal(streamer.puts[0], ids) and streamer.ended == 1
+    assert torch.equal(torch.cat([p.flatten() for p in streamer.puts[1:]]), out[0, 4:])
+    assert max(p.numel() for p in streamer.puts[1:]) > 1  # runs are streamed as they are accepted
+    assert len(streamer.puts) - 1 == gen.last_stats.steps + 1  # the prefill token, then one put per step
+
+
+def test_hf_text_streamer(capsys):
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0")))
+    model = _target("qwen2")
+    torch.manual_seed(0)
+    gen = SpeculativeGenerator(model, build_head("eagle", model), tokenizer=tok)
+    ids = _prompt(random.Random(4), 5)
+    out = gen.generate(ids, max_new_tokens=12, streamer=TextStreamer(tok, skip_prompt=True))
+    printed = capsys.readouterr().out
+    assert printed.strip() == tok.decode(out[0, 5:]).strip()
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_inputs_raise_clear_errors():
+    model = _target("llama", max_position_embeddings=64)
+    head = build_head("eagle", model)
+    gen = SpeculativeGenerator(model, head)
+    ok = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="vocab_size"):
+        SpeculativeGenerator(model, build_head("medusa", _target("llama", vocab_size=80)))
+    with pytest.raises(ValueError, match="empty"):
+        gen.generate(torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match="context"):
+        gen.generate(torch.full((1, 64), 5), max_new_tokens=1)
+    with pytest.raises(ValueError, match="exceeds"):
+        gen.generate(ok, max_new_tokens=62)
+    with pytest.raises(ValueError, match="batch"):
+        gen.generate(ok.repeat(2, 1))
+    with pytest.raises(ValueError, match="vocabulary"):
+        gen.generate(torch.tensor([[5, 200]]))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        gen.generate(ok, max_new_tokens=0)
+    for kwargs in ({"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.2}, {"top_k": -3}):
+        with pytest.raises(ValueError):
+            gen.generate(ok, **kwargs)
+    with pytest.raises(TypeError, match="StaticTree or a Chain"):
+        SpeculativeGenerator(model, build_head("medusa", model), tree=DynamicTree())
+    with pytest.raises(ValueError, match="sliding window"):
+        windowed = make_tiny_target("mistral", sliding_window=8)
+        SpeculativeGenerator(windowed, build_head("eagle", windowed)).generate(ok, max_new_tokens=10)

@@ -1,0 +1,80 @@
+"""Config parsing: overrides, defaults filled at parse time, and errors that name the key."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from train.config import DEFAULT_TTT_STEPS, ConfigError, help_text, load_config
+
+
+def test_defaults_and_overrides():
+    cfg = load_config(None, ["train.lr=3e-5", "head.aux_layer_ids=[1, 2, 3]", "data.eval=null",
+                             "target=meta-llama/Llama-3.1-8B-Instruct", "train.betas=[0.8, 0.9]"])
+    assert cfg.train.lr == 3e-5  # YAML 1.1 reads 3e-5 as a string; the float field converts it
+    assert cfg.head.aux_layer_ids == [1, 2, 3]
+    assert cfg.data.eval is None
+    assert cfg.train.betas == (0.8, 0.9)
+    assert cfg.head.ttt_steps == DEFAULT_TTT_STEPS  # eagle3 default filled at parse time
+    assert cfg.output_dir == "runs/Llama-3.1-8B-Instruct-eagle3"
+
+
+def test_kind_specific_defaults():
+    assert load_config(None, ["head.kind=eagle"]).train.feature_noise == 0.1
+    medusa = load_config(None, ["head.kind=medusa"])
+    assert medusa.head.ttt_steps is None and medusa.train.feature_noise is None
+    assert medusa.head.build_options() == {}
+    assert load_config(None, ["head.kind=medusa", "head.num_heads=5"]).head.build_options() == {"num_heads": 5}
+
+
+def test_yaml_file_and_later_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("head:\n  kind: medusa\ntrain:\n  max_steps: 10\n")
+    cfg = load_config(path, ["train.max_steps=20"])
+    assert (cfg.head.kind, cfg.train.max_steps) == ("medusa", 20)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["head.foo=1"], "unknown config key 'head.foo'"),
+    (["trian.lr=1e-4"], "unknown config key 'trian'"),
+    (["head.kind=gpt"], "head.kind: must be one of medusa, eagle, eagle3"),
+    (["train.lr=fast"], "train.lr: expected a number"),
+    (["train.max_steps=1.5"], "train.max_steps: expected an integer"),
+    (["data.strict=yes please"], "data.strict: expected true or false"),
+    (["train.betas=[0.9]"], "train.betas: expected 2 values"),
+    (["head=eagle3"], "head: expected a mapping"),
+    (["head.kind=medusa", "head.draft_vocab_size=1000"], "head.draft_vocab_size applies only to head.kind=eagle3"),
+    (["head.kind=medusa", "head.ttt_steps=3"], "head.ttt_steps applies only to head.kind=eagle3"),
+    (["head.kind=eagle3", "head.num_heads=3"], "head.num_heads applies only to head.kind=medusa"),
+    (["head.kind=eagle3", "train.feature_noise=0.2"], "train.feature_noise applies only to head.kind=eagle"),
+    (["head.ttt_steps=0"], "head.ttt_steps must be >= 1"),
+    (["head.draft_vocab_size=0"], "head.draft_vocab_size must be >= 1"),
+    (["train.lr=0"], "train.lr must be > 0"),
+    (["train.betas=[0.9, 1.0]"], "train.betas must lie in [0, 1)"),
+    (["train.max_steps=10", "train.warmup_steps=10"], "train.warmup_steps=10 must be < train.max_steps=10"),
+    (["train.mixed_precision=fp8"], "train.mixed_precision: must be one of no, bf16, fp16"),
+    (["head.aux_layer_ids=[-1, 2]"], "head.aux_layer_ids must be non-negative"),
+    (["lr"], "not of the form key=value"),
+])
+def test_bad_configs_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, overrides)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("train:\n  max_step: 10\n")
+    with pytest.raises(ConfigError, match="unknown config key 'train.max_step'"):
+        load_config(typo)
+
+
+def test_help_lists_every_key_with_its_default():
+    text = help_text()
+    assert "head.ttt_steps = null" in text and "train.betas = [0.9, 0.95]" in text
+    assert "train.max_grad_norm = 0.5" in text

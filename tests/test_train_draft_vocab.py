@@ -1,0 +1,60 @@
+"""Draft vocabulary selection on hand-made frequency tables, caching and coverage."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from train.draft_vocab import build_draft_vocab, coverage, select_draft_vocab, token_counts
+
+
+def test_select_most_frequent_sorted_by_id():
+    counts = torch.tensor([5, 0, 9, 1, 9, 3, 0, 7])
+    ids = select_draft_vocab(counts, 4)
+    assert ids.tolist() == [0, 2, 4, 7]  # counts 5, 9, 9, 7: the top four, in id order
+
+
+def test_select_breaks_ties_by_lower_id():
+    counts = torch.tensor([1, 2, 2, 2, 0])
+    assert select_draft_vocab(counts, 2).tolist() == [1, 2]
+    assert select_draft_vocab(counts, 5).tolist() == [0, 1, 2, 3, 4]  # the whole vocab
+    with pytest.raises(ValueError, match="draft vocab size 6"):
+        select_draft_vocab(counts, 6)
+
+
+def test_token_counts_only_loss_masked_positions():
+    rows = [
+        {"input_ids": [1, 2, 3, 3], "loss_mask": [0, 1, 1, 1]},
+        {"input_ids": [3, 4, 4], "loss_mask": [1, 0, 1]},
+    ]
+    assert token_counts(rows, vocab_size=6).tolist() == [0, 0, 1, 3, 1, 0]
+    with pytest.raises(ValueError, match="outside the target vocabulary of 4"):
+        token_counts(rows, vocab_size=4)
+
+
+def test_token_counts_reads_a_datasets_table():
+    datasets = pytest.importorskip("datasets")
+    table = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3, 3], [3, 4, 4]],
+                                        "loss_mask": [[0, 1, 1, 1], [1, 0, 1]]})
+    assert token_counts(table, vocab_size=6).tolist() == [0, 0, 1, 3, 1, 0]
+
+
+def test_build_is_cached_by_key(tmp_path):
+    rows = [{"input_ids": [7, 7, 7, 1, 2, 2], "loss_mask": [1, 1, 1, 1, 1, 0]}]
+    first = build_draft_vocab(rows, vocab_size=8, size=2, data_key="abc", cache_dir=tmp_path)
+    assert first.ids.tolist() == [1, 7] and not first.cache_hit
+    assert first.coverage == pytest.approx(4 / 5)  # 7,7,7,1 of the five masked tokens
+    again = build_draft_vocab([], vocab_size=8, size=2, data_key="abc", cache_dir=tmp_path)
+    assert again.cache_hit and torch.equal(again.ids, first.ids)
+    assert json.loads(open(again.cache_path).read())["data_key"] == "abc"
+    other = build_draft_vocab(rows, vocab_size=8, size=3, data_key="abc", cache_dir=tmp_path)
+    assert not other.cache_hit and other.ids.tolist() == [1, 2, 7]
+    with pytest.raises(ValueError, match="no loss-masked tokens"):
+        build_draft_vocab([{"input_ids": [1], "loss_mask": [0]}], vocab_size=8, size=2, data_key="z",
+                          cache_dir=tmp_path)
+
+
+def test_coverage():
+    ids = torch.tensor([1, 4, 6])
+    assert coverage(ids, torch.tensor([[1, 2], [4, 4]])) == pytest.approx(0.75)

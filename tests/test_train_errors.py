@@ -1,0 +1,55 @@
+"""Bad data, mismatched targets and impossible settings fail before training, naming the problem."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
+from transformers import AutoTokenizer
+
+from train.loop import setup
+
+
+def test_data_without_usable_rows(tiny_files, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "no known field"}) + "\n" + json.dumps({"text": "   "}) + "\n")
+    with pytest.raises(ValueError, match=r"data.train=.*bad.jsonl.*: no examples(.|\n)*missing_field"):
+        setup(tiny_config(tiny_files, tmp_path / "out", f"data.train={bad}"))
+
+
+def test_strict_data_raises_at_the_first_bad_row(tiny_files, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "fine text " * 10}) + "\n" + json.dumps({"messages": "oops"}) + "\n")
+    with pytest.raises(ValueError, match="data.train=.*row 1: bad_structure"):
+        setup(tiny_config(tiny_files, tmp_path / "out", f"data.train={bad}", "data.strict=true"))
+
+
+def test_missing_data_file(tiny_files, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        setup(tiny_config(tiny_files, tmp_path / "out", f"data.train={tmp_path / 'nope.jsonl'}"))
+
+
+def test_tokenizer_of_another_target_is_refused(tiny_files, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_files["target"])
+    mismatched = tmp_path / "mismatched"
+    save_tiny_target(mismatched, tokenizer)  # a 300-token model ...
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(20)])
+    tokenizer.save_pretrained(mismatched)  # ... next to a 320-token tokenizer
+    with pytest.raises(ValueError, match="has 320 tokens, more than the target's vocab_size=300"):
+        setup(tiny_config(tiny_files, tmp_path / "out", f"target={mismatched}"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.max_length=512", "data.max_length=512 exceeds the target's max_position_embeddings=128"),
+    ("head.draft_vocab_size=5000", "head.draft_vocab_size=5000 exceeds the target's vocab_size=300"),
+    ("head.aux_layer_ids=[1, 2, 9]", r"aux_layer_ids \[9\] are outside the target's layers"),
+    ("resume_from=latest", "resume_from=latest: no complete checkpoint"),
+])
+def test_settings_that_do_not_fit_the_target(tiny_files, tmp_path, override, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        setup(tiny_config(tiny_files, tmp_path / "out", override))
+
+
+def test_medusa_eval_depth_beyond_its_heads(tiny_files, tmp_path):
+    with pytest.raises(ValueError, match="train.eval_depth=6 exceeds the Medusa head's num_heads=4"):
+        setup(tiny_config(tiny_files, tmp_path / "out", "head.kind=medusa", "train.eval_depth=6"))

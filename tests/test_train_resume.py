@@ -1,0 +1,74 @@
+"""Checkpoints: resume_from=latest continues exactly; NaN stops without losing the last checkpoint;
+a checkpoint made for another target is refused."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
+from transformers import AutoTokenizer
+
+import train.loop
+from train.loop import CHECKPOINTS, latest_checkpoint, setup
+
+
+@pytest.mark.parametrize("kind, extra", [
+    ("eagle3", ["head.draft_vocab_size=96", "head.ttt_steps=2"]),
+    ("eagle", []),  # feature noise must be reproduced too
+])
+def test_resume_latest_gives_the_same_weights(tiny_files, tmp_path, kind, extra):
+    # 24 rows / 4 per micro-batch / 2 per step = 3 steps per epoch: step 4 resumes mid-epoch.
+    args = [f"head.kind={kind}", *extra, "train.grad_accum_steps=2", "train.max_steps=8",
+            "train.save_every=4", "train.eval_every=4", "train.keep_last_checkpoints=2"]
+    out = tmp_path / "run"
+    full = setup(tiny_config(tiny_files, out, *args))
+    reference = {k: v.clone() for k, v in full.head.state_dict().items()}
+    assert latest_checkpoint(out).name == "step-0000008"
+
+    shutil.rmtree(out / CHECKPOINTS / "step-0000008")  # as if the run died after step 7
+    resumed = setup(tiny_config(tiny_files, out, *args, "resume_from=latest"))
+    assert resumed.steps == 8
+    weights = resumed.head.state_dict()
+    assert all(torch.equal(reference[k], weights[k]) for k in reference), "resumed weights differ"
+
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps.count(8) == 2  # one train record and one eval record
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_files, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real_loss = train.loop.medusa_loss
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        out = real_loss(*args, **kwargs)
+        return out._replace(loss=out.loss * float("nan")) if calls["n"] == 5 else out
+
+    monkeypatch.setattr(train.loop, "medusa_loss", poisoned)
+    out = tmp_path / "nan"
+    cfg = tiny_config(tiny_files, out, "head.kind=medusa", "train.save_every=2", "train.max_steps=8")
+    with pytest.raises(FloatingPointError, match=r"at step 5 is not finite.*step-0000004.*resume_from=latest"):
+        setup(cfg)
+    assert latest_checkpoint(out).name == "step-0000004"
+    assert not (out / CHECKPOINTS / "step-0000005").exists()
+    assert not (out / "model.safetensors").exists()  # no final head from a failed run
+
+    monkeypatch.setattr(train.loop, "medusa_loss", real_loss)
+    resumed = setup(tiny_config(tiny_files, out, "head.kind=medusa", "train.save_every=2", "train.max_steps=8",
+                                "resume_from=latest"))
+    assert resumed.steps == 8 and all(torch.isfinite(p).all() for p in resumed.head.parameters())
+
+
+def test_resume_refuses_a_checkpoint_of_another_target(tiny_files, tmp_path):
+    out = tmp_path / "run"
+    setup(tiny_config(tiny_files, out, "head.kind=medusa", "train.max_steps=2", "train.save_every=2",
+                      "train.warmup_steps=0", "train.eval_every=0", "data.eval=null"))
+    other = save_tiny_target(tmp_path / "other", AutoTokenizer.from_pretrained(tiny_files["target"]), num_layers=4)
+    cfg = tiny_config(tiny_files, out, "head.kind=medusa", "train.max_steps=4", "resume_from=latest",
+                      f"target={other}")
+    with pytest.raises(ValueError, match=r"target_num_layers: checkpoint 6 vs now 4"):
+        setup(cfg)
+    with pytest.raises(FileNotFoundError, match="not a complete training checkpoint"):
+        setup(tiny_config(tiny_files, out, "head.kind=medusa", f"resume_from={tmp_path}"))

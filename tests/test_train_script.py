@@ -1,0 +1,117 @@
+"""train/train_head.py as a script: from any directory, --help, trackers, and a 2-process DDP run on CPU."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
+
+from heads import AutoHead
+from train.config import from_dict
+from train.loop import setup
+
+SCRIPT = Path(__file__).resolve().parent.parent / "train" / "train_head.py"
+
+
+def test_importing_the_entry_point_does_nothing():
+    before = list(sys.path)
+    import train.train_head as entry
+
+    assert sys.path == before and callable(entry.cli)
+
+
+def test_script_runs_from_another_directory(tmp_path):
+    run = subprocess.run([sys.executable, str(SCRIPT), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "head.draft_vocab_size" in run.stdout and "train.max_steps" in run.stdout
+    bad = subprocess.run([sys.executable, str(SCRIPT), "head.kind=gpt"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "head.kind: must be one of" in bad.stderr
+
+
+def launch_two_processes(config: dict, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of train_head.py on 2 CPU processes. accelerate 1.x starts several CPU
+    processes through its multi-process launcher when ACCELERATE_USE_CPU is set; ``--cpu`` alone
+    starts one process."""
+    path = tmp_path / "ddp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
+           str(SCRIPT), "--config", str(path)]
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+def tiny_dict(files: dict, out: Path, **sections) -> dict:
+    config = {"target": str(files["target"]), "output_dir": str(out), "cache_dir": str(out.parent / "cache"),
+              "data": {"train": str(files["train"]), "eval": str(files["eval"]), "max_length": MAX_LENGTH,
+                       "eval_rows": 8}}
+    for name, values in sections.items():
+        config.setdefault(name, {}).update(values)
+    return config
+
+
+@pytest.mark.slow
+def test_two_process_ddp_on_cpu(tiny_files, tmp_path):
+    out = tmp_path / "ddp"
+    config = tiny_dict(tiny_files, out, head={"kind": "eagle3", "draft_vocab_size": 128, "ttt_steps": 2},
+                       train={"max_steps": 4, "micro_batch_size": 2, "grad_accum_steps": 2, "lr": 3e-3,
+                              "warmup_steps": 1, "eval_every": 2, "save_every": 2, "log_every": 2})
+    run = launch_two_processes(config, tmp_path)
+    assert "simulated tau" in run.stdout
+
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    # every example is MAX_LENGTH tokens: 2 processes x 2 micro-batches x 2 rows per step
+    assert train[0]["step"] == 2 and train[0]["tokens"] == 2 * (2 * 2 * 2 * MAX_LENGTH)
+    assert all(r["loss"] == r["loss"] for r in train)  # finite, not NaN
+    assert sorted((out / "checkpoints").iterdir())[-1].name == "step-0000004"
+    assert {p.name for p in (out / "checkpoints" / "step-0000004").glob("random_states_*")} == {
+        "random_states_0.pkl", "random_states_1.pkl"}
+    head = AutoHead.from_pretrained(out)
+    assert head.head_kind == "eagle3" and int(head.t2d.sum()) == 128
+
+
+@pytest.mark.slow
+def test_ddp_matches_one_process_with_the_same_global_batch(tiny_files, tmp_path):
+    """2 processes x 2 rows x 2 accumulation see the same 8 rows per step as 1 process x 4 rows x 2
+    (one seeded shuffle, sharded by batch); equal-length rows make the averaged losses equal too."""
+    common = {"max_steps": 3, "grad_accum_steps": 2, "lr": 1e-2, "warmup_steps": 0, "eval_every": 0,
+              "save_every": 0, "log_every": 1}
+    ddp_out = tmp_path / "ddp"
+    launch_two_processes(tiny_dict(tiny_files, ddp_out, head={"kind": "medusa", "num_heads": 2},
+                                   train={**common, "micro_batch_size": 2}, data={"eval": None}), tmp_path)
+    one = setup(from_dict(tiny_dict(tiny_files, tmp_path / "one", head={"kind": "medusa", "num_heads": 2},
+                                    train={**common, "micro_batch_size": 4}, data={"eval": None})))
+    ddp = AutoHead.from_pretrained(ddp_out).state_dict()
+    single = one.head.state_dict()
+    assert ddp["blocks.0.layers.0.weight"].abs().sum() > 0  # trained away from the zero init
+    for name, value in single.items():
+        torch.testing.assert_close(ddp[name], value, rtol=1e-4, atol=1e-6, msg=name)
+    ddp_losses = [json.loads(line)["loss"] for line in (ddp_out / "metrics.jsonl").read_text().splitlines()]
+    assert ddp_losses == pytest.approx([r["loss"] for r in one.history], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_wandb_offline_and_tensorboard(tiny_files, tmp_path):
+    out = tmp_path / "tracked"
+    args = [f"target={tiny_files['target']}", f"data.train={tiny_files['train']}", f"data.eval={tiny_files['eval']}",
+            f"data.max_length={MAX_LENGTH}", "data.eval_rows=4", "train.max_steps=2", "train.warmup_steps=0",
+            "train.log_every=1", "train.eval_every=2", "head.kind=medusa", f"output_dir={out}",
+            f"cache_dir={tmp_path / 'cache'}", "log.wandb=true", "log.tensorboard=true"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    run = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert list((out / "logs").rglob("events.out.tfevents.*"))
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3  # steps 1, 2 and the eval at 2

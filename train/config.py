@@ -1,0 +1,356 @@
+"""Typed training configuration: the single source of truth for every setting and its default.
+
+YAML files and dotted ``key=value`` overrides only fill these dataclasses; every value is checked
+against its field's type at parse time, and bad values, unknown keys and invalid combinations raise
+``ConfigError`` naming the key. Head-shape options left at ``None`` use the head's own defaults
+(``heads/``), so no default is repeated here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+HeadKind = Literal["medusa", "eagle", "eagle3"]
+DEMO_PREFIX = "demo:"
+DEFAULT_TTT_STEPS = 7  # EAGLE-3 reference code (REFERENCE.md §2)
+DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+def _doc(text: str, default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
+    """A dataclass field carrying its help text (shown by ``train_head.py --help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: default.copy(), metadata={"help": text}, **kwargs)
+    return field(default=default, metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class HeadConfig:
+    """What head to train. Shape options left at ``None`` take the head class's defaults."""
+
+    kind: HeadKind = _doc("draft head: medusa | eagle (EAGLE-1/2) | eagle3", "eagle3")
+    draft_vocab_size: int | None = _doc(
+        "eagle3 only: size of the reduced draft vocabulary (most frequent training tokens); "
+        "null = the target's full vocabulary", None)
+    aux_layer_ids: list[int] | None = _doc(
+        "eagle3 only: HF hidden_states indices of the fused features; null = [2, L//2, L-3]", None)
+    ttt_steps: int | None = _doc(
+        f"eagle3 only: training-time-test steps (null = {DEFAULT_TTT_STEPS})", None)
+    num_heads: int | None = _doc("medusa only: number of heads K (null = the head's default)", None)
+    num_layers: int | None = _doc("medusa only: residual blocks per head (null = the head's default)", None)
+    intermediate_size: int | None = _doc(
+        "eagle/eagle3 only: MLP width of the draft layer (null = the target's)", None)
+
+    def build_options(self) -> dict[str, Any]:
+        """The keyword arguments for ``heads.build_head`` (only the options that were set)."""
+        names = ("draft_vocab_size", "aux_layer_ids", "num_heads", "num_layers", "intermediate_size")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+
+@dataclass
+class DataConfig:
+    """Training and held-out data (see ``data.pipeline.build_examples``)."""
+
+    train: str = _doc("training rows: .json/.jsonl/.parquet path or stdlib:train", "stdlib:train")
+    eval: str | None = _doc("held-out rows for acc_k / simulated tau; null = no evaluation", "stdlib:heldout")
+    max_length: int = _doc("tokens per example (the target's context bounds it)", 2048)
+    overlong: Literal["truncate", "drop"] = _doc("examples longer than max_length: truncate | drop", "truncate")
+    strict: bool = _doc("raise at the first bad row instead of skipping it", False)
+    eval_rows: int | None = _doc("use at most this many held-out examples; null = all", 256)
+
+
+@dataclass
+class OptimConfig:
+    """Optimisation, precision, evaluation and checkpoint cadence (``train.*``)."""
+
+    max_steps: int | None = _doc("optimizer steps; null = train.epochs passes over the data", None)
+    epochs: int = _doc("passes over the training data when max_steps is null", 1)
+    micro_batch_size: int = _doc("examples per forward, per process", 4)
+    grad_accum_steps: int = _doc("micro-batches per optimizer step", 1)
+    lr: float = _doc("peak learning rate (AdamW)", 5e-5)
+    betas: tuple[float, float] = _doc("AdamW betas", (0.9, 0.95))
+    weight_decay: float = _doc("AdamW weight decay", 0.0)
+    warmup_steps: int = _doc("linear warm-up steps", 0)
+    decay: Literal["cosine", "linear", "constant"] = _doc("schedule after warm-up", "cosine")
+    max_grad_norm: float = _doc("clip gradients to this total norm", 0.5)
+    loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3)", 0.8)
+    feature_noise: float | None = _doc(
+        f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
+    mixed_precision: Literal["no", "bf16", "fp16"] = _doc(
+        "head autocast precision; the frozen target is loaded in the same dtype (fp32 for no)", "no")
+    eval_every: int = _doc("evaluate on held-out data every N steps (0 = only at the end)", 100)
+    eval_depth: int | None = _doc(
+        "draft steps simulated at evaluation; null = ttt_steps (eagle3), num_heads (medusa), "
+        f"{DEFAULT_TTT_STEPS} (eagle)", None)
+    save_every: int = _doc("save a full training checkpoint every N steps (0 = never)", 500)
+    keep_last_checkpoints: int = _doc("checkpoints kept on disk (oldest deleted first)", 2)
+    log_every: int = _doc("log training loss/accuracy every N steps", 10)
+
+
+@dataclass
+class LogConfig:
+    """Where metrics go; ``metrics.jsonl`` in output_dir is always written."""
+
+    wandb: bool = _doc("log to Weights & Biases (honours WANDB_MODE=offline)", False)
+    wandb_project: str = _doc("wandb project name", "draftsmith")
+    tensorboard: bool = _doc("write TensorBoard event files to output_dir/logs", False)
+    run_name: str | None = _doc("tracker run name; null = the output_dir's name", None)
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``train/train_head.py`` needs."""
+
+    target: str = _doc(
+        f"target model: local path or hub id; '{DEMO_PREFIX}<size>' = the offline demo target "
+        "(built and cached on first use)", f"{DEMO_PREFIX}tiny")
+    output_dir: str | None = _doc("where the head, checkpoints and metrics go; null = runs/<target>-<kind>", None)
+    resume_from: str | None = _doc("null | latest | path of a checkpoint directory", None)
+    seed: int = _doc("seed for head init, data order and noise", 0)
+    cache_dir: str | None = _doc(
+        "root of the data and draft-vocab caches; null = $DRAFTSMITH_CACHE or ~/.cache/draftsmith", None)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: OptimConfig = field(default_factory=OptimConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML-able values (tuples become lists)."""
+        return _plain(dataclasses.asdict(self))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """A ``TrainConfig`` from a YAML file (optional) plus dotted ``key=value`` overrides.
+
+    Override values are parsed as YAML scalars/flow values (``lr=3e-5``, ``head.aux_layer_ids=[1,2,3]``,
+    ``data.eval=null``).
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: invalid YAML ({err})") from err
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys, got {type(loaded).__name__}")
+        raw = loaded or {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.max_steps=100)")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{key}: cannot parse value {text!r} ({err})") from err
+        _set_dotted(raw, key.split("."), value, key)
+    return from_dict(raw)
+
+
+def from_dict(raw: dict[str, Any]) -> TrainConfig:
+    """Build and validate a ``TrainConfig`` from nested plain values."""
+    return _build(TrainConfig, raw, prefix="")
+
+
+def _set_dotted(tree: dict, parts: list[str], value: Any, key: str) -> None:
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    section = prefix.rstrip(".") or "the top level"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{section}: expected a mapping of keys, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key '{prefix}{unknown[0]}'; valid keys in {section}: {', '.join(fields)}")
+    kwargs = {}
+    for name, value in raw.items():
+        key = f"{prefix}{name}"
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if value is None:
+                raise ConfigError(f"{key} is a section; set its keys, e.g. {key}.<key>=...")
+            kwargs[name] = _build(hint, value, prefix=f"{key}.")
+        else:
+            kwargs[name] = _coerce(value, hint, key)
+    return cls(**kwargs)  # TrainConfig.__post_init__ validates the combination
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """``value`` checked (and minimally converted) against the annotation ``hint``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: invalid value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: must be one of {', '.join(map(str, args))} (got {value!r})")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        if origin is tuple and Ellipsis not in args:  # fixed length, e.g. tuple[float, float]
+            if len(value) != len(args):
+                raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}")
+            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        return origin(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "5e-5" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"{key}: unsupported annotation {hint!r}")  # a bug in this file, not in the YAML
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _validate(cfg: TrainConfig) -> None:
+    """Check ranges and combinations; fill kind-dependent defaults (ttt_steps, feature_noise, output_dir)."""
+    head, data, opt = cfg.head, cfg.data, cfg.train
+    only = {
+        "draft_vocab_size": ("eagle3",),
+        "aux_layer_ids": ("eagle3",),
+        "ttt_steps": ("eagle3",),
+        "num_heads": ("medusa",),
+        "num_layers": ("medusa",),
+        "intermediate_size": ("eagle", "eagle3"),
+    }
+    for name, kinds in only.items():
+        if getattr(head, name) is not None and head.kind not in kinds:
+            raise ConfigError(f"head.{name} applies only to head.kind={'/'.join(kinds)} (head.kind={head.kind})")
+    if opt.feature_noise is not None and head.kind != "eagle":
+        raise ConfigError(f"train.feature_noise applies only to head.kind=eagle (head.kind={head.kind})")
+    if head.kind == "eagle3" and head.ttt_steps is None:
+        head.ttt_steps = DEFAULT_TTT_STEPS
+    if head.kind == "eagle" and opt.feature_noise is None:
+        opt.feature_noise = DEFAULT_FEATURE_NOISE
+
+    positive = {
+        "head.draft_vocab_size": head.draft_vocab_size, "head.ttt_steps": head.ttt_steps,
+        "head.num_heads": head.num_heads, "head.num_layers": head.num_layers,
+        "head.intermediate_size": head.intermediate_size, "data.max_length": data.max_length,
+        "data.eval_rows": data.eval_rows, "train.max_steps": opt.max_steps, "train.epochs": opt.epochs,
+        "train.micro_batch_size": opt.micro_batch_size, "train.grad_accum_steps": opt.grad_accum_steps,
+        "train.keep_last_checkpoints": opt.keep_last_checkpoints, "train.log_every": opt.log_every,
+        "train.eval_depth": opt.eval_depth,
+    }
+    for key, value in positive.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    non_negative = {
+        "train.warmup_steps": opt.warmup_steps, "train.eval_every": opt.eval_every,
+        "train.save_every": opt.save_every, "train.weight_decay": opt.weight_decay,
+        "train.feature_noise": opt.feature_noise,
+    }
+    for key, value in non_negative.items():
+        if value is not None and value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+    if head.aux_layer_ids is not None and (not head.aux_layer_ids or min(head.aux_layer_ids) < 0):
+        raise ConfigError(f"head.aux_layer_ids must be non-negative layer indices, got {head.aux_layer_ids}")
+    if not opt.lr > 0:
+        raise ConfigError(f"train.lr must be > 0, got {opt.lr}")
+    if not all(0 <= b < 1 for b in opt.betas):
+        raise ConfigError(f"train.betas must lie in [0, 1), got {list(opt.betas)}")
+    if not opt.max_grad_norm > 0:
+        raise ConfigError(f"train.max_grad_norm must be > 0, got {opt.max_grad_norm}")
+    if not 0 < opt.loss_decay <= 1:
+        raise ConfigError(f"train.loss_decay must lie in (0, 1], got {opt.loss_decay}")
+    if opt.max_steps is not None and opt.warmup_steps >= opt.max_steps:
+        raise ConfigError(f"train.warmup_steps={opt.warmup_steps} must be < train.max_steps={opt.max_steps}")
+    if head.kind == "medusa" and head.num_heads is not None and opt.eval_depth is not None \
+            and opt.eval_depth > head.num_heads:
+        raise ConfigError(f"train.eval_depth={opt.eval_depth} exceeds head.num_heads={head.num_heads}")
+    if not cfg.target:
+        raise ConfigError("target must be a path, a hub id or demo:<size>")
+    if cfg.resume_from is not None and not cfg.resume_from:
+        raise ConfigError("resume_from must be null, 'latest' or a checkpoint path")
+    if cfg.output_dir is None:
+        cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
+
+
+def target_slug(target: str) -> str:
+    """A short file-name-safe name for a target (``meta-llama/Llama-3.1-8B`` -> ``Llama-3.1-8B``)."""
+    name = target.replace(":", "-").rstrip("/").split("/")[-1]
+    return re.sub(r"[^\w.-]+", "-", name) or "target"
+
+
+def help_text() -> str:
+    """Every key with its default and description (for ``--help``)."""
+    lines = []
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                walk(hints[f.name], f"{prefix}{f.name}.")
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            shown = yaml.safe_dump(_plain(default), default_flow_style=True).removesuffix("...\n").strip()
+            lines.append(f"  {prefix}{f.name} = {shown}")
+            lines.append(f"      {f.metadata.get('help', '')}")
+
+    walk(TrainConfig, "")
+    return "\n".join(lines)

@@ -1,0 +1,136 @@
+"""Draft-head losses as pure tensor functions (REFERENCE.md §2).
+
+One alignment rule for every head kind: draft step k at position i drafts token ``i + 2 + k``,
+i.e. it imitates the target's distribution at position ``j = i + 1 + k`` (the target's logits at j
+predict token j + 1). A (step, position) is trained iff that token exists and has ``loss_mask = 1``
+(``loss_mask[t] == 1`` marks token t as a training target, see ``data.masks``).
+Each function returns a ``LossOutput`` whose ``loss`` carries the gradient; the per-step tensors are
+detached statistics for logging.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+EAGLE_CE_WEIGHT = 0.1  # EAGLE-1: SmoothL1 + 0.1 * soft CE (REFERENCE.md §2)
+
+
+class LossOutput(NamedTuple):
+    loss: Tensor  # scalar, the weighted total
+    step_losses: Tensor  # (K,) detached, per draft step
+    correct: Tensor  # (K,) detached, positions whose draft top-1 equals the target's
+    count: Tensor  # (K,) detached, trained positions per step
+
+
+class DraftTargets(NamedTuple):
+    """The target's next-token distribution, restricted to the draft vocabulary."""
+
+    probs: Tensor  # (B, T, Vd) float32 softmax over the draft vocab
+    top1: Tensor  # (B, T) int64 target-vocab argmax of the full logits
+    in_vocab: Tensor  # (B, T) bool: the target's top-1 is in the draft vocab
+
+
+def step_slices(seq_len: int, step: int) -> tuple[slice, slice, slice]:
+    """(draft positions i, target positions j = i+1+k, label tokens i+2+k) for draft step ``step``."""
+    n = max(seq_len - 2 - step, 0)
+    return slice(0, n), slice(1 + step, 1 + step + n), slice(2 + step, 2 + step + n)
+
+
+def restrict_to_draft_vocab(target_logits: Tensor, t2d: Tensor | None) -> DraftTargets:
+    """Soft labels for EAGLE-3 from the target's full logits (B, T, V).
+
+    ``t2d`` (V,) bool marks the draft vocabulary (``None`` = full vocabulary). Call it once per
+    batch and drop the full logits afterwards: only (B, T, Vd) is kept for all TTT steps.
+    """
+    top1 = target_logits.argmax(dim=-1)  # (B, T)
+    if t2d is None:
+        return DraftTargets(target_logits.float().softmax(-1), top1, torch.ones_like(top1, dtype=torch.bool))
+    probs = target_logits[..., t2d].float().softmax(-1)  # (B, T, Vd), ids sorted as the draft vocab
+    return DraftTargets(probs, top1, t2d[top1])
+
+
+def _soft_ce(logits: Tensor, probs: Tensor) -> Tensor:
+    """Cross-entropy of ``logits`` (..., V) against a distribution ``probs`` (..., V) -> (...)."""
+    shape = logits.shape[:-1]
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), probs.float().reshape(-1, probs.shape[-1]),
+                         reduction="none")  # fused log-softmax: no (..., V) product kept for backward
+    return ce.view(shape)
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean of ``values`` over ``mask``, count); 0 when nothing is masked in."""
+    mask = mask.to(values.dtype)
+    count = mask.sum()
+    return (values * mask).sum() / count.clamp(min=1), count
+
+
+def decayed_sum(step_losses: list[Tensor], decay: float) -> Tensor:
+    """Σ_k decay^k · loss_k."""
+    return sum(decay**k * loss for k, loss in enumerate(step_losses))
+
+
+def medusa_loss(logits: Tensor, input_ids: Tensor, loss_mask: Tensor, decay: float) -> LossOutput:
+    """Σ_k decay^k · CE_k with hard labels: head k at position t predicts token t+k+2.
+
+    logits (K, B, T, V); input_ids, loss_mask (B, T). Accuracy is against the ground-truth token.
+    """
+    num_heads, _, seq_len, _ = logits.shape
+    losses, correct, count = [], [], []
+    for k in range(num_heads):
+        pos, _, label = step_slices(seq_len, k)
+        step_logits = logits[k][:, pos]  # (B, n, V)
+        labels = input_ids[:, label]  # (B, n)
+        mask = loss_mask[:, label].bool()
+        ce = F.cross_entropy(step_logits.float().transpose(1, 2), labels, reduction="none")  # (B, n)
+        loss, n = _masked_mean(ce, mask)
+        losses.append(loss)
+        correct.append(((step_logits.argmax(-1) == labels) & mask).sum())
+        count.append(n)
+    return LossOutput(decayed_sum(losses, decay), torch.stack(losses).detach(),
+                      torch.stack(correct).float(), torch.stack(count).float())
+
+
+def eagle_loss(
+    pred_hidden: Tensor,
+    pred_logits: Tensor,
+    target_hidden: Tensor,
+    target_logits: Tensor,
+    loss_mask: Tensor,
+    ce_weight: float = EAGLE_CE_WEIGHT,
+) -> LossOutput:
+    """EAGLE-1: SmoothL1(f̂, f) + ce_weight · CE_soft(lm_head(f̂), softmax(lm_head(f))).
+
+    pred_hidden (B, T, H) at position i is f̂_{i+1}; pred_logits (B, T, V) = target lm_head of it.
+    target_hidden (B, T, H) = f and target_logits (B, T, V) = lm_head(f), both at positions j.
+    SmoothL1 is averaged over the hidden dimension, both terms over the trained positions.
+    """
+    pos, tgt, label = step_slices(pred_hidden.shape[1], 0)
+    mask = loss_mask[:, label].bool()  # (B, n)
+    regression = F.smooth_l1_loss(pred_hidden[:, pos].float(), target_hidden[:, tgt].float(),
+                                  reduction="none").mean(-1)  # (B, n)
+    pred, target = pred_logits[:, pos], target_logits[:, tgt]
+    ce = _soft_ce(pred, target.float().softmax(-1))  # (B, n)
+    l1, n = _masked_mean(regression, mask)
+    soft, _ = _masked_mean(ce, mask)
+    loss = l1 + ce_weight * soft
+    correct = ((pred.argmax(-1) == target.argmax(-1)) & mask).sum()
+    return LossOutput(loss, loss.detach()[None], correct.float()[None], n.float()[None])
+
+
+def ttt_step_loss(draft_logits: Tensor, targets: DraftTargets, loss_mask: Tensor, step: int) -> LossOutput:
+    """One EAGLE-3 training-time-test step: soft CE against the draft-vocab target distribution.
+
+    draft_logits (B, T, Vd) of step ``step``; positions whose target top-1 falls outside the draft
+    vocabulary are masked out. Accuracy compares draft-vocab argmaxes (equal to target top-1
+    agreement on the trained positions, where the target top-1 is in the draft vocab).
+    """
+    pos, tgt, label = step_slices(draft_logits.shape[1], step)
+    logits = draft_logits[:, pos]  # (B, n, Vd)
+    probs = targets.probs[:, tgt]  # (B, n, Vd)
+    mask = loss_mask[:, label].bool() & targets.in_vocab[:, tgt]
+    loss, n = _masked_mean(_soft_ce(logits, probs), mask)
+    correct = ((logits.argmax(-1) == probs.argmax(-1)) & mask).sum()
+    return LossOutput(loss, loss.detach()[None], correct.float()[None], n.float()[None])
