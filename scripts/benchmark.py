@@ -115,7 +115,9 @@ def build_methods(args, target, tokenizer) -> list[Method]:
     common = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
     if args.ignore_eos:
         common["eos_token_id"] = None
-    eos = None if args.ignore_eos else tokenizer.eos_token_id
+    # HF reads an explicit eos_token_id=None as "no EOS"; SpeculativeGenerator reads None as "the
+    # generation config's", as HF does by default: an empty list means no EOS for it.
+    eos = [] if args.ignore_eos else None
 
     def hf(**extra):
         return lambda ids: target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra)
@@ -361,10 +363,12 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"meta": meta, "rows": rows, "verification_cost_s": costs,
               "runs": {m.name: m.runs for m in methods}}
     if args.train_throughput:
-        from train.loop import measure_throughput
+        from train.loop import measure_throughput, parse_args as train_args
 
+        demo = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
         result["train_throughput"] = {
-            kind: measure_throughput(args.target, kind, device=device) for kind in ("medusa", "eagle", "eagle3")
+            kind: measure_throughput(train_args([f"target={args.target}", f"head.kind={kind}"], default_config=demo))
+            for kind in tqdm(("medusa", "eagle", "eagle3"), desc="training throughput")
         }
 
     out = Path(args.out)
@@ -375,7 +379,7 @@ def main(argv: list[str] | None = None) -> dict:
         table += "\nHead training throughput (tokens/s) vs the target's forward-only tokens/s:\n\n"
         table += "| head | train tokens/s | target forward tokens/s | ratio |\n|---|---:|---:|---:|\n"
         for kind, r in result["train_throughput"].items():
-            table += f"| {kind} | {r['train_tokens_per_s']:.0f} | {r['forward_tokens_per_s']:.0f} | {r['train_tokens_per_s'] / r['forward_tokens_per_s']:.2f} |\n"
+            table += f"| {kind} | {r['train_tokens_per_s']:.0f} | {r['target_forward_tokens_per_s']:.0f} | {r['ratio']:.2f} |\n"
     (out / "results.md").write_text(table)
     plot(rows, costs, out)
     print(table)

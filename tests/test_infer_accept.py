@@ -21,15 +21,6 @@ from infer.accept import (
 from infer.tree import tree_from_parents
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (10-50x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Goodness of fit of integer ``counts`` (V,) to ``probs`` (V,); impossible outcomes -> 0."""
     support = probs > 0

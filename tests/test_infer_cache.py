@@ -13,15 +13,6 @@ from infer.target import target_forward
 from infer.tree import tree_attention_mask, tree_from_parents
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (10-50x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 4]  # accepted path below: 0 -> 1 -> 4 -> 7 (not contiguous)
 TOKENS = torch.tensor([21, 22, 23, 24, 25, 26, 27, 28])
 

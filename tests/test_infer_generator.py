@@ -22,15 +22,6 @@ from infer.target import target_forward
 from infer.tree import tree_from_parents
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (10-50x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 KINDS = ("medusa", "eagle", "eagle3")
 VOCAB = 96
 # Small trees keep the CPU tests fast; each kind's CPU and accelerator default trees run too.

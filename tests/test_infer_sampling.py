@@ -20,15 +20,6 @@ VOCAB = 8
 PROMPT = torch.tensor([[1, 5, 3]])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (10-50x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def small_target():
     model = make_tiny_target(

@@ -8,15 +8,6 @@ from conftest import make_tiny_target
 from infer.target import decoder_layers, target_forward, target_identity
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (10-50x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_matches_output_hidden_states(arch):
     model = make_tiny_target(arch, num_layers=8)
     ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(1))

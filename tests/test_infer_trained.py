@@ -19,15 +19,6 @@ from infer.target import target_forward
 VOCAB = 96
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (10-50x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target_and_data():
     model = make_tiny_target("llama", initializer_range=0.3)

@@ -18,15 +18,6 @@ from infer.tree import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (10-50x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 #        0
 #      /   \
 #     1     2
