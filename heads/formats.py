@@ -17,7 +17,7 @@ embeddings). SGLang's `eagle_config.eagle_aux_hidden_state_layer_ids` and Tensor
 
 Engines skip misnamed tensors silently (acceptance ≈ 1), so every export is checked in memory, written
 to a temporary directory, read back and checked again (key set, shapes, dtypes, values, d2t
-invariants, config fields) before it is moved into place. docs/serving.md lists the engine loader code
+invariants, config fields) before it is moved into place. README.md ("Serve with vLLM / SGLang / TensorRT-LLM") lists the engine loader code
 each format was checked against.
 """
 from __future__ import annotations

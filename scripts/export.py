@@ -6,7 +6,7 @@
 
 Formats: vllm and sglang (EAGLE-3, the same directory serves both and TensorRT-LLM), speculators
 (EAGLE-3, `vllm serve DIR` alone), eagle-vllm (EAGLE-1/2), medusa-vllm, medusa-tgi. The export is
-validated after writing and refused when an engine would load it wrong; docs/serving.md has the
+validated after writing and refused when an engine would load it wrong; README.md ("Serve with vLLM / SGLang / TensorRT-LLM") has the
 launch commands.
 """
 from __future__ import annotations
