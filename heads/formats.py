@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -450,13 +451,19 @@ def _layer_spec(prefix: str, layer: dict[str, int], attn_in: int, attn_bias: boo
     return spec
 
 
-def _tensor_problems(tensors: dict[str, Tensor], spec: TensorSpec, dtype: Any) -> list[str]:
+def _name_problems(expected: Iterable[str], tensors: Iterable[str], note: str = "") -> list[str]:
+    """Missing and unexpected tensor names, sorted."""
+    expected, tensors = set(expected), set(tensors)
     problems = []
-    missing, extra = sorted(set(spec) - set(tensors)), sorted(set(tensors) - set(spec))
-    if missing:
+    if missing := sorted(expected - tensors):
         problems.append(f"missing tensors {missing}")
-    if extra:
-        problems.append(f"unexpected tensors {extra} (engines skip unknown names silently)")
+    if extra := sorted(tensors - expected):
+        problems.append(f"unexpected tensors {extra}" + (f" ({note})" if note else ""))
+    return problems
+
+
+def _tensor_problems(tensors: dict[str, Tensor], spec: TensorSpec, dtype: Any) -> list[str]:
+    problems = _name_problems(spec, tensors, "engines skip unknown names silently")
     for name in sorted(set(spec) & set(tensors)):
         (shape, kind), tensor = spec[name], tensors[name]
         if tuple(tensor.shape) != shape:
@@ -903,12 +910,7 @@ def _load_strict(head: Eagle3Head, tensors: dict[str, Tensor], directory: Path) 
                         f"{directory}: bad draft vocabulary mapping")
         head.set_draft_vocab(torch.arange(cfg.draft_vocab_size) + d2t.long())
     expected = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "t2d")}
-    problems = []
-    missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-    if missing:
-        problems.append(f"missing tensors {missing}")
-    if extra:
-        problems.append(f"unexpected tensors {extra}")
+    problems = _name_problems(expected, tensors)
     problems += [f"{name}: shape {tuple(tensors[name].shape)}, the config implies {tuple(expected[name].shape)}"
                  for name in sorted(set(expected) & set(tensors)) if tensors[name].shape != expected[name].shape]
     _raise_problems(problems, f"{directory} does not match its config.json")
