@@ -60,10 +60,14 @@ class Summary:
         return "\n".join(lines)
 
 
+def cache_root() -> Path:
+    """draftsmith's cache root: ``$DRAFTSMITH_CACHE`` if set, else ``~/.cache/draftsmith``."""
+    return Path(os.environ.get("DRAFTSMITH_CACHE") or Path.home() / ".cache" / "draftsmith")
+
+
 def default_cache_dir() -> Path:
-    """``$DRAFTSMITH_CACHE/data`` if set, else ``~/.cache/draftsmith/data``."""
-    root = os.environ.get("DRAFTSMITH_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "draftsmith") / "data"
+    """Where tokenized examples are cached: ``cache_root() / "data"``."""
+    return cache_root() / "data"
 
 
 def load_rows(source: object) -> list[dict] | datasets.Dataset:

@@ -20,6 +20,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from data.corpus import corpus_fingerprint
+from data.pipeline import cache_root  # one cache root for data, draft vocabularies and demo LMs
 from train.lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 
 # Bump when train/lm.py or data/tokenizer.py change what the same settings produce.
@@ -27,11 +28,6 @@ RECIPE_VERSION = 2
 # Sizes that borrow the tokenizer of another demo LM by default (same seed).
 TOKENIZER_SOURCE = {"assistant": "tiny"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def cache_root() -> Path:
-    """``$DRAFTSMITH_CACHE`` if set, else ``~/.cache/draftsmith``."""
-    return Path(os.environ.get("DRAFTSMITH_CACHE") or Path.home() / ".cache" / "draftsmith")
 
 
 def tokenizer_key(tokenizer_dir: str | Path) -> str:
