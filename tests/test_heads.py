@@ -150,10 +150,12 @@ def test_incremental_cache_equals_full_forward(target, kind):
                  for s in (slice(0, 4), slice(4, 5), slice(5, 9))]
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
     assert cache.get_seq_length() == 9
+    before = cache.keys[0].clone()  # (B, H_kv, 9, D)
     cache.select(torch.tensor([0, 1, 2, 6]))
-    assert cache.get_seq_length() == 4 and torch.equal(cache.keys[0][:, :, 3], cache.keys[0][:, :, 3])
+    assert cache.get_seq_length() == 4
+    assert torch.equal(cache.keys[0], before[:, :, [0, 1, 2, 6]])  # kept positions, in the given order
     cache.crop(2)
-    assert cache.get_seq_length() == 2
+    assert cache.get_seq_length() == 2 and torch.equal(cache.keys[0], before[:, :, :2])
 
 
 @pytest.mark.parametrize("kind,opts", [("medusa", {"num_heads": 2}), ("eagle", {}), ("eagle3", {"draft_vocab_size": 32})])
