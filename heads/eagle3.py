@@ -9,6 +9,8 @@ Parameter names match the public EAGLE-3 layout (``midlayer.*``) so export is a 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 from transformers import initialization as init
@@ -51,6 +53,23 @@ class Eagle3Config(EagleConfig):
     @property
     def reduced_vocab(self) -> bool:
         return self.draft_vocab_size < self.vocab_size
+
+
+def _rms_scale(target: nn.Module, width: int) -> Tensor:
+    """The per-channel scale of the target's final norm, read by probing it (so Gemma's ``1 + w``
+    and plain RMSNorm read alike): an RMS norm maps sqrt(H)·e_i (RMS 1) to sqrt(H)·w_i·e_i."""
+    backbone = getattr(target, getattr(target, "base_model_prefix", ""), None)
+    final_norm = getattr(backbone, "norm", None)
+    if not isinstance(final_norm, nn.Module):
+        raise ValueError(f"{type(target).__name__} has no final norm at `<backbone>.norm` to start the EAGLE-3 head from")
+    dtype = next(final_norm.parameters()).dtype
+    probe = torch.eye(width, device=next(final_norm.parameters()).device, dtype=dtype) * math.sqrt(width)
+    out = final_norm(probe).float() / math.sqrt(width)  # (H, H): diag(w) for an RMS norm
+    scale = out.diagonal()
+    if out.shape != (width, width) or (out - torch.diag(scale)).abs().max() > 1e-3 * max(1.0, scale.abs().max()):
+        raise ValueError(f"the final norm of {type(target).__name__} ({type(final_norm).__name__}) is not an RMS norm "
+                         "of the head's width; start the EAGLE-3 head from random weights instead")
+    return scale
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -149,6 +168,24 @@ class Eagle3Head(DraftHead):
         self.d2t.copy_(ids - torch.arange(vd, device=ids.device).to(ids))
         self.t2d.zero_()
         self.t2d[ids.to(self.t2d.device)] = True
+
+    @torch.no_grad()
+    def init_from_target(self, target: nn.Module) -> None:
+        """Start ``norm`` and ``lm_head`` as the target's final norm and its lm_head rows of the draft
+        vocabulary (call after ``set_draft_vocab``). The head then starts out predicting with the
+        target's own output layer and only has to learn features that fit it; the weights stay
+        trainable and are exported like any others.
+        """
+        weight = target.get_output_embeddings().weight  # (V, H_t)
+        expected = (self.config.vocab_size, self.config.hidden_size)
+        if tuple(weight.shape) != expected:
+            raise ValueError(
+                f"target lm_head has shape {tuple(weight.shape)}; this EAGLE-3 head's hidden_size and "
+                f"vocab_size need {expected} to start from it"
+            )
+        rows = self.draft_vocab_ids().to(weight.device)
+        self.lm_head.weight.copy_(weight.index_select(0, rows).to(self.lm_head.weight))
+        self.norm.weight.copy_(_rms_scale(target, self.config.hidden_size).to(self.norm.weight))
 
     def draft_vocab_ids(self) -> Tensor:
         """Target ids of the draft vocabulary, (Vd,) sorted."""

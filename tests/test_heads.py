@@ -76,6 +76,41 @@ def test_eagle3_draft_vocab_mapping(target):
             head.set_draft_vocab(bad)
 
 
+def _gemma3_target():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L,
+                           num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])  # gemma3's norm scales by 1 + weight
+def test_eagle3_init_from_target_starts_with_the_targets_output_layer(family):
+    tgt = make_tiny_target("llama", num_layers=L) if family == "llama" else _gemma3_target()
+    with torch.no_grad():
+        torch.nn.init.normal_(tgt.model.norm.weight, std=0.5)  # a norm that is not all ones
+    head = build_head("eagle3", tgt, draft_vocab_size=10)
+    ids = torch.tensor([0, 3, 7, 8, 20, 33, 50, 64, 90, 95])
+    head.set_draft_vocab(ids)
+    hidden = torch.randn(2, 5, H)
+    before = head.compute_logits(hidden)
+    head.init_from_target(tgt)
+    with torch.no_grad():
+        expected = tgt.lm_head(tgt.model.norm(hidden))[..., ids]  # the target's logits of the draft vocab
+    assert not torch.allclose(before, expected, atol=1e-3)
+    torch.testing.assert_close(head.compute_logits(hidden), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_eagle3_init_from_target_refuses_a_norm_it_cannot_copy(target):
+    other = make_tiny_target("llama", num_layers=L)
+    other.model.norm = torch.nn.LayerNorm(H)  # subtracts the mean: no per-channel scale to copy
+    with pytest.raises(ValueError, match="LayerNorm.*not an RMS norm"):
+        build_head("eagle3", other).init_from_target(other)
+    del other.model.norm
+    with pytest.raises(ValueError, match="no final norm"):
+        build_head("eagle3", other).init_from_target(other)
+
+
 def _hf_layer(head_config, layer_weights: dict) -> LlamaDecoderLayer:
     cfg = LlamaConfig(
         hidden_size=H, intermediate_size=I, num_attention_heads=NH, num_key_value_heads=NKV,

@@ -45,6 +45,7 @@ def test_yaml_file_and_later_overrides(tmp_path):
     (["head=eagle3"], "head: expected a mapping"),
     (["head.kind=medusa", "head.draft_vocab_size=1000"], "head.draft_vocab_size applies only to head.kind=eagle3"),
     (["head.kind=medusa", "head.ttt_steps=3"], "head.ttt_steps applies only to head.kind=eagle3"),
+    (["head.kind=eagle", "head.init_from_target=false"], "head.init_from_target applies only to head.kind=eagle3"),
     (["head.kind=eagle3", "head.num_heads=3"], "head.num_heads applies only to head.kind=medusa"),
     (["head.kind=eagle3", "train.feature_noise=0.2"], "train.feature_noise applies only to head.kind=eagle"),
     (["head.ttt_steps=0"], "head.ttt_steps must be >= 1"),

@@ -141,3 +141,17 @@ def test_eagle_feature_noise_reaches_the_input_only(monkeypatch):
     (clean_pred, clean_target), (noisy_pred, noisy_target) = seen
     assert noisy_target is features.hidden and torch.equal(clean_target, noisy_target)
     assert not torch.allclose(clean_pred, noisy_pred)
+
+
+@pytest.mark.parametrize("init", [True, False])
+def test_eagle3_run_starts_from_the_targets_output_layer(tiny_files, tmp_path, init):
+    from accelerate import Accelerator
+
+    from train.loop import prepare_run
+
+    overrides = ["head.kind=eagle3", "head.draft_vocab_size=64", f"head.init_from_target={str(init).lower()}"]
+    cfg = tiny_config(tiny_files, tmp_path / "e3", *overrides)
+    run = prepare_run(Accelerator(cpu=True), cfg, str(tiny_files["target"]))
+    rows = run.target.lm_head.weight[run.head.draft_vocab_ids()]  # the chosen draft vocabulary, not ids 0..63
+    assert not torch.equal(run.head.draft_vocab_ids(), torch.arange(64))
+    assert torch.equal(run.head.lm_head.weight, rows) is init

@@ -44,6 +44,9 @@ class HeadConfig:
         "null = the target's full vocabulary", None)
     aux_layer_ids: list[int] | None = _doc(
         "eagle3 only: HF hidden_states indices of the fused features; null = [2, L//2, L-3]", None)
+    init_from_target: bool | None = _doc(
+        "eagle3 only: start the head's norm and lm_head from the target's final norm and its lm_head "
+        "rows of the draft vocabulary (null = true); false = random", None)
     ttt_steps: int | None = _doc(
         f"eagle3 only: training-time-test steps (null = {DEFAULT_TTT_STEPS})", None)
     num_heads: int | None = _doc("medusa only: number of heads K (null = the head's default)", None)
@@ -274,17 +277,21 @@ def _validate(cfg: TrainConfig) -> None:
         "draft_vocab_size": ("eagle3",),
         "aux_layer_ids": ("eagle3",),
         "ttt_steps": ("eagle3",),
+        "init_from_target": ("eagle3",),
         "num_heads": ("medusa",),
         "num_layers": ("medusa",),
         "intermediate_size": ("eagle", "eagle3"),
     }
     for name, kinds in only.items():
         if getattr(head, name) is not None and head.kind not in kinds:
-            raise ConfigError(f"head.{name} applies only to head.kind={'/'.join(kinds)} (head.kind={head.kind})")
+            raise ConfigError(f"head.{name} applies only to head.kind={'/'.join(kinds)} (head.kind={head.kind}); "
+                              f"set head.{name}=null or use a config file made for {head.kind} heads")
     if opt.feature_noise is not None and head.kind != "eagle":
         raise ConfigError(f"train.feature_noise applies only to head.kind=eagle (head.kind={head.kind})")
     if head.kind == "eagle3" and head.ttt_steps is None:
         head.ttt_steps = DEFAULT_TTT_STEPS
+    if head.kind == "eagle3" and head.init_from_target is None:
+        head.init_from_target = True
     if head.kind == "eagle" and opt.feature_noise is None:
         opt.feature_noise = DEFAULT_FEATURE_NOISE
 

@@ -442,6 +442,9 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
         head.set_draft_vocab(vocab_report.ids)
         logger.info("draft vocab: %d of %d tokens cover %.1f%% of training targets (%s)",
                     head.config.draft_vocab_size, vocab_size, 100 * vocab_report.coverage, vocab_report.cache_path)
+    if kind == "eagle3" and cfg.head.init_from_target:
+        head.init_from_target(target)
+        logger.info("EAGLE-3 norm and lm_head start from the target's final norm and lm_head rows")
     if cfg.train.eval_depth is not None:
         depth = cfg.train.eval_depth
     elif kind == "medusa":
