@@ -40,7 +40,16 @@ def test_realistic_configs_use_the_reference_recipe():
     assert (medusa.head.kind, medusa.head.num_heads) == ("medusa", 4)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
-def test_demo_config_accepts_every_head_kind(kind):
-    cfg = load_config(CONFIGS[0].parent / "demo.yaml", [f"head.kind={kind}"])
-    assert cfg.head.kind == kind and cfg.output_dir.endswith(f"demo-tiny-{kind}")
+@pytest.mark.parametrize("name, kind", [("demo.yaml", "eagle3"), ("demo-eagle.yaml", "eagle"), ("demo-medusa.yaml", "medusa")])
+def test_demo_configs_share_data_and_budget(name, kind):
+    cfg = load_config(CONFIGS[0].parent / name)
+    demo = load_config(CONFIGS[0].parent / "demo.yaml")
+    assert cfg.head.kind == kind and cfg.target == "demo:tiny"
+    assert (cfg.data, cfg.train.max_steps, cfg.train.micro_batch_size) == (demo.data, 200, 4)
+    if kind == "eagle3":
+        assert cfg.head.init_from_target is True and cfg.head.draft_vocab_size == 1024
+
+
+def test_demo_config_refuses_another_kind_by_name():
+    with pytest.raises(ValueError, match="head.draft_vocab_size applies only to head.kind=eagle3"):
+        load_config(CONFIGS[0].parent / "demo.yaml", ["head.kind=medusa"])
