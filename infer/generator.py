@@ -45,6 +45,10 @@ class GenerationStats:
     steps: int = 0  # verification forwards
     step_tokens: int = 0  # tokens emitted by verification steps (accepted drafts + bonus)
     wall_time: float = 0.0  # seconds
+    # Seconds per phase ("prefill", "draft", "verify", "accept", "compact", "emit", "observe"),
+    # filled only by a generator built with profile=True (it synchronises the device at every
+    # phase end, so profiled runs are slower on GPU).
+    phase_times: dict[str, float] = field(default_factory=dict)
 
     @property
     def tau(self) -> float:
@@ -65,6 +69,32 @@ class DecodeState:
     root: Tensor  # 0-d long: last emitted token
     emitted: list[Tensor] = field(default_factory=list)  # chunks of new tokens
     num_new: int = 0
+
+
+class _PhaseClock:
+    """Accumulates wall time per loop phase when enabled; a no-op otherwise (no device syncs)."""
+
+    def __init__(self, device: torch.device, enabled: bool) -> None:
+        self.device, self.enabled = device, enabled
+        self.times: dict[str, float] = {}
+        self.last = 0.0
+
+    def start(self) -> None:
+        if self.enabled:
+            self._sync()
+            self.last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """Charge the time since the previous mark to ``phase``."""
+        if self.enabled:
+            self._sync()
+            now = time.perf_counter()
+            self.times[phase] = self.times.get(phase, 0.0) + now - self.last
+            self.last = now
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # sync: only when profiling
 
 
 def _text_config(model: nn.Module):
@@ -92,6 +122,8 @@ class SpeculativeGenerator:
             default for the target's device (``infer.drafters.default_tree``: smaller on CPU).
         acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance: LOSSY, only used
             at temperature > 0, with ``typical_threshold`` and ``typical_alpha``).
+        profile: time each phase of the loop into ``last_stats.phase_times`` (adds a device sync
+            per phase; for finding where a step's time goes, not for measuring speed).
     """
 
     def __init__(
@@ -103,6 +135,7 @@ class SpeculativeGenerator:
         acceptance: str = "exact",
         typical_threshold: float = 0.09,
         typical_alpha: float = 0.3,
+        profile: bool = False,
     ) -> None:
         attn = getattr(target.config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
@@ -128,6 +161,7 @@ class SpeculativeGenerator:
             self.drafter = head
         self.acceptance = acceptance
         self.typical = (typical_threshold, typical_alpha)
+        self.profile = profile
         self.last_stats = GenerationStats()
 
     @classmethod
@@ -233,8 +267,8 @@ class SpeculativeGenerator:
     @staticmethod
     def _trim(tokens: Tensor, eos: Tensor, remaining: int) -> tuple[Tensor, bool]:
         """Cut after the first EOS and to ``remaining`` tokens; returns (kept, stop)."""
-        hits = torch.isin(tokens, eos).nonzero()  # sync
-        if hits.numel():
+        hits = torch.isin(tokens, eos).nonzero() if eos.numel() else None  # sync
+        if hits is not None and hits.numel():
             return tokens[: int(hits[0, 0]) + 1][:remaining], True
         return tokens[:remaining], tokens.numel() >= remaining
 
@@ -269,6 +303,8 @@ class SpeculativeGenerator:
         self._check(input_ids, max_new_tokens, sampling)
         start = time.perf_counter()
         stats = GenerationStats()
+        clock = _PhaseClock(self.device, self.profile)
+        clock.start()
         eos = self._eos_ids(eos_token_id)
         ids = input_ids.to(self.device)
         if streamer is not None:
@@ -285,28 +321,36 @@ class SpeculativeGenerator:
         self._emit(state, kept, streamer)
         if not stop:
             self.drafter.observe(state.draft, self._features(out), torch.cat([ids[:, 1:], kept[None]], dim=1))
+        clock.mark("prefill")
 
         while not stop:
             remaining = max_new_tokens - state.num_new
             # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
             draft = self.drafter.propose(state.draft, state.root, sampling, max_depth=remaining - 1)
+            clock.mark("draft")
             prefix, out = self._verify(state, draft)
+            clock.mark("verify")
             accepted = self._accept(out.logits[0], draft, sampling)
             nodes = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first
             new = torch.cat([draft.tokens[nodes[1:]], accepted.bonus])  # (A,)
+            clock.mark("accept")
             keep_accepted(state.cache, prefix, nodes)
+            clock.mark("compact")
             stats.target_forwards += 1
             stats.steps += 1
             kept, stop = self._trim(new, eos, remaining)
             stats.step_tokens += kept.numel()
             self._emit(state, kept, streamer)
+            clock.mark("emit")
             if not stop:
                 self.drafter.observe(state.draft, self._features(out)[:, nodes], new[None])
                 state.root = new[-1]
+                clock.mark("observe")
 
         if streamer is not None:
             streamer.end()
         stats.new_tokens = state.num_new
         stats.wall_time = time.perf_counter() - start
+        stats.phase_times = clock.times
         self.last_stats = stats
         return torch.cat([input_ids, torch.cat(state.emitted)[None].to(input_ids.device)], dim=1)
