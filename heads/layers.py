@@ -155,7 +155,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, S, D)
         kv_len = k.shape[2]
-        if attention_mask is None and kv_len != q_len:
+        if attention_mask is None and 1 < q_len != kv_len:  # one new query sees every cached key: no mask
             attention_mask = causal_mask(q_len, kv_len, q.dtype, q.device)
         elif attention_mask is not None:
             if attention_mask.shape[-2:] != (q_len, kv_len):

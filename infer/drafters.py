@@ -10,6 +10,7 @@ the token t_i and ``next_tokens[:, i]`` is t_{i+1}; the last pair's next token i
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,25 +83,36 @@ class Chain:
 TreeOption = StaticTree | DynamicTree | Chain
 
 
-def default_tree(kind: str, device: torch.device | str) -> TreeOption:
-    """Default tree per head kind and device.
+def default_branching_tree(kind: str, device: torch.device | str) -> StaticTree | DynamicTree:
+    """The kind's tree-shaped default: Medusa's static tree, an EAGLE-2 dynamic tree.
 
     Accelerators: the reference settings (Medusa's mc_sim_7b_63; EAGLE-2 depth 6 and EAGLE-3 depth
     8, top_k 10, 60 verified tokens), where verifying 60 tokens costs about as much as one. On CPU
-    a forward's cost grows with every token and each draft level costs a head forward, so the trees
-    are small: measured best on the demo target (8M params) with 200-step heads.
+    every verified token costs (t(8)/t(1) = 1.3, t(32)/t(1) = 1.9 on the demo target), so trees
+    are small: Medusa verifies the first 15 nodes of mc_sim_7b_63, EAGLE heads the dynamic tree that
+    measured fastest on the demo target (depth 5, top_k 2, 8 nodes).
     """
     if torch.device(device).type == "cpu":
-        defaults = {
-            "medusa": StaticTree(MEDUSA_DEFAULT_CHOICES[:15]),  # every prefix of the list is a tree
-            "eagle": DynamicTree(depth=4, top_k=3, total_tokens=8),
-            "eagle3": DynamicTree(depth=4, top_k=3, total_tokens=8),
-        }
+        trees = {"medusa": StaticTree(MEDUSA_DEFAULT_CHOICES[:15]),  # every prefix of the list is a tree
+                 "eagle": DynamicTree(depth=5, top_k=2, total_tokens=8),
+                 "eagle3": DynamicTree(depth=5, top_k=2, total_tokens=8)}
     else:
-        defaults = {"medusa": StaticTree(), "eagle": DynamicTree(depth=6), "eagle3": DynamicTree(depth=8)}
-    if kind not in defaults:
-        raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(defaults)}")
-    return defaults[kind]
+        trees = {"medusa": StaticTree(), "eagle": DynamicTree(depth=6), "eagle3": DynamicTree(depth=8)}
+    if kind not in trees:
+        raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(trees)}")
+    return trees[kind]
+
+
+def default_tree(kind: str, device: torch.device | str) -> TreeOption:
+    """What a generator drafts when given no tree: ``default_branching_tree``, except EAGLE heads
+    on CPU, which draft a chain of 4. There each draft level is a head forward plus the tree's
+    bookkeeping and each verified token costs, and on the demo target (docs/benchmarks.md) chains
+    of 3 to 6 beat every dynamic tree tried (8 to 16 nodes) with 400-step EAGLE and EAGLE-3 heads.
+    """
+    tree = default_branching_tree(kind, device)
+    if torch.device(device).type == "cpu" and kind in ("eagle", "eagle3"):
+        return Chain(4)
+    return tree
 
 
 @dataclass
@@ -126,13 +138,20 @@ class Drafter(Protocol):
         """A draft rooted at ``root`` (0-d long) with at most ``max_depth`` draft levels."""
 
 
+@functools.lru_cache(maxsize=64)
+def chain_buffers(num_drafts: int, device: torch.device) -> TreeBuffers:
+    """Buffers of a chain of ``num_drafts`` (built once per length and device: they never change,
+    and no consumer writes into them)."""
+    return tree_from_parents(chain_parents(num_drafts), device)
+
+
 def root_only(root: Tensor) -> Draft:
-    return Draft(tokens=root.reshape(1), tree=tree_from_parents([-1], root.device))
+    return Draft(tokens=root.reshape(1), tree=chain_buffers(0, root.device))
 
 
 def _chain_draft(tokens: list[Tensor], q: list[Tensor]) -> Draft:
     ids = torch.stack(tokens)  # (N,)
-    return Draft(ids, tree_from_parents(chain_parents(len(tokens) - 1), ids.device), torch.stack(q) if q else None)
+    return Draft(ids, chain_buffers(len(tokens) - 1, ids.device), torch.stack(q) if q else None)
 
 
 # ----------------------------------------------------------------------------------- Medusa

@@ -2,7 +2,7 @@
 
     python -m infer.generate --target T --head H --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
-        [--tree default|chain] [--depth D] [--branch K] [--total-tokens N] [--compare]
+        [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--compare]
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
 runs the target's own ``generate`` in the same process and prints the speedup and whether the
@@ -19,7 +19,7 @@ import torch
 from transformers import TextStreamer
 
 from heads import AutoHead
-from infer.drafters import Chain, default_tree
+from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree
 from infer.generator import SpeculativeGenerator
 
 
@@ -33,9 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = disabled")
-    p.add_argument("--tree", choices=("default", "chain"), default="default",
-                   help="the head kind's default tree, or a plain chain of --depth drafts")
-    p.add_argument("--depth", type=int, help="draft levels (EAGLE tree or chain length)")
+    p.add_argument("--tree", choices=("default", "tree", "chain"), default="default",
+                   help="default: the head kind's default for the device (EAGLE on CPU: a chain of 4); "
+                        "tree: Medusa's static or an EAGLE dynamic tree; chain: a plain chain of --depth drafts")
+    p.add_argument("--depth", type=int, help="draft levels (EAGLE tree depth or chain length)")
     p.add_argument("--branch", type=int, help="EAGLE tree: children kept per expanded node (top_k)")
     p.add_argument("--total-tokens", type=int, help="EAGLE tree: nodes verified per step, root included")
     p.add_argument("--device", help="default: cuda if available, else cpu")
@@ -47,15 +48,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def tree_option(kind: str, device: str, args: argparse.Namespace):
     """The tree for ``kind`` from the device's defaults plus whatever flags were given."""
-    if args.tree == "chain":
-        return Chain(args.depth) if args.depth else Chain()
-    tree = default_tree(kind, device)
-    if kind == "medusa":
-        if any(v is not None for v in (args.depth, args.branch, args.total_tokens)):
+    shape = {"depth": args.depth, "top_k": args.branch, "total_tokens": args.total_tokens}
+    given = {k: v for k, v in shape.items() if v is not None}
+    tree = {"default": default_tree, "tree": default_branching_tree}.get(args.tree, lambda *_: Chain())(kind, device)
+    if isinstance(tree, Chain):
+        if args.branch is not None or args.total_tokens is not None:
+            raise SystemExit("--branch/--total-tokens shape EAGLE dynamic trees; this is a chain (pass --tree tree)")
+        return Chain(args.depth) if args.depth else tree
+    if isinstance(tree, StaticTree):
+        if given:
             raise SystemExit("--depth/--branch/--total-tokens shape EAGLE trees; Medusa uses its static tree")
         return tree
-    overrides = {"depth": args.depth, "top_k": args.branch, "total_tokens": args.total_tokens}
-    return dataclasses.replace(tree, **{k: v for k, v in overrides.items() if v is not None})
+    return dataclasses.replace(tree, **given)
 
 
 def encode(tokenizer, prompt: str, chat: bool) -> torch.Tensor:

@@ -43,7 +43,8 @@ def test_from_pretrained_matches_vanilla(saved):
     assert torch.equal(gen.generate(ids, max_new_tokens=20), ref)
 
 
-@pytest.mark.parametrize("extra", [[], ["--chat"], ["--tree", "chain", "--depth", "3"], ["--depth", "3", "--branch", "2"]])
+@pytest.mark.parametrize("extra", [[], ["--chat"], ["--tree", "chain", "--depth", "3"],
+                                   ["--tree", "tree", "--depth", "3", "--branch", "2"]])
 def test_cli_streams_and_compares(saved, capsys, extra):
     code = main([
         "--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
@@ -61,3 +62,22 @@ def test_cli_rejects_medusa_tree_flags(saved, tmp_path):
     build_head("medusa", target).save_pretrained(tmp_path / "medusa")
     with pytest.raises(SystemExit, match="Medusa"):
         main(["--target", str(saved / "target"), "--head", str(tmp_path / "medusa"), "--prompt", "w7", "--depth", "3"])
+
+
+def test_cli_tree_flags_shape_the_devices_defaults():
+    from infer import Chain, DynamicTree, StaticTree
+    from infer.generate import parse_args, tree_option
+
+    def tree(device, kind, *flags):
+        return tree_option(kind, device, parse_args(["--target", "t", "--head", "h", "--prompt", "p", *flags]))
+
+    assert tree("cpu", "eagle3") == Chain(4)  # measured fastest on CPU
+    assert tree("cpu", "eagle3", "--depth", "6") == Chain(6)
+    assert tree("cpu", "eagle", "--tree", "tree") == DynamicTree(depth=5, top_k=2, total_tokens=8)
+    assert tree("cpu", "eagle", "--tree", "tree", "--total-tokens", "12") == DynamicTree(5, 2, 12)
+    assert tree("cuda", "eagle3") == DynamicTree(depth=8, top_k=10, total_tokens=60)
+    assert tree("cuda", "eagle", "--branch", "4") == DynamicTree(depth=6, top_k=4, total_tokens=60)
+    assert tree("cuda", "eagle", "--tree", "chain") == Chain(4)
+    assert isinstance(tree("cpu", "medusa"), StaticTree) and len(tree("cpu", "medusa").choices) == 15
+    with pytest.raises(SystemExit, match="--tree tree"):
+        tree("cpu", "eagle3", "--branch", "2")

@@ -17,14 +17,14 @@ from transformers import PreTrainedTokenizerFast, TextStreamer
 
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.drafters import Draft, Sampling, default_tree
+from infer.drafters import Draft, Sampling, default_branching_tree, default_tree
 from infer.target import target_forward
 from infer.tree import tree_from_parents
 
 
 KINDS = ("medusa", "eagle", "eagle3")
 VOCAB = 96
-# Small trees keep the CPU tests fast; each kind's CPU and accelerator default trees run too.
+# Small trees keep the CPU tests fast; each kind's CPU and accelerator defaults run too.
 SMALL = {"medusa": StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))),
          "eagle": DynamicTree(depth=4, top_k=3, total_tokens=12),
          "eagle3": DynamicTree(depth=4, top_k=3, total_tokens=12)}
@@ -54,7 +54,8 @@ def test_greedy_matches_hf_random_heads(target64, kind):
     rng = random.Random(f"{target64.config.model_type}-{kind}")  # str seeds are stable across runs
     torch.manual_seed(rng.randrange(1000))
     head = build_head(kind, target64)
-    cases = [(None, 1, 1), (None, 24, 40), (default_tree(kind, "cuda"), 10, 30), (SMALL[kind], 5, 33),
+    cases = [(None, 1, 1), (None, 24, 40), (default_tree(kind, "cuda"), 10, 30),
+             (default_branching_tree(kind, "cpu"), 7, 20), (SMALL[kind], 5, 33),
              (SMALL[kind], 1, 17), (Chain(3), 9, 25)]
     for tree, prompt_len, max_new in cases:
         gen = SpeculativeGenerator(target64, head, tree=tree)
@@ -215,6 +216,23 @@ def test_streamer_gets_prompt_then_every_accepted_run():
     assert torch.equal(torch.cat([p.flatten() for p in streamer.puts[1:]]), out[0, 4:])
     assert max(p.numel() for p in streamer.puts[1:]) > 1  # runs are streamed as they are accepted
     assert len(streamer.puts) - 1 == gen.last_stats.steps + 1  # the prefill token, then one put per step
+
+
+def test_profile_times_every_phase_and_changes_nothing():
+    model = _target("llama")
+    head = build_head("eagle3", model)
+    ids = _prompt(random.Random(5), 6)
+    plain = SpeculativeGenerator(model, head, tree=SMALL["eagle3"])
+    profiled = SpeculativeGenerator(model, head, tree=SMALL["eagle3"], profile=True)
+    out = plain.generate(ids, max_new_tokens=30)
+    assert torch.equal(profiled.generate(ids, max_new_tokens=30), out)
+    assert plain.last_stats.phase_times == {}
+    stats = profiled.last_stats
+    phases = stats.phase_times
+    assert set(phases) == {"prefill", "draft", "verify", "accept", "compact", "emit", "observe"}
+    assert all(t > 0 for t in phases.values())
+    assert sum(phases.values()) <= stats.wall_time  # the phases partition the loop, nothing counted twice
+    assert stats.steps == plain.last_stats.steps and stats.new_tokens == plain.last_stats.new_tokens
 
 
 def test_hf_text_streamer(capsys):

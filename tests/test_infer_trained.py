@@ -14,6 +14,7 @@ from conftest import make_tiny_target
 
 from heads import build_head
 from infer import Chain, SpeculativeGenerator
+from infer.drafters import default_branching_tree
 from infer.target import target_forward
 
 VOCAB = 96
@@ -72,7 +73,7 @@ def train_head(kind: str, model, seqs, final, aux, steps: int = 200):
 def test_trained_head_is_lossless_with_long_runs(target_and_data, kind):
     model, seqs, final, aux = target_and_data
     head = train_head(kind, model, seqs, final, aux)
-    gen = SpeculativeGenerator(model, head)
+    gen = SpeculativeGenerator(model, head, tree=default_branching_tree(kind, "cpu"))  # a real tree
     chain = SpeculativeGenerator(model, head, tree=Chain(4))
     taus = []
     gen_prompts = torch.randint(3, VOCAB, (4, 5), generator=torch.Generator().manual_seed(1))
