@@ -1,11 +1,15 @@
 """Every decoding method on one target, the same prompts, the same run — against the physical bound.
 
     python scripts/benchmark.py --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
-        [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--out DIR]
+        [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--trees tree,chain4]
+        [--profile] [--train-throughput] [--out DIR]
 
 Methods: vanilla greedy ``generate``; HF assisted generation (``--assistant``, a small LM sharing
-the tokenizer); HF prompt-lookup decoding; each head with its default tree (Medusa static tree,
-EAGLE-2 / EAGLE-3 dynamic tree) and as a plain chain. Per method: median tokens/s over prompts
+the tokenizer); HF prompt-lookup decoding (unless ``--no-prompt-lookup``); each head with every
+tree in ``--trees``: ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
+an EAGLE-2 dynamic tree), ``default`` (what a generator drafts when given no tree), ``chainN``,
+``dynD-K-N`` (EAGLE: DynamicTree(depth=D, top_k=K, total_tokens=N)), ``medusaN`` (the first N
+nodes of mc_sim_7b_63); a tree that does not fit a head's kind is skipped. Per method: median tokens/s over prompts
 and repeats (after warm-up), speedup over vanilla, τ (tokens per verification forward), the mean
 number of tokens each verification forward carried, peak memory (CUDA only), and whether the
 greedy output is identical to vanilla's.
@@ -14,14 +18,16 @@ The bound: a verification forward over N tokens costs t(N) on this hardware; a m
 acceptance τ verifying N tokens per step can at best be τ·t(1)/t(N) times faster than vanilla
 (drafting for free). efficiency = measured speedup / bound says how much of that we keep.
 
-``--train-throughput`` adds head-training tokens/s against the target's forward-only tokens/s.
-Writes results.json, results.md and PNG plots to --out.
+``--profile`` adds where a speculative step's time goes per head method (draft, observe, verify,
+accept, compact, emit). ``--train-throughput`` adds head-training tokens/s against the target's
+forward-only tokens/s. Writes results.json, results.md and PNG plots to --out.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform
+import re
 import statistics
 import sys
 import time
@@ -36,10 +42,11 @@ from transformers.cache_utils import DynamicCache
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 from heads import AutoHead  # noqa: E402
-from infer import Chain, SpeculativeGenerator  # noqa: E402
+from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree  # noqa: E402
+from infer.drafters import TreeOption, default_branching_tree, default_tree  # noqa: E402
 from infer.cache import keep_accepted  # noqa: E402
 from infer.target import decoder_layers, target_forward  # noqa: E402
-from infer.tree import tree_attention_mask, tree_from_parents  # noqa: E402
+from infer.tree import MEDUSA_DEFAULT_CHOICES, tree_attention_mask, tree_from_parents  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------- prompts
@@ -108,6 +115,29 @@ class Method:
     kind: str  # vanilla | assisted | prompt_lookup | head
     run: object  # callable(input_ids) -> output ids (1, P + new)
     runs: list[dict] = field(default_factory=list)
+    generator: SpeculativeGenerator | None = None  # head methods: for the --profile pass
+
+
+TREE_SPEC = re.compile(r"^(tree|default|chain(\d+)|dyn(\d+)-(\d+)-(\d+)|medusa(\d+))$")
+
+
+def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:
+    """The tree named by a ``--trees`` entry for this head, or None when it does not fit its kind."""
+    match = TREE_SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"--trees: unknown tree {spec!r}; use tree, default, chainN, dynD-K-N or medusaN")
+    kind = head.head_kind
+    if spec == "tree":
+        return default_branching_tree(kind, device)
+    if spec == "default":
+        return default_tree(kind, device)
+    chain, depth, top_k, total, medusa = match.group(2, 3, 4, 5, 6)
+    if chain:
+        fits = kind != "medusa" or int(chain) <= head.config.num_heads
+        return Chain(int(chain)) if fits else None
+    if depth:
+        return DynamicTree(int(depth), int(top_k), int(total)) if kind != "medusa" else None
+    return StaticTree(MEDUSA_DEFAULT_CHOICES[: int(medusa)]) if kind == "medusa" else None
 
 
 def build_methods(args, target, tokenizer) -> list[Method]:
@@ -126,16 +156,19 @@ def build_methods(args, target, tokenizer) -> list[Method]:
     if args.assistant:
         assistant = AutoModelForCausalLM.from_pretrained(args.assistant, dtype=target.dtype).to(target.device).eval()
         methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
-    methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
+    if not args.no_prompt_lookup:
+        methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
     for head_dir in args.heads:
         head = AutoHead.from_pretrained(head_dir).eval()
         label = Path(head_dir).name
-        variants = [("tree", None), (f"chain{args.chain_length}", Chain(args.chain_length))]
+        variants = [(spec, tree_from_spec(spec, head, target.device)) for spec in args.trees]
         for variant, tree in variants:
+            if tree is None:
+                continue
             gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree)
             run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
             name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
-            methods.append(Method(name, "head", run))
+            methods.append(Method(name, "head", run, generator=gen))
     return methods
 
 
@@ -173,6 +206,84 @@ def time_methods(methods: list[Method], prompts, args, target, counter: ForwardC
                 "tokens": new,
             })
     bar.close()
+
+
+# ----------------------------------------------------------------------------------- profile
+
+LOOP_PHASES = ("draft", "observe", "verify", "accept", "compact", "emit")
+
+
+def profile_heads(methods: list[Method], prompts, args, device: torch.device) -> dict[str, dict]:
+    """Where a speculative step's time goes: one extra, untimed pass per head method with the
+    generator's phase clock on (it syncs the device at each phase end). Milliseconds per step."""
+    vanilla = methods[0]
+    vanilla_ms = 1e3 * sum(r["seconds"] for r in vanilla.runs) / sum(r["new_tokens"] for r in vanilla.runs)
+    profiles = {}
+    heads = [m for m in methods if m.generator is not None]
+    eos = [] if args.ignore_eos else None
+    for m in tqdm(heads, desc="profile", unit="method"):
+        gen = m.generator
+        gen.profile = True
+        totals: dict[str, float] = {}
+        steps = new_tokens = 0
+        try:
+            for prompt in prompts:
+                with torch.inference_mode():
+                    gen.generate(torch.tensor([prompt], device=device), max_new_tokens=args.max_new_tokens, eos_token_id=eos)
+                stats = gen.last_stats
+                for phase, seconds in stats.phase_times.items():
+                    totals[phase] = totals.get(phase, 0.0) + seconds
+                steps += stats.steps
+                new_tokens += stats.new_tokens
+        finally:
+            gen.profile = False
+        per_step = {phase: 1e3 * totals.get(phase, 0.0) / max(1, steps) for phase in LOOP_PHASES}
+        step_ms = sum(per_step.values())
+        profiles[m.name] = {
+            "ms_per_step": per_step,
+            "step_ms": step_ms,
+            "steps": steps,
+            "tokens_per_step": (new_tokens - len(prompts)) / max(1, steps),  # the prefill emits one each
+            "drafting_share": (per_step["draft"] + per_step["observe"]) / step_ms if step_ms else 0.0,
+            "vanilla_ms_per_token": vanilla_ms,
+        }
+    return profiles
+
+
+def profile_markdown(profiles: dict[str, dict]) -> str:
+    lines = ["Where a step's time goes (ms per verification step, one profiled pass; drafting = draft + observe):", "",
+             "| method | " + " | ".join(LOOP_PHASES) + " | step | tokens/step | ms/token | vanilla ms/token | drafting |",
+             "|---|" + "---:|" * (len(LOOP_PHASES) + 5)]
+    for name, p in profiles.items():
+        cells = " | ".join(f"{p['ms_per_step'][phase]:.2f}" for phase in LOOP_PHASES)
+        per_token = p["step_ms"] / p["tokens_per_step"] if p["tokens_per_step"] else float("nan")
+        lines.append(f"| {name} | {cells} | {p['step_ms']:.2f} | {p['tokens_per_step']:.2f} | {per_token:.2f} | "
+                     f"{p['vanilla_ms_per_token']:.2f} | {p['drafting_share']:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_profile(profiles: dict[str, dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(profiles)
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(names) + 1.5))
+    left = [0.0] * len(names)
+    for phase in LOOP_PHASES:
+        widths = [profiles[n]["ms_per_step"][phase] for n in names]
+        ax.barh(names, widths, left=left, label=phase)
+        left = [a + b for a, b in zip(left, widths)]
+    vanilla = next(iter(profiles.values()))["vanilla_ms_per_token"]
+    ax.axvline(vanilla, color="black", ls="--", lw=1, label="vanilla: one token")
+    ax.set_xlabel("milliseconds per verification step")
+    ax.invert_yaxis()
+    ax.legend(loc="lower right", fontsize=8, ncol=2)
+    ax.set_title("where a speculative step's time goes")
+    fig.tight_layout()
+    fig.savefig(out / "profile.png", dpi=120)
+    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------------- the bound
@@ -267,7 +378,7 @@ def markdown(rows: list[dict], costs: dict[int, float], meta: dict) -> str:
               "| N | " + " | ".join(str(n) for n in costs) + " |",
               "|---|" + "---:|" * len(costs),
               "| t(N)/t(1) | " + " | ".join(f"{costs[n] / costs[1]:.2f}" for n in costs) + " |",
-              f"", f"t(1) = {costs[1] * 1e3:.2f} ms."]
+              "", f"t(1) = {costs[1] * 1e3:.2f} ms."]
     return "\n".join(lines) + "\n"
 
 
@@ -323,17 +434,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_new_tokens")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--chain-length", type=int, default=4)
+    p.add_argument("--trees", default="tree,chain4",
+                   help="comma-separated trees per head: tree, default, chainN, dynD-K-N, medusaN")
+    p.add_argument("--no-prompt-lookup", action="store_true", help="skip HF prompt-lookup decoding")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--tree-sizes", default="1,2,4,8,16,32,48,64,96,128")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--train-throughput", action="store_true", help="also measure head-training tokens/s")
+    p.add_argument("--profile", action="store_true",
+                   help="also time each phase of a speculative step per head method (an extra, untimed pass)")
     p.add_argument("--out", default="bench-out")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.num_prompts < 1:
         p.error("--repeats and --num-prompts must be >= 1")
+    args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
+    bad = [t for t in args.trees if not TREE_SPEC.match(t)]
+    if bad or not args.trees:
+        p.error(f"--trees: unknown tree(s) {bad}; use tree, default, chainN, dynD-K-N or medusaN")
     return args
 
 
@@ -362,13 +481,16 @@ def main(argv: list[str] | None = None) -> dict:
     }
     result = {"meta": meta, "rows": rows, "verification_cost_s": costs,
               "runs": {m.name: m.runs for m in methods}}
+    if args.profile:
+        result["profile"] = profile_heads(methods, prompts, args, device)
     if args.train_throughput:
         from train.loop import measure_throughput, parse_args as train_args
 
-        demo = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+        configs = Path(__file__).resolve().parents[1] / "configs"
+        demo = {"medusa": "demo-medusa.yaml", "eagle": "demo-eagle.yaml", "eagle3": "demo.yaml"}
         result["train_throughput"] = {
-            kind: measure_throughput(train_args([f"target={args.target}", f"head.kind={kind}"], default_config=demo))
-            for kind in tqdm(("medusa", "eagle", "eagle3"), desc="training throughput")
+            kind: measure_throughput(train_args([f"target={args.target}"], default_config=configs / name))
+            for kind, name in tqdm(demo.items(), desc="training throughput")
         }
 
     out = Path(args.out)
@@ -380,6 +502,9 @@ def main(argv: list[str] | None = None) -> dict:
         table += "| head | train tokens/s | target forward tokens/s | ratio |\n|---|---:|---:|---:|\n"
         for kind, r in result["train_throughput"].items():
             table += f"| {kind} | {r['train_tokens_per_s']:.0f} | {r['target_forward_tokens_per_s']:.0f} | {r['ratio']:.2f} |\n"
+    if result.get("profile"):
+        table += "\n" + profile_markdown(result["profile"])
+        plot_profile(result["profile"], out)
     (out / "results.md").write_text(table)
     plot(rows, costs, out)
     print(table)

@@ -48,11 +48,14 @@ def test_benchmark_measures_every_method(bench_dirs):
     result = _load_script().main([
         "--target", str(root / "target"), "--heads", *heads, "--assistant", str(root / "assistant"),
         "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "8", "--ignore-eos",
-        "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4,8", "--out", str(out),
+        "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4,8", "--profile", "--out", str(out),
+        "--trees", "tree,chain2,dyn3-2-5,medusa4",
     ])
     names = [r["method"] for r in result["rows"]]
     assert names[:3] == ["vanilla", "hf-assisted", "hf-prompt-lookup"]
-    assert {n.split(":")[0] for n in names[3:]} == {"medusa", "eagle3"} and len(names) == 7  # tree + chain each
+    # each head gets the trees that fit its kind: no dynamic tree for Medusa, no static one for EAGLE-3
+    assert names[3:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4",
+                         "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5"]
     vanilla = result["rows"][0]
     assert vanilla["speedup"] == pytest.approx(1.0) and vanilla["tau"] == pytest.approx(1.0)
     assert vanilla["bound"] == pytest.approx(1.0)
@@ -61,9 +64,20 @@ def test_benchmark_measures_every_method(bench_dirs):
         assert row["tokens_per_s"] > 0 and row["bound"] > 0
     for runs in result["runs"].values():
         assert all(r["new_tokens"] == 8 for r in runs)
-    for name in ("results.json", "results.md", "speedup_tau.png", "verification_cost.png"):
+    for name in ("results.json", "results.md", "speedup_tau.png", "verification_cost.png", "profile.png"):
         assert (out / name).stat().st_size > 0
     assert "| vanilla |" in (out / "results.md").read_text()
+
+    # --profile: one phase breakdown per head method; the phases add up to the step
+    profiles = result["profile"]
+    assert list(profiles) == names[3:]
+    for name, prof in profiles.items():
+        phases = prof["ms_per_step"]
+        assert set(phases) == {"draft", "observe", "verify", "accept", "compact", "emit"}
+        assert phases["draft"] > 0 and phases["verify"] > 0 and min(phases.values()) >= 0
+        assert prof["step_ms"] == pytest.approx(sum(phases.values()))
+        assert 1.0 <= prof["tokens_per_step"] and 0 < prof["drafting_share"] < 1
+    assert "Where a step's time goes" in (out / "results.md").read_text()
 
 
 def test_prompt_file_rows_must_have_prompt_or_messages(bench_dirs, tmp_path):
@@ -72,3 +86,11 @@ def test_prompt_file_rows_must_have_prompt_or_messages(bench_dirs, tmp_path):
     bad.write_text('{"prompt": "x"}\n{"question": "y"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: a prompt row needs 'prompt' or 'messages'"):
         _load_script().main(["--target", str(root / "target"), "--prompts", str(bad), "--out", str(tmp_path / "o")])
+
+
+def test_unknown_tree_spec_is_refused(bench_dirs, tmp_path, capsys):
+    root, heads, prompts = bench_dirs
+    with pytest.raises(SystemExit):
+        _load_script().main(["--target", str(root / "target"), "--heads", *heads, "--trees", "tree,dyn3-2",
+                             "--out", str(tmp_path / "o")])
+    assert "unknown tree(s) ['dyn3-2']" in capsys.readouterr().err
