@@ -61,14 +61,18 @@ def _rms_scale(target: nn.Module, width: int) -> Tensor:
     backbone = getattr(target, getattr(target, "base_model_prefix", ""), None)
     final_norm = getattr(backbone, "norm", None)
     if not isinstance(final_norm, nn.Module):
-        raise ValueError(f"{type(target).__name__} has no final norm at `<backbone>.norm` to start the EAGLE-3 head from")
-    dtype = next(final_norm.parameters()).dtype
-    probe = torch.eye(width, device=next(final_norm.parameters()).device, dtype=dtype) * math.sqrt(width)
+        raise ValueError(f"{type(target).__name__} has no final norm at `<backbone>.norm` to start the EAGLE-3 head from; "
+                         "start it from random weights instead (head.init_from_target=false)")
+    like = next(final_norm.parameters(), None)
+    if like is None:  # a norm without a learned scale
+        like = target.get_output_embeddings().weight
+    probe = torch.eye(width, device=like.device, dtype=like.dtype) * math.sqrt(width)
     out = final_norm(probe).float() / math.sqrt(width)  # (H, H): diag(w) for an RMS norm
     scale = out.diagonal()
     if out.shape != (width, width) or (out - torch.diag(scale)).abs().max() > 1e-3 * max(1.0, scale.abs().max()):
         raise ValueError(f"the final norm of {type(target).__name__} ({type(final_norm).__name__}) is not an RMS norm "
-                         "of the head's width; start the EAGLE-3 head from random weights instead")
+                         "of the head's width; start the EAGLE-3 head from random weights instead "
+                         "(head.init_from_target=false)")
     return scale
 
 
