@@ -45,7 +45,7 @@ def test_demo_configs_share_data_and_budget(name, kind):
     cfg = load_config(CONFIGS[0].parent / name)
     demo = load_config(CONFIGS[0].parent / "demo.yaml")
     assert cfg.head.kind == kind and cfg.target == "demo:tiny"
-    assert (cfg.data, cfg.train.max_steps, cfg.train.micro_batch_size) == (demo.data, 200, 4)
+    assert (cfg.data, cfg.train.max_steps, cfg.train.micro_batch_size) == (demo.data, 400, 4)
     if kind == "eagle3":
         assert cfg.head.init_from_target is True and cfg.head.draft_vocab_size == 1024
 
