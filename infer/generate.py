@@ -1,12 +1,13 @@
 """Generate with a draft head from the command line.
 
-    python -m infer.generate --target T --head H --prompt "def fib(n):" [--chat]
+    python -m infer.generate --head H [--target T] --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
         [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--compare]
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
 runs the target's own ``generate`` in the same process and prints the speedup and whether the
-outputs match (they must, at temperature 0).
+outputs match (they must, at temperature 0). ``--target`` defaults to the target the head was
+trained for (its config's ``target_name_or_path``); ``demo:tiny`` names the demo target.
 """
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from transformers import TextStreamer
 from heads import AutoHead
 from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree
 from infer.generator import SpeculativeGenerator
+from train.demo import resolve_target
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m infer.generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", required=True, help="target model: HF id or directory")
+    p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
     p.add_argument("--head", required=True, help="draft head: directory or HF id")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -79,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     head = AutoHead.from_pretrained(args.head)  # its kind decides the tree before the generator exists
     kind = head.head_kind
+    target = args.target or head.config.target_name_or_path
+    if not target:
+        raise SystemExit(f"{args.head} records no target (target_name_or_path); pass --target")
     gen = SpeculativeGenerator.from_pretrained(
-        args.target, head, device=device, dtype=dtype, tree=tree_option(kind, device, args)
+        resolve_target(target), head, device=device, dtype=dtype, tree=tree_option(kind, device, args)
     )
     if gen.tokenizer is None:
         raise SystemExit(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")

@@ -81,3 +81,15 @@ def test_cli_tree_flags_shape_the_devices_defaults():
     assert isinstance(tree("cpu", "medusa"), StaticTree) and len(tree("cpu", "medusa").choices) == 15
     with pytest.raises(SystemExit, match="--tree tree"):
         tree("cpu", "eagle3", "--branch", "2")
+
+
+def test_cli_defaults_to_the_target_the_head_was_made_for(saved, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(saved / "target")  # name_or_path = the directory
+    build_head("eagle3", loaded).save_pretrained(tmp_path / "head")
+    code = main(["--head", str(tmp_path / "head"), "--prompt", "w7 w8", "--max-new-tokens", "8", "--compare",
+                 "--device", "cpu"])
+    assert code == 0 and "outputs identical: yes" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="records no target"):  # built from an in-memory model
+        main(["--head", str(saved / "head"), "--prompt", "w7"])

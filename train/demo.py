@@ -112,3 +112,12 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def resolve_target(target: str) -> str:
+    """A loadable path or hub id; ``demo:<size>`` is the demo LM of that size, built first if missing."""
+    from train.config import DEMO_PREFIX
+
+    if target.startswith(DEMO_PREFIX):
+        return str(ensure_demo_target(target.removeprefix(DEMO_PREFIX)))
+    return target

@@ -31,7 +31,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
 from heads import HeadCache, build_head
 from infer.target import target_forward, target_identity
-from train.config import DEFAULT_TTT_STEPS, DEMO_PREFIX, TrainConfig, load_config
+from train.config import DEFAULT_TTT_STEPS, TrainConfig, load_config
+from train.demo import resolve_target
 from train.draft_vocab import build_draft_vocab
 from train.losses import DraftTargets, LossOutput, decayed_sum, eagle_loss, medusa_loss, restrict_to_draft_vocab, \
     ttt_step_loss
@@ -338,15 +339,6 @@ def parse_args(argv: list[str] | None = None, default_config: str | Path | None 
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=100")
     args = parser.parse_args(argv)
     return load_config(args.config, args.overrides)
-
-
-def resolve_target(target: str) -> str:
-    """A loadable path or hub id; ``demo:<size>`` builds the demo target first if missing."""
-    if target.startswith(DEMO_PREFIX):
-        from train.demo import ensure_demo_target
-
-        return str(ensure_demo_target(target.removeprefix(DEMO_PREFIX)))
-    return target
 
 
 def setup(cfg: TrainConfig) -> TrainResult:
