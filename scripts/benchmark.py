@@ -269,7 +269,7 @@ def plot_profile(profiles: dict[str, dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(profiles)
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(names) + 1.5))
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(names) + 2.2))
     left = [0.0] * len(names)
     for phase in LOOP_PHASES:
         widths = [profiles[n]["ms_per_step"][phase] for n in names]
@@ -279,7 +279,7 @@ def plot_profile(profiles: dict[str, dict], out: Path) -> None:
     ax.axvline(vanilla, color="black", ls="--", lw=1, label="vanilla: one token")
     ax.set_xlabel("milliseconds per verification step")
     ax.invert_yaxis()
-    ax.legend(loc="lower right", fontsize=8, ncol=2)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, ncol=4, frameon=False)
     ax.set_title("where a speculative step's time goes")
     fig.tight_layout()
     fig.savefig(out / "profile.png", dpi=120)
@@ -290,33 +290,37 @@ def plot_profile(profiles: dict[str, dict], out: Path) -> None:
 
 
 def verification_cost(target, prompt: list[int], sizes: list[int], repeats: int) -> dict[int, float]:
-    """Median seconds of one target forward over an N-token tree after a cached prompt, per N."""
+    """Median seconds of one target forward over an N-token tree after a cached prompt, per N.
+
+    Sizes are interleaved within each repeat (round robin), so a slow spell of a shared machine
+    hits every N alike instead of bending the curve.
+    """
     device = target.device
     cache = DynamicCache()
     ids = torch.tensor([prompt], device=device)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
     with torch.inference_mode():
         target_forward(target, ids, past_key_values=cache, use_cache=True, compute_logits=False)
         prefix = ids.shape[1]
-        costs = {}
-        for n in tqdm(sizes, desc="verification cost t(N)", unit="N"):
+        inputs = {}
+        for n in sizes:
             # a bushy tree (root + children under the first few nodes); cost depends on N, not shape
-            parents = [-1] + [(i - 1) // 4 for i in range(1, n)]
-            tree = tree_from_parents(parents, device)
-            mask = tree_attention_mask(tree.mask, prefix, target.dtype)
-            positions = (prefix + tree.depths)[None]
-            tokens = torch.tensor([prompt[-1]] * n, device=device)[None]
-            times = []
-            for rep in range(repeats + 1):
+            tree = tree_from_parents([-1] + [(i - 1) // 4 for i in range(1, n)], device)
+            inputs[n] = dict(attention_mask=tree_attention_mask(tree.mask, prefix, target.dtype),
+                             position_ids=(prefix + tree.depths)[None],
+                             tokens=torch.tensor([prompt[-1]] * n, device=device)[None])
+        for rep in tqdm(range(repeats + 1), desc="verification cost t(N)", unit="round"):
+            for n in sizes:
+                x = inputs[n]
                 sync(device)
                 start = time.perf_counter()
-                target_forward(target, tokens, attention_mask=mask, position_ids=positions,
-                               past_key_values=cache, use_cache=True)
+                target_forward(target, x["tokens"], attention_mask=x["attention_mask"],
+                               position_ids=x["position_ids"], past_key_values=cache, use_cache=True)
                 sync(device)
-                if rep:  # the first is warm-up
-                    times.append(time.perf_counter() - start)
+                if rep:  # the first round is warm-up
+                    times[n].append(time.perf_counter() - start)
                 keep_accepted(cache, prefix, torch.empty(0, dtype=torch.long, device=device))
-            costs[n] = statistics.median(times)
-    return costs
+    return {n: statistics.median(times[n]) for n in sizes}
 
 
 def cost_at(costs: dict[int, float], n: float) -> float:
@@ -389,12 +393,12 @@ def plot(rows: list[dict], costs: dict[int, float], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = [r["method"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(names) + 2.5))
     axes[0].barh(names, [r["speedup"] for r in rows], color="tab:blue", label="measured")
     axes[0].scatter([r["bound"] for r in rows], names, color="tab:red", marker="|", s=300, label="bound τ·t(1)/t(N)")
     axes[0].axvline(1.0, color="gray", lw=0.8)
     axes[0].set_xlabel("speedup over vanilla greedy")
-    axes[0].legend(loc="lower right")
+    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     axes[0].invert_yaxis()
     axes[1].barh(names, [r["tau"] for r in rows], color="tab:green")
     axes[1].set_xlabel("τ: tokens per verification forward")
@@ -467,7 +471,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     prompts = load_prompts(args, tokenizer)
     sizes = sorted({int(s) for s in args.tree_sizes.split(",")} | {1})
-    costs = verification_cost(target, prompts[0], sizes, repeats=max(3, args.repeats))
+    costs = verification_cost(target, prompts[0], sizes, repeats=max(30, 10 * args.repeats))
 
     counter = ForwardCounter(target)
     methods = build_methods(args, target, tokenizer)

@@ -94,3 +94,19 @@ def test_unknown_tree_spec_is_refused(bench_dirs, tmp_path, capsys):
         _load_script().main(["--target", str(root / "target"), "--heads", *heads, "--trees", "tree,dyn3-2",
                              "--out", str(tmp_path / "o")])
     assert "unknown tree(s) ['dyn3-2']" in capsys.readouterr().err
+
+
+def test_draft_calibration_counts_every_draft():
+    spec = importlib.util.spec_from_file_location("calibration_script", ROOT / "scripts" / "draft_calibration.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    target = make_tiny_target("llama", num_layers=6)
+    target.generation_config.eos_token_id = None
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    result = module.calibration(target, build_head("eagle3", target).eval(), prompts, max_new_tokens=12)
+    # one draft per verification step, except a last step with one token left (no room for a draft)
+    assert result["steps"] - len(prompts) <= result["drafts"] <= result["steps"] and result["steps"] >= 12
+    assert 0 < result["draft_top1_prob"] <= 1
+    assert 0 <= result["accepted"] <= 1 and 0 < result["target_top1_prob"] <= 1
+    with pytest.raises(ValueError, match="EAGLE head"):
+        module.calibration(target, build_head("medusa", target), prompts, max_new_tokens=4)

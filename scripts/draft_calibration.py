@@ -1,0 +1,85 @@
+"""How confident a head's drafts are against how often greedy verification accepts them.
+
+    python scripts/draft_calibration.py --target DIR --heads HEAD_DIR [HEAD_DIR ...]
+        [--num-prompts 8] [--prompt-tokens 128] [--max-new-tokens 96]
+
+Decodes held-out demo-corpus prompts greedily with one draft per step (``Chain(1)``) and reports,
+per head: the mean probability the head gives its own top-1 draft, the share of those drafts the
+target accepts, and the mean probability the target gives its own greedy token. EAGLE-2's dynamic
+tree keeps the nodes with the highest joint draft probability, which estimates acceptance when
+drafts are calibrated; under greedy verification a draft is accepted whenever the argmaxes agree, so
+a head with low top-1 probabilities but high agreement gets shallow trees (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from heads import AutoHead  # noqa: E402
+from infer import Chain, SpeculativeGenerator  # noqa: E402
+
+
+def calibration(target, head, prompts: list[list[int]], max_new_tokens: int) -> dict[str, float]:
+    if head.head_kind == "medusa":
+        raise ValueError("draft calibration reads an EAGLE head's draft logits; Medusa heads draft from a static tree")
+    gen = SpeculativeGenerator(target, head, tree=Chain(1))
+    drafter = gen.drafter
+    draft_probs: list[float] = []
+    compute = drafter._logits
+
+    def recording(hidden):
+        logits = compute(hidden)
+        draft_probs.append(float(logits.softmax(-1).max()))  # sync: one float per draft
+        return logits
+
+    drafter._logits = recording  # the instance attribute shadows the method for this generator only
+    accepted, steps, target_probs = 0, 0, []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device=target.device)
+        out = gen.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=[])
+        stats = gen.last_stats
+        accepted += stats.step_tokens - stats.steps  # each step emits its accepted draft (0 or 1) + a bonus
+        steps += stats.steps
+        with torch.inference_mode():
+            logits = target(out).logits[0, ids.shape[1] - 1: -1].float()
+        target_probs.append(float(logits.softmax(-1).max(-1).values.mean()))
+    return {"draft_top1_prob": statistics.fmean(draft_probs), "accepted": accepted / max(1, steps),
+            "target_top1_prob": statistics.fmean(target_probs), "drafts": len(draft_probs), "steps": steps}
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True)
+    p.add_argument("--heads", nargs="+", required=True)
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    args = p.parse_args(argv)
+    target = AutoModelForCausalLM.from_pretrained(args.target, attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    from data.corpus import corpus_rows
+
+    prompts = []
+    for row in corpus_rows("heldout"):
+        ids = tokenizer(row["text"])["input_ids"]
+        if len(ids) >= args.prompt_tokens + args.max_new_tokens:
+            prompts.append(ids[: args.prompt_tokens])
+        if len(prompts) == args.num_prompts:
+            break
+    results = {}
+    print("| head | draft top-1 probability | drafts accepted | target top-1 probability |\n|---|---:|---:|---:|")
+    for head_dir in args.heads:
+        r = calibration(target, AutoHead.from_pretrained(head_dir).eval(), prompts, args.max_new_tokens)
+        results[head_dir] = r
+        print(f"| {head_dir} | {r['draft_top1_prob']:.3f} | {r['accepted']:.3f} | {r['target_top1_prob']:.3f} |")
+    return results
+
+
+if __name__ == "__main__":
+    main()
