@@ -130,6 +130,19 @@ def corpus_rows(split: Split, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> list[di
 
 
 @lru_cache(maxsize=1)
+def continuation_prompts(tokenizer, num_prompts: int, prompt_tokens: int, min_new_tokens: int) -> list[list[int]]:
+    """Code-continuation prompts: the first ``prompt_tokens`` token ids of held-out chunks long enough
+    to continue for ``min_new_tokens`` more, in corpus order (the benchmarks' default prompts)."""
+    prompts: list[list[int]] = []
+    for row in corpus_rows("heldout"):
+        ids = tokenizer(row["text"])["input_ids"]
+        if len(ids) >= prompt_tokens + min_new_tokens:
+            prompts.append(list(ids[:prompt_tokens]))
+        if len(prompts) == num_prompts:
+            break
+    return prompts
+
+
 def _fingerprint(root: Path) -> str:
     h = hashlib.sha256(f"rules={RULE_VERSION}".encode())
     for path in _stdlib_files(root):

@@ -70,14 +70,9 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
                 raise ValueError(f"{args.prompts}:{line_no}: a prompt row needs 'prompt' or 'messages', got {sorted(row)}")
             prompts.append(list(ids))
     else:
-        from data.corpus import corpus_rows
+        from data.corpus import continuation_prompts
 
-        for row in corpus_rows("heldout"):
-            ids = tokenizer(row["text"])["input_ids"]
-            if len(ids) >= args.prompt_tokens + args.max_new_tokens:
-                prompts.append(ids[: args.prompt_tokens])
-            if len(prompts) == args.num_prompts:
-                break
+        prompts = continuation_prompts(tokenizer, args.num_prompts, args.prompt_tokens, args.max_new_tokens)
     if not prompts:
         raise ValueError("no prompts: the prompt file is empty or no held-out chunk is long enough")
     return prompts[: args.num_prompts]

@@ -63,15 +63,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     args = p.parse_args(argv)
     target = AutoModelForCausalLM.from_pretrained(args.target, attn_implementation="sdpa").eval()
     tokenizer = AutoTokenizer.from_pretrained(args.target)
-    from data.corpus import corpus_rows
+    from data.corpus import continuation_prompts
 
-    prompts = []
-    for row in corpus_rows("heldout"):
-        ids = tokenizer(row["text"])["input_ids"]
-        if len(ids) >= args.prompt_tokens + args.max_new_tokens:
-            prompts.append(ids[: args.prompt_tokens])
-        if len(prompts) == args.num_prompts:
-            break
+    prompts = continuation_prompts(tokenizer, args.num_prompts, args.prompt_tokens, args.max_new_tokens)
     results = {}
     print("| head | draft top-1 probability | drafts accepted | target top-1 probability |\n|---|---:|---:|---:|")
     for head_dir in args.heads:

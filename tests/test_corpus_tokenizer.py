@@ -75,6 +75,15 @@ def test_round_trip_on_real_code(tokenizer):
     assert tokenizer("x = 1")["input_ids"][0] != tokenizer.bos_token_id  # nothing is prepended
 
 
+def test_continuation_prompts_are_heldout_prefixes_with_room_to_continue(tokenizer):
+    prompts = corpus.continuation_prompts(tokenizer, num_prompts=5, prompt_tokens=32, min_new_tokens=64)
+    assert len(prompts) == 5 and all(len(p) == 32 for p in prompts)
+    chunks = [tokenizer(r["text"])["input_ids"] for r in corpus.corpus_rows("heldout")]
+    long_enough = [ids[:32] for ids in chunks if len(ids) >= 96]
+    assert prompts == long_enough[:5]  # in corpus order, short chunks skipped
+    assert len(long_enough) < len(chunks)  # some held-out chunks are too short: the filter is exercised
+
+
 def test_special_tokens(tokenizer):
     assert tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS)) == [0, 1, 2, 3, 4]
     assert (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token) == (PAD, BOS, EOS)
