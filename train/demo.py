@@ -115,9 +115,14 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
 
 
 def resolve_target(target: str) -> str:
-    """A loadable path or hub id; ``demo:<size>`` is the demo LM of that size, built first if missing."""
+    """A loadable path or hub id; ``demo:<size>`` is the demo LM of that size, built first if missing;
+    ``demo:smollm2`` is SmolLM2-135M-Instruct, fetched and converted once (``data.assets``)."""
     from train.config import DEMO_PREFIX
 
+    if target == f"{DEMO_PREFIX}smollm2":
+        from data.assets import smollm2_dir
+
+        return str(smollm2_dir())
     if target.startswith(DEMO_PREFIX):
         return str(ensure_demo_target(target.removeprefix(DEMO_PREFIX)))
     return target

