@@ -7,9 +7,16 @@ Accepted row shapes (checked in this order, so a row carrying several uses the f
 Keys holding ``None`` count as absent: Parquet files and ``datasets`` tables give every row every
 column, so a text row in a mixed table carries ``messages=None``. Message keys other than the role
 and the content (``name``, ``tool_calls``, ...) are dropped.
+
+ShareGPT rows are repaired the way published dumps need (ShareGPT V3 as crawled: many
+conversations start with a ``gpt`` turn, the answer to a prompt that was not kept; some repeat a
+role): role aliases are mapped (``SHAREGPT_ROLES``), leading assistant turns are dropped and
+consecutive turns of one role are joined with a blank line. Each repair is counted per turn under
+one of ``REPAIRS``. OpenAI ``messages`` rows are taken as written.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 # Skip reasons. A rejected row is counted under exactly one of them (or raises in strict mode).
@@ -47,7 +54,16 @@ SHAREGPT_ROLES = {
     "gpt": "assistant",
     "assistant": "assistant",
     "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
 }
+SHAREGPT_CANONICAL = frozenset({"system", "human", "gpt"})  # the dump's own names: no repair to count
+
+# ShareGPT repairs, each counted per turn.
+ROLE_ALIAS = "role_alias_turns"  # a role other than human/gpt/system mapped (chatgpt, bing, bard, user)
+LEADING_ASSISTANT = "leading_assistant_turns_dropped"  # assistant turns before the first user turn
+MERGED_SAME_ROLE = "same_role_turns_merged"  # a turn joined onto the previous turn of the same role
+REPAIRS = (ROLE_ALIAS, LEADING_ASSISTANT, MERGED_SAME_ROLE)
 
 Messages = list[dict[str, str]]
 
@@ -61,10 +77,11 @@ class RowError(ValueError):
         self.detail = detail
 
 
-def normalize_row(row: object) -> Messages | str:
+def normalize_row(row: object, repairs: Counter | None = None) -> Messages | str:
     """The row's messages as ``[{"role", "content"}]``, or its text for a plain-text row.
 
-    Raises ``RowError`` with the reason the row is unusable.
+    ShareGPT repairs are added to ``repairs`` (keys from ``REPAIRS``). Raises ``RowError`` with the
+    reason the row is unusable.
     """
     if not isinstance(row, Mapping):
         raise RowError(BAD_STRUCTURE, f"row is a {type(row).__name__}, not a dict")
@@ -72,7 +89,8 @@ def normalize_row(row: object) -> Messages | str:
         return _normalize_turns(row["messages"], "messages", "role", "content", role_map=None)
     if row.get("conversations") is not None:
         return _normalize_turns(
-            row["conversations"], "conversations", "from", "value", role_map=SHAREGPT_ROLES
+            row["conversations"], "conversations", "from", "value", role_map=SHAREGPT_ROLES,
+            repairs=repairs if repairs is not None else Counter(),
         )
     if row.get("text") is not None:
         text = row["text"]
@@ -84,7 +102,8 @@ def normalize_row(row: object) -> Messages | str:
 
 
 def _normalize_turns(
-    turns: object, field: str, role_key: str, content_key: str, role_map: dict[str, str] | None
+    turns: object, field: str, role_key: str, content_key: str, role_map: dict[str, str] | None,
+    repairs: Counter | None = None,
 ) -> Messages:
     if not isinstance(turns, (list, tuple)) or not turns:
         raise RowError(BAD_STRUCTURE, f"'{field}' must be a non-empty list, got {turns!r:.80}")
@@ -102,10 +121,33 @@ def _normalize_turns(
         if role is None:
             raise RowError(UNKNOWN_ROLE, f"{where} has role {raw_role!r}")
         _check_content(turn[content_key], f"{where}.{content_key}")
+        if repairs is not None and raw_role.lower() not in SHAREGPT_CANONICAL:
+            repairs[ROLE_ALIAS] += 1
         messages.append({"role": role, "content": turn[content_key]})
+    if repairs is not None:
+        messages = _repair(messages, repairs)
     if not any(m["role"] == "assistant" for m in messages):
         raise RowError(NO_ASSISTANT_TURN, f"'{field}' has no assistant turn")
     return messages
+
+
+def _repair(messages: Messages, repairs: Counter) -> Messages:
+    """Drop assistant turns before the first user turn (system turns stay), then join runs of
+    one role: chat templates and the prefix-diff mask need an assistant turn to follow a prompt."""
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
+    leading = [i for i, m in enumerate(messages[:first_user]) if m["role"] == "assistant"]
+    if leading:
+        repairs[LEADING_ASSISTANT] += len(leading)
+        drop = set(leading)
+        messages = [m for i, m in enumerate(messages) if i not in drop]
+    merged: Messages = []
+    for m in messages:
+        if merged and merged[-1]["role"] == m["role"]:
+            merged[-1] = {"role": m["role"], "content": merged[-1]["content"] + "\n\n" + m["content"]}
+            repairs[MERGED_SAME_ROLE] += 1
+        else:
+            merged.append(dict(m))
+    return merged
 
 
 def _check_content(content: object, where: str) -> None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Overlong = Literal["truncate", "drop"]
+DEMO_DATA_PREFIX = "demo:"  # named data sets fetched by data.assets (demo:sharegpt, ...)
 _CODE_FILES = ("conversations.py", "masks.py", "pipeline.py")
 
 
@@ -43,6 +44,8 @@ class Summary:
     tokens: int = 0  # over kept examples
     loss_tokens: int = 0  # tokens with loss_mask 1
     mask_method: str | None = None  # "generation" / "prefix_diff"; None when no conversation row
+    normalized: dict[str, int] = field(default_factory=dict)  # ShareGPT repair -> count (data.conversations)
+    bytes_ignored: int = 0  # trailing bytes of a truncated JSON array left unread (lenient_json)
     first_error: str | None = None  # "row N: reason: detail" of the first skipped row
     cache_hit: bool = False
     cache_path: str = ""
@@ -54,6 +57,9 @@ class Summary:
             f"tokens {self.tokens}, loss tokens {self.loss_tokens}, mask method {self.mask_method}",
         ]
         lines += [f"  skipped {reason}: {n}" for reason, n in self.skipped.items()]
+        lines += [f"  normalized {what}: {n}" for what, n in self.normalized.items()]
+        if self.bytes_ignored:
+            lines.append(f"  truncated JSON: ignored the last {self.bytes_ignored} bytes after the last complete row")
         if self.first_error:
             lines.append(f"  first skipped: {self.first_error}")
         lines.append(f"cache {'hit' if self.cache_hit else 'miss'}: {self.cache_path}")
@@ -70,24 +76,36 @@ def default_cache_dir() -> Path:
     return cache_root() / "data"
 
 
-def load_rows(source: object) -> list[dict] | datasets.Dataset:
-    """Rows from a .json/.jsonl/.parquet path, a ``datasets.Dataset``, a list of dicts, or
-    ``"stdlib:train"`` / ``"stdlib:heldout"`` (text chunks of the Python standard library).
+def load_rows(source: object, *, lenient_json: bool = False) -> list[dict] | datasets.Dataset:
+    """Rows from a .json/.jsonl/.parquet path, a ``datasets.Dataset``, a list of dicts,
+    ``"stdlib:train"`` / ``"stdlib:heldout"`` (text chunks of the Python standard library) or
+    ``"demo:sharegpt"`` / ``"demo:sharegpt:heldout"`` (ShareGPT, fetched once; ``data.assets``).
 
     A .json file holds a list of rows, or a dict with exactly one list-of-rows value.
+    ``lenient_json=True`` reads a truncated JSON array (or a JSONL file whose last line is cut)
+    up to its last complete row instead of raising.
     """
+    return _load_rows(source, lenient_json)[0]
+
+
+def _load_rows(source: object, lenient_json: bool) -> tuple[list[dict] | datasets.Dataset, int]:
+    """(rows, bytes ignored at the end of a truncated file)."""
     if isinstance(source, list):
-        return source
+        return source, 0
     if isinstance(source, str) and source.startswith("stdlib:"):
         from data.corpus import corpus_rows  # lazy: scans the stdlib, only needed for this source
 
-        return corpus_rows(source.removeprefix("stdlib:"))  # validates the split name
+        return corpus_rows(source.removeprefix("stdlib:")), 0  # validates the split name
+    if isinstance(source, str) and source.startswith(DEMO_DATA_PREFIX):
+        from data.assets import demo_rows  # lazy: fetches the asset on first use
+
+        return demo_rows(source)
     if isinstance(source, (str, os.PathLike)):
-        return _load_file(Path(source))
+        return _load_file(Path(source), lenient_json)
     import datasets
 
     if isinstance(source, datasets.Dataset):
-        return source
+        return source, 0
     if isinstance(source, datasets.DatasetDict):
         raise TypeError(
             f"source is a DatasetDict with splits {list(source)}; pass one split, e.g. ds['train']"
@@ -102,6 +120,7 @@ def build_examples(
     max_length: int,
     overlong: Overlong = "truncate",
     strict: bool = False,
+    lenient_json: bool = False,
     cache_dir: str | os.PathLike | None = None,
 ) -> tuple[datasets.Dataset, Summary]:
     """Tokenized examples with loss masks, in row order, and a Summary of every row's fate.
@@ -109,7 +128,7 @@ def build_examples(
     ``overlong``: ``"truncate"`` cuts examples to ``max_length`` (dropping those left without a
     loss token), ``"drop"`` rejects them. ``strict=True`` raises ``ValueError("row N: reason:
     ...")`` at the first bad row instead of skipping it (also when the result comes from cache).
-    ``cache_dir=None`` uses ``default_cache_dir()``.
+    ``lenient_json``: see ``load_rows``. ``cache_dir=None`` uses ``default_cache_dir()``.
     """
     import datasets
 
@@ -118,16 +137,20 @@ def build_examples(
     if not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length={max_length!r}; expected a positive int")
 
-    rows = None
-    if _is_file_source(source):
+    rows, bytes_ignored = None, 0
+    if isinstance(source, str) and source.startswith(DEMO_DATA_PREFIX):
+        from data.assets import demo_fingerprint
+
+        data_fingerprint = demo_fingerprint(source)  # pinned sha256 + split rule: no parsing on a hit
+    elif _is_file_source(source):
         data_fingerprint = _file_fingerprint(Path(source))  # no parsing needed on a cache hit
     else:
-        rows = load_rows(source)
+        rows, bytes_ignored = _load_rows(source, lenient_json)
         data_fingerprint = _rows_fingerprint(rows)
     key_parts = {
         "data": data_fingerprint,
         "tokenizer": tokenizer_fingerprint(tokenizer),
-        "settings": {"max_length": max_length, "overlong": overlong},
+        "settings": {"max_length": max_length, "overlong": overlong, "lenient_json": lenient_json},
         "code": _code_version(),
     }
     key = _digest(json.dumps(key_parts, sort_keys=True))[:24]
@@ -138,8 +161,10 @@ def build_examples(
         summary = Summary(**json.loads((path / "summary.json").read_text()))
         summary.cache_hit = True
     else:
-        rows = load_rows(source) if rows is None else rows
+        if rows is None:
+            rows, bytes_ignored = _load_rows(source, lenient_json)
         columns, summary = _encode_rows(rows, tokenizer, max_length, overlong, strict)
+        summary.bytes_ignored = bytes_ignored
         if not summary.examples_out:  # nothing to train on (and datasets cannot reload 0 rows)
             raise ValueError(f"no examples out of {summary.rows_in} rows:\n{summary}")
         features = datasets.Features(
@@ -179,11 +204,13 @@ def _encode_rows(
     columns: dict[str, list[list[int]]] = {"input_ids": [], "loss_mask": []}
     summary = Summary()
     skipped: Counter[str] = Counter()
+    normalized: Counter[str] = Counter()
     method: Method | None = None  # resolved at the first conversation row
     for index, row in enumerate(rows):
         summary.rows_in += 1
+        repairs: Counter[str] = Counter()  # counted only for rows that are kept
         try:
-            sample = normalize_row(row)
+            sample = normalize_row(row, repairs)
             if isinstance(sample, str):
                 ids, mask = encode_text(tokenizer, sample)
             else:
@@ -205,6 +232,7 @@ def _encode_rows(
             skipped[err.reason] += 1
             summary.first_error = summary.first_error or message
             continue
+        normalized.update(repairs)
         columns["input_ids"].append(ids)
         columns["loss_mask"].append(mask)
         summary.examples_out += 1
@@ -213,6 +241,7 @@ def _encode_rows(
         summary.loss_tokens += sum(mask)
     summary.skipped = {reason: skipped[reason] for reason in REASONS if skipped[reason]}
     summary.mask_method = method
+    summary.normalized = dict(sorted(normalized.items()))
     return columns, summary
 
 
@@ -231,26 +260,25 @@ def _save(dataset: datasets.Dataset, summary: Summary, key_parts: dict, path: Pa
         shutil.rmtree(tmp)
 
 
-def _load_file(path: Path) -> list[dict]:
+def _load_file(path: Path, lenient_json: bool = False) -> tuple[list[dict], int]:
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
-        with path.open(encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{line_no}: invalid JSON ({err})") from err
-        return rows
+        lines = path.read_bytes().split(b"\n")
+        for line_no, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                if lenient_json and line_no == len(lines):  # a last line cut short (no newline after it)
+                    return rows, len(line)
+                raise ValueError(f"{path}:{line_no}: invalid JSON ({err})") from err
+        return rows, 0
     if suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: invalid JSON ({err})") from err
+        data, ignored = read_json(path, lenient_json)
         if isinstance(data, dict):
             lists = [k for k, v in data.items() if isinstance(v, list)]
             if len(lists) != 1:
@@ -260,17 +288,102 @@ def _load_file(path: Path) -> list[dict]:
             data = data[lists[0]]
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
-        return data
+        return data, ignored
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        return pq.read_table(path).to_pylist(), 0
     raise ValueError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+
+
+def read_json(path: Path, lenient: bool = False) -> tuple[object, int]:
+    """``(value, bytes ignored)`` of a JSON file. Invalid JSON raises ``ValueError`` naming the
+    file and the byte offset; with ``lenient=True`` a top-level array that is cut off (a download
+    or dump that stopped mid-row) yields its complete rows and the number of bytes after them."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:  # a cut inside a multi-byte character
+        if not lenient:
+            raise ValueError(f"{path}: not UTF-8 at byte offset {err.start} ({err.reason})") from err
+        text = raw[: err.start].decode("utf-8")
+    try:
+        return json.loads(text), len(raw) - len(text.encode("utf-8"))
+    except json.JSONDecodeError as err:
+        offset = len(text[: err.pos].encode("utf-8"))
+        if not lenient:
+            raise ValueError(
+                f"{path}: invalid JSON at byte offset {offset} of {len(raw)} (line {err.lineno}, column "
+                f"{err.colno}): {err.msg}; if the file is a truncated JSON array, data.lenient_json=true "
+                "reads its complete rows") from err
+    rows, end = _complete_array_prefix(text, path)
+    return rows, len(raw) - len(text[:end].encode("utf-8"))
+
+
+def _complete_array_prefix(text: str, path: Path) -> tuple[list, int]:
+    """The complete elements of a JSON array cut off after them, and the character offset where
+    the last complete element ends."""
+    decoder = json.JSONDecoder()
+    ws = " \t\n\r"
+    i = len(text) - len(text.lstrip(ws))
+    if not text.startswith("[", i):
+        raise ValueError(f"{path}: invalid JSON that is not a truncated array (it does not start with '['); "
+                         "data.lenient_json reads only cut-off arrays of rows")
+    rows, i, end = [], i + 1, i + 1
+    while True:
+        while i < len(text) and text[i] in ws:
+            i += 1
+        try:
+            row, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as err:
+            if err.pos < len(text) and text[err.pos:].strip(ws):
+                # an error before the end of the text: the file is broken, not just cut off
+                if not _cut_inside(text, i, decoder):
+                    offset = len(text[: err.pos].encode("utf-8"))
+                    raise ValueError(f"{path}: invalid JSON at byte offset {offset} inside the array "
+                                     f"(row {len(rows)}): {err.msg}; data.lenient_json only skips a cut-off "
+                                     "last row") from err
+            return rows, end
+        rows.append(row)
+        end = i
+        while i < len(text) and text[i] in ws:
+            i += 1
+        if i >= len(text):
+            return rows, end
+        if text[i] != ",":
+            offset = len(text[:i].encode("utf-8"))
+            raise ValueError(f"{path}: invalid JSON at byte offset {offset}: expected ',' after row {len(rows) - 1}")
+        i += 1
+
+
+def _cut_inside(text: str, start: int, decoder: json.JSONDecoder) -> bool:
+    """Whether the element starting at ``start`` fails only because the text ends inside it: then
+    closing every open string, object and array would not fail earlier than the end."""
+    depth, in_string, escape = [], False, False
+    for ch in text[start:]:
+        if in_string:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth.append(ch)
+        elif ch in "]}":
+            if not depth:
+                return False
+            depth.pop()
+            if not depth:
+                return False  # the element closed, so it failed for another reason
+    return bool(depth) or in_string
 
 
 def _is_file_source(source: object) -> bool:
     if isinstance(source, str):
-        return not source.startswith("stdlib:")
+        return not source.startswith(("stdlib:", DEMO_DATA_PREFIX))
     return isinstance(source, os.PathLike)
 
 

