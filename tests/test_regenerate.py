@@ -1,0 +1,218 @@
+"""scripts/regenerate.py: the hf engine on a tiny saved target, and the openai engine against a real
+OpenAI-compatible HTTP server on 127.0.0.1 serving the same target."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from conftest import make_tiny_target
+from fixtures.chat_tokenizers import make_chat_tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from data.regenerate import Conversation
+from scripts.regenerate import main
+
+SERVER_MAX_TOKENS = 200  # the server refuses longer prompts with HTTP 400, as vLLM does
+
+
+def sharegpt(*pairs, id):
+    return {"id": id, "conversations": [{"from": f, "value": v} for f, v in pairs]}
+
+
+ROWS = [
+    sharegpt(("human", "What is the capital of France?"), ("gpt", "Paris."), id="a_0"),
+    sharegpt(("system", "You are terse."), ("human", "Hello"), ("gpt", "Hi."), ("human", "Thanks!"),
+             ("gpt", "Welcome."), ("human", "a trailing question nobody answered"), id="b_0"),
+    {"text": "def add(a, b): return a + b"},  # 2: bad row (no turns to regenerate)
+    sharegpt(("gpt", "dropped"), ("human", "Rome is the capital of Italy?"), ("gpt", "Yes."), id="c_0"),
+    sharegpt(("human", "Say hello. " * 60), ("gpt", "Hello."), id="d_0"),  # 4: too long for the server
+    sharegpt(("human", "Answer in one line, please."), ("gpt", "OK."), id="e_0"),
+]
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("regen") / "target"
+    tokenizer = make_chat_tokenizer("chatml")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model = make_tiny_target("llama", vocab_size=len(tokenizer), eos_token_id=im_end, pad_token_id=0,
+                             max_position_embeddings=1024, initializer_range=0.5)
+    model.generation_config.eos_token_id = im_end
+    model.save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("regen-data") / "rows.json"
+    path.write_text(json.dumps(ROWS))
+    return path
+
+
+def reference_answers(target_dir, messages_so_far, max_new_tokens):
+    """What the target says, unbatched, to one history."""
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    ids = tok(tok.apply_chat_template(messages_so_far, tokenize=False, add_generation_prompt=True),
+              add_special_tokens=False, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    eos = model.generation_config.eos_token_id
+    return tok.decode(out[: out.index(eos)] if eos in out else out, skip_special_tokens=True)
+
+
+def read(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run(*args):
+    return main([*map(str, args), "--no-progress"])
+
+
+def test_hf_engine_regenerates_every_assistant_turn(target_dir, data_file, tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    assert run("--target", target_dir, "--data", data_file, "--out", out, "--max-new-tokens", 12,
+               "--batch-size", 3, "--max-length", 256) == 0
+    rows = {r["source_index"]: r for r in read(out)}
+    assert sorted(rows) == [0, 1, 3, 5]  # rows 2 and 4 are skipped and counted
+    report = capsys.readouterr().out
+    assert "rows written 4" in report and "skipped not_a_conversation: 1" in report
+    assert "skipped prompt_too_long: 1" in report  # row 4's prompt alone passes --max-length
+
+    conv = rows[1]["messages"]  # system and user turns kept, the trailing user turn dropped
+    assert [m["role"] for m in conv] == ["system", "user", "assistant", "user", "assistant"]
+    assert [conv[i]["content"] for i in (0, 1, 3)] == ["You are terse.", "Hello", "Thanks!"]
+    # each answer is the target's own greedy answer given the *regenerated* history (batched = unbatched)
+    assert conv[2]["content"] == reference_answers(target_dir, conv[:2], 12)
+    assert conv[4]["content"] == reference_answers(target_dir, conv[:4], 12)
+    assert conv[2]["content"] != "Hi."
+    assert rows[3]["messages"][0] == {"role": "user", "content": "Rome is the capital of Italy?"}
+    assert rows[1]["id"] == "b_0" and rows[1]["provenance"] == {
+        "target": str(target_dir), "engine": "hf", "max_new_tokens": 12, "temperature": 0.0, "max_length": 256,
+        "seed": 0, "source_index": 1}
+
+    with pytest.raises(FileExistsError, match="--resume"):
+        run("--target", target_dir, "--data", data_file, "--out", out, "--max-new-tokens", 12)
+
+
+def test_hf_engine_resume_skips_written_rows_and_repairs_a_cut_line(target_dir, data_file, tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    args = ("--target", target_dir, "--data", data_file, "--out", out, "--max-new-tokens", 6)
+    run(*args, "--limit", 2)
+    first = read(out)
+    with open(out, "ab") as f:
+        f.write(b'{"id": "c_0", "source_ind')  # a crash in the middle of a write
+    run(*args, "--resume")
+    rows = read(out)
+    assert rows[:2] == first and sorted(r["source_index"] for r in rows) == [0, 1, 3, 4, 5]
+    assert "already there 2" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="generated with .*max_new_tokens': 6.*use another --out"):
+        run("--target", target_dir, "--data", data_file, "--out", out, "--max-new-tokens", 7, "--resume")
+
+
+# ------------------------------------------------------------------ a real OpenAI-compatible server
+
+
+class ChatServer(ThreadingHTTPServer):
+    """POST /v1/chat/completions with the target's chat template and greedy generate; answers the
+    first request with 503 (to exercise retries) and prompts over SERVER_MAX_TOKENS with 400."""
+
+    daemon_threads = True
+
+    def __init__(self, target_dir):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+        self.lock = threading.Lock()
+        self.requests = 0
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def reply(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        server = self.server
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with server.lock:
+            server.requests += 1
+            first = server.requests == 1
+        if self.path != "/v1/chat/completions":
+            return self.reply(404, {"error": {"message": f"no route {self.path}"}})
+        if first:
+            return self.reply(503, {"error": {"message": "warming up"}})
+        tok = server.tokenizer
+        text = tok.apply_chat_template(request["messages"], tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        if ids.shape[1] > SERVER_MAX_TOKENS:
+            return self.reply(400, {"error": {"message": f"maximum context length is {SERVER_MAX_TOKENS} tokens"}})
+        eos = server.model.generation_config.eos_token_id
+        with server.lock, torch.inference_mode():
+            out = server.model.generate(ids, max_new_tokens=request["max_tokens"], do_sample=False,
+                                        pad_token_id=0)[0, ids.shape[1]:].tolist()
+        stopped = eos in out
+        out = out[: out.index(eos) + 1] if stopped else out
+        content = tok.decode([t for t in out if t != eos], skip_special_tokens=True)
+        self.reply(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                      "finish_reason": "stop" if stopped else "length"}],
+                         "usage": {"prompt_tokens": ids.shape[1], "completion_tokens": len(out)}})
+
+
+@pytest.fixture(scope="module")
+def server(target_dir):
+    srv = ChatServer(target_dir)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_openai_engine_against_a_real_server_matches_the_hf_engine(target_dir, data_file, server, tmp_path, capsys):
+    hf_out, api_out = tmp_path / "hf.jsonl", tmp_path / "api.jsonl"
+    run("--target", target_dir, "--data", data_file, "--out", hf_out, "--max-new-tokens", 10, "--limit", 4)
+    common = ("--target", target_dir, "--data", data_file, "--out", api_out, "--max-new-tokens", 10,
+              "--engine", "openai", "--base-url", server, "--concurrency", 3, "--retries", 2)
+    assert run(*common, "--limit", 2) == 0
+    assert run(*common, "--resume") == 0
+    report = capsys.readouterr().out
+    assert "already there 2" in report
+    assert "skipped not_a_conversation: 1" in report and "skipped server_error: 1" in report  # row 4: HTTP 400
+    assert "maximum context length" in report  # the first error names the row and the server's reason
+    api = {r["source_index"]: r for r in read(api_out)}
+    hf = {r["source_index"]: r for r in read(hf_out)}
+    assert sorted(api) == [0, 1, 3, 5]
+    for i in (0, 1, 3):  # greedy answers are the same text whichever engine produced them
+        assert api[i]["messages"] == hf[i]["messages"]
+    assert api[1]["provenance"]["engine"] == "openai"
+
+
+def test_openai_engine_reports_an_unreachable_server(target_dir, data_file, tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    run("--target", target_dir, "--data", data_file, "--out", out, "--engine", "openai",
+        "--base-url", "http://127.0.0.1:9/v1", "--retries", 0, "--limit", 1)
+    assert "skipped server_error: 1" in capsys.readouterr().out
+    assert out.read_text() == ""
+
+
+def test_conversation_plan_keeps_prompts_and_regenerated_history():
+    plan = [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "a2"}]
+    conv = Conversation(0, "x", plan)
+    assert conv.next_prompt() == plan[:2]
+    conv.answer("new1")
+    assert conv.next_prompt() == plan[:2] + [{"role": "assistant", "content": "new1"}, plan[3]]
+    conv.answer("new2")
+    assert conv.next_prompt() is None and conv.done[-1]["content"] == "new2"
