@@ -271,3 +271,15 @@ def mtbench_questions() -> list[dict]:
     """The 80 MT-bench questions: ``{"question_id", "category", "turns": [str, str]}``."""
     path = fetch("mtbench")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def mtbench_prompts() -> list[list[dict]]:
+    """MT-bench first turns as single-user-message conversations, one category after another
+    (writing, roleplay, reasoning, math, coding, extraction, stem, humanities, then the next
+    question of each), so that any first N cover the categories evenly."""
+    by_category: dict[str, list[dict]] = {}
+    for q in mtbench_questions():
+        by_category.setdefault(q["category"], []).append(q)
+    columns = list(by_category.values())
+    ordered = [col[i] for i in range(max(map(len, columns))) for col in columns if i < len(col)]
+    return [[{"role": "user", "content": q["turns"][0]}] for q in ordered]

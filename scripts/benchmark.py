@@ -56,14 +56,20 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
     """Token-id prompts: a JSONL file of {"prompt": str} or {"messages": [...]}, else the demo
     corpus's held-out split (code continuation: the first ``--prompt-tokens`` tokens of a file chunk)."""
     prompts: list[list[int]] = []
-    if args.prompts:
+    if args.prompts == "demo:mtbench":  # MT-bench first turns, categories interleaved (data.assets)
+        from data.assets import mtbench_prompts
+
+        for messages in mtbench_prompts():
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+            prompts.append(list(ids["input_ids"]))
+    elif args.prompts:
         for line_no, line in enumerate(Path(args.prompts).read_text().splitlines(), 1):
             if not line.strip():
                 continue
             row = json.loads(line)
             if "messages" in row:
-                ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) else ids
+                ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True,
+                                                    return_dict=True)["input_ids"]  # a BatchEncoding is no dict
             elif "prompt" in row:
                 ids = tokenizer(row["prompt"])["input_ids"]
             else:
@@ -423,10 +429,10 @@ def plot(rows: list[dict], costs: dict[int, float], out: Path) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, help="target model directory or hub id")
+    p.add_argument("--target", required=True, help="target model directory, hub id, demo:<size> or demo:smollm2")
     p.add_argument("--heads", nargs="*", default=[], help="trained head directories")
     p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation")
-    p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows")
+    p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows, or demo:mtbench")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length for held-out corpus prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -462,8 +468,11 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, attn_implementation="sdpa").to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    from train.demo import resolve_target
+
+    target_path = resolve_target(args.target)  # results keep the name given (demo:smollm2), not the cache path
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
     prompts = load_prompts(args, tokenizer)
     sizes = sorted({int(s) for s in args.tree_sizes.split(",")} | {1})
     costs = verification_cost(target, prompts[0], sizes, repeats=max(30, 10 * args.repeats))

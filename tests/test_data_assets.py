@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import subprocess
 import threading
@@ -139,3 +140,22 @@ def test_gguf_conversion_without_the_extra_names_it(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
     with pytest.raises(ImportError, match=r'needs the gguf package: pip install -e "\.\[real\]"'):
         assets.gguf_to_hf(tmp_path / "model.gguf", tmp_path / "out")
+
+
+def test_mtbench_prompts_interleave_categories(tmp_path, monkeypatch):
+    questions = [{"question_id": 81 + i, "category": cat, "turns": [f"{cat} {i} first", f"{cat} {i} second"]}
+                 for cat in ("writing", "math", "coding") for i in range(2)]
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    monkeypatch.setattr(assets, "fetch", lambda name: path)
+    prompts = assets.mtbench_prompts()
+    assert [p[0]["content"] for p in prompts] == ["writing 0 first", "math 0 first", "coding 0 first",
+                                                  "writing 1 first", "math 1 first", "coding 1 first"]
+    assert all(len(p) == 1 and p[0]["role"] == "user" for p in prompts)
+
+    from fixtures.chat_tokenizers import make_chat_tokenizer
+    from scripts.benchmark import load_prompts, parse_args
+
+    tokenizer = make_chat_tokenizer("chatml")
+    ids = load_prompts(parse_args(["--target", "unused", "--prompts", "demo:mtbench", "--num-prompts", "2"]), tokenizer)
+    assert len(ids) == 2 and tokenizer.decode(ids[1]).endswith("math 0 first<|im_end|>\n<|im_start|>assistant\n")
