@@ -52,7 +52,8 @@ class Summary:
 
     def __str__(self) -> str:
         lines = [
-            f"rows in {self.rows_in}, examples out {self.examples_out}, "
+            f"rows in {self.rows_in}, examples out {self.examples_out} "
+            f"({100 * self.examples_out / max(self.rows_in, 1):.1f}%), "
             f"skipped {sum(self.skipped.values())}, truncated {self.truncated}",
             f"tokens {self.tokens}, loss tokens {self.loss_tokens}, mask method {self.mask_method}",
         ]
