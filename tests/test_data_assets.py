@@ -159,3 +159,81 @@ def test_mtbench_prompts_interleave_categories(tmp_path, monkeypatch):
     tokenizer = make_chat_tokenizer("chatml")
     ids = load_prompts(parse_args(["--target", "unused", "--prompts", "demo:mtbench", "--num-prompts", "2"]), tokenizer)
     assert len(ids) == 2 and tokenizer.decode(ids[1]).endswith("math 0 first<|im_end|>\n<|im_start|>assistant\n")
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-to-unicode table (the byte-level BPE alphabet GGUF 'gpt2' tokenizers use)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs, extra = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + extra)
+            extra += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
+def write_tiny_gguf(path, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64):
+    """A 2-layer llama GGUF (f32) with a byte-level tokenizer and a ChatML template, like SmolLM2's."""
+    import numpy as np
+
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(0)
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", *_byte_alphabet(), "hi"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(1e5)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * 4 + [1] * (len(tokens) - 4))
+    w.add_token_merges(["h i"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(2)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+    def t(*shape):
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", t(len(tokens), hidden))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    kv = hidden * kv_heads // heads
+    for i in range(layers):
+        for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
+                            ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))]:
+            w.add_tensor(f"blk.{i}.{name}.weight", t(*shape))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_to_hf_saves_a_plain_model_with_the_same_logits(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    assets.gguf_to_hf(tmp_path / "tiny.gguf", tmp_path / "hf")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert "quantization_config" not in saved.config.to_dict() and saved.config.tie_word_embeddings
+    assert tokenizer.eos_token == "<|im_end|>" and saved.generation_config.eos_token_id == 2
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    assert tokenizer.decode(ids[0]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, saved(ids).logits)
