@@ -61,8 +61,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--max-new-tokens", type=int, default=96)
     args = p.parse_args(argv)
-    target = AutoModelForCausalLM.from_pretrained(args.target, attn_implementation="sdpa").eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    from train.demo import resolve_target  # demo:<size>, demo:smollm2
+
+    target_path = resolve_target(args.target)
+    target = AutoModelForCausalLM.from_pretrained(target_path, attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
     from data.corpus import continuation_prompts
 
     prompts = continuation_prompts(tokenizer, args.num_prompts, args.prompt_tokens, args.max_new_tokens)
