@@ -37,12 +37,13 @@ class StaticKVCache:
     """
 
     is_compileable = True  # read by HF helpers that ask whether a cache can be compiled
-    is_sliding = False
 
     def __init__(self, num_layers: int, max_len: int) -> None:
         if num_layers < 1 or max_len < 1:
             raise ValueError(f"StaticKVCache needs num_layers >= 1 and max_len >= 1, got {num_layers}, {max_len}")
         self.num_layers, self.max_len = num_layers, max_len
+        # per layer, as HF caches have it (transformers 5.17's mask code scans it for full layers)
+        self.is_sliding = [False] * num_layers
         self.buffer: Tensor | None = None  # (L, 2, B, H_kv, max_len, D)
         self.slots: Tensor | None = None  # (T,) long: where the next forward writes
         self.length = 0  # valid entries: positions [0, length)

@@ -53,6 +53,7 @@ class GenerationStats:
     target_forwards: int = 0  # including the prefill
     steps: int = 0  # verification forwards
     step_tokens: int = 0  # tokens emitted by verification steps (accepted drafts + bonus)
+    verified_tokens: int = 0  # tokens the verification forwards ran over (padded to the budget when static)
     wall_time: float = 0.0  # seconds, compilation included (see compile_time)
     # Seconds spent in verify calls that compiled a new graph (first call per tree budget and
     # cache size); included in wall_time. Warm up once to measure decode speed alone.
@@ -460,6 +461,7 @@ class SpeculativeGenerator:
             draft = self.drafter.propose(state.draft, state.root, sampling, max_depth=remaining - 1)
             clock.mark("draft")
             prefix, out = self._verify(state, draft, stats)
+            stats.verified_tokens += self._budget if isinstance(state.cache, StaticKVCache) else draft.tokens.numel()
             clock.mark("verify")
             accepted = self._accept(out.logits[0], draft, sampling)
             nodes = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first

@@ -42,7 +42,8 @@ def launch_two_processes(config: dict, tmp_path: Path) -> subprocess.CompletedPr
     starts one process."""
     path = tmp_path / "ddp.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    # CUDA_VISIBLE_DEVICES="": on a GPU machine the two ranks would otherwise pick cuda:0 and cuda:1.
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
            str(SCRIPT), "--config", str(path)]
