@@ -50,6 +50,9 @@ SHAPES = {
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True,
                          max_position_embeddings=8192, rms_norm_eps=1e-5),
+    # the demo target's dimensions (scripts/make_demo_target.py --size tiny)
+    "demo-tiny": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=8, num_attention_heads=3,
+                      num_key_value_heads=1, vocab_size=4096, tie_word_embeddings=False, max_position_embeddings=2048),
     # for trying the script on a CPU
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False, max_position_embeddings=2048),
@@ -187,6 +190,31 @@ def head_draft_cost(target, args, device, dtype) -> dict:
     return result
 
 
+DECODES = {"dynamic": ("dynamic", False), "static-eager": ("static", False), "static-compiled": ("static", True)}
+
+
+def compare_decodes(target, prompts, hf_out, args) -> dict:
+    """ms/token of the oracle chain under each decode state, timed round-robin (one run of each
+    mode in turn, ``--repeats`` rounds after a warm-up round), so a busy host slows every mode alike.
+    This is how the per-device defaults (``default_decode_settings``) were chosen."""
+    vocab = target.config.vocab_size
+    times: dict[str, list[float]] = {mode: [] for mode in DECODES}
+    taus: dict[str, list[float]] = {mode: [] for mode in DECODES}
+    for p, ref in zip(prompts, hf_out):
+        oracle = OracleDrafter(ref[0], p.shape[1], args.chain, vocab)
+        gens = {mode: SpeculativeGenerator(target, oracle, cache_implementation=cache, compile=comp)
+                for mode, (cache, comp) in DECODES.items()}
+        for rnd in range(args.repeats + 1):
+            for mode, gen in gens.items():
+                with torch.inference_mode():
+                    seconds, _ = timed(lambda: gen.generate(p, max_new_tokens=args.max_new_tokens, eos_token_id=[]), 0, 1)
+                if rnd:
+                    times[mode].append(seconds / args.max_new_tokens)
+                    taus[mode].append(gen.last_stats.tau)
+    return {mode: {"ms_per_token": 1e3 * statistics.median(t), "tau": statistics.fmean(taus[mode])}
+            for mode, t in times.items()}
+
+
 def run(args) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype)
@@ -200,7 +228,7 @@ def run(args) -> dict:
     hf_kw = dict(do_sample=False, max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens)
     rows, meta = {}, {"shape": args.shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                       "dtype": args.dtype, "torch": torch.__version__, "prompt_tokens": args.prompt_tokens,
-                      "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
+                      "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts, "chain": args.chain,
                       "command": "python " + " ".join(sys.argv)}
     import transformers
 
@@ -237,6 +265,9 @@ def run(args) -> dict:
             secs.append(s)
             hf_out.append(out)
         record("hf-static", secs, compile_s=hf_compile, peak=peak())
+
+    if args.compare_decodes:
+        return {"meta": meta, "decodes": compare_decodes(target, prompts, hf_out, args)}
 
     # Oracle runs on our generator
     compile_flag = {"compiled": True, "eager": False}[args.decode]
@@ -295,6 +326,12 @@ def run(args) -> dict:
 
 def markdown(result: dict) -> str:
     m = result["meta"]
+    if "decodes" in result:
+        lines = [f"`{m['command']}` — {m['shape']}, {m['device']}, {m['dtype']}, torch {m['torch']}, "
+                 f"{torch.get_num_threads()} threads; oracle chain of {m.get('chain', '?')}, round-robin.", "",
+                 "| decode state | ms/token | τ |", "|---|---:|---:|"]
+        lines += [f"| {mode} | {r['ms_per_token']:.2f} | {r['tau']:.2f} |" for mode, r in result["decodes"].items()]
+        return "\n".join(lines) + "\n"
     lines = [f"`{m['command']}` — {m['shape']} shape (random weights), {m['device']}, {m['dtype']}, torch {m['torch']}, "
              f"transformers {m['transformers']}; {m['num_prompts']} prompts of {m['prompt_tokens']} tokens, "
              f"{m['max_new_tokens']} new tokens; oracle fixed point reached in {m['fixpoint_rounds']} rounds.", "",
@@ -333,6 +370,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--head-draft", action="store_true", help="also time a real EAGLE-3 head's drafts")
     p.add_argument("--draft-vocab", type=int, default=32000)
     p.add_argument("--skip-hf-eager", action="store_true")
+    p.add_argument("--compare-decodes", action="store_true",
+                   help="only time the oracle chain under dynamic / static eager / static compiled, round-robin")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
@@ -346,6 +386,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     result = run(args)
     text = markdown(result)
     print(text)
