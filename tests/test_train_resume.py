@@ -11,6 +11,7 @@ from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noq
 from transformers import AutoTokenizer
 
 import train.loop
+from train.checkpoint import CheckpointError
 from train.loop import CHECKPOINTS, latest_checkpoint, setup
 
 
@@ -70,5 +71,5 @@ def test_resume_refuses_a_checkpoint_of_another_target(tiny_files, tmp_path):
                       f"target={other}")
     with pytest.raises(ValueError, match=r"target_num_layers: checkpoint 6 vs now 4"):
         setup(cfg)
-    with pytest.raises(FileNotFoundError, match="not a complete training checkpoint"):
+    with pytest.raises(CheckpointError, match="not a complete training checkpoint"):
         setup(tiny_config(tiny_files, out, "head.kind=medusa", f"resume_from={tmp_path}"))

@@ -119,6 +119,8 @@ class TrainConfig:
         "(built and cached on first use)", f"{DEMO_PREFIX}tiny")
     output_dir: str | None = _doc("where the head, checkpoints and metrics go; null = runs/<target>-<kind>", None)
     resume_from: str | None = _doc("null | latest | path of a checkpoint directory", None)
+    overwrite_output_dir: bool = _doc(
+        "a fresh run (no resume_from) into an output_dir holding an earlier run replaces it; false = refuse", False)
     seed: int = _doc("seed for head init, data order and noise", 0)
     cache_dir: str | None = _doc(
         "root of the data and draft-vocab caches; null = $DRAFTSMITH_CACHE or ~/.cache/draftsmith", None)

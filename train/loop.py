@@ -31,7 +31,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
 from heads import HeadCache, build_head
 from infer.target import target_forward, target_identity
-from train.config import DEFAULT_TTT_STEPS, TrainConfig, load_config
+from train import checkpoint
+from train.checkpoint import CHECKPOINTS, COMPLETE, HEAD_CONFIG  # noqa: F401  (re-exported)
+from train.config import DEFAULT_TTT_STEPS, ConfigError, TrainConfig, load_config
 from train.demo import resolve_target
 from train.draft_vocab import build_draft_vocab
 from train.losses import DraftTargets, LossOutput, decayed_sum, eagle_loss, medusa_loss, restrict_to_draft_vocab, \
@@ -40,11 +42,8 @@ from train.metrics import AcceptanceMeter, format_acceptance, step_correctness
 
 logger = logging.getLogger("draftsmith.train")
 
-CHECKPOINTS = "checkpoints"
 BEST = "best"
 METRICS_FILE = "metrics.jsonl"
-COMPLETE = "COMPLETE"  # written last into a checkpoint directory
-HEAD_CONFIG = "head_config.json"
 _DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -238,7 +237,7 @@ def cache_root(cfg: TrainConfig) -> Path:
 
 @dataclass
 class TrainState:
-    """Loop position saved with every checkpoint (``accelerator.register_for_checkpointing``)."""
+    """Loop position saved (as JSON) with every checkpoint."""
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # data position of the next micro-batch: epoch ...
@@ -256,38 +255,74 @@ class TrainState:
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The complete checkpoint with the highest step, if any."""
-    done = [p for p in (output_dir / CHECKPOINTS).glob("step-*") if (p / COMPLETE).is_file()]
-    return max(done, key=lambda p: int(p.name.removeprefix("step-")), default=None)
+    """The complete checkpoint with the highest step, if any (not checked for corruption: see ``resume``)."""
+    return next(iter(checkpoint.checkpoint_steps(output_dir)), None)
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainState, head: nn.Module, keep: int) -> Path:
-    """Full training state (head, optimizer, scheduler, RNG, loop position) of step ``state.step``."""
+def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainState, head: nn.Module, optimizer,
+                    scheduler, keep: int) -> Path:
+    """Full training state (head, optimizer, scheduler, RNG, loop position) of step ``state.step``; no pickle."""
     path = output_dir / CHECKPOINTS / f"step-{state.step:07d}"
-    accelerator.save_state(str(path))
-    accelerator.wait_for_everyone()
+    checkpoint.save(path, head=head, optimizer=optimizer, scheduler=scheduler, loop_state=state.state_dict(),
+                    rank=accelerator.process_index, is_main=accelerator.is_main_process,
+                    barrier=accelerator.wait_for_everyone)
     if accelerator.is_main_process:
-        (path / HEAD_CONFIG).write_text(head.config.to_json_string())
-        (path / COMPLETE).write_text(json.dumps(state.state_dict()))
-        done = sorted((p for p in (output_dir / CHECKPOINTS).glob("step-*") if (p / COMPLETE).is_file()),
-                      key=lambda p: int(p.name.removeprefix("step-")))
-        for old in done[:-keep]:
-            shutil.rmtree(old)
+        checkpoint.prune(output_dir, keep)
     accelerator.wait_for_everyone()
     return path
 
 
-def check_resumable(path: Path, head: nn.Module) -> None:
-    """Fail loudly when checkpoint ``path`` was made for another head or target."""
-    if not (path / COMPLETE).is_file():
-        raise FileNotFoundError(f"resume_from={path}: not a complete training checkpoint (no {COMPLETE} marker)")
-    saved = json.loads((path / HEAD_CONFIG).read_text())
+def resume(accelerator: Accelerator, cfg: TrainConfig, output_dir: Path, head: nn.Module, optimizer, scheduler,
+           state: TrainState) -> Path:
+    """Load ``cfg.resume_from`` into head, optimizer, scheduler, RNGs and ``state``; return its path.
+
+    ``latest`` takes the newest checkpoint that reads back intact; a corrupt one is named in a warning
+    and the next older one is tried. An explicit path is loaded or refused, never replaced.
+    """
+    if cfg.resume_from == "latest":
+        candidates = checkpoint.checkpoint_steps(output_dir)
+        if not candidates:
+            raise FileNotFoundError(f"resume_from=latest: no complete checkpoint in {output_dir / CHECKPOINTS}")
+    else:
+        candidates = [Path(cfg.resume_from)]
+    for number, path in enumerate(candidates):
+        try:
+            loaded = checkpoint.read(path, accelerator.process_index)
+        except checkpoint.CheckpointError as err:
+            if cfg.resume_from != "latest" or number == len(candidates) - 1:
+                raise
+            logger.warning("cannot resume from %s: %s; falling back to %s", path, err, candidates[number + 1])
+            continue
+        check_resumable(loaded, head)
+        checkpoint.apply(loaded, head=head, optimizer=optimizer, scheduler=scheduler)
+        state.load_state_dict(loaded.state)
+        return path
+    raise AssertionError("unreachable")
+
+
+def check_resumable(loaded: checkpoint.Checkpoint, head: nn.Module) -> None:
+    """Fail loudly when a checkpoint was made for another head or target."""
+    saved = loaded.head_config
     current = json.loads(head.config.to_json_string())
     ignore = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype"}  # set by saving
     diff = [f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}"
             for k in sorted((set(saved) | set(current)) - ignore) if saved.get(k) != current.get(k)]
     if diff:
-        raise ValueError(f"checkpoint {path} does not match this run's head/target:\n  " + "\n  ".join(diff))
+        raise ValueError(f"checkpoint {loaded.path} does not match this run's head/target:\n  " + "\n  ".join(diff))
+
+
+def check_output_dir(cfg: TrainConfig) -> None:
+    """A fresh run (no ``resume_from``) must not replace an earlier run's results unless asked to."""
+    output_dir = Path(cfg.output_dir)
+    if cfg.resume_from is not None or cfg.overwrite_output_dir or not output_dir.is_dir():
+        return
+    earlier = [name for name in (CHECKPOINTS, BEST, METRICS_FILE, "model.safetensors") if (output_dir / name).exists()]
+    if earlier:
+        steps = latest_checkpoint(output_dir)
+        where = f" (latest checkpoint {steps.name})" if steps else ""
+        raise ConfigError(f"output_dir={output_dir} holds an earlier run ({', '.join(earlier)}){where}: pass "
+                          "resume_from=latest to continue it, overwrite_output_dir=true to replace it, or choose "
+                          "another output_dir")
 
 
 class MetricsLog:
@@ -343,6 +378,7 @@ def parse_args(argv: list[str] | None = None, default_config: str | Path | None 
 
 def setup(cfg: TrainConfig) -> TrainResult:
     """Resolve the target (before any ``Accelerator`` exists: the demo build makes its own), then train."""
+    check_output_dir(cfg)  # before the (maybe long) demo build
     target_path = resolve_target(cfg.target)
     output_dir = Path(cfg.output_dir)
     trackers = [name for name, on in (("wandb", cfg.log.wandb), ("tensorboard", cfg.log.tensorboard)) if on]
@@ -475,20 +511,15 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     scheduler = get_scheduler({"constant": "constant_with_warmup"}.get(cfg.train.decay, cfg.train.decay),
                               optimizer, num_warmup_steps=cfg.train.warmup_steps, num_training_steps=max_steps)
     state = TrainState()
-    accelerator.register_for_checkpointing(scheduler, state)  # scheduler not prepared: one step per step
-
-    resume = None
+    resumed = None
     if cfg.resume_from is not None:
-        resume = latest_checkpoint(output_dir) if cfg.resume_from == "latest" else Path(cfg.resume_from)
-        if resume is None:
-            raise FileNotFoundError(f"resume_from=latest: no complete checkpoint in {output_dir / CHECKPOINTS}")
-        check_resumable(resume, accelerator.unwrap_model(objective).head)
-        accelerator.load_state(str(resume))
-        logger.info("resumed from %s at step %d", resume, state.step)
+        resumed = resume(accelerator, cfg, output_dir, accelerator.unwrap_model(objective).head, optimizer,
+                         scheduler, state)
+        logger.info("resumed from %s at step %d", resumed, state.step)
     elif accelerator.is_main_process:  # a fresh run must not mix with an earlier run's checkpoints
         for stale in (output_dir / CHECKPOINTS, output_dir / BEST):
-            if stale.exists():
-                logger.warning("starting afresh: removing %s of an earlier run", stale)
+            if stale.exists():  # only reached with overwrite_output_dir=true (check_output_dir)
+                logger.warning("overwrite_output_dir=true: removing %s of an earlier run", stale)
                 shutil.rmtree(stale)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -497,7 +528,7 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     accelerator.init_trackers(cfg.log.wandb_project, config=_flat(cfg.to_dict()),
                               init_kwargs={"wandb": {"name": cfg.log.run_name or output_dir.name,
                                                      "dir": str(output_dir)}})
-    metrics_log = MetricsLog(accelerator, output_dir / METRICS_FILE, state.step if resume else None)
+    metrics_log = MetricsLog(accelerator, output_dir / METRICS_FILE, state.step if resumed else None)
 
     history, tokens_per_second = fit(accelerator, cfg, objective, target, optimizer, scheduler, train_loader,
                                      eval_loader, state, max_steps, depth, metrics_log)
@@ -599,7 +630,7 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                 history.append(_eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state,
                                                    metrics_log))
             if opt.save_every and state.step % opt.save_every == 0:
-                save_checkpoint(accelerator, output_dir, state, head, opt.keep_last_checkpoints)
+                save_checkpoint(accelerator, output_dir, state, head, optimizer, scheduler, opt.keep_last_checkpoints)
     bar.close()
     return history, run_tokens / max(run_seconds, 1e-9)
 
