@@ -111,6 +111,7 @@ def export_head(
     _raise_problems(validate_artifact(artifact.config, artifact.tensors, fmt), f"refusing to export as '{fmt}'")
 
     out = Path(out_dir)
+    _check_destination(out, head)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -132,6 +133,38 @@ def export_head(
         if staging.exists():
             shutil.rmtree(staging)
     return out
+
+
+# What a training run or a draftsmith head directory holds; an export holds none of these.
+_RUN_MARKERS = ("checkpoints", "best", "metrics.jsonl", "config.yaml")
+_HEAD_MODEL_TYPES = ("draftsmith_medusa", "draftsmith_eagle", "draftsmith_eagle3")
+
+
+def _check_destination(out: Path, head: DraftHead) -> None:
+    """Refuse an ``out`` that is, contains or lies inside the directory the head was loaded from, or that
+    holds a training run or a draftsmith head: replacing it would lose the trained head."""
+    source = getattr(head, "name_or_path", "") or ""
+    target = out.resolve()
+    if source and Path(source).is_dir():
+        source_dir = Path(source).resolve()
+        if target == source_dir or source_dir in target.parents or target in source_dir.parents:
+            relation = "is" if target == source_dir else "lies inside" if source_dir in target.parents else "contains"
+            raise ValueError(f"refusing to write the export to {out}: it {relation} the head's own directory "
+                             f"{source}; choose an --out outside it")
+    if not target.is_dir():
+        return
+    found = [name for name in _RUN_MARKERS if (target / name).exists()]
+    config = target / "config.json"
+    if config.is_file():
+        try:
+            model_type = json.loads(config.read_text()).get("model_type")
+        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+            model_type = None
+        if model_type in _HEAD_MODEL_TYPES:
+            found.append(f"a draftsmith head (config.json model_type={model_type})")
+    if found:
+        raise ValueError(f"refusing to write the export to {out}: it holds {', '.join(found)} of a training run or "
+                         "head, which overwriting would delete; choose another --out")
 
 
 def _format_kind(fmt: str) -> str:

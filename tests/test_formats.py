@@ -478,3 +478,28 @@ def test_export_cli(tmp_path, target, eagle3_reduced, capsys):
     with pytest.raises(SystemExit):
         export.main(["--head", str(tmp_path / "head"), "--to", "tensorrt", "--out", str(tmp_path / "x")])
     assert set(FORMATS) == {"vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi"}
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "parent"])
+def test_export_never_writes_over_or_into_the_head_it_reads(tmp_path, eagle3_reduced, where):
+    run = tmp_path / "run"
+    eagle3_reduced.save_pretrained(run)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "best").mkdir()
+    head = AutoHead.from_pretrained(run)
+    out = {"same": run, "inside": run / "export", "parent": tmp_path}[where]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match="refusing to write"):
+        export_head(head, out, "vllm", overwrite=True)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_overwrite_replaces_an_export_but_not_a_training_run(tmp_path, eagle3_reduced):
+    export_head(eagle3_reduced, tmp_path / "export", "vllm")
+    export_head(eagle3_reduced, tmp_path / "export", "vllm", overwrite=True)  # an earlier export: replaced
+    eagle3_reduced.save_pretrained(tmp_path / "other-run")
+    with pytest.raises(ValueError, match="refusing to write.*draftsmith head"):
+        export_head(eagle3_reduced, tmp_path / "other-run", "vllm", overwrite=True)
+    (tmp_path / "runs" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ValueError, match="refusing to write.*checkpoints"):
+        export_head(eagle3_reduced, tmp_path / "runs", "vllm", overwrite=True)
