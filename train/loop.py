@@ -235,6 +235,65 @@ def cache_root(cfg: TrainConfig) -> Path:
 # ---------------------------------------------------------------- checkpoints
 
 
+class TrainingDiverged(FloatingPointError):
+    """Training stopped at a step whose loss, gradient norm or update diverged; nothing was saved for it."""
+
+
+class DivergenceGuard:
+    """Decides, once per optimizer step, whether training has diverged.
+
+    Before the update: a non-finite loss or gradient norm, a loss above ``LOSS_FACTOR`` x the first
+    step's loss (a fresh head starts near its worst), or a gradient norm above ``GRAD_FACTOR`` x the
+    median of the last ``WINDOW`` steps. After the update: the weights' norm changing by more than
+    ``UPDATE_FACTOR`` of itself in one step (a learning rate far too high: the update, not the data,
+    is what explodes, and the checkpoint of this step must not be written). Its state travels in
+    checkpoints (JSON) so a resumed run judges by the same reference.
+    """
+
+    LOSS_FACTOR = 10.0
+    GRAD_FACTOR = 1000.0
+    UPDATE_FACTOR = 1.0
+    WINDOW = 50
+
+    def __init__(self, check_grad: bool = True) -> None:
+        self.check_grad = check_grad  # fp16: the grad scaler skips inf steps itself
+        self.first_loss: float | None = None
+        self.grad_norms: list[float] = []
+
+    def check_step(self, step: int, loss: float, grad_norm: float) -> str | None:
+        """Why step ``step`` diverged before its update, or None (then the values are recorded)."""
+        if not math.isfinite(loss) or (self.check_grad and not math.isfinite(grad_norm)):
+            return f"loss {loss} / grad norm {grad_norm} at step {step} is not finite"
+        if self.first_loss is not None and self.first_loss > 0 and loss > self.LOSS_FACTOR * self.first_loss:
+            return (f"loss {loss:.4g} at step {step} exceeds {self.LOSS_FACTOR:g}x the first step's loss "
+                    f"{self.first_loss:.4g}")
+        if self.check_grad and len(self.grad_norms) >= 3:
+            median = sorted(self.grad_norms)[len(self.grad_norms) // 2]
+            if median > 0 and grad_norm > self.GRAD_FACTOR * median:
+                return (f"grad norm {grad_norm:.4g} at step {step} exceeds {self.GRAD_FACTOR:g}x the median "
+                        f"{median:.4g} of the last {len(self.grad_norms)} steps")
+        if self.first_loss is None:
+            self.first_loss = loss
+        if math.isfinite(grad_norm):
+            self.grad_norms = (self.grad_norms + [grad_norm])[-self.WINDOW:]
+        return None
+
+    def check_update(self, step: int, norm_before: float, norm_after: float) -> str | None:
+        """Why the update of step ``step`` diverged (weight norms before and after it), or None."""
+        if not math.isfinite(norm_after):
+            return f"the weights are not finite after the update at step {step}"
+        if norm_before > 0 and abs(norm_after - norm_before) > self.UPDATE_FACTOR * norm_before:
+            return (f"the update at step {step} changed the weight norm from {norm_before:.4g} to {norm_after:.4g} "
+                    "(the learning rate is far too high)")
+        return None
+
+    def state_dict(self) -> dict:
+        return {"first_loss": self.first_loss, "grad_norms": list(self.grad_norms)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.first_loss, self.grad_norms = state.get("first_loss"), list(state.get("grad_norms") or [])
+
+
 @dataclass
 class TrainState:
     """Loop position saved (as JSON) with every checkpoint."""
@@ -245,6 +304,7 @@ class TrainState:
     tokens: int = 0  # non-pad tokens trained on, all processes
     best_tau: float = -math.inf
     best_step: int = -1
+    guard: dict = field(default_factory=dict)  # DivergenceGuard.state_dict()
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -564,6 +624,8 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     history: list[dict] = []
     window = {"loss": 0.0, "steps": 0, "tokens": 0, "correct": 0, "count": 0, "seconds": 0.0}
     run_tokens, run_seconds = 0, 0.0  # training steps only: evaluation and checkpoints excluded
+    guard = DivergenceGuard(check_grad=opt.mixed_precision != "fp16")
+    guard.load_state_dict(state.guard)
     objective.train()
     bar = tqdm(total=max_steps, initial=state.step, desc=f"train {kind}", disable=not accelerator.is_main_process)
     with logging_redirect_tqdm():
@@ -590,16 +652,19 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
             tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum"))
             step_loss = accelerator.reduce(step_loss, reduction="mean")
             grad_norm = accelerator.clip_grad_norm_(objective.parameters(), opt.max_grad_norm)
-            # note: a host-device sync point, once per optimizer step; a NaN must never be saved
-            if not math.isfinite(step_loss.item()) or (opt.mixed_precision != "fp16"
-                                                       and not math.isfinite(float(grad_norm))):
+            # note: a host-device sync point, once per optimizer step; a diverged step must never be saved
+            problem = guard.check_step(state.step + 1, step_loss.item(), float(grad_norm))
+            if problem is None:
+                norm_before = _weight_norm(head)
+                optimizer.step()
+                problem = guard.check_update(state.step + 1, norm_before, _weight_norm(head))
+            if problem is not None:
                 last_good = latest_checkpoint(output_dir)
-                raise FloatingPointError(
-                    f"loss {step_loss.item()} / grad norm {float(grad_norm)} at step {state.step + 1} is not "
-                    f"finite; stopped without saving. Last good checkpoint: {last_good or 'none'}"
-                    f"{' (continue with resume_from=latest)' if last_good else ''}. Try a lower train.lr or "
-                    "train.mixed_precision=bf16.")
-            optimizer.step()
+                raise TrainingDiverged(
+                    f"training diverged: {problem}; stopped without saving. Last good checkpoint: "
+                    f"{last_good or 'none'}{' (continue with resume_from=latest)' if last_good else ''}. Try a "
+                    "lower train.lr or train.mixed_precision=bf16.")
+            state.guard = guard.state_dict()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
@@ -648,6 +713,12 @@ def _eval_and_keep_best(accelerator, head, target, loader, cfg, depth, state: Tr
             head.save_pretrained(Path(cfg.output_dir) / BEST)
             (Path(cfg.output_dir) / BEST / "eval.json").write_text(json.dumps(record, indent=1))
     return record
+
+
+def _weight_norm(module: nn.Module) -> float:
+    """Total L2 norm of the trainable weights (note: a host-device sync)."""
+    norms = [p.detach().float().norm() for p in module.parameters() if p.requires_grad]
+    return float(torch.stack(norms).norm()) if norms else 0.0
 
 
 def _micro_batches(accelerator: Accelerator, loader: DataLoader, state: TrainState) -> Iterator[dict]:
