@@ -22,7 +22,7 @@ from transformers import TextStreamer
 from heads import AutoHead
 from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree
 from infer.generator import SpeculativeGenerator
-from train.demo import resolve_target
+from data.cli import run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if not target:
         raise SystemExit(f"{args.head} records no target (target_name_or_path); pass --target")
     gen = SpeculativeGenerator.from_pretrained(
-        resolve_target(target), head, device=device, dtype=dtype, tree=tree_option(kind, device, args)
+        target, head, device=device, dtype=dtype, tree=tree_option(kind, device, args)
     )
     if gen.tokenizer is None:
         raise SystemExit(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
@@ -129,5 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if same or args.temperature > 0 else 1
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``main`` with user mistakes as one line and exit code 2."""
+    return run(main, argv)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli())

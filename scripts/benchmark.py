@@ -512,4 +512,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from data.cli import run  # user mistakes: one line, exit code 2
+
+    sys.exit(run(main))

@@ -29,12 +29,12 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
+from data.targets import hub_errors, resolve_target
 from heads import HeadCache, build_head
 from infer.target import target_forward, target_identity
 from train import checkpoint
 from train.checkpoint import CHECKPOINTS, COMPLETE, HEAD_CONFIG  # noqa: F401  (re-exported)
 from train.config import DEFAULT_TTT_STEPS, ConfigError, TrainConfig, load_config
-from train.demo import resolve_target
 from train.draft_vocab import build_draft_vocab
 from train.losses import DraftTargets, LossOutput, decayed_sum, eagle_loss, medusa_loss, restrict_to_draft_vocab, \
     ttt_step_loss
@@ -496,8 +496,9 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     """Load the frozen target and its tokenizer, the data, and a fresh head (draft vocab chosen)."""
     set_seed(cfg.seed)
     kind = cfg.head.kind
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
+    with hub_errors(target_path):
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
     target.requires_grad_(False).eval().to(accelerator.device)
     identity = target_identity(target)
     vocab_size = identity["vocab_size"]
@@ -628,7 +629,7 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     guard.load_state_dict(state.guard)
     objective.train()
     bar = tqdm(total=max_steps, initial=state.step, desc=f"train {kind}", disable=not accelerator.is_main_process)
-    with logging_redirect_tqdm():
+    with bar, logging_redirect_tqdm():  # the bar is closed before any error is printed
         while state.step < max_steps:
             step_start = time.perf_counter()
             step_loss = torch.zeros((), device=accelerator.device)
@@ -696,7 +697,6 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                                                    metrics_log))
             if opt.save_every and state.step % opt.save_every == 0:
                 save_checkpoint(accelerator, output_dir, state, head, optimizer, scheduler, opt.keep_last_checkpoints)
-    bar.close()
     return history, run_tokens / max(run_seconds, 1e-9)
 
 
