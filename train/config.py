@@ -64,7 +64,8 @@ class HeadConfig:
 class DataConfig:
     """Training and held-out data (see ``data.pipeline.build_examples``)."""
 
-    train: str = _doc("training rows: .json/.jsonl/.parquet path or stdlib:train", "stdlib:train")
+    train: str = _doc("training rows: .json/.jsonl/.parquet path, a Dataset.save_to_disk folder or stdlib:train",
+                      "stdlib:train")
     eval: str | None = _doc("held-out rows for acc_k / simulated tau; null = no evaluation", "stdlib:heldout")
     max_length: int = _doc("tokens per example (the target's context bounds it)", 2048)
     overlong: Literal["truncate", "drop"] = _doc("examples longer than max_length: truncate | drop", "truncate")
