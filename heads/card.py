@@ -20,7 +20,7 @@ from huggingface_hub import HfApi, ModelCardData
 
 from heads.auto import AutoHead
 from heads.common import DraftHead
-from heads.eagle3 import default_aux_layer_ids
+from heads.eagle3 import engine_aux_layer_ids
 from heads.formats import FORMAT_KINDS, export_head
 
 METRICS_FILE = "metrics.jsonl"  # train.loop: one JSON record per line; evaluations carry "tau", "acc", ...
@@ -197,7 +197,7 @@ def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[
 
 def _trtllm_layers(head: DraftHead) -> list[str]:
     ids, layers = list(head.config.aux_layer_ids), head.config.target_num_layers
-    if layers and ids == default_aux_layer_ids(layers):
+    if layers and ids == engine_aux_layer_ids(layers):
         return []  # TensorRT-LLM's default {1, L//2 - 1, L - 4} is the same layers
     return [f"  eagle3_layers_to_capture: {[i - 1 for i in ids]}  # output of layer k"]
 

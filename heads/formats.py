@@ -37,7 +37,7 @@ from torch import Tensor
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from heads.common import DraftHead, target_identity
-from heads.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
+from heads.eagle3 import AUX_LAYERS, Eagle3Config, Eagle3Head, engine_aux_layer_ids
 
 FORMAT_KINDS = {
     "vllm": "eagle3",
@@ -58,7 +58,7 @@ ENGINE_ROPE_PARAMS = {
     "linear": {"factor"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
 }
-ENGINE_AUX_LAYERS = 3  # vLLM and SGLang size the fc as 3 * target_hidden_size, whatever the config says
+ENGINE_AUX_LAYERS = AUX_LAYERS
 _TARGET_FIELDS = ("name_or_path", "architecture", "model_type", "hidden_size", "num_layers", "vocab_size",
                   "max_position_embeddings")
 _HUB_KEYS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder")
@@ -269,7 +269,7 @@ def _eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str,
     ids, layers = list(cfg.aux_layer_ids), facts["num_layers"]
     # On the engines' default ([2, L//2, L-3]) the fields are left out: every engine then computes the
     # same layers from the target itself, and no reader can misread a convention.
-    if not layers or ids != default_aux_layer_ids(layers):
+    if not layers or ids != engine_aux_layer_ids(layers):
         config["eagle_aux_hidden_state_layer_ids"] = ids  # vLLM: HF convention
         config["eagle_config"] = {  # SGLang: "output of layer k", it adds 1
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
@@ -589,7 +589,7 @@ def _aux_id_problems(top: dict[str, Any], provenance: dict[str, Any], flat: bool
     recorded = provenance.get("aux_layer_ids")
     if ids is None:  # omitted: every engine captures its default [2, L//2, L-3] of the target
         layers = (provenance.get("target") or {}).get("num_layers") or 0
-        if recorded is not None and (not layers or recorded != default_aux_layer_ids(layers)):
+        if recorded is not None and (not layers or recorded != engine_aux_layer_ids(layers)):
             return [f"no layer ids written, so engines capture their default [2, L//2, L-3], but the head reads "
                     f"{recorded} (target layers: {layers or 'unknown'})"]
         return []
@@ -717,7 +717,7 @@ def aux_layer_ids_from_config(config: dict[str, Any], num_layers: int = 0) -> li
         return [int(i) for i in top]
     if from_nested:
         return from_nested
-    return default_aux_layer_ids(num_layers) if num_layers else None
+    return engine_aux_layer_ids(num_layers) if num_layers else None
 
 
 def import_eagle3(

@@ -226,7 +226,7 @@ def test_refusals_name_the_problem_and_write_nothing(tmp_path, target, eagle3_re
         (lambda: export_head(eagle3_reduced, out, "onnx"), "unknown format 'onnx'"),
         (lambda: export_head(eagle3_reduced, out, "medusa-tgi"), "exports medusa heads, got a eagle3 head"),
         (lambda: export_head(build_head("eagle3", target, aux_layer_ids=[2, 5]), out, "vllm"),
-         r"aux_layer_ids=\[2, 5\]"),
+         r"aux_layer_ids \[2, 5\]: EAGLE-3 fuses exactly 3"),
         (lambda: export_head(build_head("eagle3", target, hidden_size=48, num_attention_heads=4, head_dim=12), out,
                              "vllm"), "hidden_size=48 differs from target_hidden_size=32"),
         (lambda: export_head(build_head("eagle", target, fc_bias=True), out, "eagle-vllm"), "fc_bias"),

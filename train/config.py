@@ -318,8 +318,13 @@ def _validate(cfg: TrainConfig) -> None:
     for key, value in non_negative.items():
         if value is not None and value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
-    if head.aux_layer_ids is not None and (not head.aux_layer_ids or min(head.aux_layer_ids) < 0):
-        raise ConfigError(f"head.aux_layer_ids must be non-negative layer indices, got {head.aux_layer_ids}")
+    if head.aux_layer_ids is not None:
+        from heads.eagle3 import check_aux_layer_ids  # the rule the heads and the engines enforce
+
+        try:
+            check_aux_layer_ids(head.aux_layer_ids)
+        except ValueError as err:
+            raise ConfigError(f"head.{err}") from None
     if not opt.lr > 0:
         raise ConfigError(f"train.lr must be > 0, got {opt.lr}")
     if not all(0 <= b < 1 for b in opt.betas):

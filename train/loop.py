@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
 from data.targets import hub_errors, resolve_target
 from heads import HeadCache, build_head
-from infer.target import target_forward, target_identity
+from infer.target import decoder_layers, target_forward, target_identity
 from train import checkpoint
 from train.checkpoint import CHECKPOINTS, COMPLETE, HEAD_CONFIG  # noqa: F401  (re-exported)
 from train.config import DEFAULT_TTT_STEPS, ConfigError, TrainConfig, load_config
@@ -500,6 +500,7 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
         tokenizer = AutoTokenizer.from_pretrained(target_path)
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
     target.requires_grad_(False).eval().to(accelerator.device)
+    decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
     identity = target_identity(target)
     vocab_size = identity["vocab_size"]
     if len(tokenizer) > vocab_size:
