@@ -51,7 +51,9 @@ def check_aux_layer_ids(ids: list[int], num_layers: int = 0) -> None:
                          f"TensorRT-LLM size the fc for {AUX_LAYERS} x the target's hidden size)")
     if len(set(ids)) != len(ids):
         raise ValueError(f"aux_layer_ids {list(ids)} repeats a layer; name {AUX_LAYERS} distinct layers")
-    bad = [i for i in ids if i < 0 or (num_layers and i >= num_layers)]
+    if any(i < 0 for i in ids):
+        raise ValueError(f"aux_layer_ids {[i for i in ids if i < 0]} are negative (hidden_states indices start at 0)")
+    bad = [i for i in ids if num_layers and i >= num_layers]
     if bad:
         raise ValueError(f"aux_layer_ids {bad} are outside the target's layers 0..{num_layers - 1}")
 
