@@ -79,3 +79,12 @@ def test_help_lists_every_key_with_its_default():
     text = help_text()
     assert "head.ttt_steps = null" in text and "train.betas = [0.9, 0.95]" in text
     assert "train.max_grad_norm = 0.5" in text
+
+
+def test_overrides_may_come_before_and_after_config(tmp_path):
+    from train.loop import parse_args
+
+    path = tmp_path / "c.yaml"
+    path.write_text("head:\n  kind: medusa\ntrain:\n  lr: 0.01\n")
+    cfg = parse_args(["train.max_steps=7", "--config", str(path), "train.lr=0.002"])
+    assert (cfg.head.kind, cfg.train.max_steps, cfg.train.lr) == ("medusa", 7, 0.002)

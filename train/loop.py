@@ -432,7 +432,7 @@ def parse_args(argv: list[str] | None = None, default_config: str | Path | None 
         description="Train a draft head on a frozen target.", epilog="keys:\n" + help_text())
     parser.add_argument("--config", help="YAML config file (default: %(default)s)", default=default_config)
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=100")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value before and after --config
     return load_config(args.config, args.overrides)
 
 
