@@ -3,7 +3,8 @@
 | format          | head   | weights file               | loads in                                          |
 |-----------------|--------|----------------------------|---------------------------------------------------|
 | `vllm`/`sglang` | eagle3 | model.safetensors          | vLLM eagle3, SGLang EAGLE3, TensorRT-LLM Eagle3   |
-| `speculators`   | eagle3 | model.safetensors          | vLLM alone (`vllm serve DIR`); not SGLang         |
+| `speculators`   | eagle3 | model.safetensors          | vLLM alone (`vllm serve DIR`), speculators lib;   |
+|                 |        | (layer named `layers.0.*`) | not SGLang                                        |
 | `eagle-vllm`    | eagle  | model.safetensors          | vLLM eagle                                        |
 | `medusa-vllm`   | medusa | model.safetensors          | vLLM medusa                                       |
 | `medusa-tgi`    | medusa | medusa_lm_head.safetensors | TGI, TensorRT-LLM's Medusa converter              |
@@ -59,6 +60,7 @@ ENGINE_ROPE_PARAMS = {
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
 }
 ENGINE_AUX_LAYERS = AUX_LAYERS
+SPECULATORS_LAYER_PREFIX = "layers.0."  # the speculators library's Eagle3DraftModel.layers[0]
 _TARGET_FIELDS = ("name_or_path", "architecture", "model_type", "hidden_size", "num_layers", "vocab_size",
                   "max_position_embeddings")
 _HUB_KEYS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder")
@@ -280,9 +282,14 @@ def _eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str,
 
 
 def _speculators_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
-    """vLLM speculators flavour: `vllm serve DIR` finds the verifier and the proposal length itself."""
+    """vLLM speculators flavour: `vllm serve DIR` finds the verifier and the proposal length itself.
+
+    The speculators library's ``Eagle3DraftModel`` names its decoder layer ``layers.0`` (vLLM accepts
+    both names, the library only its own), so the layer is renamed from the public ``midlayer``.
+    """
     cfg = head.config
-    tensors = _eagle3_tensors(head, options)
+    tensors = {SPECULATORS_LAYER_PREFIX + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k: v
+               for k, v in _eagle3_tensors(head, options).items()}
     dtype = _dtype_name(tensors)
     if not facts["name_or_path"]:
         raise ValueError("the speculators format names its verifier: the head records no target_name_or_path; "
@@ -566,13 +573,14 @@ def _eagle3_problems(layer: dict[str, Any], top: dict[str, Any], tensors: dict[s
     if vd > v:
         problems.append(f"draft_vocab_size={vd} exceeds vocab_size={v}")
         return problems
+    layer_prefix = "midlayer." if layer is top else SPECULATORS_LAYER_PREFIX
     spec: TensorSpec = {
         "fc.weight": ((h, ENGINE_AUX_LAYERS * sizes["target_hidden_size"]), "float"),
-        "midlayer.input_layernorm.weight": ((h,), "float"),
-        "midlayer.hidden_norm.weight": ((h,), "float"),
+        f"{layer_prefix}input_layernorm.weight": ((h,), "float"),
+        f"{layer_prefix}hidden_norm.weight": ((h,), "float"),
         "norm.weight": ((h,), "float"),
         "lm_head.weight": ((vd, h), "float"),
-        **_layer_spec("midlayer.", shape, 2 * h, False, False),
+        **_layer_spec(layer_prefix, shape, 2 * h, False, False),
     }
     if vd < v:
         spec.update({"d2t": ((vd,), "int64"), "t2d": ((v,), "bool")})

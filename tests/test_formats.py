@@ -85,13 +85,14 @@ def test_eagle3_export_matches_reference_layout(tmp_path, target, eagle3_reduced
     out = export_head(head, tmp_path / "out", fmt, target=target)
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     tensors = _tensors(out / "model.safetensors")
+    layer = "layers.0." if fmt == "speculators" else "midlayer."  # speculators' Eagle3DraftModel: layers[0]
     expected = {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (VD if reduced else V, H),
-                "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
-                **_midlayer_spec("midlayer.", 2 * H)}
+                f"{layer}input_layernorm.weight": (H,), f"{layer}hidden_norm.weight": (H,),
+                **_midlayer_spec(layer, 2 * H)}
     if reduced:
         expected.update({"d2t": (VD,), "t2d": (V,)})
     assert {k: tuple(v.shape) for k, v in tensors.items()} == expected  # exact key set: no model. prefix, no embed
-    state = head.state_dict()
+    state = {k.replace("midlayer.", layer): v for k, v in head.state_dict().items()}
     assert all(torch.equal(tensors[k], state[k]) for k in expected)
     if reduced:
         assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
@@ -503,3 +504,18 @@ def test_overwrite_replaces_an_export_but_not_a_training_run(tmp_path, eagle3_re
     (tmp_path / "runs" / "checkpoints").mkdir(parents=True)
     with pytest.raises(ValueError, match="refusing to write.*checkpoints"):
         export_head(eagle3_reduced, tmp_path / "runs", "vllm", overwrite=True)
+
+
+def test_speculators_export_loads_in_the_speculators_library(tmp_path, target, eagle3_custom):
+    """The library itself (pip install --no-deps speculators): every tensor loads, none is left at init."""
+    try:
+        from speculators.models.eagle3 import Eagle3DraftModel
+    except Exception as err:  # noqa: BLE001  (its import pulls optional heavy dependencies)
+        pytest.skip(f"the speculators library does not import here ({type(err).__name__}: {err})")
+    verifier = make_tiny_target("llama", num_layers=L)
+    verifier.save_pretrained(tmp_path / "verifier")  # the library reads the verifier's config by name
+    verifier.config._name_or_path = str(tmp_path / "verifier")
+    out = export_head(eagle3_custom, tmp_path / "spec", "speculators", target=verifier)
+    theirs = Eagle3DraftModel.from_pretrained(str(out)).state_dict()
+    for name, tensor in eagle3_custom.state_dict().items():  # a tensor it skipped would be freshly initialised
+        assert torch.equal(theirs[name.replace("midlayer.", "layers.0.")].float(), tensor.float()), name
