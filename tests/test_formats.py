@@ -519,3 +519,12 @@ def test_speculators_export_loads_in_the_speculators_library(tmp_path, target, e
     theirs = Eagle3DraftModel.from_pretrained(str(out)).state_dict()
     for name, tensor in eagle3_custom.state_dict().items():  # a tensor it skipped would be freshly initialised
         assert torch.equal(theirs[name.replace("midlayer.", "layers.0.")].float(), tensor.float()), name
+
+
+def test_formats_are_one_module_per_engine_family():
+    """Layout: writers and validators per engine family beside one shared validation module."""
+    root = Path(__file__).resolve().parents[1] / "heads" / "formats"
+    assert not (root.parent / "formats.py").exists()
+    assert {p.stem for p in root.glob("*.py")} == {"__init__", "validation", "eagle3", "speculators", "eagle",
+                                                   "medusa", "public"}
+    assert max(len(p.read_text().splitlines()) for p in root.glob("*.py")) < 300
