@@ -92,3 +92,10 @@ def test_default_aux_layers_are_three_distinct_valid_layers_or_refused():
         default_aux_layer_ids(2)
     with pytest.raises(ValueError, match="repeats"):
         Eagle3Config(aux_layer_ids=[2, 2, 3], target_num_layers=8, vocab_size=10)
+
+
+def test_warm_up_longer_than_the_run_is_capped(tiny_files, tmp_path):
+    result = setup(tiny_config(tiny_files, tmp_path / "out", "head.kind=medusa", "train.max_steps=3",
+                               "train.warmup_steps=10", "train.eval_every=0", "data.eval=null", "train.log_every=1"))
+    lrs = [r["lr"] for r in result.history if "lr" in r]
+    assert result.steps == 3 and lrs == sorted(lrs) and lrs[-1] == pytest.approx(3e-3)  # peak at the last step

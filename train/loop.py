@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -425,15 +426,27 @@ class TrainResult:
 
 def parse_args(argv: list[str] | None = None, default_config: str | Path | None = None) -> TrainConfig:
     """``[--config FILE] [key=value ...]`` -> ``TrainConfig`` (``default_config`` when no --config)."""
-    from train.config import help_text
+    from train.config import ConfigError, help_text
 
     parser = argparse.ArgumentParser(
         prog="train_head.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a draft head on a frozen target.", epilog="keys:\n" + help_text())
+        description="Train a draft head on a frozen target.")
     parser.add_argument("--config", help="YAML config file (default: %(default)s)", default=default_config)
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=100")
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=default_config)
+    chosen, _ = pre.parse_known_args(argv)
+    try:  # --help shows the values this run would start from
+        effective, where = load_config(chosen.config), f"values of {chosen.config} and the built-in defaults"
+    except ConfigError:
+        effective, where = None, "built-in defaults"
+    parser.epilog = f"keys ({where}):\n" + help_text(effective)
     args = parser.parse_intermixed_args(argv)  # key=value before and after --config
-    return load_config(args.config, args.overrides)
+    notes: list[str] = []
+    cfg = load_config(args.config, args.overrides, default_file=args.config == default_config, notes=notes)
+    for note in notes:
+        print(note, file=sys.stderr)
+    return cfg
 
 
 def setup(cfg: TrainConfig) -> TrainResult:
@@ -568,10 +581,11 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
         raise ValueError(f"one epoch has {len(train_loader)} micro-batches per process, fewer than "
                          f"train.grad_accum_steps={cfg.train.grad_accum_steps}; set train.max_steps")
     max_steps = cfg.train.max_steps or per_epoch * cfg.train.epochs
-    if cfg.train.warmup_steps >= max_steps:
-        raise ValueError(f"train.warmup_steps={cfg.train.warmup_steps} must be < the {max_steps} training steps")
+    warmup = min(cfg.train.warmup_steps, max_steps)  # as HF Trainer: a short run is warm-up throughout
+    if warmup < cfg.train.warmup_steps:
+        logger.info("train.warmup_steps=%d capped at the run's %d steps", cfg.train.warmup_steps, max_steps)
     scheduler = get_scheduler({"constant": "constant_with_warmup"}.get(cfg.train.decay, cfg.train.decay),
-                              optimizer, num_warmup_steps=cfg.train.warmup_steps, num_training_steps=max_steps)
+                              optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
     state = TrainState()
     resumed = None
     if cfg.resume_from is not None:
