@@ -1,6 +1,8 @@
 """What every draft head shares: the target's identity, and the check that a head fits a target."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig, PreTrainedModel
@@ -94,12 +96,31 @@ class DraftHeadConfig(PretrainedConfig):
         return {f"target_{k}": v for k, v in target_identity(target).items()}
 
 
+def share_readable(path: str | os.PathLike) -> None:
+    """Give ``path`` (a file, or a folder and everything in it) the permissions a plain ``open`` and
+    ``mkdir`` would: 0644/0755 under umask 022. safetensors' ``save_file`` writes 0600 and
+    ``tempfile.mkdtemp`` 0700, which a server running as another user cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    root = Path(path)
+    for item in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        if item.is_symlink():
+            continue
+        item.chmod((0o777 if item.is_dir() else 0o666) & ~umask)
+
+
 class DraftHead(PreTrainedModel):
     """Behaviour shared by all heads. Subclasses set ``config_class`` and build their modules."""
 
     config_class = DraftHeadConfig
     base_model_prefix = ""
     supports_gradient_checkpointing = False
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        """``PreTrainedModel.save_pretrained``, then files readable by other users (``share_readable``)."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        share_readable(save_directory)
+        return result
 
     @property
     def head_kind(self) -> str:

@@ -32,6 +32,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
+from heads.common import share_readable
+
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"  # written last into a checkpoint directory
 HEAD_CONFIG = "head_config.json"
@@ -75,10 +77,12 @@ def save(path: Path, *, head: nn.Module, optimizer, scheduler, loop_state: dict,
         (path / HEAD_CONFIG).write_text(head.config.to_json_string())
     barrier()
     if is_main:
+        share_readable(path)
         files = {p.name: _fingerprint(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != COMPLETE}
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "state": loop_state, "files": files}
         tmp = path / f".{COMPLETE}.tmp"
         tmp.write_text(json.dumps(manifest, indent=1))
+        share_readable(tmp)
         tmp.replace(path / COMPLETE)  # atomic: a checkpoint is complete or it is not
     barrier()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from data.corpus import corpus_fingerprint
+from heads.common import share_readable
 from data.pipeline import cache_root  # one cache root for data, draft vocabularies and demo LMs
 from train.lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 
@@ -108,6 +109,7 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
             train_lm(tmp, settings, tokenizer=tokenizer, show_progress=show_progress,
                      metadata={"fingerprint": fp, "size": size,
                                "tokenizer_source": str(tokenizer_dir) if tokenizer_dir is not None else None})
+            share_readable(tmp)  # 0644/0755: a server running as another user reads the cache too
             os.replace(tmp, out)  # atomic; succeeds over an empty directory
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

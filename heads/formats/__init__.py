@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
-from heads.common import DraftHead, target_identity
+from heads.common import DraftHead, share_readable, target_identity
 from heads.formats.eagle import _eagle_artifact, _eagle_problems
 from heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
 from heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
@@ -124,6 +124,7 @@ def export_head(
         changed = [name for name, tensor in artifact.tensors.items() if not torch.equal(written[name], tensor)]
         if changed:
             raise ValueError(f"{staging / artifact.weights_file}: tensors {changed} changed on disk")
+        share_readable(staging)  # mkdtemp is 0700, save_file 0600
         if out.is_dir():
             shutil.rmtree(out)
         elif out.exists():
