@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,27 @@ class DraftHeadConfig(PretrainedConfig):
     def identity_kwargs(cls, target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:
         """``target_*`` constructor arguments describing ``target``."""
         return {f"target_{k}": v for k, v in target_identity(target).items()}
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_HF_CACHE_SNAPSHOT = re.compile(r".*/models--([^/]+)--([^/]+)/snapshots/[^/]+/?")
+_DEMO_DIR = re.compile(r".*/demo/([a-z0-9]+)-seed0-[0-9a-f]{12}/?")  # train.demo's cache layout
+
+
+def public_target_name(name_or_path: str | None) -> str | None:
+    """How a card or an export may name a target: a Hub id or ``demo:<size>`` as given, a Hugging Face
+    cache snapshot as its repo id, a draftsmith demo LM as ``demo:<size>``; None for any other local
+    path (a path of this machine means nothing elsewhere and says who and where)."""
+    name = str(name_or_path or "")
+    if name.startswith("demo:"):
+        return name
+    if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")) and not Path(name).exists():
+        return name
+    if match := _HF_CACHE_SNAPSHOT.fullmatch(name):
+        return f"{match.group(1)}/{match.group(2)}"
+    if match := _DEMO_DIR.fullmatch(name):
+        return f"demo:{match.group(1)}"
+    return None
 
 
 def share_readable(path: str | os.PathLike) -> None:

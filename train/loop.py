@@ -512,6 +512,8 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     with hub_errors(target_path):
         tokenizer = AutoTokenizer.from_pretrained(target_path)
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
+    if cfg.target.startswith("demo:"):  # the head, card and exports name it "demo:<size>", not its cache path
+        target.config._name_or_path = cfg.target
     target.requires_grad_(False).eval().to(accelerator.device)
     decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
     identity = target_identity(target)
@@ -778,7 +780,8 @@ def model_card(head: nn.Module, output_dir: Path, data_summary, final: dict, sta
     if vocab is not None:
         lines.append(f"- draft vocabulary: {head.config.draft_vocab_size} most frequent training targets, covering "
                      f"{100 * vocab.coverage:.1f}% of them")
-    lines += ["- training data:", "", "```", str(data_summary), "```", ""]
+    summary = [line for line in str(data_summary).splitlines() if not line.startswith("cache ")]  # a local path
+    lines += ["- training data:", "", "```", *summary, "```", ""]
     return head_card(head, training=training_info(output_dir)) + "\n" + "\n".join(lines)
 
 

@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
-from heads.common import DraftHead, share_readable, target_identity
+from heads.common import DraftHead, public_target_name, share_readable, target_identity
 from heads.formats.eagle import _eagle_artifact, _eagle_problems
 from heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
 from heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
@@ -181,6 +181,7 @@ def _target_facts(head: DraftHead, target: PretrainedConfig | PreTrainedModel | 
     facts = {field: getattr(head.config, f"target_{field}") for field in _TARGET_FIELDS}
     if target is not None:
         facts.update({k: v for k, v in target_identity(target).items() if v})
+    facts["name_or_path"] = public_target_name(facts["name_or_path"]) or ""  # never a path of this machine
     return facts
 
 

@@ -42,8 +42,9 @@ def _medusa_vllm_artifact(head: DraftHead, facts: dict[str, Any], options: dict[
 def _medusa_tgi_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
     cfg = head.config
     if not facts["name_or_path"]:
-        raise ValueError("TGI loads the base model from base_model_name_or_path: the head records no "
-                         "target_name_or_path; pass target= (a config or model whose name_or_path is set)")
+        raise ValueError("TGI loads the base model from base_model_name_or_path: the head records no target "
+                         "by Hub id (a local path is not written into exports); pass target= (--target) a config "
+                         "or model whose name_or_path is its Hub id")
     state = head.state_dict()
     renamed = {}
     for i in range(cfg.num_heads):

@@ -23,8 +23,9 @@ def _speculators_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict
                for k, v in _eagle3_tensors(head, options).items()}
     dtype = _dtype_name(tensors)
     if not facts["name_or_path"]:
-        raise ValueError("the speculators format names its verifier: the head records no target_name_or_path; "
-                         "pass target= (a config or model whose name_or_path is set)")
+        raise ValueError("the speculators format names its verifier: the head records no target by Hub id (a "
+                         "local path is not written into exports); pass target= (--target) a config or model "
+                         "whose name_or_path is its Hub id")
     tokens = options["num_speculative_tokens"]
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"num_speculative_tokens must be an int >= 1, got {tokens!r}")
