@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -63,7 +64,7 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
             row = json.loads(line)
             if "messages" in row:
                 ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) else ids
+                ids = ids["input_ids"] if isinstance(ids, Mapping) else ids  # a BatchEncoding is no dict
             elif "prompt" in row:
                 ids = tokenizer(row["prompt"])["input_ids"]
             else:
