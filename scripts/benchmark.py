@@ -31,8 +31,8 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
