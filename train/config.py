@@ -19,8 +19,8 @@ import yaml
 
 HeadKind = Literal["medusa", "eagle", "eagle3"]
 DEMO_PREFIX = "demo:"
-DEFAULT_TTT_STEPS = 7  # EAGLE-3 reference code (REFERENCE.md §2)
-DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features
+DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
+DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
 
 
 class ConfigError(ValueError):
