@@ -32,3 +32,10 @@ def test_every_cited_document_exists():
 def test_no_file_cites_the_missing_reference_notes():
     assert not [str(p.relative_to(ROOT)) for p in _tracked()
                 if p.name != Path(__file__).name and "REFERENCE" in p.read_text(errors="replace")]
+
+
+def test_readme_says_what_the_torch_pin_does_and_gives_one_thread_advice():
+    readme = (ROOT / "README.md").read_text()
+    assert "does not pull CUDA wheels" not in readme  # the pin selects a version, not a build
+    assert "download.pytorch.org/whl/cpu" in readme
+    assert "--num_cpu_threads_per_process 2` to use\nboth cores" not in readme and "--threads N" in readme

@@ -33,6 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 from data.targets import hub_errors, resolve_target
 from heads import HeadCache, build_head
 from infer.target import decoder_layers, target_forward, target_identity
+from infer.threads import choose_threads
 from train import checkpoint
 from train.checkpoint import CHECKPOINTS, COMPLETE, HEAD_CONFIG  # noqa: F401  (re-exported)
 from train.config import DEFAULT_TTT_STEPS, ConfigError, TrainConfig, load_config
@@ -479,9 +480,9 @@ def _check_launch(accelerator: Accelerator) -> None:
             f"{world} processes were launched but accelerate runs each as a single process (no GPU here). "
             f"For multi-process CPU training launch with ACCELERATE_USE_CPU=1, e.g. ACCELERATE_USE_CPU=1 "
             f"accelerate launch --multi_gpu --num_processes {world} train/train_head.py ...")
-    if accelerator.device.type == "cpu" and torch.get_num_threads() == 1 and (os.cpu_count() or 1) > 1:
-        logger.warning("training on 1 CPU thread of %d: accelerate launch sets OMP_NUM_THREADS=1 unless given "
-                       "--num_cpu_threads_per_process N", os.cpu_count())
+    if accelerator.device.type == "cpu":  # accelerate launch sets OMP_NUM_THREADS (1 unless
+        # --num_cpu_threads_per_process N); a plain `python train/train_head.py` measures
+        logger.info("training %s", choose_threads())
     if world == 1 and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") \
             and "MASTER_ADDR" in os.environ:
         logger.warning("accelerate launch --cpu starts a single process (accelerate runs several CPU processes "
