@@ -646,7 +646,9 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     guard = DivergenceGuard(check_grad=opt.mixed_precision != "fp16")
     guard.load_state_dict(state.guard)
     objective.train()
-    bar = tqdm(total=max_steps, initial=state.step, desc=f"train {kind}", disable=not accelerator.is_main_process)
+    # disable=None: no bar when stderr is not a terminal (log files get the log lines, not bar frames)
+    bar = tqdm(total=max_steps, initial=state.step, desc=f"train {kind}",
+               disable=None if accelerator.is_main_process else True)
     with bar, logging_redirect_tqdm():  # the bar is closed before any error is printed
         while state.step < max_steps:
             step_start = time.perf_counter()
