@@ -75,8 +75,8 @@ def test_two_process_ddp_on_cpu(tiny_files, tmp_path):
     assert train[0]["step"] == 2 and train[0]["tokens"] == 2 * (2 * 2 * 2 * MAX_LENGTH)
     assert all(r["loss"] == r["loss"] for r in train)  # finite, not NaN
     assert sorted((out / "checkpoints").iterdir())[-1].name == "step-0000004"
-    assert {p.name for p in (out / "checkpoints" / "step-0000004").glob("random_states_*")} == {
-        "random_states_0.pkl", "random_states_1.pkl"}
+    assert {p.name for p in (out / "checkpoints" / "step-0000004").glob("rng_state_*")} == {
+        "rng_state_0.safetensors", "rng_state_1.safetensors"}  # one per process, no pickle
     head = AutoHead.from_pretrained(out)
     assert head.head_kind == "eagle3" and int(head.t2d.sum()) == 128
 
