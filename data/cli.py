@@ -13,14 +13,12 @@ from typing import Any
 
 USAGE_ERROR = 2
 # What a user's input can cause: bad values, missing or existing files, Hub/network failures.
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError)
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 
 
 def one_line(err: BaseException) -> str:
     """The message of ``err`` on one line (multi-line messages joined with '; ')."""
     text = str(err).strip() or type(err).__name__
-    if isinstance(err, KeyError) and err.args:
-        text = f"missing key {err.args[0]!r}"
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 

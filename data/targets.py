@@ -44,9 +44,14 @@ def resolve_target(target: str | os.PathLike) -> str:
         return str(path)
     if path.exists():
         raise FileNotFoundError(f"target {target}: is a file; pass the model's directory")
-    if looks_like_path(target):
-        raise FileNotFoundError(f"target {target}: no such directory (and not a Hub id: those are 'org/name')")
+    if looks_like_path(target) or _local_parent(path):
+        raise FileNotFoundError(f"target {target}: no such directory")
     return target
+
+
+def _local_parent(path: Path) -> bool:
+    """``runs/x`` with a local ``runs/``: meant as a path, although it also reads as a Hub id."""
+    return len(path.parts) > 1 and path.parent.is_dir()
 
 
 def looks_like_path(name: str) -> bool:
@@ -60,7 +65,7 @@ def check_head_source(head: str | os.PathLike) -> None:
     if path.is_dir() and not (path / "config.json").is_file():
         raise FileNotFoundError(f"head {head}: the directory has no config.json (not a saved head; a training "
                                 "run's output_dir holds one once training finished)")
-    if not path.exists() and looks_like_path(str(head)):
+    if not path.exists() and (looks_like_path(str(head)) or _local_parent(path)):
         raise FileNotFoundError(f"head {head}: no such directory")
 
 
@@ -73,8 +78,8 @@ def hub_errors(repo_id: str | os.PathLike) -> Iterator[None]:
         reason = _network_failure(err)
         if reason is None:
             raise
-        raise HubUnreachable(f"{repo_id}: the Hugging Face Hub is unreachable ({reason}) and the repo is not in "
-                             "the local cache; check the network, or pass a local directory") from err
+        raise HubUnreachable(f"{repo_id}: not a local directory, and the Hugging Face Hub is unreachable "
+                             f"({reason}) with the repo not in the local cache; check the path or the network") from err
 
 
 def _network_failure(err: BaseException) -> str | None:

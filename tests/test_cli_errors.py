@@ -162,3 +162,15 @@ def test_infer_does_not_import_train():
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_a_relative_path_under_an_existing_folder_is_a_path(tmp_path, monkeypatch):
+    """`runs/demo-tiny-eagle3` before training: a missing directory, not a Hub repo to look up."""
+    from heads import AutoHead
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(FileNotFoundError, match="runs/demo-tiny-eagle3: no such directory"):
+        AutoHead.from_pretrained("runs/demo-tiny-eagle3")
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        resolve_target("runs/some-model")
