@@ -231,7 +231,9 @@ def _save(dataset: datasets.Dataset, summary: Summary, key_parts: dict, path: Pa
         shutil.rmtree(tmp)
 
 
-def _load_file(path: Path) -> list[dict]:
+def _load_file(path: Path) -> list[dict] | datasets.Dataset:
+    if path.is_dir():
+        return _load_dataset_dir(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
     suffix = path.suffix.lower()
@@ -268,6 +270,21 @@ def _load_file(path: Path) -> list[dict]:
     raise ValueError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
 
 
+def _load_dataset_dir(path: Path) -> datasets.Dataset:
+    """A ``datasets.Dataset`` saved with ``save_to_disk`` (a folder with state.json and arrow files)."""
+    import datasets
+
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        raise ValueError(f"{path} holds a DatasetDict with splits {splits}; name one split's folder, e.g. "
+                         f"{path / (splits[0] if splits else 'train')}")
+    if not (path / "state.json").is_file():
+        raise ValueError(f"{path} is a directory but not a `datasets` dataset: a data directory must be a "
+                         "Dataset.save_to_disk folder (state.json, dataset_info.json, *.arrow); otherwise pass a "
+                         ".json, .jsonl or .parquet file")
+    return datasets.load_from_disk(str(path))
+
+
 def _is_file_source(source: object) -> bool:
     if isinstance(source, str):
         return not source.startswith("stdlib:")
@@ -275,6 +292,11 @@ def _is_file_source(source: object) -> bool:
 
 
 def _file_fingerprint(path: Path) -> str:
+    if path.is_dir():  # a save_to_disk folder: every file's name and bytes
+        h = hashlib.sha256(b"dir")
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(file.relative_to(path).as_posix().encode() + b"\0" + file.read_bytes())
+        return h.hexdigest()
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
     h = hashlib.sha256(path.suffix.lower().encode())  # the suffix decides how the bytes are parsed

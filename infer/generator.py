@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache
 
+from data.targets import hub_errors, resolve_target
 from heads import AutoHead
 from infer.accept import (
     Accepted,
@@ -234,18 +235,20 @@ class SpeculativeGenerator:
         dtype: torch.dtype | str | None = None,
         **kwargs: Any,
     ) -> SpeculativeGenerator:
-        """Load a target (HF id or directory) and a head (directory, HF id, or a loaded head);
-        ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to the
-        target checkpoint's own (the head follows the target).
+        """Load a target (HF id, directory or ``demo:<size>``) and a head (directory, HF id, or a loaded
+        head); ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to
+        the target checkpoint's own (the head follows the target).
         """
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        target = AutoModelForCausalLM.from_pretrained(
-            target_path, dtype=dtype or "auto", attn_implementation="sdpa"
-        ).to(device).eval()
+        target_path = resolve_target(target_path)
+        with hub_errors(target_path):
+            target = AutoModelForCausalLM.from_pretrained(
+                target_path, dtype=dtype or "auto", attn_implementation="sdpa"
+            ).to(device).eval()
         head = head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(target_path)
-        except OSError:  # a bare checkpoint without tokenizer files still generates from ids
+        except (OSError, ValueError):  # a bare checkpoint without tokenizer files still generates from ids
             tokenizer = None
         return cls(target, head.eval(), tokenizer=tokenizer, **kwargs)
 

@@ -35,6 +35,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
             row = json.loads(line)
             if "messages" in row:
                 ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) else ids
+                ids = ids["input_ids"] if isinstance(ids, Mapping) else ids  # a BatchEncoding is no dict
             elif "prompt" in row:
                 ids = tokenizer(row["prompt"])["input_ids"]
             else:
@@ -568,4 +569,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from data.cli import run  # user mistakes: one line, exit code 2
+
+    sys.exit(run(main))

@@ -76,4 +76,6 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    main()
+    from data.cli import run  # user mistakes: one line, exit code 2
+
+    sys.exit(run(main))

@@ -132,3 +132,24 @@ def test_draft_calibration_counts_every_draft():
     assert 0 <= result["accepted"] <= 1 and 0 < result["target_top1_prob"] <= 1
     with pytest.raises(ValueError, match="EAGLE head"):
         module.calibration(target, build_head("medusa", target), prompts, max_new_tokens=4)
+
+
+def test_prompts_file_with_messages_rows():
+    """apply_chat_template returns a BatchEncoding (a Mapping, not a dict): its input_ids are the prompt."""
+    import argparse
+
+    from data.tokenizer import train_tokenizer as make
+
+    tokenizer = make(["hello there, how are you", "fine thanks"] * 10, vocab_size=300)
+    assert tokenizer.chat_template
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "hello there"}]}) + "\n")
+        f.write(json.dumps({"prompt": "how are you"}) + "\n")
+    args = argparse.Namespace(prompts=f.name, num_prompts=8, prompt_tokens=16, max_new_tokens=8)
+    prompts = _load_script().load_prompts(args, tokenizer)
+    assert len(prompts) == 2 and all(isinstance(t, int) for p in prompts for t in p)
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": "hello there"}],
+                                             add_generation_prompt=True, tokenize=True)
+    assert prompts[0] == list(expected["input_ids"])
