@@ -400,4 +400,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from data.cli import run as run_cli  # user mistakes: one line, exit code 2
+
+    sys.exit(run_cli(main))
