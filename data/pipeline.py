@@ -261,7 +261,9 @@ def _save(dataset: datasets.Dataset, summary: Summary, key_parts: dict, path: Pa
         shutil.rmtree(tmp)
 
 
-def _load_file(path: Path, lenient_json: bool = False) -> tuple[list[dict], int]:
+def _load_file(path: Path, lenient_json: bool = False) -> tuple[list[dict] | datasets.Dataset, int]:
+    if path.is_dir():
+        return _load_dataset_dir(path), 0
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
     suffix = path.suffix.lower()
@@ -382,6 +384,21 @@ def _cut_inside(text: str, start: int, decoder: json.JSONDecoder) -> bool:
     return bool(depth) or in_string
 
 
+def _load_dataset_dir(path: Path) -> datasets.Dataset:
+    """A ``datasets.Dataset`` saved with ``save_to_disk`` (a folder with state.json and arrow files)."""
+    import datasets
+
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        raise ValueError(f"{path} holds a DatasetDict with splits {splits}; name one split's folder, e.g. "
+                         f"{path / (splits[0] if splits else 'train')}")
+    if not (path / "state.json").is_file():
+        raise ValueError(f"{path} is a directory but not a `datasets` dataset: a data directory must be a "
+                         "Dataset.save_to_disk folder (state.json, dataset_info.json, *.arrow); otherwise pass a "
+                         ".json, .jsonl or .parquet file")
+    return datasets.load_from_disk(str(path))
+
+
 def _is_file_source(source: object) -> bool:
     if isinstance(source, str):
         return not source.startswith(("stdlib:", DEMO_DATA_PREFIX))
@@ -389,6 +406,11 @@ def _is_file_source(source: object) -> bool:
 
 
 def _file_fingerprint(path: Path) -> str:
+    if path.is_dir():  # a save_to_disk folder: every file's name and bytes
+        h = hashlib.sha256(b"dir")
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(file.relative_to(path).as_posix().encode() + b"\0" + file.read_bytes())
+        return h.hexdigest()
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
     h = hashlib.sha256(path.suffix.lower().encode())  # the suffix decides how the bytes are parsed

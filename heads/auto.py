@@ -61,7 +61,12 @@ class AutoHead:
 
     @staticmethod
     def from_pretrained(path_or_repo: str | os.PathLike, **kwargs: Any) -> DraftHead:
-        config_dict, _ = PretrainedConfig.get_config_dict(str(path_or_repo), **_hub_kwargs(kwargs))
+        from data.targets import check_head_source, hub_errors
+
+        if not kwargs.get("subfolder"):
+            check_head_source(path_or_repo)
+        with hub_errors(path_or_repo):
+            config_dict, _ = PretrainedConfig.get_config_dict(str(path_or_repo), **_hub_kwargs(kwargs))
         model_type = config_dict.get("model_type")
         if model_type in _BY_MODEL_TYPE:
             try:

@@ -19,8 +19,8 @@ import yaml
 from huggingface_hub import HfApi, ModelCardData
 
 from heads.auto import AutoHead
-from heads.common import DraftHead
-from heads.eagle3 import default_aux_layer_ids
+from heads.common import DraftHead, public_target_name
+from heads.eagle3 import engine_aux_layer_ids
 from heads.formats import FORMAT_KINDS, export_head
 
 METRICS_FILE = "metrics.jsonl"  # train.loop: one JSON record per line; evaluations carry "tau", "acc", ...
@@ -75,7 +75,7 @@ def model_card(
     ``repo_id``: usage snippets point at the Hub repo instead of a placeholder directory.
     """
     cfg, kind = head.config, head.head_kind
-    target = cfg.target_name_or_path or None
+    target = public_target_name(cfg.target_name_or_path)  # never a path of this machine
     tags = ["speculative-decoding", kind, "draft-model"] + ([fmt] if fmt else [])
     front = ModelCardData(base_model=target, library_name="draftsmith", tags=tags).to_yaml()
     where = f"the `{fmt}` serving format" if fmt else "draftsmith's own format"
@@ -87,9 +87,9 @@ def model_card(
         "target verifies, so outputs are exactly the target's own; only the speed depends on the head.", "",
         "## Target", "",
         "| field | value |", "|---|---|",
+        f"| name_or_path | {f'`{target}`' if target else 'a local model (its path is not recorded here)'} |",
         *(f"| {field} | `{getattr(cfg, 'target_' + field) or 'unknown'}` |" for field in
-          ("name_or_path", "architecture", "model_type", "hidden_size", "num_layers", "vocab_size",
-           "max_position_embeddings")),
+          ("architecture", "model_type", "hidden_size", "num_layers", "vocab_size", "max_position_embeddings")),
         "", "## What the head reads", "", *_input_lines(head, export_config), "",
     ]
     if training is not None:
@@ -136,8 +136,8 @@ def _training_lines(info: TrainingInfo) -> list[str]:
     config = info.config or {}
     data, opt = config.get("data") or {}, config.get("train") or {}
     if data:
-        lines.append(f"- data: `{data.get('train')}` (max_length {data.get('max_length')}), "
-                     f"held-out: `{data.get('eval')}`")
+        lines.append(f"- data: `{_source_name(data.get('train'))}` (max_length {data.get('max_length')}), "
+                     f"held-out: `{_source_name(data.get('eval'))}`")
     if opt:
         budget = f"{opt['max_steps']} steps" if opt.get("max_steps") else f"{opt.get('epochs')} epoch(s)"
         lines.append(f"- {budget}, lr {opt.get('lr')}, micro-batch {opt.get('micro_batch_size')} x "
@@ -152,9 +152,16 @@ def _training_lines(info: TrainingInfo) -> list[str]:
     return lines or ["- no training record in this directory"]
 
 
+def _source_name(source: Any) -> Any:
+    """A data source as a card may name it: a local file by its name only, never its path."""
+    if isinstance(source, str) and ("/" in source or "\\" in source) and not source.startswith("stdlib:"):
+        return Path(source).name
+    return source
+
+
 def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[str]:
     kind, cfg = head.head_kind, head.config
-    target = cfg.target_name_or_path or "TARGET"
+    target = public_target_name(cfg.target_name_or_path) or "TARGET"
     native = fmt is None
     head_ref = repo_id or ("HEAD_DIR" if native else "DRAFT_DIR")
     serve_dir = head_ref if not native else "SERVE_DIR"
@@ -197,7 +204,7 @@ def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[
 
 def _trtllm_layers(head: DraftHead) -> list[str]:
     ids, layers = list(head.config.aux_layer_ids), head.config.target_num_layers
-    if layers and ids == default_aux_layer_ids(layers):
+    if layers and ids == engine_aux_layer_ids(layers):
         return []  # TensorRT-LLM's default {1, L//2 - 1, L - 4} is the same layers
     return [f"  eagle3_layers_to_capture: {[i - 1 for i in ids]}  # output of layer k"]
 

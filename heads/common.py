@@ -1,6 +1,9 @@
 """What every draft head shares: the target's identity, and the check that a head fits a target."""
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig, PreTrainedModel
@@ -94,12 +97,52 @@ class DraftHeadConfig(PretrainedConfig):
         return {f"target_{k}": v for k, v in target_identity(target).items()}
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_HF_CACHE_SNAPSHOT = re.compile(r".*/models--([^/]+)--([^/]+)/snapshots/[^/]+/?")
+_DEMO_DIR = re.compile(r".*/demo/([a-z0-9]+)-seed0-[0-9a-f]{12}/?")  # train.demo's cache layout
+
+
+def public_target_name(name_or_path: str | None) -> str | None:
+    """How a card or an export may name a target: a Hub id or ``demo:<size>`` as given, a Hugging Face
+    cache snapshot as its repo id, a draftsmith demo LM as ``demo:<size>``; None for any other local
+    path (a path of this machine means nothing elsewhere and says who and where)."""
+    name = str(name_or_path or "")
+    if name.startswith("demo:"):
+        return name
+    if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")) and not Path(name).exists():
+        return name
+    if match := _HF_CACHE_SNAPSHOT.fullmatch(name):
+        return f"{match.group(1)}/{match.group(2)}"
+    if match := _DEMO_DIR.fullmatch(name):
+        return f"demo:{match.group(1)}"
+    return None
+
+
+def share_readable(path: str | os.PathLike) -> None:
+    """Give ``path`` (a file, or a folder and everything in it) the permissions a plain ``open`` and
+    ``mkdir`` would: 0644/0755 under umask 022. safetensors' ``save_file`` writes 0600 and
+    ``tempfile.mkdtemp`` 0700, which a server running as another user cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    root = Path(path)
+    for item in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        if item.is_symlink():
+            continue
+        item.chmod((0o777 if item.is_dir() else 0o666) & ~umask)
+
+
 class DraftHead(PreTrainedModel):
     """Behaviour shared by all heads. Subclasses set ``config_class`` and build their modules."""
 
     config_class = DraftHeadConfig
     base_model_prefix = ""
     supports_gradient_checkpointing = False
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        """``PreTrainedModel.save_pretrained``, then files readable by other users (``share_readable``)."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        share_readable(save_directory)
+        return result
 
     @property
     def head_kind(self) -> str:

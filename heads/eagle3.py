@@ -20,9 +20,42 @@ from heads.eagle import EagleConfig
 from heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
 
 
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high feature layers as HF hidden_states indices."""
+AUX_LAYERS = 3  # vLLM, SGLang and TensorRT-LLM size the fc for 3 x target_hidden_size, whatever the config says
+
+
+def engine_aux_layer_ids(num_layers: int) -> list[int]:
+    """The layers vLLM, SGLang and TensorRT-LLM capture when a config names none: ``[2, L//2, L-3]``."""
     return [2, num_layers // 2, num_layers - 3]
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high feature layers as HF hidden_states indices.
+
+    The engines' rule ``[2, L//2, L-3]`` where it gives 3 distinct layers of the target (L >= 7);
+    below that it repeats or leaves the target ([2, 2, 2] at L=5, [2, 1, -1] at L=2), so small targets
+    get ``[1, L//2, L-1]`` (L = 4..6) or ``[0, 1, 2]`` (L = 3), written explicitly into exports.
+    """
+    ids = engine_aux_layer_ids(num_layers)
+    if len(set(ids)) == AUX_LAYERS and all(0 <= i < num_layers for i in ids):
+        return ids
+    if num_layers < AUX_LAYERS:
+        raise ValueError(f"EAGLE-3 fuses {AUX_LAYERS} distinct target layers; this target has fewer than 3 "
+                         f"({num_layers}); train an EAGLE (head.kind=eagle) or Medusa head for it")
+    return [0, 1, 2] if num_layers == 3 else [1, num_layers // 2, num_layers - 1]
+
+
+def check_aux_layer_ids(ids: list[int], num_layers: int = 0) -> None:
+    """Refuse aux layer ids the engines cannot load: not exactly 3, repeated, or outside the target."""
+    if len(ids) != AUX_LAYERS:
+        raise ValueError(f"aux_layer_ids {list(ids)}: EAGLE-3 fuses exactly {AUX_LAYERS} layers (vLLM, SGLang and "
+                         f"TensorRT-LLM size the fc for {AUX_LAYERS} x the target's hidden size)")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"aux_layer_ids {list(ids)} repeats a layer; name {AUX_LAYERS} distinct layers")
+    if any(i < 0 for i in ids):
+        raise ValueError(f"aux_layer_ids {[i for i in ids if i < 0]} are negative (hidden_states indices start at 0)")
+    bad = [i for i in ids if num_layers and i >= num_layers]
+    if bad:
+        raise ValueError(f"aux_layer_ids {bad} are outside the target's layers 0..{num_layers - 1}")
 
 
 class Eagle3Config(EagleConfig):
@@ -46,9 +79,8 @@ class Eagle3Config(EagleConfig):
         self.fc_bias = False
         if self.draft_vocab_size > self.vocab_size:
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size} exceeds vocab_size={self.vocab_size}")
-        bad = [i for i in self.aux_layer_ids if layers and not 0 <= i < layers]
-        if bad:
-            raise ValueError(f"aux_layer_ids {bad} are outside the target's layers 0..{layers - 1}")
+        if self.aux_layer_ids:
+            check_aux_layer_ids(self.aux_layer_ids, layers)
 
     @property
     def reduced_vocab(self) -> bool:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from heads.layers import HeadCache
 from infer.accept import sampling_probs
+from infer.cache import StaticHeadCache
 from infer.tree import (
     MEDUSA_DEFAULT_CHOICES,
     Candidates,
@@ -137,6 +138,12 @@ class Drafter(Protocol):
     def propose(self, state: Any, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
         """A draft rooted at ``root`` (0-d long) with at most ``max_depth`` draft levels."""
 
+    # Optional:
+    # max_nodes: int -- the most nodes (root included) a draft can have: the tree budget every
+    #     draft is padded to with cache_implementation="static" (required there).
+    # def reserve(self, state, length: int) -> None -- preallocate per-generation buffers for a
+    #     generation of ``length`` tokens (prompt + max_new_tokens); called after new_state().
+
 
 @functools.lru_cache(maxsize=64)
 def chain_buffers(num_drafts: int, device: torch.device) -> TreeBuffers:
@@ -175,10 +182,12 @@ class MedusaDrafter:
             if self.option.length > num_heads:
                 raise ValueError(f"Chain(length={self.option.length}) needs that many Medusa heads; this head has {num_heads}")
             self.tree = None
+            self.max_nodes = self.option.length + 1
         elif isinstance(self.option, StaticTree):
             # Paths deeper than the head count cannot be drafted: drop them (keeps prefixes closed).
             choices = [c for c in self.option.choices if len(c) <= num_heads]
             self.tree = medusa_tree(choices)
+            self.max_nodes = len(choices) + 1
         else:
             raise TypeError(f"Medusa heads draft a StaticTree or a Chain, not {type(self.option).__name__}")
         # (max_depth, device) -> (buffers, ranks (N,), depth, top ranks needed): built once, no syncs later
@@ -221,7 +230,7 @@ class MedusaDrafter:
 
 @dataclass
 class EagleState:
-    cache: HeadCache = field(default_factory=HeadCache)  # accepted positions only
+    cache: HeadCache | StaticHeadCache = field(default_factory=HeadCache)  # accepted positions only
     hidden: Tensor | None = None  # (1, 1, H) head output at the last accepted position
 
 
@@ -238,9 +247,19 @@ class EagleDrafter:
         self.embed = target.get_input_embeddings()
         self.lm_head = None if self.eagle3 else target.get_output_embeddings()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        if isinstance(tree, Chain):
+            self.max_nodes = tree.length + 1
+            self._explored = tree.length  # head-cache entries one draft writes past the prefix
+        else:
+            self.max_nodes = tree.total_tokens
+            self._explored = tree.depth * tree.top_k
 
     def new_state(self) -> EagleState:
         return EagleState()
+
+    def reserve(self, state: EagleState, length: int) -> None:
+        """Preallocate the head's cache: every accepted position plus one draft's exploration."""
+        state.cache = StaticHeadCache(length + self._explored + 1)
 
     def _logits(self, hidden: Tensor) -> Tensor:
         """Draft logits (..., V or Vd) in float32 from head outputs (..., H)."""

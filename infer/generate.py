@@ -22,7 +22,8 @@ from transformers import TextStreamer
 from heads import AutoHead
 from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree
 from infer.generator import SpeculativeGenerator
-from train.demo import resolve_target
+from infer.threads import choose_threads
+from data.cli import run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16", "float64"), default="auto")
     p.add_argument("--compare", action="store_true", help="also run vanilla decoding and compare")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, help="CPU threads (default: 1 or all cores, whichever a short probe "
+                   "measures faster; OMP_NUM_THREADS is respected)")
     return p.parse_args(argv)
 
 
@@ -79,13 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        print(choose_threads(args.threads), file=sys.stderr)
     head = AutoHead.from_pretrained(args.head)  # its kind decides the tree before the generator exists
     kind = head.head_kind
     target = args.target or head.config.target_name_or_path
     if not target:
         raise SystemExit(f"{args.head} records no target (target_name_or_path); pass --target")
     gen = SpeculativeGenerator.from_pretrained(
-        resolve_target(target), head, device=device, dtype=dtype, tree=tree_option(kind, device, args)
+        target, head, device=device, dtype=dtype, tree=tree_option(kind, device, args)
     )
     if gen.tokenizer is None:
         raise SystemExit(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
@@ -129,5 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if same or args.temperature > 0 else 1
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``main`` with user mistakes as one line and exit code 2."""
+    return run(main, argv)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli())

@@ -7,6 +7,15 @@ One step:
 3. an acceptance rule keeps the longest valid path and picks the bonus token after it;
 4. the target cache keeps exactly prefix + accepted nodes; the drafter observes the accepted
    tokens with their true target features; the bonus token becomes the next root.
+
+Two decode states, one loop (``cache_implementation``, HF's argument name):
+- "dynamic": HF's ``DynamicCache``; each draft is verified at its own size, eagerly.
+- "static": a ``StaticKVCache`` preallocated for prompt + max_new_tokens + the tree budget and kept
+  across calls while it is large enough; every draft is padded to the tree budget N (dummy nodes no
+  real node sees), so the verify step has one shape and, with ``compile=True``, runs as one
+  compiled graph (``torch.compile``; on CUDA with CUDA graphs, mode "reduce-overhead"). The draft
+  head's cache is a preallocated ``StaticHeadCache``. Same trees, acceptance, sampling, streamer
+  and EOS handling in both.
 """
 from __future__ import annotations
 
@@ -19,6 +28,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache
 
+from data.targets import hub_errors, resolve_target
 from heads import AutoHead
 from infer.accept import (
     Accepted,
@@ -28,10 +38,10 @@ from infer.accept import (
     tree_sample_accept,
     typical_accept,
 )
-from infer.cache import keep_accepted
+from infer.cache import StaticKVCache, keep_accepted
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter
-from infer.target import TargetOutput, target_forward
-from infer.tree import tree_attention_mask
+from infer.target import TargetOutput, decoder_layers, static_forward, target_forward
+from infer.tree import pad_tree, tree_attention_mask
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # flash attention takes no arbitrary tree mask
 
@@ -44,7 +54,11 @@ class GenerationStats:
     target_forwards: int = 0  # including the prefill
     steps: int = 0  # verification forwards
     step_tokens: int = 0  # tokens emitted by verification steps (accepted drafts + bonus)
-    wall_time: float = 0.0  # seconds
+    verified_tokens: int = 0  # tokens the verification forwards ran over (padded to the budget when static)
+    wall_time: float = 0.0  # seconds, compilation included (see compile_time)
+    # Seconds spent in verify calls that compiled a new graph (first call per tree budget and
+    # cache size); included in wall_time. Warm up once to measure decode speed alone.
+    compile_time: float = 0.0
     # Seconds per phase ("prefill", "draft", "verify", "accept", "compact", "emit", "observe"),
     # filled only by a generator built with profile=True (it synchronises the device at every
     # phase end, so profiled runs are slower on GPU).
@@ -64,7 +78,7 @@ class GenerationStats:
 class DecodeState:
     """Everything one generation carries from step to step."""
 
-    cache: DynamicCache  # target KV of all emitted tokens except the root
+    cache: DynamicCache | StaticKVCache  # target KV of all emitted tokens except the root
     draft: Any  # the drafter's own state (head cache, last head output, ...)
     root: Tensor  # 0-d long: last emitted token
     emitted: list[Tensor] = field(default_factory=list)  # chunks of new tokens
@@ -110,6 +124,16 @@ def _sliding_window(config) -> int | None:
     return None if getattr(config, "use_sliding_window", True) is False else window
 
 
+def default_decode_settings(device: torch.device | str) -> tuple[str, bool]:
+    """(cache_implementation, compile) used when the caller gives none, chosen by measurement
+    (docs/benchmarks.md): on CUDA a static cache with a compiled (CUDA-graph) verify step; on CPU
+    the dynamic cache, eager, which is what the CPU demo numbers were measured with (a compiled
+    CPU step saves little where a forward is compute-bound, and costs a long first compile)."""
+    if torch.device(device).type == "cuda":
+        return "static", True
+    return "dynamic", False
+
+
 class SpeculativeGenerator:
     """Lossless tree speculative decoding with a draft head (batch size 1).
 
@@ -125,6 +149,12 @@ class SpeculativeGenerator:
             at temperature > 0, with ``typical_threshold`` and ``typical_alpha``).
         profile: time each phase of the loop into ``last_stats.phase_times`` (adds a device sync
             per phase; for finding where a step's time goes, not for measuring speed).
+        cache_implementation: "static" (preallocated KV, fixed-shape verify; see the module
+            docstring) or "dynamic" (HF ``DynamicCache``); None = the device's measured default
+            (``default_decode_settings``: CUDA static, CPU dynamic).
+        compile: compile the static verify step with ``torch.compile`` (True: inductor, with CUDA
+            graphs on CUDA; a string names another ``torch.compile`` backend, e.g. "aot_eager");
+            None = the device's default (CUDA: True, CPU: False). Needs cache_implementation="static".
     """
 
     def __init__(
@@ -137,6 +167,8 @@ class SpeculativeGenerator:
         typical_threshold: float = 0.09,
         typical_alpha: float = 0.3,
         profile: bool = False,
+        cache_implementation: str | None = None,
+        compile: bool | str | None = None,
     ) -> None:
         attn = getattr(target.config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
@@ -163,7 +195,36 @@ class SpeculativeGenerator:
         self.acceptance = acceptance
         self.typical = (typical_threshold, typical_alpha)
         self.profile = profile
+        default_cache, default_compile = default_decode_settings(self.device)
+        self.cache_implementation = cache_implementation or default_cache
+        if self.cache_implementation not in ("static", "dynamic"):
+            raise ValueError(f"cache_implementation must be 'static' or 'dynamic', got {self.cache_implementation!r}")
+        if compile is None:
+            compile = default_compile and self.cache_implementation == "static"
+        if compile and self.cache_implementation != "static":
+            raise ValueError("compile=True needs cache_implementation='static' (a dynamic cache changes shape every step)")
+        self.compile = compile
+        self._verify_fn = self._make_verify_fn(compile) if self.cache_implementation == "static" else None
+        self._compiled_shapes: set[tuple[int, int]] = set()
+        self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         self.last_stats = GenerationStats()
+
+    @staticmethod
+    def _make_verify_fn(compile: bool | str):
+        if not compile:
+            return static_forward
+        on_cuda_default = torch.cuda.is_available()
+        # Every generator compiles the same function, and dynamo's per-function limit of 8 graphs
+        # is shared by all of them (targets x tree budgets x cache sizes): past it dynamo would
+        # silently run eagerly. Raise it; each entry is one (model, budget, cache size).
+        limit = getattr(torch._dynamo.config, "recompile_limit", None)
+        if limit is not None and limit < 64:
+            torch._dynamo.config.recompile_limit = 64
+        if isinstance(compile, str):
+            return torch.compile(static_forward, backend=compile, dynamic=False)
+        # CUDA graphs remove the per-kernel launch cost that dominates small-batch decoding.
+        mode = "reduce-overhead" if on_cuda_default else None
+        return torch.compile(static_forward, mode=mode, dynamic=False)
 
     @classmethod
     def from_pretrained(
@@ -174,18 +235,20 @@ class SpeculativeGenerator:
         dtype: torch.dtype | str | None = None,
         **kwargs: Any,
     ) -> SpeculativeGenerator:
-        """Load a target (HF id or directory) and a head (directory, HF id, or a loaded head);
-        ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to the
-        target checkpoint's own (the head follows the target).
+        """Load a target (HF id, directory or ``demo:<size>``) and a head (directory, HF id, or a loaded
+        head); ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to
+        the target checkpoint's own (the head follows the target).
         """
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        target = AutoModelForCausalLM.from_pretrained(
-            target_path, dtype=dtype or "auto", attn_implementation="sdpa"
-        ).to(device).eval()
+        target_path = resolve_target(target_path)
+        with hub_errors(target_path):
+            target = AutoModelForCausalLM.from_pretrained(
+                target_path, dtype=dtype or "auto", attn_implementation="sdpa"
+            ).to(device).eval()
         head = head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(target_path)
-        except OSError:  # a bare checkpoint without tokenizer files still generates from ids
+        except (OSError, ValueError):  # a bare checkpoint without tokenizer files still generates from ids
             tokenizer = None
         return cls(target, head.eval(), tokenizer=tokenizer, **kwargs)
 
@@ -239,9 +302,11 @@ class SpeculativeGenerator:
             return logits.float().argmax()
         return torch.multinomial(sampling.probs(logits), 1)[0]
 
-    def _verify(self, state: DecodeState, draft: Draft) -> tuple[int, TargetOutput]:
+    def _verify(self, state: DecodeState, draft: Draft, stats: GenerationStats) -> tuple[int, TargetOutput]:
         """One target forward over all tree nodes; returns (prefix length, output)."""
         prefix = state.cache.get_seq_length()
+        if isinstance(state.cache, StaticKVCache):
+            return prefix, self._static_verify(state.cache, prefix, draft, stats)
         mask = tree_attention_mask(draft.tree.mask, prefix, self.dtype)  # (1, 1, N, S + N)
         out = target_forward(
             self.target,
@@ -253,6 +318,75 @@ class SpeculativeGenerator:
             use_cache=True,
         )
         return prefix, out
+
+    def _static_verify(self, cache: StaticKVCache, prefix: int, draft: Draft, stats: GenerationStats) -> TargetOutput:
+        """Verify ``draft`` padded to the tree budget over the static cache (compiled when asked);
+        the logits and features of dummy nodes are cut off before anyone reads them."""
+        n, budget = draft.tokens.shape[0], self._budget
+        tokens, depths, block = pad_tree(draft.tokens, draft.tree.depths, draft.tree.mask, budget)
+        slots = self._arange_budget + prefix  # (N,) no host read: prefix is a host int
+        shape = (budget, cache.max_len)
+        first = shape not in self._compiled_shapes and bool(self.compile)
+        if first:
+            self._sync()
+            start = time.perf_counter()
+        if self.compile and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # last step's outputs may be overwritten now
+        out = self._verify_fn(self.target, tokens[None], slots, block, depths, cache, self.drafter.aux_layer_ids)
+        if first:
+            self._sync()
+            stats.compile_time += time.perf_counter() - start
+            self._compiled_shapes.add(shape)
+        aux = out.aux_hidden[:, :n] if out.aux_hidden is not None else None
+        return TargetOutput(out.logits[:, :n], out.final_hidden[:, :n], aux, cache)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # sync: only around compilation, to time it
+
+    def _prefill(self, ids: Tensor, max_new_tokens: int) -> TargetOutput:
+        """The prompt's forward, into a fresh DynamicCache or the (reused) static buffer."""
+        if self.cache_implementation == "dynamic":
+            return target_forward(
+                self.target, ids, aux_layer_ids=self.drafter.aux_layer_ids,
+                past_key_values=DynamicCache(), use_cache=True,
+            )
+        cache = self._reserve_static_cache(ids.shape[1] + max_new_tokens + self._budget)
+        length = ids.shape[1]
+        positions = torch.arange(length, device=self.device)
+        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()
+        out = static_forward(self.target, ids, positions, causal, positions, cache, self.drafter.aux_layer_ids)
+        cache.length = length
+        return out
+
+    def _reserve_static_cache(self, needed: int) -> StaticKVCache:
+        """The static buffer, allocated again only when a call needs more slots than it has
+        (sizes rounded up to a power of two >= 256, so a compiled step sees few cache shapes)."""
+        cache = self._static_cache
+        if cache is None or cache.max_len < needed:
+            size = max(256, 1 << (needed - 1).bit_length())
+            cache = StaticKVCache(len(decoder_layers(self.target)), size)
+            self._static_cache = cache
+        cache.length = 0
+        return cache
+
+    @property
+    def _budget(self) -> int:
+        """Tree budget N: the most nodes (root included) a draft of this drafter can have."""
+        budget = getattr(self.drafter, "max_nodes", None)
+        if budget is None:
+            raise ValueError(
+                f"cache_implementation='static' pads drafts to the drafter's max_nodes; "
+                f"{type(self.drafter).__name__} has none: give it a max_nodes attribute or use 'dynamic'"
+            )
+        return int(budget)
+
+    @property
+    def _arange_budget(self) -> Tensor:
+        cached = getattr(self, "_arange_cache", None)
+        if cached is None or cached.shape[0] != self._budget:
+            cached = self._arange_cache = torch.arange(self._budget, device=self.device)
+        return cached
 
     def _accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
         tree = draft.tree
@@ -311,13 +445,13 @@ class SpeculativeGenerator:
         if streamer is not None:
             streamer.put(ids.cpu())
 
-        out = target_forward(
-            self.target, ids, aux_layer_ids=self.drafter.aux_layer_ids,
-            past_key_values=DynamicCache(), use_cache=True,
-        )
+        out = self._prefill(ids, max_new_tokens)
         stats.target_forwards += 1
         first = self._next_token(out.logits[0, -1], sampling)
         state = DecodeState(cache=out.past_key_values, draft=self.drafter.new_state(), root=first)
+        reserve = getattr(self.drafter, "reserve", None)
+        if reserve is not None:  # preallocate the drafter's own cache for this generation
+            reserve(state.draft, ids.shape[1] + max_new_tokens)
         kept, stop = self._trim(first.reshape(1), eos, max_new_tokens)
         self._emit(state, kept, streamer)
         if not stop:
@@ -329,7 +463,8 @@ class SpeculativeGenerator:
             # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
             draft = self.drafter.propose(state.draft, state.root, sampling, max_depth=remaining - 1)
             clock.mark("draft")
-            prefix, out = self._verify(state, draft)
+            prefix, out = self._verify(state, draft, stats)
+            stats.verified_tokens += self._budget if isinstance(state.cache, StaticKVCache) else draft.tokens.numel()
             clock.mark("verify")
             accepted = self._accept(out.logits[0], draft, sampling)
             nodes = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first

@@ -14,6 +14,7 @@ import argparse
 import json
 import random
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -86,4 +87,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from data.cli import run  # user mistakes: one line, exit code 2
+
+    sys.exit(run(lambda argv: main()))

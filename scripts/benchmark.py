@@ -4,7 +4,9 @@
         [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--trees tree,chain4]
         [--profile] [--train-throughput] [--out DIR]
 
-Methods: vanilla greedy ``generate``; HF assisted generation (``--assistant``, a small LM sharing
+Methods: vanilla greedy ``generate`` (eager, DynamicCache); ``hf-static``: HF ``generate`` with
+``cache_implementation="static"`` (HF compiles it on CUDA: the vanilla baseline that counts on a
+GPU; ``--no-hf-static`` skips it); HF assisted generation (``--assistant``, a small LM sharing
 the tokenizer); HF prompt-lookup decoding (unless ``--no-prompt-lookup``); each head with every
 tree in ``--trees``: ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
 an EAGLE-2 dynamic tree), ``default`` (what a generator drafts when given no tree), ``chainN``,
@@ -12,7 +14,9 @@ an EAGLE-2 dynamic tree), ``default`` (what a generator drafts when given no tre
 nodes of mc_sim_7b_63); a tree that does not fit a head's kind is skipped. Per method: median tokens/s over prompts
 and repeats (after warm-up), speedup over vanilla, τ (tokens per verification forward), the mean
 number of tokens each verification forward carried, peak memory (CUDA only), and whether the
-greedy output is identical to vanilla's.
+greedy output is identical to vanilla's. Speedups are reported against vanilla and against
+hf-static. Heads run with ``--cache-implementation`` and ``--compile`` (default: the device's, see
+``infer.generator.default_decode_settings``); on the static path t(N) is the compiled verify step's.
 
 The bound: a verification forward over N tokens costs t(N) on this hardware; a method with
 acceptance τ verifying N tokens per step can at best be τ·t(1)/t(N) times faster than vanilla
@@ -31,6 +35,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +45,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_scale, beside this script
 
 from heads import AutoHead  # noqa: E402
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree  # noqa: E402
@@ -68,8 +74,8 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
                 continue
             row = json.loads(line)
             if "messages" in row:
-                ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True,
-                                                    return_dict=True)["input_ids"]  # a BatchEncoding is no dict
+                ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if isinstance(ids, Mapping) else ids  # a BatchEncoding is no dict
             elif "prompt" in row:
                 ids = tokenizer(row["prompt"])["input_ids"]
             else:
@@ -92,7 +98,17 @@ class ForwardCounter:
 
     def __init__(self, target) -> None:
         self.lengths: list[int] = []
-        self._handle = decoder_layers(target)[0].register_forward_pre_hook(self._hook, with_kwargs=True)
+        self._layer = decoder_layers(target)[0]
+        self._handle = None
+        self.enabled(True)
+
+    def enabled(self, on: bool) -> None:
+        """Hook on or off: off while a compiled method runs (a hook would be traced into its graph)."""
+        if on and self._handle is None:
+            self._handle = self._layer.register_forward_pre_hook(self._hook, with_kwargs=True)
+        elif not on and self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
     def _hook(self, module, args, kwargs) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]
@@ -116,7 +132,8 @@ class Method:
     kind: str  # vanilla | assisted | prompt_lookup | head
     run: object  # callable(input_ids) -> output ids (1, P + new)
     runs: list[dict] = field(default_factory=list)
-    generator: SpeculativeGenerator | None = None  # head methods: for the --profile pass
+    generator: SpeculativeGenerator | None = None  # head methods: counts come from its stats
+    compiled: bool = False  # runs a compiled graph: module hooks would not see its forwards
 
 
 TREE_SPEC = re.compile(r"^(tree|default|chain(\d+)|dyn(\d+)-(\d+)-(\d+)|medusa(\d+))$")
@@ -154,6 +171,8 @@ def build_methods(args, target, tokenizer) -> list[Method]:
         return lambda ids: target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra)
 
     methods = [Method("vanilla", "vanilla", hf())]
+    if not args.no_hf_static:
+        methods.append(Method("hf-static", "vanilla", hf(cache_implementation="static"), compiled=True))
     if args.assistant:
         assistant = AutoModelForCausalLM.from_pretrained(args.assistant, dtype=target.dtype).to(target.device).eval()
         methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
@@ -166,7 +185,8 @@ def build_methods(args, target, tokenizer) -> list[Method]:
         for variant, tree in variants:
             if tree is None:
                 continue
-            gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree)
+            gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree,
+                                       cache_implementation=args.cache_implementation, compile=args.compile)
             run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
             name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
             methods.append(Method(name, "head", run, generator=gen))
@@ -180,6 +200,7 @@ def time_methods(methods: list[Method], prompts, args, target, counter: ForwardC
     for p_idx, prompt in enumerate(prompts):
         ids = torch.tensor([prompt], device=device)
         for method in methods:  # interleaved per prompt: slow drifts hit every method alike
+            counter.enabled(method.generator is None and not method.compiled)
             times = []
             for rep in range(args.warmup + args.repeats):
                 counter.reset()
@@ -195,14 +216,21 @@ def time_methods(methods: list[Method], prompts, args, target, counter: ForwardC
                 if rep >= args.warmup:
                     times.append(elapsed)
             new = out[0, ids.shape[1]:].tolist()
-            verify = counter.lengths[1:]  # the first forward is the prefill
+            if method.generator is not None:  # the generator counts its own forwards
+                stats = method.generator.last_stats
+                forwards, verify_mean = stats.target_forwards, stats.verified_tokens / max(1, stats.steps)
+            elif method.compiled:  # HF's static-cache generate: one forward per token
+                forwards, verify_mean = len(new), 1.0
+            else:
+                verify = counter.lengths[1:]  # the first forward is the prefill
+                forwards, verify_mean = len(counter.lengths), statistics.fmean(verify) if verify else 1.0
             method.runs.append({
                 "prompt": p_idx,
                 "new_tokens": len(new),
                 "seconds": statistics.median(times),
-                "forwards": len(counter.lengths),
-                "verify_lengths_mean": statistics.fmean(verify) if verify else 1.0,
-                "tau": (len(new) - 1) / max(1, len(counter.lengths) - 1),
+                "forwards": forwards,
+                "verify_lengths_mean": verify_mean,
+                "tau": (len(new) - 1) / max(1, forwards - 1),
                 "peak_mem_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
                 "tokens": new,
             })
@@ -324,6 +352,18 @@ def verification_cost(target, prompt: list[int], sizes: list[int], repeats: int)
     return {n: statistics.median(times[n]) for n in sizes}
 
 
+def static_verification_cost(target, prompt: list[int], sizes: list[int], args, compile) -> dict[int, float]:
+    """t(N) of the static (compiled when ``compile``) verify step, per N, interleaved."""
+    from bench_scale import OracleDrafter, verify_costs
+
+    ids = torch.tensor([prompt], device=target.device)
+    vocab = target.config.get_text_config().vocab_size
+    gens = {n: SpeculativeGenerator(target, OracleDrafter(ids[0], len(prompt), n - 1, vocab),
+                                    cache_implementation="static", compile=compile) for n in sizes}
+    args.cost_repeats = max(30, 10 * args.repeats)
+    return verify_costs(target, sizes, ids, args, gens)
+
+
 def cost_at(costs: dict[int, float], n: float) -> float:
     """t(n) by linear interpolation of the measured sweep."""
     sizes = sorted(costs)
@@ -338,12 +378,17 @@ def cost_at(costs: dict[int, float], n: float) -> float:
 # ----------------------------------------------------------------------------------- report
 
 
+def _speedups(m: Method, base: Method) -> list[float]:
+    return [b["seconds"] / r["seconds"] * r["new_tokens"] / b["new_tokens"] for r, b in zip(m.runs, base.runs)]
+
+
 def summarise(methods: list[Method], costs: dict[int, float]) -> list[dict]:
     vanilla = methods[0]
+    static = next((m for m in methods if m.name == "hf-static"), None)
     rows = []
     for m in methods:
         tps = [r["new_tokens"] / r["seconds"] for r in m.runs]
-        speedups = [v["seconds"] / r["seconds"] * r["new_tokens"] / v["new_tokens"] for r, v in zip(m.runs, vanilla.runs)]
+        speedups = _speedups(m, vanilla)
         tau = statistics.fmean(r["tau"] for r in m.runs)
         n_verify = statistics.fmean(r["verify_lengths_mean"] for r in m.runs)
         bound = tau * costs[1] / cost_at(costs, n_verify)
@@ -353,6 +398,7 @@ def summarise(methods: list[Method], costs: dict[int, float]) -> list[dict]:
             "method": m.name,
             "tokens_per_s": statistics.median(tps),
             "speedup": speedup,
+            "speedup_vs_hf_static": statistics.median(_speedups(m, static)) if static else None,
             "tau": tau,
             "forwards_per_token": statistics.fmean(r["forwards"] / max(1, r["new_tokens"]) for r in m.runs),
             "tokens_per_verify": n_verify,
@@ -369,13 +415,14 @@ def markdown(rows: list[dict], costs: dict[int, float], meta: dict) -> str:
         f"Target `{meta['target']}` on {meta['hardware']}, {meta['dtype']}, {meta['num_prompts']} prompts × "
         f"{meta['repeats']} repeats, max_new_tokens={meta['max_new_tokens']}.",
         "",
-        "| method | tokens/s | speedup | τ | fwd/token | tokens/verify | bound | efficiency | peak MiB | identical |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|:-:|",
+        "| method | tokens/s | speedup | vs hf-static | τ | fwd/token | tokens/verify | bound | efficiency | peak MiB | identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|",
     ]
     for r in rows:
         mem = f"{r['peak_mem_mb']:.0f}" if r["peak_mem_mb"] is not None else "–"
+        vs_static = f"{r['speedup_vs_hf_static']:.2f}×" if r.get("speedup_vs_hf_static") else "–"
         lines.append(
-            f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | {r['tau']:.2f} | "
+            f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | {vs_static} | {r['tau']:.2f} | "
             f"{r['forwards_per_token']:.2f} | {r['tokens_per_verify']:.1f} | {r['bound']:.2f}× | "
             f"{r['efficiency']:.0%} | {mem} | {'yes' if r['identical'] else 'NO'} |"
         )
@@ -442,6 +489,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trees", default="tree,chain4",
                    help="comma-separated trees per head: tree, default, chainN, dynD-K-N, medusaN")
     p.add_argument("--no-prompt-lookup", action="store_true", help="skip HF prompt-lookup decoding")
+    p.add_argument("--no-hf-static", action="store_true", help="skip HF generate with a static cache")
+    p.add_argument("--cache-implementation", choices=("static", "dynamic"), default=None,
+                   help="the heads' decode state (default: the device's)")
+    p.add_argument("--compile", default=None, choices=("true", "false"),
+                   help="compile the heads' static verify step (default: the device's)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--tree-sizes", default="1,2,4,8,16,32,48,64,96,128")
     p.add_argument("--device", default=None)
@@ -454,6 +506,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats < 1 or args.num_prompts < 1:
         p.error("--repeats and --num-prompts must be >= 1")
+    args.compile = None if args.compile is None else args.compile == "true"
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
     bad = [t for t in args.trees if not TREE_SPEC.match(t)]
     if bad or not args.trees:
@@ -468,17 +521,21 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
-    from train.demo import resolve_target
+    from data.targets import resolve_target
 
     target_path = resolve_target(args.target)  # results keep the name given (demo:smollm2), not the cache path
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     prompts = load_prompts(args, tokenizer)
     sizes = sorted({int(s) for s in args.tree_sizes.split(",")} | {1})
-    costs = verification_cost(target, prompts[0], sizes, repeats=max(30, 10 * args.repeats))
-
     counter = ForwardCounter(target)
     methods = build_methods(args, target, tokenizer)
+    static = [m.generator for m in methods if m.generator is not None and m.generator.cache_implementation == "static"]
+    if static:  # t(N) of the step the heads really run: the (compiled) static verify
+        counter.enabled(False)
+        costs = static_verification_cost(target, prompts[0], sizes, args, static[0].compile)
+    else:
+        costs = verification_cost(target, prompts[0], sizes, repeats=max(30, 10 * args.repeats))
     time_methods(methods, prompts, args, target, counter)
     rows = summarise(methods, costs)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
@@ -521,4 +578,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from data.cli import run  # user mistakes: one line, exit code 2
+
+    sys.exit(run(main))

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--max-new-tokens", type=int, default=96)
     args = p.parse_args(argv)
-    from train.demo import resolve_target  # demo:<size>, demo:smollm2
+    from data.targets import resolve_target  # demo:<size>, demo:smollm2
 
     target_path = resolve_target(args.target)
     target = AutoModelForCausalLM.from_pretrained(target_path, attn_implementation="sdpa").eval()
@@ -79,4 +79,6 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    main()
+    from data.cli import run  # user mistakes: one line, exit code 2
+
+    sys.exit(run(main))

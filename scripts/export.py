@@ -12,11 +12,14 @@ launch commands.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig
 
+from data.cli import run
+from data.targets import hub_errors, resolve_target
 from heads import AutoHead
 from heads.formats import FORMATS, export_head
 
@@ -28,7 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--head", required=True, help="head directory or Hub repo id (anything AutoHead loads)")
     parser.add_argument("--to", required=True, choices=FORMATS, help="serving format")
     parser.add_argument("--out", required=True, type=Path, help="output directory (must be empty or absent)")
-    parser.add_argument("--target", help="target path or Hub id: checked against the head, fills missing facts")
+    parser.add_argument("--target", help="target path, Hub id or demo:<size>: checked against the head, fills "
+                        "missing facts")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the weights (default: as saved)")
     parser.add_argument("--num-speculative-tokens", type=int, default=3,
                         help="speculators format: proposal length vLLM uses by default")
@@ -41,7 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     head = AutoHead.from_pretrained(args.head)
-    target = AutoConfig.from_pretrained(args.target) if args.target else None
+    target = None
+    if args.target:
+        target_path = resolve_target(args.target)
+        with hub_errors(args.target):
+            target = AutoConfig.from_pretrained(target_path)
     out = export_head(
         head,
         args.out,
@@ -56,5 +64,10 @@ def main(argv: list[str] | None = None) -> Path:
     return out
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``main`` with user mistakes as one line and exit code 2."""
+    return run(main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from train.demo import TOKENIZER_SOURCE, ensure_demo_target
@@ -41,4 +42,6 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    from data.cli import run  # user mistakes: one line, exit code 2
+
+    sys.exit(run(main))

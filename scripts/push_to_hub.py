@@ -11,8 +11,11 @@ The token comes from --token, $HF_TOKEN or `hf auth login`.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
+from data.cli import run
+from data.targets import hub_errors
 from heads.card import push_head_to_hub
 from heads.formats import FORMATS
 
@@ -31,12 +34,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     if not args.head.is_dir():
-        raise SystemExit(f"--head {args.head} is not a directory")
-    url = push_head_to_hub(args.head, args.repo_id, private=args.private, token=args.token, fmt=args.format,
-                           revision=args.revision)
+        raise FileNotFoundError(f"--head {args.head} is not a directory")
+    with hub_errors(args.repo_id):
+        url = push_head_to_hub(args.head, args.repo_id, private=args.private, token=args.token, fmt=args.format,
+                               revision=args.revision)
     print(f"uploaded {args.head} to {args.repo_id}: {url}")
     return url
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``main`` with user mistakes as one line and exit code 2."""
+    return run(main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit is not None:
         rows = rows[: args.limit] if isinstance(rows, list) else rows.select(range(min(args.limit, len(rows))))
     if args.engine == "hf":
-        from train.demo import resolve_target
+        from data.targets import resolve_target
 
         engine = HFEngine(resolve_target(args.target), batch_size=args.batch_size, device=args.device)
     else:

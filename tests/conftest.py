@@ -1,6 +1,8 @@
 """Shared fixtures: tiny HF targets built in-process from configs (no downloads)."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from transformers import (
@@ -83,6 +85,16 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate keeps one process-wide state: a test that builds Accelerator(cpu=True) or another
+    mixed precision would make every later Accelerator in this process fail on a CUDA machine."""
+    yield
+    state = sys.modules.get("accelerate.state")
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def has_cuda() -> bool:

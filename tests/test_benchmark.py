@@ -52,9 +52,9 @@ def test_benchmark_measures_every_method(bench_dirs):
         "--trees", "tree,chain2,dyn3-2-5,medusa4",
     ])
     names = [r["method"] for r in result["rows"]]
-    assert names[:3] == ["vanilla", "hf-assisted", "hf-prompt-lookup"]
+    assert names[:4] == ["vanilla", "hf-static", "hf-assisted", "hf-prompt-lookup"]
     # each head gets the trees that fit its kind: no dynamic tree for Medusa, no static one for EAGLE-3
-    assert names[3:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4",
+    assert names[4:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4",
                          "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5"]
     vanilla = result["rows"][0]
     assert vanilla["speedup"] == pytest.approx(1.0) and vanilla["tau"] == pytest.approx(1.0)
@@ -70,7 +70,7 @@ def test_benchmark_measures_every_method(bench_dirs):
 
     # --profile: one phase breakdown per head method; the phases add up to the step
     profiles = result["profile"]
-    assert list(profiles) == names[3:]
+    assert list(profiles) == names[4:]
     for name, prof in profiles.items():
         phases = prof["ms_per_step"]
         assert set(phases) == {"draft", "observe", "verify", "accept", "compact", "emit"}
@@ -78,6 +78,28 @@ def test_benchmark_measures_every_method(bench_dirs):
         assert prof["step_ms"] == pytest.approx(sum(phases.values()))
         assert 1.0 <= prof["tokens_per_step"] and 0 < prof["drafting_share"] < 1
     assert "Where a step's time goes" in (out / "results.md").read_text()
+
+
+def test_benchmark_static_path_counts_from_the_generator(bench_dirs):
+    """Heads on the static decode state: counts come from the generator (hooks would miss compiled
+    replays), tokens per verify is the padded budget, t(N) is the static step's, and every speedup
+    is also given against HF's static-cache generate."""
+    root, heads, prompts = bench_dirs
+    result = _load_script().main([
+        "--target", str(root / "target"), "--heads", heads[1], "--prompts", str(prompts), "--num-prompts", "2",
+        "--max-new-tokens", "8", "--ignore-eos", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,3",
+        "--no-prompt-lookup", "--trees", "chain2", "--cache-implementation", "static", "--compile", "false",
+        "--out", str(root / "out-static"),
+    ])
+    rows = {r["method"]: r for r in result["rows"]}
+    assert list(rows) == ["vanilla", "hf-static", "eagle3:chain2"]
+    head = rows["eagle3:chain2"]
+    assert head["identical"] and rows["hf-static"]["identical"]
+    assert head["tokens_per_verify"] == pytest.approx(3.0)  # root + 2 drafts, every step
+    assert rows["hf-static"]["speedup_vs_hf_static"] == pytest.approx(1.0)
+    assert head["speedup_vs_hf_static"] > 0 and head["tau"] >= 1.0
+    assert set(result["verification_cost_s"]) == {1, 3}
+    assert "vs hf-static" in (root / "out-static" / "results.md").read_text()
 
 
 def test_prompt_file_rows_must_have_prompt_or_messages(bench_dirs, tmp_path):
@@ -110,3 +132,24 @@ def test_draft_calibration_counts_every_draft():
     assert 0 <= result["accepted"] <= 1 and 0 < result["target_top1_prob"] <= 1
     with pytest.raises(ValueError, match="EAGLE head"):
         module.calibration(target, build_head("medusa", target), prompts, max_new_tokens=4)
+
+
+def test_prompts_file_with_messages_rows():
+    """apply_chat_template returns a BatchEncoding (a Mapping, not a dict): its input_ids are the prompt."""
+    import argparse
+
+    from data.tokenizer import train_tokenizer as make
+
+    tokenizer = make(["hello there, how are you", "fine thanks"] * 10, vocab_size=300)
+    assert tokenizer.chat_template
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "hello there"}]}) + "\n")
+        f.write(json.dumps({"prompt": "how are you"}) + "\n")
+    args = argparse.Namespace(prompts=f.name, num_prompts=8, prompt_tokens=16, max_new_tokens=8)
+    prompts = _load_script().load_prompts(args, tokenizer)
+    assert len(prompts) == 2 and all(isinstance(t, int) for p in prompts for t in p)
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": "hello there"}],
+                                             add_generation_prompt=True, tokenize=True)
+    assert prompts[0] == list(expected["input_ids"])

@@ -127,3 +127,18 @@ def test_presets_and_validation():
         settings_for("tiny", max_steps=0)
     with pytest.raises(ValueError, match="huge"):
         settings_for("huge")
+
+
+def test_building_a_demo_target_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    import train.demo as demo
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
+
+    def fake_train(out, settings, **kwargs):  # the 12-minute part, skipped
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(demo, "train_lm", fake_train)
+    demo.ensure_demo_target("tiny")
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "building the demo target demo:tiny" in err[0] and "minutes" in err[0], err

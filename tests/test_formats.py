@@ -85,13 +85,14 @@ def test_eagle3_export_matches_reference_layout(tmp_path, target, eagle3_reduced
     out = export_head(head, tmp_path / "out", fmt, target=target)
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     tensors = _tensors(out / "model.safetensors")
+    layer = "layers.0." if fmt == "speculators" else "midlayer."  # speculators' Eagle3DraftModel: layers[0]
     expected = {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (VD if reduced else V, H),
-                "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
-                **_midlayer_spec("midlayer.", 2 * H)}
+                f"{layer}input_layernorm.weight": (H,), f"{layer}hidden_norm.weight": (H,),
+                **_midlayer_spec(layer, 2 * H)}
     if reduced:
         expected.update({"d2t": (VD,), "t2d": (V,)})
     assert {k: tuple(v.shape) for k, v in tensors.items()} == expected  # exact key set: no model. prefix, no embed
-    state = head.state_dict()
+    state = {k.replace("midlayer.", layer): v for k, v in head.state_dict().items()}
     assert all(torch.equal(tensors[k], state[k]) for k in expected)
     if reduced:
         assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
@@ -226,7 +227,7 @@ def test_refusals_name_the_problem_and_write_nothing(tmp_path, target, eagle3_re
         (lambda: export_head(eagle3_reduced, out, "onnx"), "unknown format 'onnx'"),
         (lambda: export_head(eagle3_reduced, out, "medusa-tgi"), "exports medusa heads, got a eagle3 head"),
         (lambda: export_head(build_head("eagle3", target, aux_layer_ids=[2, 5]), out, "vllm"),
-         r"aux_layer_ids=\[2, 5\]"),
+         r"aux_layer_ids \[2, 5\]: EAGLE-3 fuses exactly 3"),
         (lambda: export_head(build_head("eagle3", target, hidden_size=48, num_attention_heads=4, head_dim=12), out,
                              "vllm"), "hidden_size=48 differs from target_hidden_size=32"),
         (lambda: export_head(build_head("eagle", target, fc_bias=True), out, "eagle-vllm"), "fc_bias"),
@@ -478,3 +479,52 @@ def test_export_cli(tmp_path, target, eagle3_reduced, capsys):
     with pytest.raises(SystemExit):
         export.main(["--head", str(tmp_path / "head"), "--to", "tensorrt", "--out", str(tmp_path / "x")])
     assert set(FORMATS) == {"vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi"}
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "parent"])
+def test_export_never_writes_over_or_into_the_head_it_reads(tmp_path, eagle3_reduced, where):
+    run = tmp_path / "run"
+    eagle3_reduced.save_pretrained(run)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "best").mkdir()
+    head = AutoHead.from_pretrained(run)
+    out = {"same": run, "inside": run / "export", "parent": tmp_path}[where]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match="refusing to write"):
+        export_head(head, out, "vllm", overwrite=True)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_overwrite_replaces_an_export_but_not_a_training_run(tmp_path, eagle3_reduced):
+    export_head(eagle3_reduced, tmp_path / "export", "vllm")
+    export_head(eagle3_reduced, tmp_path / "export", "vllm", overwrite=True)  # an earlier export: replaced
+    eagle3_reduced.save_pretrained(tmp_path / "other-run")
+    with pytest.raises(ValueError, match="refusing to write.*draftsmith head"):
+        export_head(eagle3_reduced, tmp_path / "other-run", "vllm", overwrite=True)
+    (tmp_path / "runs" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ValueError, match="refusing to write.*checkpoints"):
+        export_head(eagle3_reduced, tmp_path / "runs", "vllm", overwrite=True)
+
+
+def test_speculators_export_loads_in_the_speculators_library(tmp_path, target, eagle3_custom):
+    """The library itself (pip install --no-deps speculators): every tensor loads, none is left at init."""
+    try:
+        from speculators.models.eagle3 import Eagle3DraftModel
+    except Exception as err:  # noqa: BLE001  (its import pulls optional heavy dependencies)
+        pytest.skip(f"the speculators library does not import here ({type(err).__name__}: {err})")
+    verifier = make_tiny_target("llama", num_layers=L)
+    verifier.save_pretrained(tmp_path / "verifier")  # the library reads the verifier's config by name
+    verifier.config._name_or_path = str(tmp_path / "verifier")
+    out = export_head(eagle3_custom, tmp_path / "spec", "speculators", target=verifier)
+    theirs = Eagle3DraftModel.from_pretrained(str(out)).state_dict()
+    for name, tensor in eagle3_custom.state_dict().items():  # a tensor it skipped would be freshly initialised
+        assert torch.equal(theirs[name.replace("midlayer.", "layers.0.")].float(), tensor.float()), name
+
+
+def test_formats_are_one_module_per_engine_family():
+    """Layout: writers and validators per engine family beside one shared validation module."""
+    root = Path(__file__).resolve().parents[1] / "heads" / "formats"
+    assert not (root.parent / "formats.py").exists()
+    assert {p.stem for p in root.glob("*.py")} == {"__init__", "validation", "eagle3", "speculators", "eagle",
+                                                   "medusa", "public"}
+    assert max(len(p.read_text().splitlines()) for p in root.glob("*.py")) < 300

@@ -167,8 +167,8 @@ def test_push_cli(head_dir, hub, capsys):
     spec.loader.exec_module(script)
     script.main(["--head", str(head_dir), "--repo-id", REPO, "--private"])
     assert hub["create_repo"][0]["private"] is True and REPO in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        script.main(["--head", str(head_dir / "missing"), "--repo-id", REPO])
+    assert script.cli(["--head", str(head_dir / "missing"), "--repo-id", REPO]) == 2
+    assert capsys.readouterr().err.strip().endswith("missing is not a directory")
 
 
 def test_head_push_to_hub_carries_the_card(monkeypatch, head, hub):

@@ -93,3 +93,28 @@ def test_cli_defaults_to_the_target_the_head_was_made_for(saved, tmp_path, capsy
     assert code == 0 and "outputs identical: yes" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="records no target"):  # built from an in-memory model
         main(["--head", str(saved / "head"), "--prompt", "w7"])
+
+
+def test_threads_are_chosen_by_measurement_and_printed(monkeypatch):
+    import infer.threads as threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(threads, "probe_seconds", lambda n, give_up=None: {1: 1.0, 2: 5.0}[n])  # a busy machine
+        line = threads.choose_threads()
+        assert torch.get_num_threads() == 1 and line.startswith("threads: 1 of 2 cores, chosen by measurement")
+        monkeypatch.setattr(threads, "probe_seconds", lambda n, give_up=None: {1: 1.0, 2: 0.6}[n])  # an idle one
+        assert threads.choose_threads().startswith("threads: 2 of 2") and torch.get_num_threads() == 2
+        assert threads.choose_threads(1) == "threads: 1 of 2 cores (--threads)"
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert "(OMP_NUM_THREADS)" in threads.choose_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_cli_prints_its_thread_count(saved, capsys):
+    main(["--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w5 w6",
+          "--max-new-tokens", "4", "--threads", "1"])
+    assert "threads: 1 of" in capsys.readouterr().err

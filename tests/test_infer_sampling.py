@@ -73,6 +73,7 @@ class FullWidthDrafter:
     first token is found among the siblings (rejections renormalise p) and depth 2 is often hit."""
 
     aux_layer_ids = ()
+    max_nodes = 1 + VOCAB + 3 * VOCAB  # the tree budget a static cache pads to
 
     def new_state(self):
         return None
@@ -117,14 +118,15 @@ CONFIGS = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_first_tokens_follow_the_target_law(small_target, name):
+def test_first_tokens_follow_the_target_law(small_target, name, cache):
     kind, tree, sampling = CONFIGS[name]
     if kind is None:
-        gen = SpeculativeGenerator(small_target, FullWidthDrafter())
+        gen = SpeculativeGenerator(small_target, FullWidthDrafter(), cache_implementation=cache)
     else:
         torch.manual_seed(1)
-        gen = SpeculativeGenerator(small_target, build_head(kind, small_target), tree=tree)
+        gen = SpeculativeGenerator(small_target, build_head(kind, small_target), tree=tree, cache_implementation=cache)
     law = exact_law(small_target, sampling.get("temperature", 1.0), sampling.get("top_k", 0), sampling.get("top_p", 1.0))
     samples, forwards = sample_triples(gen, 2000, **sampling)
     assert joint_pvalue(samples, law) > 1e-3

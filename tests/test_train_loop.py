@@ -84,7 +84,8 @@ def test_each_head_kind_trains_saves_and_reloads(tiny_files, tmp_path, kind, ext
     out = result.output_dir
     loaded = AutoHead.from_pretrained(out)
     assert type(loaded) is type(result.head) and loaded.head_kind == kind
-    trained = result.head.state_dict()
+    head = result.head.cpu()  # trained on the accelerator's device (CUDA where there is one)
+    trained = head.state_dict()
     assert trained.keys() == loaded.state_dict().keys()
     assert all(torch.equal(trained[k], v) for k, v in loaded.state_dict().items())
     if kind == "eagle3":
@@ -98,7 +99,7 @@ def test_each_head_kind_trains_saves_and_reloads(tiny_files, tmp_path, kind, ext
     features = target_features(tgt, batch, kind, aux_layer_ids=loaded.feature_layer_ids,
                                          t2d=getattr(loaded, "t2d", None), need_top1=True)
     lm_head = tgt.get_output_embeddings()
-    assert torch.equal(draft_top1(result.head.eval(), features, 2, lm_head), draft_top1(loaded, features, 2, lm_head))
+    assert torch.equal(draft_top1(head.eval(), features, 2, lm_head), draft_top1(loaded, features, 2, lm_head))
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [3, 6, 9, 12]

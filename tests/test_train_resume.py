@@ -3,6 +3,7 @@ a checkpoint made for another target is refused."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -11,7 +12,8 @@ from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noq
 from transformers import AutoTokenizer
 
 import train.loop
-from train.loop import CHECKPOINTS, latest_checkpoint, setup
+from train.checkpoint import CheckpointError
+from train.loop import CHECKPOINTS, DivergenceGuard, TrainingDiverged, latest_checkpoint, setup
 
 
 @pytest.mark.parametrize("kind, extra", [
@@ -70,5 +72,39 @@ def test_resume_refuses_a_checkpoint_of_another_target(tiny_files, tmp_path):
                       f"target={other}")
     with pytest.raises(ValueError, match=r"target_num_layers: checkpoint 6 vs now 4"):
         setup(cfg)
-    with pytest.raises(FileNotFoundError, match="not a complete training checkpoint"):
+    with pytest.raises(CheckpointError, match="not a complete training checkpoint"):
         setup(tiny_config(tiny_files, out, "head.kind=medusa", f"resume_from={tmp_path}"))
+
+
+@pytest.mark.parametrize("kind, extra", [
+    ("medusa", []),
+    ("eagle", []),
+    ("eagle3", ["head.draft_vocab_size=96", "head.ttt_steps=2"]),
+])
+def test_divergence_stops_every_kind_and_keeps_the_last_good_checkpoint(tiny_files, tmp_path, kind, extra):
+    out = tmp_path / "diverge"
+    # warm-up: step 1 runs at lr 0 (a good checkpoint), step 2 at 2.5e5
+    args = [f"head.kind={kind}", *extra, "train.max_steps=12", "train.save_every=1", "train.warmup_steps=4",
+            "train.eval_every=0", "data.eval=null", "train.keep_last_checkpoints=1", "train.lr=1e6"]
+    with pytest.raises(TrainingDiverged, match=r"at step (\d+)") as caught:
+        setup(tiny_config(tiny_files, out, *args))
+    step = int(re.search(r"at step (\d+)", str(caught.value)).group(1))
+    last = latest_checkpoint(out)
+    assert last is not None and int(last.name.removeprefix("step-")) == step - 1
+    assert str(last) in str(caught.value)
+    assert not (out / "model.safetensors").exists()  # no final head from a failed run
+
+
+def test_divergence_guard_rules():
+    guard = DivergenceGuard()
+    for step in range(1, 6):
+        assert guard.check_step(step, loss=5.0 - 0.1 * step, grad_norm=2.0) is None
+    assert guard.check_step(6, loss=4.0, grad_norm=2.0e2) is None  # a 100x spike passes
+    assert "loss" in guard.check_step(7, loss=60.0, grad_norm=2.0)  # > 10x the first step's loss
+    assert "grad norm" in guard.check_step(8, loss=4.0, grad_norm=3.0e3 * 2.0)
+    assert "not finite" in guard.check_step(9, loss=float("nan"), grad_norm=2.0)
+    assert guard.check_update(9, norm_before=10.0, norm_after=10.5) is None
+    assert "weight norm" in guard.check_update(9, norm_before=10.0, norm_after=1e4)
+    restored = DivergenceGuard()
+    restored.load_state_dict(guard.state_dict())
+    assert "loss" in restored.check_step(10, loss=60.0, grad_norm=2.0)

@@ -42,7 +42,8 @@ def launch_two_processes(config: dict, tmp_path: Path) -> subprocess.CompletedPr
     starts one process."""
     path = tmp_path / "ddp.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    # CUDA_VISIBLE_DEVICES="": on a GPU machine the two ranks would otherwise pick cuda:0 and cuda:1.
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
            str(SCRIPT), "--config", str(path)]
@@ -75,8 +76,8 @@ def test_two_process_ddp_on_cpu(tiny_files, tmp_path):
     assert train[0]["step"] == 2 and train[0]["tokens"] == 2 * (2 * 2 * 2 * MAX_LENGTH)
     assert all(r["loss"] == r["loss"] for r in train)  # finite, not NaN
     assert sorted((out / "checkpoints").iterdir())[-1].name == "step-0000004"
-    assert {p.name for p in (out / "checkpoints" / "step-0000004").glob("random_states_*")} == {
-        "random_states_0.pkl", "random_states_1.pkl"}
+    assert {p.name for p in (out / "checkpoints" / "step-0000004").glob("rng_state_*")} == {
+        "rng_state_0.safetensors", "rng_state_1.safetensors"}  # one per process, no pickle
     head = AutoHead.from_pretrained(out)
     assert head.head_kind == "eagle3" and int(head.t2d.sum()) == 128
 
@@ -116,3 +117,30 @@ def test_wandb_offline_and_tensorboard(tiny_files, tmp_path):
     assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))
     assert list((out / "logs").rglob("events.out.tfevents.*"))
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3  # steps 1, 2 and the eval at 2
+
+
+def test_config_errors_under_accelerate_launch_end_without_a_traceback(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parent.parent)}
+    run = subprocess.run(["accelerate", "launch", "--cpu", "--num_processes", "1", "--mixed_precision", "no",
+                          "--dynamo_backend", "no", str(SCRIPT), "head.kind=gpt"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert "Traceback" not in run.stderr and "CalledProcessError" not in run.stderr, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1].startswith("config error: head.kind: must be one of")
+
+
+def test_input_errors_and_divergence_are_one_line(tiny_files, tmp_path, capsys):
+    from train.train_head import cli
+
+    base = [f"target={tiny_files['target']}", f"data.eval={tiny_files['eval']}", f"cache_dir={tmp_path / 'c'}",
+            "data.max_length=48", "train.max_steps=6", "train.eval_every=0", "train.warmup_steps=0",
+            "train.micro_batch_size=4", "head.draft_vocab_size=null", "head.aux_layer_ids=null"]
+    assert cli([*base, f"data.train={tmp_path / 'missing.jsonl'}", f"output_dir={tmp_path / 'a'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "missing.jsonl" in err[-1] and "Traceback" not in "".join(err)
+    assert cli([*base, f"data.train={tiny_files['train']}", f"target={tmp_path / 'no-target'}",
+                f"output_dir={tmp_path / 'b'}"]) == 2
+    assert "no such directory" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert cli([*base, f"data.train={tiny_files['train']}", "train.lr=1e6", "train.warmup_steps=2",
+                f"output_dir={tmp_path / 'c'}"]) == 1
+    assert "training diverged" in capsys.readouterr().err.strip().splitlines()[-1]

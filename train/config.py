@@ -19,8 +19,8 @@ import yaml
 
 HeadKind = Literal["medusa", "eagle", "eagle3"]
 DEMO_PREFIX = "demo:"
-DEFAULT_TTT_STEPS = 7  # EAGLE-3 reference code (REFERENCE.md §2)
-DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features
+DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
+DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
 
 
 class ConfigError(ValueError):
@@ -64,8 +64,8 @@ class HeadConfig:
 class DataConfig:
     """Training and held-out data (see ``data.pipeline.build_examples``)."""
 
-    train: str = _doc("training rows: .json/.jsonl/.parquet path, stdlib:train or demo:sharegpt "
-                      "(ShareGPT V3, fetched once)", "stdlib:train")
+    train: str = _doc("training rows: .json/.jsonl/.parquet path, a Dataset.save_to_disk folder, stdlib:train "
+                      "or demo:sharegpt (ShareGPT V3, fetched once)", "stdlib:train")
     eval: str | None = _doc("held-out rows for acc_k / simulated tau (demo:sharegpt:heldout for ShareGPT); "
                             "null = no evaluation", "stdlib:heldout")
     max_length: int = _doc("tokens per example (the target's context bounds it)", 2048)
@@ -124,6 +124,8 @@ class TrainConfig:
         "needs the [real] extra)", f"{DEMO_PREFIX}tiny")
     output_dir: str | None = _doc("where the head, checkpoints and metrics go; null = runs/<target>-<kind>", None)
     resume_from: str | None = _doc("null | latest | path of a checkpoint directory", None)
+    overwrite_output_dir: bool = _doc(
+        "a fresh run (no resume_from) into an output_dir holding an earlier run replaces it; false = refuse", False)
     seed: int = _doc("seed for head init, data order and noise", 0)
     cache_dir: str | None = _doc(
         "root of the data and draft-vocab caches; null = $DRAFTSMITH_CACHE or ~/.cache/draftsmith", None)
@@ -146,11 +148,14 @@ class TrainConfig:
 # ---------------------------------------------------------------- parsing
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                default_file: bool = False, notes: list[str] | None = None) -> TrainConfig:
     """A ``TrainConfig`` from a YAML file (optional) plus dotted ``key=value`` overrides.
 
     Override values are parsed as YAML scalars/flow values (``lr=3e-5``, ``head.aux_layer_ids=[1,2,3]``,
-    ``data.eval=null``).
+    ``data.eval=null``). ``default_file``: ``path`` is the default config the user did not choose, so
+    its head keys that the final ``head.kind`` does not read are dropped (one line in ``notes``)
+    instead of refused; keys the user sets are always checked.
     """
     raw: dict[str, Any] = {}
     if path is not None:
@@ -164,6 +169,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of keys, got {type(loaded).__name__}")
         raw = loaded or {}
+    from_file = json_copy(raw)
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
@@ -173,7 +179,32 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except yaml.YAMLError as err:
             raise ConfigError(f"{key}: cannot parse value {text!r} ({err})") from err
         _set_dotted(raw, key.split("."), value, key)
+    if default_file:
+        dropped = _drop_inapplicable(raw, from_file)
+        if dropped and notes is not None:
+            notes.append(f"{path}: ignoring {', '.join(dropped)}: not read by head.kind={raw['head'].get('kind')}")
     return from_dict(raw)
+
+
+def json_copy(tree: Any) -> Any:
+    """A deep copy of plain nested dicts/lists."""
+    if isinstance(tree, dict):
+        return {k: json_copy(v) for k, v in tree.items()}
+    return list(tree) if isinstance(tree, list) else tree
+
+
+def _drop_inapplicable(raw: dict, from_file: dict) -> list[str]:
+    """Remove head keys that came from the file unchanged and that the final head kind does not read."""
+    head, file_head = raw.get("head"), from_file.get("head")
+    if not isinstance(head, dict) or not isinstance(file_head, dict):
+        return []
+    kind = head.get("kind", HeadConfig.kind)
+    dropped = []
+    for name, kinds in KIND_ONLY.items():
+        if kind not in kinds and name in file_head and head.get(name) == file_head[name] and head[name] is not None:
+            del head[name]
+            dropped.append(f"head.{name} ({'/'.join(kinds)} only)")
+    return dropped
 
 
 def from_dict(raw: dict[str, Any]) -> TrainConfig:
@@ -275,19 +306,22 @@ def _plain(value: Any) -> Any:
 # ---------------------------------------------------------------- validation
 
 
+# head.* keys that only some head kinds read (train.feature_noise: eagle only, checked below)
+KIND_ONLY = {
+    "draft_vocab_size": ("eagle3",),
+    "aux_layer_ids": ("eagle3",),
+    "ttt_steps": ("eagle3",),
+    "init_from_target": ("eagle3",),
+    "num_heads": ("medusa",),
+    "num_layers": ("medusa",),
+    "intermediate_size": ("eagle", "eagle3"),
+}
+
+
 def _validate(cfg: TrainConfig) -> None:
     """Check ranges and combinations; fill kind-dependent defaults (ttt_steps, feature_noise, output_dir)."""
     head, data, opt = cfg.head, cfg.data, cfg.train
-    only = {
-        "draft_vocab_size": ("eagle3",),
-        "aux_layer_ids": ("eagle3",),
-        "ttt_steps": ("eagle3",),
-        "init_from_target": ("eagle3",),
-        "num_heads": ("medusa",),
-        "num_layers": ("medusa",),
-        "intermediate_size": ("eagle", "eagle3"),
-    }
-    for name, kinds in only.items():
+    for name, kinds in KIND_ONLY.items():
         if getattr(head, name) is not None and head.kind not in kinds:
             raise ConfigError(f"head.{name} applies only to head.kind={'/'.join(kinds)} (head.kind={head.kind}); "
                               f"set head.{name}=null or use a config file made for {head.kind} heads")
@@ -320,8 +354,13 @@ def _validate(cfg: TrainConfig) -> None:
     for key, value in non_negative.items():
         if value is not None and value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
-    if head.aux_layer_ids is not None and (not head.aux_layer_ids or min(head.aux_layer_ids) < 0):
-        raise ConfigError(f"head.aux_layer_ids must be non-negative layer indices, got {head.aux_layer_ids}")
+    if head.aux_layer_ids is not None:
+        from heads.eagle3 import check_aux_layer_ids  # the rule the heads and the engines enforce
+
+        try:
+            check_aux_layer_ids(head.aux_layer_ids)
+        except ValueError as err:
+            raise ConfigError(f"head.{err}") from None
     if not opt.lr > 0:
         raise ConfigError(f"train.lr must be > 0, got {opt.lr}")
     if not all(0 <= b < 1 for b in opt.betas):
@@ -330,8 +369,6 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {opt.max_grad_norm}")
     if not 0 < opt.loss_decay <= 1:
         raise ConfigError(f"train.loss_decay must lie in (0, 1], got {opt.loss_decay}")
-    if opt.max_steps is not None and opt.warmup_steps >= opt.max_steps:
-        raise ConfigError(f"train.warmup_steps={opt.warmup_steps} must be < train.max_steps={opt.max_steps}")
     if head.kind == "medusa" and head.num_heads is not None and opt.eval_depth is not None \
             and opt.eval_depth > head.num_heads:
         raise ConfigError(f"train.eval_depth={opt.eval_depth} exceeds head.num_heads={head.num_heads}")
@@ -349,20 +386,24 @@ def target_slug(target: str) -> str:
     return re.sub(r"[^\w.-]+", "-", name) or "target"
 
 
-def help_text() -> str:
-    """Every key with its default and description (for ``--help``)."""
+def help_text(cfg: TrainConfig | None = None) -> str:
+    """Every key with its value in ``cfg`` (the effective default: the default config file plus the
+    dataclass defaults it leaves) or, without ``cfg``, the dataclass default; and its description."""
     lines = []
 
-    def walk(cls: type, prefix: str) -> None:
+    def walk(cls: type, node: Any, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if dataclasses.is_dataclass(hints[f.name]):
-                walk(hints[f.name], f"{prefix}{f.name}.")
+                walk(hints[f.name], getattr(node, f.name) if node is not None else None, f"{prefix}{f.name}.")
                 continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            shown = yaml.safe_dump(_plain(default), default_flow_style=True).removesuffix("...\n").strip()
+            if node is not None:
+                value = getattr(node, f.name)
+            else:
+                value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            shown = yaml.safe_dump(_plain(value), default_flow_style=True).removesuffix("...\n").strip()
             lines.append(f"  {prefix}{f.name} = {shown}")
             lines.append(f"      {f.metadata.get('help', '')}")
 
-    walk(TrainConfig, "")
+    walk(TrainConfig, cfg, "")
     return "\n".join(lines)

@@ -15,16 +15,21 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
 from data.corpus import corpus_fingerprint
+from heads.common import share_readable
 from data.pipeline import cache_root  # one cache root for data, draft vocabularies and demo LMs
 from train.lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 
 # Bump when train/lm.py or data/tokenizer.py change what the same settings produce.
 RECIPE_VERSION = 2
+# What a first build costs (README's table), said in the one line printed before it starts.
+BUILD_TIME = {"tiny": "about 12 minutes on 2 CPU cores", "assistant": "about 4 minutes on 2 CPU cores",
+              "small": "a GPU recipe: about an hour on one GPU, days on CPU"}
 # Sizes that borrow the tokenizer of another demo LM by default (same seed).
 TOKENIZER_SOURCE = {"assistant": "tiny"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -104,10 +109,14 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
         if is_built(out, fp):
             return out
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        print(f"draftsmith: building the demo target demo:{size} (a {settings.num_layers}-layer Llama trained on "
+              f"Python's standard library; {BUILD_TIME.get(size, 'minutes to hours')}, once: cached in {out})",
+              file=sys.stderr, flush=True)
         try:
             train_lm(tmp, settings, tokenizer=tokenizer, show_progress=show_progress,
                      metadata={"fingerprint": fp, "size": size,
                                "tokenizer_source": str(tokenizer_dir) if tokenizer_dir is not None else None})
+            share_readable(tmp)  # 0644/0755: a server running as another user reads the cache too
             os.replace(tmp, out)  # atomic; succeeds over an empty directory
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

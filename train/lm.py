@@ -247,7 +247,9 @@ def train_lm(out_dir: str | Path, settings: LMSettings, *, tokenizer: PreTrained
     losses: list[float] = []
     tokens_seen = 0
     train_start = time.perf_counter()
-    bar = tqdm(total=settings.max_steps, desc="pretrain", disable=not (show_progress and accelerator.is_main_process))
+    # disable=None: no bar when stderr is not a terminal (a log file gets the summary line only)
+    bar = tqdm(total=settings.max_steps, desc="pretrain demo target",
+               disable=None if show_progress and accelerator.is_main_process else True)
     model.train()
     while len(losses) < settings.max_steps:  # epochs over the packed blocks
         for (batch,) in loader:

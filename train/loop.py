@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -29,10 +30,14 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
+from data.targets import hub_errors, resolve_target
 from heads import HeadCache, build_head
-from infer.target import target_forward, target_identity
-from train.config import DEFAULT_TTT_STEPS, TrainConfig, load_config
-from train.demo import resolve_target
+from infer.target import decoder_layers, target_forward, target_identity
+from infer.threads import choose_threads
+from train import checkpoint
+from train.checkpoint import CHECKPOINTS, COMPLETE, HEAD_CONFIG  # noqa: F401  (re-exported)
+from train.config import DEFAULT_TTT_STEPS, ConfigError, TrainConfig, load_config
+from train.divergence import DivergenceGuard, TrainingDiverged  # noqa: F401  (re-exported)
 from train.draft_vocab import build_draft_vocab
 from train.losses import DraftTargets, LossOutput, decayed_sum, eagle_loss, medusa_loss, restrict_to_draft_vocab, \
     ttt_step_loss
@@ -40,11 +45,8 @@ from train.metrics import AcceptanceMeter, format_acceptance, step_correctness
 
 logger = logging.getLogger("draftsmith.train")
 
-CHECKPOINTS = "checkpoints"
 BEST = "best"
 METRICS_FILE = "metrics.jsonl"
-COMPLETE = "COMPLETE"  # written last into a checkpoint directory
-HEAD_CONFIG = "head_config.json"
 _DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -238,7 +240,7 @@ def cache_root(cfg: TrainConfig) -> Path:
 
 @dataclass
 class TrainState:
-    """Loop position saved with every checkpoint (``accelerator.register_for_checkpointing``)."""
+    """Loop position saved (as JSON) with every checkpoint."""
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # data position of the next micro-batch: epoch ...
@@ -246,6 +248,7 @@ class TrainState:
     tokens: int = 0  # non-pad tokens trained on, all processes
     best_tau: float = -math.inf
     best_step: int = -1
+    guard: dict = field(default_factory=dict)  # DivergenceGuard.state_dict()
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -256,38 +259,74 @@ class TrainState:
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The complete checkpoint with the highest step, if any."""
-    done = [p for p in (output_dir / CHECKPOINTS).glob("step-*") if (p / COMPLETE).is_file()]
-    return max(done, key=lambda p: int(p.name.removeprefix("step-")), default=None)
+    """The complete checkpoint with the highest step, if any (not checked for corruption: see ``resume``)."""
+    return next(iter(checkpoint.checkpoint_steps(output_dir)), None)
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainState, head: nn.Module, keep: int) -> Path:
-    """Full training state (head, optimizer, scheduler, RNG, loop position) of step ``state.step``."""
+def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainState, head: nn.Module, optimizer,
+                    scheduler, keep: int) -> Path:
+    """Full training state (head, optimizer, scheduler, RNG, loop position) of step ``state.step``; no pickle."""
     path = output_dir / CHECKPOINTS / f"step-{state.step:07d}"
-    accelerator.save_state(str(path))
-    accelerator.wait_for_everyone()
+    checkpoint.save(path, head=head, optimizer=optimizer, scheduler=scheduler, loop_state=state.state_dict(),
+                    rank=accelerator.process_index, is_main=accelerator.is_main_process,
+                    barrier=accelerator.wait_for_everyone)
     if accelerator.is_main_process:
-        (path / HEAD_CONFIG).write_text(head.config.to_json_string())
-        (path / COMPLETE).write_text(json.dumps(state.state_dict()))
-        done = sorted((p for p in (output_dir / CHECKPOINTS).glob("step-*") if (p / COMPLETE).is_file()),
-                      key=lambda p: int(p.name.removeprefix("step-")))
-        for old in done[:-keep]:
-            shutil.rmtree(old)
+        checkpoint.prune(output_dir, keep)
     accelerator.wait_for_everyone()
     return path
 
 
-def check_resumable(path: Path, head: nn.Module) -> None:
-    """Fail loudly when checkpoint ``path`` was made for another head or target."""
-    if not (path / COMPLETE).is_file():
-        raise FileNotFoundError(f"resume_from={path}: not a complete training checkpoint (no {COMPLETE} marker)")
-    saved = json.loads((path / HEAD_CONFIG).read_text())
+def resume(accelerator: Accelerator, cfg: TrainConfig, output_dir: Path, head: nn.Module, optimizer, scheduler,
+           state: TrainState) -> Path:
+    """Load ``cfg.resume_from`` into head, optimizer, scheduler, RNGs and ``state``; return its path.
+
+    ``latest`` takes the newest checkpoint that reads back intact; a corrupt one is named in a warning
+    and the next older one is tried. An explicit path is loaded or refused, never replaced.
+    """
+    if cfg.resume_from == "latest":
+        candidates = checkpoint.checkpoint_steps(output_dir)
+        if not candidates:
+            raise FileNotFoundError(f"resume_from=latest: no complete checkpoint in {output_dir / CHECKPOINTS}")
+    else:
+        candidates = [Path(cfg.resume_from)]
+    for number, path in enumerate(candidates):
+        try:
+            loaded = checkpoint.read(path, accelerator.process_index)
+        except checkpoint.CheckpointError as err:
+            if cfg.resume_from != "latest" or number == len(candidates) - 1:
+                raise
+            logger.warning("cannot resume from %s: %s; falling back to %s", path, err, candidates[number + 1])
+            continue
+        check_resumable(loaded, head)
+        checkpoint.apply(loaded, head=head, optimizer=optimizer, scheduler=scheduler)
+        state.load_state_dict(loaded.state)
+        return path
+    raise AssertionError("unreachable")
+
+
+def check_resumable(loaded: checkpoint.Checkpoint, head: nn.Module) -> None:
+    """Fail loudly when a checkpoint was made for another head or target."""
+    saved = loaded.head_config
     current = json.loads(head.config.to_json_string())
     ignore = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype"}  # set by saving
     diff = [f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}"
             for k in sorted((set(saved) | set(current)) - ignore) if saved.get(k) != current.get(k)]
     if diff:
-        raise ValueError(f"checkpoint {path} does not match this run's head/target:\n  " + "\n  ".join(diff))
+        raise ValueError(f"checkpoint {loaded.path} does not match this run's head/target:\n  " + "\n  ".join(diff))
+
+
+def check_output_dir(cfg: TrainConfig) -> None:
+    """A fresh run (no ``resume_from``) must not replace an earlier run's results unless asked to."""
+    output_dir = Path(cfg.output_dir)
+    if cfg.resume_from is not None or cfg.overwrite_output_dir or not output_dir.is_dir():
+        return
+    earlier = [name for name in (CHECKPOINTS, BEST, METRICS_FILE, "model.safetensors") if (output_dir / name).exists()]
+    if earlier:
+        steps = latest_checkpoint(output_dir)
+        where = f" (latest checkpoint {steps.name})" if steps else ""
+        raise ConfigError(f"output_dir={output_dir} holds an earlier run ({', '.join(earlier)}){where}: pass "
+                          "resume_from=latest to continue it, overwrite_output_dir=true to replace it, or choose "
+                          "another output_dir")
 
 
 class MetricsLog:
@@ -330,19 +369,32 @@ class TrainResult:
 
 def parse_args(argv: list[str] | None = None, default_config: str | Path | None = None) -> TrainConfig:
     """``[--config FILE] [key=value ...]`` -> ``TrainConfig`` (``default_config`` when no --config)."""
-    from train.config import help_text
+    from train.config import ConfigError, help_text
 
     parser = argparse.ArgumentParser(
         prog="train_head.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a draft head on a frozen target.", epilog="keys:\n" + help_text())
+        description="Train a draft head on a frozen target.")
     parser.add_argument("--config", help="YAML config file (default: %(default)s)", default=default_config)
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=100")
-    args = parser.parse_args(argv)
-    return load_config(args.config, args.overrides)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=default_config)
+    chosen, _ = pre.parse_known_args(argv)
+    try:  # --help shows the values this run would start from
+        effective, where = load_config(chosen.config), f"values of {chosen.config} and the built-in defaults"
+    except ConfigError:
+        effective, where = None, "built-in defaults"
+    parser.epilog = f"keys ({where}):\n" + help_text(effective)
+    args = parser.parse_intermixed_args(argv)  # key=value before and after --config
+    notes: list[str] = []
+    cfg = load_config(args.config, args.overrides, default_file=args.config == default_config, notes=notes)
+    for note in notes:
+        print(note, file=sys.stderr)
+    return cfg
 
 
 def setup(cfg: TrainConfig) -> TrainResult:
     """Resolve the target (before any ``Accelerator`` exists: the demo build makes its own), then train."""
+    check_output_dir(cfg)  # before the (maybe long) demo build
     target_path = resolve_target(cfg.target)
     output_dir = Path(cfg.output_dir)
     trackers = [name for name, on in (("wandb", cfg.log.wandb), ("tensorboard", cfg.log.tensorboard)) if on]
@@ -370,9 +422,9 @@ def _check_launch(accelerator: Accelerator) -> None:
             f"{world} processes were launched but accelerate runs each as a single process (no GPU here). "
             f"For multi-process CPU training launch with ACCELERATE_USE_CPU=1, e.g. ACCELERATE_USE_CPU=1 "
             f"accelerate launch --multi_gpu --num_processes {world} train/train_head.py ...")
-    if accelerator.device.type == "cpu" and torch.get_num_threads() == 1 and (os.cpu_count() or 1) > 1:
-        logger.warning("training on 1 CPU thread of %d: accelerate launch sets OMP_NUM_THREADS=1 unless given "
-                       "--num_cpu_threads_per_process N", os.cpu_count())
+    if accelerator.device.type == "cpu":  # accelerate launch sets OMP_NUM_THREADS (1 unless
+        # --num_cpu_threads_per_process N); a plain `python train/train_head.py` measures
+        logger.info("training %s", choose_threads())
     if world == 1 and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") \
             and "MASTER_ADDR" in os.environ:
         logger.warning("accelerate launch --cpu starts a single process (accelerate runs several CPU processes "
@@ -400,9 +452,13 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     """Load the frozen target and its tokenizer, the data, and a fresh head (draft vocab chosen)."""
     set_seed(cfg.seed)
     kind = cfg.head.kind
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
+    with hub_errors(target_path):
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
+    if cfg.target.startswith("demo:"):  # the head, card and exports name it "demo:<size>", not its cache path
+        target.config._name_or_path = cfg.target
     target.requires_grad_(False).eval().to(accelerator.device)
+    decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
     identity = target_identity(target)
     vocab_size = identity["vocab_size"]
     if len(tokenizer) > vocab_size:
@@ -470,25 +526,21 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
         raise ValueError(f"one epoch has {len(train_loader)} micro-batches per process, fewer than "
                          f"train.grad_accum_steps={cfg.train.grad_accum_steps}; set train.max_steps")
     max_steps = cfg.train.max_steps or per_epoch * cfg.train.epochs
-    if cfg.train.warmup_steps >= max_steps:
-        raise ValueError(f"train.warmup_steps={cfg.train.warmup_steps} must be < the {max_steps} training steps")
+    warmup = min(cfg.train.warmup_steps, max_steps)  # as HF Trainer: a short run is warm-up throughout
+    if warmup < cfg.train.warmup_steps:
+        logger.info("train.warmup_steps=%d capped at the run's %d steps", cfg.train.warmup_steps, max_steps)
     scheduler = get_scheduler({"constant": "constant_with_warmup"}.get(cfg.train.decay, cfg.train.decay),
-                              optimizer, num_warmup_steps=cfg.train.warmup_steps, num_training_steps=max_steps)
+                              optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
     state = TrainState()
-    accelerator.register_for_checkpointing(scheduler, state)  # scheduler not prepared: one step per step
-
-    resume = None
+    resumed = None
     if cfg.resume_from is not None:
-        resume = latest_checkpoint(output_dir) if cfg.resume_from == "latest" else Path(cfg.resume_from)
-        if resume is None:
-            raise FileNotFoundError(f"resume_from=latest: no complete checkpoint in {output_dir / CHECKPOINTS}")
-        check_resumable(resume, accelerator.unwrap_model(objective).head)
-        accelerator.load_state(str(resume))
-        logger.info("resumed from %s at step %d", resume, state.step)
+        resumed = resume(accelerator, cfg, output_dir, accelerator.unwrap_model(objective).head, optimizer,
+                         scheduler, state)
+        logger.info("resumed from %s at step %d", resumed, state.step)
     elif accelerator.is_main_process:  # a fresh run must not mix with an earlier run's checkpoints
         for stale in (output_dir / CHECKPOINTS, output_dir / BEST):
-            if stale.exists():
-                logger.warning("starting afresh: removing %s of an earlier run", stale)
+            if stale.exists():  # only reached with overwrite_output_dir=true (check_output_dir)
+                logger.warning("overwrite_output_dir=true: removing %s of an earlier run", stale)
                 shutil.rmtree(stale)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -497,7 +549,7 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     accelerator.init_trackers(cfg.log.wandb_project, config=_flat(cfg.to_dict()),
                               init_kwargs={"wandb": {"name": cfg.log.run_name or output_dir.name,
                                                      "dir": str(output_dir)}})
-    metrics_log = MetricsLog(accelerator, output_dir / METRICS_FILE, state.step if resume else None)
+    metrics_log = MetricsLog(accelerator, output_dir / METRICS_FILE, state.step if resumed else None)
 
     history, tokens_per_second = fit(accelerator, cfg, objective, target, optimizer, scheduler, train_loader,
                                      eval_loader, state, max_steps, depth, metrics_log)
@@ -533,9 +585,13 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     history: list[dict] = []
     window = {"loss": 0.0, "steps": 0, "tokens": 0, "correct": 0, "count": 0, "seconds": 0.0}
     run_tokens, run_seconds = 0, 0.0  # training steps only: evaluation and checkpoints excluded
+    guard = DivergenceGuard(check_grad=opt.mixed_precision != "fp16")
+    guard.load_state_dict(state.guard)
     objective.train()
-    bar = tqdm(total=max_steps, initial=state.step, desc=f"train {kind}", disable=not accelerator.is_main_process)
-    with logging_redirect_tqdm():
+    # disable=None: no bar when stderr is not a terminal (log files get the log lines, not bar frames)
+    bar = tqdm(total=max_steps, initial=state.step, desc=f"train {kind}",
+               disable=None if accelerator.is_main_process else True)
+    with bar, logging_redirect_tqdm():  # the bar is closed before any error is printed
         while state.step < max_steps:
             step_start = time.perf_counter()
             step_loss = torch.zeros((), device=accelerator.device)
@@ -559,16 +615,19 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
             tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum"))
             step_loss = accelerator.reduce(step_loss, reduction="mean")
             grad_norm = accelerator.clip_grad_norm_(objective.parameters(), opt.max_grad_norm)
-            # note: a host-device sync point, once per optimizer step; a NaN must never be saved
-            if not math.isfinite(step_loss.item()) or (opt.mixed_precision != "fp16"
-                                                       and not math.isfinite(float(grad_norm))):
+            # note: a host-device sync point, once per optimizer step; a diverged step must never be saved
+            problem = guard.check_step(state.step + 1, step_loss.item(), float(grad_norm))
+            if problem is None:
+                norm_before = _weight_norm(head)
+                optimizer.step()
+                problem = guard.check_update(state.step + 1, norm_before, _weight_norm(head))
+            if problem is not None:
                 last_good = latest_checkpoint(output_dir)
-                raise FloatingPointError(
-                    f"loss {step_loss.item()} / grad norm {float(grad_norm)} at step {state.step + 1} is not "
-                    f"finite; stopped without saving. Last good checkpoint: {last_good or 'none'}"
-                    f"{' (continue with resume_from=latest)' if last_good else ''}. Try a lower train.lr or "
-                    "train.mixed_precision=bf16.")
-            optimizer.step()
+                raise TrainingDiverged(
+                    f"training diverged: {problem}; stopped without saving. Last good checkpoint: "
+                    f"{last_good or 'none'}{' (continue with resume_from=latest)' if last_good else ''}. Try a "
+                    "lower train.lr or train.mixed_precision=bf16.")
+            state.guard = guard.state_dict()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
@@ -599,8 +658,7 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                 history.append(_eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state,
                                                    metrics_log))
             if opt.save_every and state.step % opt.save_every == 0:
-                save_checkpoint(accelerator, output_dir, state, head, opt.keep_last_checkpoints)
-    bar.close()
+                save_checkpoint(accelerator, output_dir, state, head, optimizer, scheduler, opt.keep_last_checkpoints)
     return history, run_tokens / max(run_seconds, 1e-9)
 
 
@@ -617,6 +675,12 @@ def _eval_and_keep_best(accelerator, head, target, loader, cfg, depth, state: Tr
             head.save_pretrained(Path(cfg.output_dir) / BEST)
             (Path(cfg.output_dir) / BEST / "eval.json").write_text(json.dumps(record, indent=1))
     return record
+
+
+def _weight_norm(module: nn.Module) -> float:
+    """Total L2 norm of the trainable weights (note: a host-device sync)."""
+    norms = [p.detach().float().norm() for p in module.parameters() if p.requires_grad]
+    return float(torch.stack(norms).norm()) if norms else 0.0
 
 
 def _micro_batches(accelerator: Accelerator, loader: DataLoader, state: TrainState) -> Iterator[dict]:
@@ -661,7 +725,8 @@ def model_card(head: nn.Module, output_dir: Path, data_summary, final: dict, sta
     if vocab is not None:
         lines.append(f"- draft vocabulary: {head.config.draft_vocab_size} most frequent training targets, covering "
                      f"{100 * vocab.coverage:.1f}% of them")
-    lines += ["- training data:", "", "```", str(data_summary), "```", ""]
+    summary = [line for line in str(data_summary).splitlines() if not line.startswith("cache ")]  # a local path
+    lines += ["- training data:", "", "```", *summary, "```", ""]
     return head_card(head, training=training_info(output_dir)) + "\n" + "\n".join(lines)
 
 

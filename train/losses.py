@@ -1,4 +1,4 @@
-"""Draft-head losses as pure tensor functions (REFERENCE.md §2).
+"""Draft-head losses as pure tensor functions (the published losses: docs/recipes.md).
 
 One alignment rule for every head kind: draft step k at position i drafts token ``i + 2 + k``,
 i.e. it imitates the target's distribution at position ``j = i + 1 + k`` (the target's logits at j
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-EAGLE_CE_WEIGHT = 0.1  # EAGLE-1: SmoothL1 + 0.1 * soft CE (REFERENCE.md §2)
+EAGLE_CE_WEIGHT = 0.1  # EAGLE-1: SmoothL1 + 0.1 * soft CE (docs/recipes.md)
 
 
 class LossOutput(NamedTuple):

@@ -5,6 +5,8 @@ Without ``--config`` it uses ``configs/demo.yaml``: an EAGLE-3 head on the offli
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -22,17 +24,26 @@ def _fix_sys_path() -> None:
 
 
 def cli(argv: list[str] | None = None) -> int:
+    """Train; a mistake in the config or its inputs prints one line and returns 2, a divergence returns 1."""
     _fix_sys_path()
+    from data.cli import USER_ERRORS, one_line, quiet_libraries
     from train.config import ConfigError
-    from train.loop import parse_args, setup
+    from train.loop import TrainingDiverged, parse_args, setup
     from train.metrics import format_acceptance
 
+    quiet_libraries()
     try:
         cfg = parse_args(argv, default_config=DEMO_CONFIG)
     except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
-    result = setup(cfg)
+        return _fail(f"config error: {one_line(err)}", 2)
+    try:
+        result = setup(cfg)
+    except TrainingDiverged as err:  # before USER_ERRORS: it is a FloatingPointError, not a ValueError
+        return _fail(f"error: {one_line(err)}", 1)
+    except USER_ERRORS as err:
+        if os.environ.get("DRAFTSMITH_DEBUG"):
+            raise
+        return _fail(f"error: {one_line(err)}", 2)
     from accelerate import PartialState
 
     if PartialState().is_main_process:
@@ -42,6 +53,28 @@ def cli(argv: list[str] | None = None) -> int:
         if result.best_dir is not None:
             print(f"best simulated tau {result.best_tau:.3f} (head in {result.best_dir.resolve()})")
     return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(message, file=sys.stderr, flush=True)
+    _end_launcher_quietly()
+    return code
+
+
+def _end_launcher_quietly() -> None:
+    """Under ``accelerate launch`` (one process) a non-zero exit makes the launcher raise its own
+    ``CalledProcessError`` traceback below our one-line message. The launcher only waits for this
+    process, so end it first with SIGTERM (exit status 143, no traceback); nothing else is running.
+    Linux only (reads /proc); multi-process launches are left alone."""
+    if os.environ.get("LOCAL_RANK") is not None or "ACCELERATE_MIXED_PRECISION" not in os.environ:
+        return
+    try:
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return
+    if any(part.endswith(b"accelerate") for part in parent) and b"launch" in parent:
+        sys.stdout.flush()
+        os.kill(os.getppid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""Where a target model comes from: ``demo:<size>``, a local directory, or a Hugging Face Hub id.
+
+``resolve_target`` is what every entry point that takes a target calls (training, ``infer.generate``,
+``SpeculativeGenerator.from_pretrained``, ``scripts/export.py``), so a demo name, a missing path and
+an unreachable Hub give the same answer everywhere. ``hub_errors`` turns the Hub client's network
+errors into one line naming the repo.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+DEMO_PREFIX = "demo:"
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # name or namespace/name
+
+
+class HubUnreachable(OSError):
+    """The Hugging Face Hub could not be reached for a repo that is not in the local cache."""
+
+
+def is_demo(target: str) -> bool:
+    return str(target).startswith(DEMO_PREFIX)
+
+
+def resolve_target(target: str | os.PathLike) -> str:
+    """A path or Hub id ``from_pretrained`` can load.
+
+    ``demo:<size>`` is the demo LM of that size (built and cached on first use, which takes minutes;
+    the builder is the demo recipe in ``train.demo``). A local-looking path that does not exist, and a
+    directory without ``config.json``, raise ``FileNotFoundError`` naming it; anything else is a Hub id.
+    """
+    target = str(target)
+    if is_demo(target):
+        from train.demo import resolve_target as build_demo  # imported only for demo names
+
+        return build_demo(target)
+    path = Path(target).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"target {target}: the directory has no config.json (not a saved model)")
+        return str(path)
+    if path.exists():
+        raise FileNotFoundError(f"target {target}: is a file; pass the model's directory")
+    if looks_like_path(target) or _local_parent(path):
+        raise FileNotFoundError(f"target {target}: no such directory")
+    return target
+
+
+def _local_parent(path: Path) -> bool:
+    """``runs/x`` with a local ``runs/``: meant as a path, although it also reads as a Hub id."""
+    return len(path.parts) > 1 and path.parent.is_dir()
+
+
+def looks_like_path(name: str) -> bool:
+    """True for strings that cannot be a Hub repo id (``./x``, ``/abs``, ``~/x``, ``a/b/c``)."""
+    return not _REPO_ID.fullmatch(name) or name.startswith((".", "~", "/"))
+
+
+def check_head_source(head: str | os.PathLike) -> None:
+    """Refuse a local head path that does not exist or has no config.json, naming it."""
+    path = Path(head).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"head {head}: the directory has no config.json (not a saved head; a training "
+                                "run's output_dir holds one once training finished)")
+    if not path.exists() and (looks_like_path(str(head)) or _local_parent(path)):
+        raise FileNotFoundError(f"head {head}: no such directory")
+
+
+@contextlib.contextmanager
+def hub_errors(repo_id: str | os.PathLike) -> Iterator[None]:
+    """Re-raise network failures of Hub calls as one ``HubUnreachable`` line naming ``repo_id``."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001  (re-raised unless it is a network failure)
+        reason = _network_failure(err)
+        if reason is None:
+            raise
+        raise HubUnreachable(f"{repo_id}: not a local directory, and the Hugging Face Hub is unreachable "
+                             f"({reason}) with the repo not in the local cache; check the path or the network") from err
+
+
+def _network_failure(err: BaseException) -> str | None:
+    names = {cls.__name__ for cls in type(err).__mro__}
+    if names & {"TransportError", "ConnectionError", "OfflineModeIsEnabled", "LocalEntryNotFoundError"}:
+        return str(err).splitlines()[0] if str(err) else type(err).__name__
+    if isinstance(err, OSError) and "couldn't connect to" in str(err):  # transformers' message
+        return "no connection"
+    cause = err.__cause__ or err.__context__
+    return _network_failure(cause) if cause is not None and cause is not err else None

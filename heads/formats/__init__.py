@@ -1,0 +1,233 @@
+"""Serving-engine formats: export a head for vLLM, SGLang, TensorRT-LLM and TGI; import public EAGLE-3.
+
+| format          | head   | weights file               | loads in                                          |
+|-----------------|--------|----------------------------|---------------------------------------------------|
+| `vllm`/`sglang` | eagle3 | model.safetensors          | vLLM eagle3, SGLang EAGLE3, TensorRT-LLM Eagle3   |
+| `speculators`   | eagle3 | model.safetensors          | vLLM alone (`vllm serve DIR`), speculators lib;   |
+|                 |        | (layer named `layers.0.*`) | not SGLang                                        |
+| `eagle-vllm`    | eagle  | model.safetensors          | vLLM eagle                                        |
+| `medusa-vllm`   | medusa | model.safetensors          | vLLM medusa                                       |
+| `medusa-tgi`    | medusa | medusa_lm_head.safetensors | TGI, TensorRT-LLM's Medusa converter              |
+
+`vllm` and `sglang` name the same directory: one export serves all three EAGLE-3 engines.
+
+EAGLE-3 aux-layer ids come in two conventions. draftsmith, HF `output_hidden_states` and vLLM's
+top-level `eagle_aux_hidden_state_layer_ids` index the residual stream *entering* layer k (0 =
+embeddings). SGLang's `eagle_config.eagle_aux_hidden_state_layer_ids` and TensorRT-LLM's
+`eagle3_layers_to_capture` count the *output* of layer k, i.e. k + 1 in HF terms.
+
+Engines skip misnamed tensors silently (acceptance ≈ 1), so every export is checked in memory, written
+to a temporary directory, read back and checked again (key set, shapes, dtypes, values, d2t
+invariants, config fields) before it is moved into place. README.md ("Serve with vLLM / SGLang /
+TensorRT-LLM") lists the engine loader code each format was checked against.
+
+One module per engine family: ``eagle3`` (vLLM / SGLang / TensorRT-LLM), ``speculators``, ``eagle``
+(vLLM EAGLE-1/2), ``medusa`` (vLLM and TGI), ``public`` (importing public EAGLE-3 checkpoints), all on
+the shared checks in ``validation``. This module holds the registry and the export driver.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+from transformers import PretrainedConfig, PreTrainedModel
+
+from heads.common import DraftHead, public_target_name, share_readable, target_identity
+from heads.formats.eagle import _eagle_artifact, _eagle_problems
+from heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
+from heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
+from heads.formats.public import import_eagle3
+from heads.formats.speculators import SPECULATORS_LAYER_PREFIX, _speculators_artifact, _speculators_problems
+from heads.formats.validation import (
+    EAGLE3_ARCHITECTURE,
+    ENGINE_AUX_LAYERS,
+    FORMAT_VERSION,
+    HF_CONVENTION,
+    PROVENANCE_KEY,
+    Artifact,
+    _raise_problems,
+    _read_json,
+    _read_tensors,
+    _TARGET_FIELDS,
+)
+
+__all__ = [
+    "EAGLE3_ARCHITECTURE", "ENGINE_AUX_LAYERS", "FORMATS", "FORMAT_KINDS", "FORMAT_VERSION", "HF_CONVENTION",
+    "PROVENANCE_KEY", "SPECULATORS_LAYER_PREFIX", "Artifact", "aux_layer_ids_from_config", "draft_vocab_problems",
+    "export_head", "import_eagle3", "validate_artifact", "validate_export",
+]
+
+
+FORMAT_KINDS = {
+    "vllm": "eagle3",
+    "sglang": "eagle3",
+    "speculators": "eagle3",
+    "eagle-vllm": "eagle",
+    "medusa-vllm": "medusa",
+    "medusa-tgi": "medusa",
+}
+
+
+FORMATS = tuple(FORMAT_KINDS)
+
+
+def export_head(
+    head: DraftHead,
+    out_dir: str | Path,
+    fmt: str,
+    *,
+    target: PretrainedConfig | PreTrainedModel | None = None,
+    dtype: torch.dtype | None = None,
+    num_speculative_tokens: int = 3,
+    max_position_embeddings: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``head`` in serving format ``fmt`` (see ``FORMATS``) to ``out_dir``, with a model card.
+
+    ``target`` (optional) is checked against the head and fills in target facts the head lacks.
+    ``dtype`` casts the floating-point weights (default: as they are). ``max_position_embeddings``
+    defaults to the larger of the head's and the target's context. Refuses (``ValueError``) to write
+    anything an engine would load wrong; ``out_dir`` must be empty unless ``overwrite``.
+    """
+    kind = _format_kind(fmt)
+    if head.head_kind != kind:
+        raise ValueError(f"format '{fmt}' exports {kind} heads, got a {head.head_kind} head")
+    if target is not None:
+        head.check_target(target)
+    facts = _target_facts(head, target)
+    context = max(head.config.max_position_embeddings if kind != "medusa" else 0, facts["max_position_embeddings"])
+    options = {
+        "dtype": dtype,
+        "num_speculative_tokens": num_speculative_tokens,
+        "max_position_embeddings": max_position_embeddings or context,
+    }
+    artifact = _BUILDERS[fmt](head, facts, options)
+    _raise_problems(validate_artifact(artifact.config, artifact.tensors, fmt), f"refusing to export as '{fmt}'")
+
+    out = Path(out_dir)
+    _check_destination(out, head)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _write(artifact, staging)
+        _write_card(head, staging, fmt, artifact.config)
+        validate_export(staging, fmt)
+        written = _read_tensors(staging / artifact.weights_file)
+        changed = [name for name, tensor in artifact.tensors.items() if not torch.equal(written[name], tensor)]
+        if changed:
+            raise ValueError(f"{staging / artifact.weights_file}: tensors {changed} changed on disk")
+        share_readable(staging)  # mkdtemp is 0700, save_file 0600
+        if out.is_dir():
+            shutil.rmtree(out)
+        elif out.exists():
+            out.unlink()
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return out
+
+
+# What a training run or a draftsmith head directory holds; an export holds none of these.
+_RUN_MARKERS = ("checkpoints", "best", "metrics.jsonl", "config.yaml")
+
+
+_HEAD_MODEL_TYPES = ("draftsmith_medusa", "draftsmith_eagle", "draftsmith_eagle3")
+
+
+def _check_destination(out: Path, head: DraftHead) -> None:
+    """Refuse an ``out`` that is, contains or lies inside the directory the head was loaded from, or that
+    holds a training run or a draftsmith head: replacing it would lose the trained head."""
+    source = getattr(head, "name_or_path", "") or ""
+    target = out.resolve()
+    if source and Path(source).is_dir():
+        source_dir = Path(source).resolve()
+        if target == source_dir or source_dir in target.parents or target in source_dir.parents:
+            relation = "is" if target == source_dir else "lies inside" if source_dir in target.parents else "contains"
+            raise ValueError(f"refusing to write the export to {out}: it {relation} the head's own directory "
+                             f"{source}; choose an --out outside it")
+    if not target.is_dir():
+        return
+    found = [name for name in _RUN_MARKERS if (target / name).exists()]
+    config = target / "config.json"
+    if config.is_file():
+        try:
+            model_type = json.loads(config.read_text()).get("model_type")
+        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+            model_type = None
+        if model_type in _HEAD_MODEL_TYPES:
+            found.append(f"a draftsmith head (config.json model_type={model_type})")
+    if found:
+        raise ValueError(f"refusing to write the export to {out}: it holds {', '.join(found)} of a training run or "
+                         "head, which overwriting would delete; choose another --out")
+
+
+def _format_kind(fmt: str) -> str:
+    if fmt not in FORMAT_KINDS:
+        raise ValueError(f"unknown format '{fmt}'; expected one of {list(FORMATS)}")
+    return FORMAT_KINDS[fmt]
+
+
+def _target_facts(head: DraftHead, target: PretrainedConfig | PreTrainedModel | None) -> dict[str, Any]:
+    """The target facts recorded in the head, completed by ``target`` when given."""
+    facts = {field: getattr(head.config, f"target_{field}") for field in _TARGET_FIELDS}
+    if target is not None:
+        facts.update({k: v for k, v in target_identity(target).items() if v})
+    facts["name_or_path"] = public_target_name(facts["name_or_path"]) or ""  # never a path of this machine
+    return facts
+
+
+_BUILDERS = {
+    "vllm": _eagle3_artifact,
+    "sglang": _eagle3_artifact,
+    "speculators": _speculators_artifact,
+    "eagle-vllm": _eagle_artifact,
+    "medusa-vllm": _medusa_vllm_artifact,
+    "medusa-tgi": _medusa_tgi_artifact,
+}
+
+
+def _write(artifact: Artifact, directory: Path) -> None:
+    (directory / "config.json").write_text(json.dumps(artifact.config, indent=2) + "\n")
+    save_file(artifact.tensors, str(directory / artifact.weights_file), metadata={"format": "pt"})
+
+
+def _write_card(head: DraftHead, directory: Path, fmt: str, config: dict[str, Any]) -> None:
+    """README.md stating the format, the engines and (EAGLE-3) the layer convention written."""
+    from heads.card import model_card  # heads.card imports this module
+
+    (directory / "README.md").write_text(model_card(head, fmt=fmt, export_config=config))
+
+
+def validate_export(path: str | Path, fmt: str) -> None:
+    """Check a directory in format ``fmt`` as its engine would read it; ``ValueError`` lists every problem."""
+    _format_kind(fmt)
+    directory = Path(path)
+    config = _read_json(directory / "config.json")
+    weights = "medusa_lm_head.safetensors" if fmt == "medusa-tgi" else "model.safetensors"
+    tensors = _read_tensors(directory / weights)
+    _raise_problems(validate_artifact(config, tensors, fmt), f"{directory} is not a valid '{fmt}' export")
+
+
+def validate_artifact(config: dict[str, Any], tensors: dict[str, Tensor], fmt: str) -> list[str]:
+    """Problems (empty when none) of a config + tensors pair in format ``fmt``."""
+    if fmt in ("vllm", "sglang"):
+        return _eagle3_problems(config, config, tensors)
+    if fmt == "speculators":
+        layer = config.get("transformer_layer_config")
+        if not isinstance(layer, dict):
+            return ["transformer_layer_config is missing (vLLM reads the layer shape from it)"]
+        return _speculators_problems(config) + _eagle3_problems(layer, config, tensors, SPECULATORS_LAYER_PREFIX)
+    if fmt == "eagle-vllm":
+        return _eagle_problems(config, tensors)
+    if fmt == "medusa-vllm":
+        return _medusa_vllm_problems(config, tensors)
+    return _medusa_tgi_problems(config, tensors)

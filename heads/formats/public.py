@@ -1,0 +1,235 @@
+"""Import public EAGLE-3 checkpoints (EAGLE authors, SpecForge, speculators, our own exports) as heads."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+from heads.common import target_identity
+from heads.eagle3 import Eagle3Config, Eagle3Head
+from heads.formats.eagle3 import aux_layer_ids_from_config, draft_vocab_problems
+from heads.formats.validation import (
+    ENGINE_ROPE_PARAMS,
+    PROVENANCE_KEY,
+    _TARGET_FIELDS,
+    _name_problems,
+    _raise_problems,
+    _read_json,
+    _read_tensors,
+)
+
+
+_HUB_KEYS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder")
+
+
+def import_eagle3(
+    path_or_repo: str | Path,
+    *,
+    target: PretrainedConfig | PreTrainedModel | str | None = None,
+    allow_embed_tokens: bool = False,
+    dtype: torch.dtype | None = None,
+    **hub_kwargs: Any,
+) -> Eagle3Head:
+    """An ``Eagle3Head`` from a public EAGLE-3 checkpoint (EAGLE authors, SpecForge, speculators, our exports).
+
+    ``target`` (config, model, or path/hub id of one) fills the target identity a public checkpoint
+    lacks and is checked against it; it is needed when the config names no aux layers. A checkpoint's
+    ``embed_tokens.weight`` is refused unless ``allow_embed_tokens`` (then dropped; compared with the
+    target's embedding when ``target`` is a model). Weights keep their dtype unless ``dtype`` is given.
+    ``hub_kwargs``: revision, token, cache_dir, local_files_only, force_download, subfolder.
+    """
+    unknown = sorted(set(hub_kwargs) - set(_HUB_KEYS))
+    if unknown:
+        raise TypeError(f"import_eagle3() got unexpected arguments {unknown}; hub arguments are {list(_HUB_KEYS)}")
+    directory = _resolve_directory(path_or_repo, hub_kwargs)
+    config = _read_json(directory / "config.json")
+    speculators = config.get("speculators_model_type") is not None
+    if speculators and config["speculators_model_type"] != "eagle3":
+        raise ValueError(f"{directory}: speculators_model_type={config['speculators_model_type']!r}, not eagle3")
+    layer = config.get("transformer_layer_config") if speculators else config
+    if not isinstance(layer, dict):
+        raise ValueError(f"{directory}/config.json: transformer_layer_config is missing")
+    _refuse_variants(layer, config, directory)
+
+    target_config = AutoConfig.from_pretrained(target) if isinstance(target, str) else target
+    facts = _import_facts(config, layer, speculators)
+    if target_config is not None:
+        facts = _checked_target_facts(facts, target_config, directory)
+    ids = aux_layer_ids_from_config(config, facts["num_layers"])
+    if ids is None:
+        raise ValueError(f"{directory}/config.json names no aux layers (eagle_aux_hidden_state_layer_ids); pass "
+                         "target= so the engines' default [2, L//2, L-3] can be computed for the target's L layers")
+    recorded = (config.get(PROVENANCE_KEY) or {}).get("aux_layer_ids")
+    if recorded is not None and recorded != ids:
+        raise ValueError(f"{directory}/config.json: layer ids {ids} disagree with the recorded aux_layer_ids "
+                         f"{recorded}")
+
+    vocab = _required(layer, "vocab_size", directory)
+    head_config = Eagle3Config(
+        hidden_size=_required(layer, "hidden_size", directory),
+        intermediate_size=_required(layer, "intermediate_size", directory),
+        num_attention_heads=_required(layer, "num_attention_heads", directory),
+        num_key_value_heads=layer.get("num_key_value_heads"),
+        head_dim=layer.get("head_dim"),
+        hidden_act=layer.get("hidden_act", "silu"),
+        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=_required(layer, "max_position_embeddings", directory),
+        rope_config=_rope_config_from(layer, directory),
+        attention_bias=bool(layer.get("attention_bias", False)),
+        mlp_bias=bool(layer.get("mlp_bias", False)),
+        vocab_size=vocab,
+        draft_vocab_size=config.get("draft_vocab_size") or vocab,
+        aux_layer_ids=ids,
+        **{f"target_{k}": v for k, v in facts.items()},
+    )
+    head = Eagle3Head(head_config)
+    target_model = target if isinstance(target, PreTrainedModel) else None
+    tensors = _load_public_tensors(directory, allow_embed_tokens, target_model)
+    _load_strict(head, tensors, directory)
+    floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    return head.to(dtype or (floats.pop() if len(floats) == 1 else torch.float32)).eval()
+
+
+def _resolve_directory(path_or_repo: str | Path, hub_kwargs: dict[str, Any]) -> Path:
+    path = Path(path_or_repo)
+    if not path.is_dir():
+        from huggingface_hub import snapshot_download
+
+        download = {k: v for k, v in hub_kwargs.items() if k != "subfolder"}
+        patterns = ["*.json", "*.safetensors", "*.bin"]
+        path = Path(snapshot_download(str(path_or_repo), allow_patterns=patterns, **download))
+    return path / hub_kwargs["subfolder"] if hub_kwargs.get("subfolder") else path
+
+
+def _required(config: dict[str, Any], key: str, directory: Path) -> Any:
+    if config.get(key) is None:
+        raise ValueError(f"{directory}/config.json has no {key}")
+    return config[key]
+
+
+def _refuse_variants(layer: dict[str, Any], top: dict[str, Any], directory: Path) -> None:
+    """Refuse EAGLE-3 variants a draftsmith head does not implement (they would load but draft wrong)."""
+    if layer.get("num_hidden_layers", 1) != 1:
+        raise ValueError(f"{directory}: num_hidden_layers={layer['num_hidden_layers']}; draftsmith EAGLE-3 heads "
+                         "have one layer")
+    width, target_width = layer.get("hidden_size"), top.get("target_hidden_size")
+    if target_width and width != target_width:
+        raise ValueError(f"{directory}: hidden_size={width} differs from target_hidden_size={target_width}; such a "
+                         "head needs its own embedding, and draftsmith heads use the target's")
+    if layer.get("tie_word_embeddings"):
+        raise ValueError(f"{directory}: tie_word_embeddings=true (lm_head = embedding) is not an EAGLE-3 draft head")
+    for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        if top.get(key) or layer.get(key):
+            raise ValueError(f"{directory}: {key}=true is a variant draftsmith heads do not implement")
+
+
+def _rope_config_from(layer: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """draftsmith's flat rope dict from v5 ``rope_parameters`` or legacy ``rope_theta``/``rope_scaling``."""
+    legacy = dict(layer.get("rope_scaling") or {})
+    legacy["rope_type"] = legacy.pop("type", legacy.get("rope_type", "default"))
+    legacy["rope_theta"] = float(layer.get("rope_theta", 10000.0))
+    params = layer.get("rope_parameters")
+    if params and "rope_theta" not in params:
+        raise ValueError(f"{directory}: per-layer-type rope_parameters {params} are not supported")
+    rope = dict(params) if params else legacy
+    rope.setdefault("rope_type", "default")
+    rope["rope_theta"] = float(rope.get("rope_theta", legacy["rope_theta"]))
+    if params and ("rope_theta" in layer or layer.get("rope_scaling")) and \
+            (legacy["rope_type"], legacy["rope_theta"]) != (rope["rope_type"], rope["rope_theta"]):
+        raise ValueError(f"{directory}: rope_parameters {params} disagree with rope_theta={layer.get('rope_theta')} "
+                         f"/ rope_scaling={layer.get('rope_scaling')}")
+    if rope["rope_type"] not in ENGINE_ROPE_PARAMS:
+        raise ValueError(f"{directory}: rope_type '{rope['rope_type']}' is not supported (heads implement "
+                         f"{sorted(ENGINE_ROPE_PARAMS)})")
+    return rope
+
+
+def _import_facts(config: dict[str, Any], layer: dict[str, Any], speculators: bool) -> dict[str, Any]:
+    """Target facts the checkpoint states: ours record all of them, public ones only widths and vocab."""
+    recorded = (config.get(PROVENANCE_KEY) or {}).get("target")
+    if recorded:
+        return {field: recorded.get(field) or ("" if field in ("name_or_path", "architecture", "model_type") else 0)
+                for field in _TARGET_FIELDS}
+    verifier = ((config.get("speculators_config") or {}).get("verifier") or {}) if speculators else {}
+    return {
+        "name_or_path": verifier.get("name_or_path") or "",
+        "architecture": (verifier.get("architectures") or [""])[0],
+        "model_type": "",
+        "hidden_size": int(config.get("target_hidden_size") or layer.get("hidden_size") or 0),
+        "num_layers": 0,  # unknown: a public checkpoint does not state the target's depth
+        "vocab_size": int(layer.get("vocab_size") or 0),
+        "max_position_embeddings": 0,
+    }
+
+
+def _checked_target_facts(facts: dict[str, Any], target: PretrainedConfig | PreTrainedModel,
+                          directory: Path) -> dict[str, Any]:
+    have = target_identity(target)
+    problems = [f"{field}={facts[field]} (checkpoint) vs {field}={have[field]} (target)"
+                for field in ("hidden_size", "num_layers", "vocab_size")
+                if facts[field] and facts[field] != have[field]]
+    if problems:
+        raise ValueError(f"{directory} does not fit target '{have['name_or_path'] or have['architecture']}': "
+                         + "; ".join(problems))
+    return have
+
+
+def _load_public_tensors(directory: Path, allow_embed_tokens: bool,
+                         target: PreTrainedModel | None) -> dict[str, Tensor]:
+    files = sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin"))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no *.safetensors or pytorch_model*.bin weights")
+    tensors: dict[str, Tensor] = {}
+    for file in files:
+        if file.suffix == ".safetensors":
+            raw = _read_tensors(file)
+        else:  # the EAGLE authors publish pytorch_model.bin; weights_only refuses pickled code
+            raw = torch.load(file, map_location="cpu", weights_only=True)
+        for name, tensor in raw.items():
+            # vLLM-style dumps prefix "model." and call the layer "layers.0"; the public layout is "midlayer"
+            key = name.removeprefix("model.")
+            key = "midlayer." + key.removeprefix("layers.0.") if key.startswith("layers.0.") else key
+            if key in tensors:
+                raise ValueError(f"{directory}: tensor {key} appears twice (as {name} in {file.name})")
+            tensors[key] = tensor
+    embed = tensors.pop("embed_tokens.weight", None)
+    if embed is not None and not allow_embed_tokens:
+        raise ValueError(f"{directory}: the checkpoint carries embed_tokens.weight {tuple(embed.shape)}; draftsmith "
+                         "heads use the target's embedding. Pass allow_embed_tokens=True to drop it")
+    if embed is not None and target is not None:
+        mine = target.get_input_embeddings().weight.detach().float().cpu()
+        # a bf16/fp16 copy of the target's embedding passes; a different embedding does not
+        if mine.shape != embed.shape or not torch.allclose(mine, embed.float(), rtol=1e-2, atol=1e-2):
+            raise ValueError(f"{directory}: embed_tokens.weight differs from the target's input embedding; the head "
+                             "was trained with another embedding and would draft badly with the target's")
+    return tensors
+
+
+def _load_strict(head: Eagle3Head, tensors: dict[str, Tensor], directory: Path) -> None:
+    cfg = head.config
+    d2t, t2d = tensors.pop("d2t", None), tensors.pop("t2d", None)
+    if not cfg.reduced_vocab:  # some checkpoints store the identity mapping; accept exactly that
+        if d2t is not None and bool(d2t.any()):
+            raise ValueError(f"{directory}: d2t is not all zeros although draft_vocab_size == vocab_size")
+        if t2d is not None and not bool(t2d.all()):
+            raise ValueError(f"{directory}: t2d is not all true although draft_vocab_size == vocab_size")
+    else:
+        if d2t is None:
+            raise ValueError(f"{directory}: draft_vocab_size {cfg.draft_vocab_size} < vocab_size {cfg.vocab_size} "
+                             "but the checkpoint has no d2t")
+        if t2d is None:  # derived from d2t: the two carry the same information
+            t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+            t2d[(torch.arange(cfg.draft_vocab_size) + d2t.long()).clamp(0, cfg.vocab_size - 1)] = True
+        _raise_problems(draft_vocab_problems(d2t.long(), t2d.bool(), cfg.draft_vocab_size, cfg.vocab_size),
+                        f"{directory}: bad draft vocabulary mapping")
+        head.set_draft_vocab(torch.arange(cfg.draft_vocab_size) + d2t.long())
+    expected = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "t2d")}
+    problems = _name_problems(expected, tensors)
+    problems += [f"{name}: shape {tuple(tensors[name].shape)}, the config implies {tuple(expected[name].shape)}"
+                 for name in sorted(set(expected) & set(tensors)) if tensors[name].shape != expected[name].shape]
+    _raise_problems(problems, f"{directory} does not match its config.json")
+    head.load_state_dict({**tensors, **{k: v for k, v in head.state_dict().items() if k in ("d2t", "t2d")}},
+                         strict=True)

@@ -1,0 +1,60 @@
+"""How many CPU threads to decode with, chosen by measurement and printed.
+
+On a busy 2-core machine two intra-op threads ran generation 10-50x slower than one (they wait for a
+core the other work holds), on an idle one they are faster: no fixed count is right, so a short probe
+of the work decoding does (small matmuls) times 1 thread against every available core and keeps the
+faster. ``OMP_NUM_THREADS`` or an explicit count skip the probe.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+
+PROBE_ROUNDS = 5
+MARGIN = 1.1  # more threads must be 10% faster to be chosen
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def probe_seconds(threads: int, give_up: float = float("inf")) -> float:
+    """Median seconds of a decoding-sized workload (64x256 @ 256x256 matmuls) on ``threads`` threads;
+    stops early (returning that round's time) once a round takes longer than ``give_up`` seconds."""
+    torch.set_num_threads(threads)
+    x, w = torch.randn(64, 256), torch.randn(256, 256)
+    torch.tanh(x @ w)  # starts the thread pool outside the timing
+    times = []
+    for _ in range(PROBE_ROUNDS):
+        start = time.perf_counter()
+        for _ in range(20):
+            x = torch.tanh(x @ w)
+        times.append(time.perf_counter() - start)
+        if times[-1] > give_up:  # clearly slower: on a busy machine a round can take half a second
+            return times[-1]
+    return statistics.median(times)
+
+
+def choose_threads(requested: int | None = None) -> str:
+    """Set torch's intra-op thread count and return one line saying what was chosen and why."""
+    cores = available_cores()
+    if requested:
+        torch.set_num_threads(requested)
+        return f"threads: {requested} of {cores} cores (--threads)"
+    if os.environ.get("OMP_NUM_THREADS"):
+        return f"threads: {torch.get_num_threads()} of {cores} cores (OMP_NUM_THREADS)"
+    candidates = sorted({1, cores})
+    seconds = {1: probe_seconds(1)}
+    for n in candidates[1:]:
+        seconds[n] = probe_seconds(n, give_up=3 * seconds[1])
+    best = 1
+    for n in candidates[1:]:
+        if seconds[n] * MARGIN < seconds[best]:
+            best = n
+    torch.set_num_threads(best)
+    measured = ", ".join(f"{n}: {1e3 * s:.2f} ms" for n, s in seconds.items())
+    return f"threads: {best} of {cores} cores, chosen by measurement ({measured} per probe; --threads N overrides)"

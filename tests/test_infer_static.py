@@ -1,0 +1,263 @@
+"""The static decode state (``cache_implementation="static"``), eager and compiled: greedy output
+token-identical to ``target.generate``, a KV buffer that is never reallocated, compaction inside
+the buffer, fixed-shape masks and padding, and the errors a user can hit."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import ARCHES, has_cuda, make_tiny_target
+from test_infer_generator import SMALL, VOCAB, OracleDrafter
+from transformers.cache_utils import DynamicCache
+
+from heads import build_head
+from infer import Chain, DynamicTree, SpeculativeGenerator
+from infer.cache import StaticHeadCache, StaticKVCache, keep_accepted
+from infer.drafters import default_branching_tree, default_tree
+from infer.generator import default_decode_settings
+from infer.target import static_forward, target_forward
+from infer.tree import pad_tree, static_tree_mask, tree_attention_mask, tree_from_parents
+
+KINDS = ("medusa", "eagle", "eagle3")
+# compile=False runs the static path eagerly; "aot_eager" traces it with dynamo + AOTAutograd
+# (the graph inductor would compile) without inductor's minutes of C++ compilation on 2 cores.
+COMPILE = (False, "aot_eager")
+
+
+def _target(arch: str, dtype=torch.float32, **kw):
+    model = make_tiny_target(arch, dtype=dtype, initializer_range=kw.pop("initializer_range", 0.3), **kw)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def _hf_greedy(model, ids, max_new, eos=None):
+    return model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
+
+
+def _prompt(rng: random.Random, length: int) -> torch.Tensor:
+    return torch.tensor([[rng.randrange(3, VOCAB) for _ in range(length)]])
+
+
+@pytest.fixture(scope="module", params=ARCHES)
+def target32(request):
+    return _target(request.param)
+
+
+@pytest.mark.parametrize("compile", COMPILE)
+@pytest.mark.parametrize("kind", KINDS)
+def test_static_greedy_matches_hf(target32, kind, compile):
+    rng = random.Random(f"static-{target32.config.model_type}-{kind}-{compile}")
+    torch.manual_seed(rng.randrange(1000))
+    head = build_head(kind, target32)
+    # (tree, prompt_len, max_new): one-token budget, the GPU reference tree, CPU defaults, chains.
+    # Traced (compile="aot_eager"): one tree and one chain, since each tree budget is traced anew.
+    cases = [(None, 1, 1), (default_tree(kind, "cuda"), 10, 30), (default_branching_tree(kind, "cpu"), 7, 20),
+             (SMALL[kind], 5, 33), (Chain(3), 9, 25), (Chain(1), 3, 2)]
+    if compile:
+        cases = [(SMALL[kind], 5, 33), (Chain(3), 1, 2)]
+    for tree, prompt_len, max_new in cases:
+        gen = SpeculativeGenerator(target32, head, tree=tree, cache_implementation="static", compile=compile)
+        ids = _prompt(rng, prompt_len)
+        out = gen.generate(ids, max_new_tokens=max_new)
+        assert torch.equal(out, _hf_greedy(target32, ids, max_new)), (tree, prompt_len, max_new)
+        stats = gen.last_stats
+        assert stats.new_tokens == max_new and stats.target_forwards == stats.steps + 1
+        # a second call reuses the buffer (and the compiled graph) and is still exact
+        ids = _prompt(rng, prompt_len + 2)
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(target32, ids, max_new))
+    ids = _prompt(rng, 6)
+    ref = _hf_greedy(target32, ids, 30)
+    eos = int(ref[0, 6 + 11])  # EOS mid-way
+    gen = SpeculativeGenerator(target32, head, tree=SMALL[kind], cache_implementation="static", compile=compile)
+    assert torch.equal(gen.generate(ids, max_new_tokens=30, eos_token_id=eos), _hf_greedy(target32, ids, 30, eos=eos))
+
+
+class BoundedOracle(OracleDrafter):
+    """The oracle of test_infer_generator with the tree budget a static cache needs: a level d
+    holds at most 2d + 1 nodes (the true token, two siblings, one child per earlier decoy)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_nodes = 1 + self.depth**2 + 2 * self.depth
+
+
+@pytest.mark.parametrize(("arch", "compile"), [(arch, False) for arch in ARCHES] + [("qwen3", "aot_eager")])
+def test_static_long_accepted_runs_compact_in_place(arch, compile):
+    """Long accepted runs through non-contiguous tree paths: the oracle checks that it is fed the
+    true target features of exactly the accepted tokens, so a wrong compaction fails here."""
+    model = _target(arch, dtype=torch.float64)
+    rng = random.Random(f"oracle-{arch}")
+    for case in range(3):
+        prompt_len, max_new = rng.randrange(1, 12), rng.randrange(20, 60)
+        ids = _prompt(rng, prompt_len)
+        ref = _hf_greedy(model, ids, max_new)
+        with torch.no_grad():
+            feats = target_forward(model, ref).final_hidden[0]
+        eos = int(ref[0, prompt_len + rng.randrange(max_new)]) if case == 1 else None
+        oracle = BoundedOracle(ref[0], feats, depth=rng.randrange(3, 8), seed=case, wrong_rate=0.15)
+        gen = SpeculativeGenerator(model, oracle, cache_implementation="static", compile=compile)
+        out = gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos)
+        assert torch.equal(out, _hf_greedy(model, ids, max_new, eos=eos)), (case, eos)
+        if out.shape[1] - prompt_len > 20:
+            assert gen.last_stats.tau > 2.0, gen.last_stats
+
+
+def test_kv_buffer_is_never_reallocated(monkeypatch):
+    """Every write of a generation lands in one buffer: same storage for every layer's update,
+    from the prefill to the last step, and across calls while the buffer is large enough. The head's
+    cache is reserved once per generation and never grows."""
+    model = _target("llama", num_layers=8)
+    head = build_head("eagle3", model)
+    pointers, head_pointers = set(), set()
+    update = StaticKVCache.update
+
+    def recording(self, key, value, layer_idx, *args, **kwargs):
+        keys, values = update(self, key, value, layer_idx, *args, **kwargs)
+        pointers.add(self.buffer.untyped_storage().data_ptr())
+        assert keys.untyped_storage().data_ptr() == self.buffer.untyped_storage().data_ptr()
+        return keys, values
+
+    head_update = StaticHeadCache.update
+
+    def head_recording(self, layer_idx, key, value):
+        out = head_update(self, layer_idx, key, value)
+        head_pointers.add(self._keys[layer_idx].untyped_storage().data_ptr())
+        return out
+
+    monkeypatch.setattr(StaticKVCache, "update", recording)
+    monkeypatch.setattr(StaticHeadCache, "update", head_recording)
+    gen = SpeculativeGenerator(model, head, tree=DynamicTree(depth=4, top_k=3, total_tokens=12),
+                               cache_implementation="static", compile=False)
+    ids = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(0))
+    gen.generate(ids, max_new_tokens=40)
+    assert gen.last_stats.steps > 5
+    assert len(head_pointers) == 1, head_pointers
+    head_pointers.clear()
+    gen.generate(ids[:, :5], max_new_tokens=30)
+    assert len(pointers) == 1, pointers
+    assert len(head_pointers) == 1, head_pointers
+
+
+@pytest.mark.parametrize("path", [[0], [0, 2], [0, 1, 4, 7], [0, 1, 3, 6]])
+def test_static_compaction_equals_fresh_forward(path):
+    model = make_tiny_target("qwen3", dtype=torch.float64)
+    parents, tokens = [-1, 0, 0, 1, 1, 2, 3, 4], torch.tensor([21, 22, 23, 24, 25, 26, 27, 28])
+    tree = tree_from_parents(parents)
+    prefix = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(0))
+    cache = StaticKVCache(len(model.model.layers), 32)
+    with torch.no_grad():
+        pos = torch.arange(6)
+        static_forward(model, prefix, pos, torch.ones(6, 6, dtype=torch.bool).tril(), pos, cache)
+        cache.length = 6
+        static_forward(model, tokens[None], 6 + torch.arange(8), tree.mask, tree.depths, cache)
+        keep_accepted(cache, 6, torch.tensor(path))
+        assert cache.get_seq_length() == 6 + len(path)
+        accepted = torch.cat([prefix, tokens[path][None]], dim=1)
+        fresh = target_forward(model, accepted, past_key_values=DynamicCache(), use_cache=True).past_key_values
+        end = 6 + len(path)
+        for layer, ref in enumerate(fresh.layers):
+            torch.testing.assert_close(cache.buffer[layer, 0, ..., :end, :], ref.keys, rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(cache.buffer[layer, 1, ..., :end, :], ref.values, rtol=1e-10, atol=1e-10)
+        # the next forward over the compacted buffer equals a full forward (stale slots are masked)
+        nxt = torch.tensor([[42, 43]])
+        cont = static_forward(model, nxt, end + torch.arange(2), torch.ones(2, 2, dtype=torch.bool).tril(),
+                              torch.arange(2), cache)
+        full = target_forward(model, torch.cat([accepted, nxt], dim=1))
+        torch.testing.assert_close(cont.logits, full.logits[:, -2:], rtol=1e-10, atol=1e-10)
+
+
+def test_static_forward_features_equal_hooked_features():
+    """static_forward reads aux features from output_hidden_states; target_forward from hooks."""
+    model = make_tiny_target("llama", num_layers=8, dtype=torch.float64)
+    ids = torch.randint(3, 96, (1, 9), generator=torch.Generator().manual_seed(3))
+    cache = StaticKVCache(8, 16)
+    pos = torch.arange(9)
+    with torch.no_grad():
+        mine = static_forward(model, ids, pos, torch.ones(9, 9, dtype=torch.bool).tril(), pos, cache, (2, 4, 7))
+        ref = target_forward(model, ids, aux_layer_ids=(2, 4, 7))
+    torch.testing.assert_close(mine.aux_hidden, ref.aux_hidden, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mine.final_hidden, ref.final_hidden, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mine.logits, ref.logits, rtol=1e-12, atol=1e-12)
+
+
+def test_static_mask_is_the_tree_mask_over_the_buffer():
+    tree = tree_from_parents([-1, 0, 0, 1, 2])
+    mask = static_tree_mask(torch.arange(7, 12), tree.mask, 16, torch.float32)  # prefix of 7, 16 slots
+    assert mask.shape == (1, 1, 5, 16)
+    torch.testing.assert_close(mask[..., :12], tree_attention_mask(tree.mask, 7, torch.float32))
+    assert bool((mask[..., 12:] == torch.finfo(torch.float32).min).all())  # unused slots blocked
+
+
+def test_pad_tree_hides_dummy_nodes():
+    tree = tree_from_parents([-1, 0, 1])
+    tokens, depths, block = pad_tree(torch.tensor([5, 6, 7]), tree.depths, tree.mask, 5)
+    assert tokens.tolist() == [5, 6, 7, 0, 0] and depths.tolist() == [0, 1, 2, 0, 0]
+    assert torch.equal(block[:3, :3], tree.mask)
+    assert not block[:3, 3:].any()  # no real node sees a dummy
+    assert block[3:, 3:].equal(torch.eye(2, dtype=torch.bool))  # dummies see only themselves
+    with pytest.raises(ValueError, match="budget"):
+        pad_tree(tokens, depths, block, 4)
+
+
+def test_static_head_cache_crop_select_grow():
+    cache = StaticHeadCache(capacity=4)
+    k = torch.arange(6.0).view(1, 1, 6, 1).expand(1, 2, 6, 3)
+    cache.update(0, k[:, :, :3], k[:, :, :3] + 100)
+    keys, _ = cache.update(0, k[:, :, 3:], k[:, :, 3:] + 100)  # past the capacity: doubles
+    assert keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5] and cache.get_seq_length() == 6
+    cache.crop(5)
+    keep_accepted(cache, 2, torch.tensor([0, 2]))  # absolute 2, 4
+    assert cache.keys[0][0, 0, :, 0].tolist() == [0, 1, 2, 4]
+    assert cache.values[0][0, 1, :, 2].tolist() == [100, 101, 102, 104]
+
+
+def test_static_path_errors_and_defaults():
+    model = _target("llama")
+    head = build_head("eagle", model)
+    with pytest.raises(ValueError, match="cache_implementation"):
+        SpeculativeGenerator(model, head, cache_implementation="offloaded")
+    with pytest.raises(ValueError, match="compile=True needs"):
+        SpeculativeGenerator(model, head, cache_implementation="dynamic", compile=True)
+
+    class NoBudget:
+        aux_layer_ids = ()
+
+        def new_state(self):
+            return None
+
+    gen = SpeculativeGenerator(model, NoBudget(), cache_implementation="static")
+    with pytest.raises(ValueError, match="max_nodes"):
+        gen.generate(torch.tensor([[5, 6]]), max_new_tokens=3)
+    assert default_decode_settings("cpu") == ("dynamic", False)
+    assert default_decode_settings("cuda") == ("static", True)
+    assert SpeculativeGenerator(model, head).cache_implementation == "dynamic"  # CPU default
+
+
+@pytest.mark.slow
+def test_inductor_compiled_step_is_exact():
+    """The real compiler (inductor's C++ on CPU) on one architecture and head kind."""
+    model = _target("llama", num_layers=8)
+    torch.manual_seed(0)
+    head = build_head("eagle3", model)
+    gen = SpeculativeGenerator(model, head, tree=Chain(4), cache_implementation="static", compile=True)
+    rng = random.Random(5)
+    for prompt_len, max_new in [(6, 24), (9, 31)]:
+        ids = _prompt(rng, prompt_len)
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(model, ids, max_new))
+    assert gen.last_stats.compile_time == 0.0  # compiled once, in the first call
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_graph_step_is_exact(kind):
+    """On CUDA the default is static + compile (CUDA graphs): fp32, exact against HF."""
+    model = _target("llama", num_layers=8).cuda()
+    torch.manual_seed(0)
+    gen = SpeculativeGenerator(model, build_head(kind, model).cuda())
+    assert (gen.cache_implementation, gen.compile) == ("static", True)
+    rng = random.Random(kind)
+    for prompt_len, max_new in [(6, 24), (9, 40), (3, 1)]:
+        ids = _prompt(rng, prompt_len).cuda()
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(model, ids, max_new))
