@@ -318,6 +318,8 @@ class SpeculativeGenerator:
         stats.target_forwards += 1
         first = self._next_token(out.logits[0, -1], sampling)
         state = DecodeState(cache=out.past_key_values, draft=self.drafter.new_state(), root=first)
+        if hasattr(self.drafter, "begin"):  # optional hook: drafters that read the prompt's ids
+            self.drafter.begin(state.draft, ids)
         kept, stop = self._trim(first.reshape(1), eos, max_new_tokens)
         self._emit(state, kept, streamer)
         if not stop:
