@@ -156,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         ids, max_new_tokens=args.max_new_tokens, streamer=TextStreamer(gen.tokenizer, skip_prompt=True), **sampling
     )
     s = gen.last_stats
+    adaptive = ", adaptive length" if args.adaptive else ""
     print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s: {s.tokens_per_s:.1f} tok/s, "
-          f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{", adaptive" if args.adaptive else ""})", file=sys.stderr)
+          f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{adaptive})", file=sys.stderr)
     if not args.compare:
         return 0
 
