@@ -167,3 +167,23 @@ def test_wrong_q_is_detected(small_pair):
     law = exact_law(target, 1.0, 0, 1.0)
     samples, _ = sample_triples(gen, 2000, temperature=1.0)
     assert joint_pvalue(samples, law) < 1e-6
+
+
+def test_eagle_chain_confidence_stop():
+    """A head chain stops a level early below the confidence threshold; output unchanged."""
+    from heads import build_head
+    from infer.drafters import make_drafter
+
+    target = _target("qwen2")
+    torch.manual_seed(0)
+    head = build_head("eagle3", target)
+    ids = _repetitive_prompt(random.Random(5), 9)
+    ref = _hf(target, ids, 20)
+    drafts = []
+    for confidence in (None, 1.01):  # 1.01: no draft after the first is ever confident enough
+        drafter = make_drafter(head, target, Chain(4), confidence=confidence)
+        inner = drafter.propose
+        drafter.propose = lambda *a, **k: drafts.append(inner(*a, **k)) or drafts[-1]
+        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20), ref)
+        assert max(d.tokens.numel() for d in drafts) == (5 if confidence is None else 2)
+        drafts.clear()
