@@ -10,7 +10,7 @@ runs the target's own ``generate`` in the same process and prints the speedup an
 outputs match (they must, at temperature 0). ``--target`` defaults to the target the head was
 trained for (its config's ``target_name_or_path``); ``demo:tiny`` names the demo target.
 ``--drafter lm:DIR`` drafts a chain of ``--depth`` (default 4) with a small LM sharing the target's
-tokenizer; ``--drafter ngram`` drafts by prompt lookup (``--depth`` tokens, default 8, from
+tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by prompt lookup (``--depth`` tokens, default 8, from
 ``--branch`` matches, default 1). ``--adaptive`` lets the draft length follow the acceptance.
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ def classic_drafter(args: argparse.Namespace, target):
         length = args.depth or (16 if args.adaptive else 8)
         drafter = NgramDrafter(max_ngram=3, length=length, branches=args.branch or 1)
     else:
-        model = AutoModelForCausalLM.from_pretrained(args.drafter[3:], dtype=target.dtype).to(target.device)
+        model = AutoModelForCausalLM.from_pretrained(resolve_target(args.drafter[3:]), dtype=target.dtype).to(target.device)
         length = args.depth or (16 if args.adaptive else 4)
         drafter = LMDrafter(model, target, Chain(length))
     return AdaptiveLength(drafter, initial=min(4, length), maximum=length) if args.adaptive else drafter

@@ -162,7 +162,8 @@ def build_methods(args, target, tokenizer) -> list[Method]:
     if args.assistant:
         assistant = AutoModelForCausalLM.from_pretrained(args.assistant, dtype=target.dtype).to(target.device).eval()
         methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
-        # HF's assisted generation starts at 20 drafts and adapts (+2 / -1), with a 0.4 confidence stop.
+        # HF's assisted generation (transformers 5.x defaults): up to 20 drafts, a draft stops below
+        # probability 0.4 (HF then tunes that threshold); ours: a chain of 4, and +2/-1 adaptive with the 0.4 stop.
         methods.append(ours("draft-lm:chain4", "draft_lm", LMDrafter(assistant, target, Chain(4))))
         methods.append(ours("draft-lm:adaptive", "draft_lm", AdaptiveLength(
             LMDrafter(assistant, target, Chain(20), confidence=0.4), initial=4, maximum=20)))
