@@ -187,3 +187,13 @@ def test_eagle_chain_confidence_stop():
         assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20), ref)
         assert max(d.tokens.numel() for d in drafts) == (5 if confidence is None else 2)
         drafts.clear()
+
+
+def test_ngram_tree_sampling_follows_the_target_law(small_pair):
+    """Deterministic n-gram drafts (a tree of up to 3 matches) go through the tree sampling rule."""
+    target, _ = small_pair
+    gen = SpeculativeGenerator(target, NgramDrafter(max_ngram=2, length=2, branches=3))
+    law = exact_law(target, 1.0, 0, 1.0)
+    samples, forwards = sample_triples(gen, 2000, temperature=1.0)
+    assert joint_pvalue(samples, law) > 1e-3
+    assert forwards < 2.99, forwards  # some lookups were accepted (3.0: none)
