@@ -31,6 +31,8 @@ class AdaptiveLength:
             raise ValueError(f"AdaptiveLength needs 1 <= initial <= maximum, got {initial}, {maximum}")
         self.drafter, self.initial, self.maximum = drafter, initial, maximum
         self.aux_layer_ids = drafter.aux_layer_ids
+        if hasattr(drafter, "max_nodes"):  # a static verify step pads drafts to this budget
+            self.max_nodes = drafter.max_nodes
 
     def new_state(self) -> AdaptiveState:
         return AdaptiveState(self.drafter.new_state(), self.initial)

@@ -52,6 +52,7 @@ class LMDrafter:
             raise TypeError(f"a draft model drafts a Chain, not {type(self.option).__name__}")
         self.model = model.eval()
         self.confidence = confidence
+        self.max_nodes = self.option.length + 1  # the most nodes a draft has, root included
 
     def new_state(self) -> LMState:
         return LMState()

@@ -65,6 +65,7 @@ class NgramDrafter:
         if not 1 <= min_ngram <= max_ngram or length < 1 or branches < 1:
             raise ValueError("NgramDrafter needs 1 <= min_ngram <= max_ngram, length >= 1, branches >= 1")
         self.max_ngram, self.min_ngram, self.length, self.branches = max_ngram, min_ngram, length, branches
+        self.max_nodes = 1 + length * branches  # the most nodes a draft has, root included
 
     def new_state(self) -> NgramState:
         return NgramState()

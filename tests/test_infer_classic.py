@@ -57,11 +57,15 @@ def test_greedy_matches_hf(arch):
     rng = random.Random(arch)
     for name, drafter in _drafters(arch, target).items():
         gen = SpeculativeGenerator(target, drafter)
+        propose = drafter.propose
+        sizes = []  # every draft fits the drafter's max_nodes (a static verify step's budget)
+        drafter.propose = lambda *a, **k: sizes.append(propose(*a, **k)) or sizes[-1]
         for prompt_len, max_new in ((1, 1), (12, 30), (20, 7)):
             ids = _repetitive_prompt(rng, prompt_len)
             out = gen.generate(ids, max_new_tokens=max_new)
             ref = _hf(target, ids, max_new)
             assert torch.equal(out, ref), (name, prompt_len, max_new)
+            assert all(d.tokens.numel() <= drafter.max_nodes for d in sizes), name
             if name == "lm-self" and max_new == 30:  # 29 tokens after the first in 6 steps of <= 5
                 assert gen.last_stats.tau > 4.8, gen.last_stats.tau  # the draft cache stays in step
 
