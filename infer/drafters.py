@@ -237,8 +237,10 @@ class EagleState:
 class EagleDrafter:
     """EAGLE-1/2 and EAGLE-3: one head step per draft level over the head's own KV cache."""
 
-    def __init__(self, head: nn.Module, target: nn.Module, tree: DynamicTree | Chain) -> None:
+    def __init__(self, head: nn.Module, target: nn.Module, tree: DynamicTree | Chain,
+                 confidence: float | None = None) -> None:
         self.head = head
+        self.confidence = confidence  # greedy chains stop before a draft whose head probability is lower
         self.eagle3 = head.head_kind == "eagle3"
         self.option = tree
         if not isinstance(self.option, (DynamicTree, Chain)):
@@ -299,6 +301,8 @@ class EagleDrafter:
         for i in range(length):
             logits = self._logits(hidden[0, -1])  # (V or Vd,)
             if sampling.greedy:
+                if self.confidence is not None and i > 0 and float(logits.softmax(-1).max()) < self.confidence:
+                    break  # sync: the head is unsure, verify what it has
                 token = self._to_target(logits.argmax())
             else:
                 q = sampling.probs(logits)
@@ -349,10 +353,12 @@ class EagleDrafter:
         return Draft(torch.cat([root.reshape(1), candidates.tokens[chosen]]), tree_from_parents(parent_list, device))
 
 
-def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = None) -> Drafter:
-    """The drafter for a head's kind; ``tree=None`` = the kind's default on the target's device."""
+def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = None,
+                 confidence: float | None = None) -> Drafter:
+    """The drafter for a head's kind; ``tree=None`` = the kind's default on the target's device;
+    ``confidence``: EAGLE greedy chains stop a level early below this head probability."""
     kind = getattr(head, "head_kind", None)
     tree = tree or default_tree(kind, target.get_input_embeddings().weight.device)
     if kind == "medusa":
         return MedusaDrafter(head, tree)
-    return EagleDrafter(head, target, tree)
+    return EagleDrafter(head, target, tree, confidence)

@@ -2,12 +2,16 @@
 
     python -m infer.generate --head H [--target T] --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
-        [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--compare]
+        [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--compare]
+    python -m infer.generate --target T --drafter lm:DIR | ngram [--depth D] [--branch K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
 runs the target's own ``generate`` in the same process and prints the speedup and whether the
 outputs match (they must, at temperature 0). ``--target`` defaults to the target the head was
 trained for (its config's ``target_name_or_path``); ``demo:tiny`` names the demo target.
+``--drafter lm:DIR`` drafts a chain of ``--depth`` (default 4) with a small LM sharing the target's
+tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by prompt lookup (``--depth`` tokens, default 8, from
+``--branch`` matches, default 1). ``--adaptive`` lets the draft length follow the acceptance.
 """
 from __future__ import annotations
 
@@ -20,16 +24,20 @@ import torch
 from transformers import TextStreamer
 
 from heads import AutoHead
-from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree
+from infer.adaptive import AdaptiveLength
+from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, make_drafter
 from infer.generator import SpeculativeGenerator
 from infer.threads import choose_threads
 from data.cli import run
+from data.targets import resolve_target
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m infer.generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
-    p.add_argument("--head", required=True, help="draft head: directory or HF id")
+    p.add_argument("--head", help="draft head: directory or HF id")
+    p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer) or ngram")
+    p.add_argument("--adaptive", action="store_true", help="draft length follows the acceptance (chains)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -48,7 +56,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="CPU threads (default: 1 or all cores, whichever a short probe "
                    "measures faster; OMP_NUM_THREADS is respected)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if (args.head is None) == (args.drafter is None):
+        p.error("pass exactly one of --head and --drafter")
+    if args.drafter is not None:
+        if not (args.drafter == "ngram" or args.drafter.startswith("lm:")):
+            p.error(f"--drafter must be lm:DIR or ngram, got {args.drafter!r}")
+        if args.target is None:
+            p.error("--drafter needs --target")
+    return args
 
 
 def tree_option(kind: str, device: str, args: argparse.Namespace):
@@ -65,6 +81,38 @@ def tree_option(kind: str, device: str, args: argparse.Namespace):
             raise SystemExit("--depth/--branch/--total-tokens shape EAGLE trees; Medusa uses its static tree")
         return tree
     return dataclasses.replace(tree, **given)
+
+
+def max_chain(head) -> int:
+    """The longest chain an adaptive head drafter may grow to (Medusa: its head count)."""
+    return head.config.num_heads if head.head_kind == "medusa" else 16
+
+
+def adaptive_head(head):
+    """A factory for ``from_pretrained``: the head's chain, its length adapted (up to ``max_chain``)."""
+    def build(target):
+        head.check_target(target)
+        head.to(device=target.device, dtype=target.dtype).eval()
+        n = max_chain(head)
+        return AdaptiveLength(make_drafter(head, target, Chain(n)), initial=min(4, n), maximum=n)
+    return build
+
+
+def classic_drafter(args: argparse.Namespace, target):
+    """The ``--drafter`` for a loaded target (lm:DIR loads the draft LM on its device and dtype)."""
+    from transformers import AutoModelForCausalLM
+
+    from infer.lm_drafter import LMDrafter
+    from infer.ngram import NgramDrafter
+
+    if args.drafter == "ngram":
+        length = args.depth or (16 if args.adaptive else 8)
+        drafter = NgramDrafter(max_ngram=3, length=length, branches=args.branch or 1)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(resolve_target(args.drafter[3:]), dtype=target.dtype).to(target.device)
+        length = args.depth or (16 if args.adaptive else 4)
+        drafter = LMDrafter(model, target, Chain(length))
+    return AdaptiveLength(drafter, initial=min(4, length), maximum=length) if args.adaptive else drafter
 
 
 def encode(tokenizer, prompt: str, chat: bool) -> torch.Tensor:
@@ -84,14 +132,24 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
         print(choose_threads(args.threads), file=sys.stderr)
-    head = AutoHead.from_pretrained(args.head)  # its kind decides the tree before the generator exists
-    kind = head.head_kind
-    target = args.target or head.config.target_name_or_path
-    if not target:
-        raise SystemExit(f"{args.head} records no target (target_name_or_path); pass --target")
-    gen = SpeculativeGenerator.from_pretrained(
-        target, head, device=device, dtype=dtype, tree=tree_option(kind, device, args)
-    )
+    if args.drafter is not None:
+        label = ("draft LM" if args.drafter.startswith("lm:") else "n-gram") + " drafter"
+        gen = SpeculativeGenerator.from_pretrained(
+            args.target, lambda target: classic_drafter(args, target), device=device, dtype=dtype
+        )
+    else:
+        head = AutoHead.from_pretrained(args.head)  # its kind decides the tree before the generator exists
+        kind = head.head_kind
+        label = f"{kind} head"
+        target = args.target or head.config.target_name_or_path
+        if not target:
+            raise SystemExit(f"{args.head} records no target (target_name_or_path); pass --target")
+        tree = tree_option(kind, device, args)
+        if args.adaptive:
+            if not isinstance(tree, Chain):
+                raise SystemExit("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
+            head, tree = adaptive_head(head), None
+        gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree)
     if gen.tokenizer is None:
         raise SystemExit(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
     ids = encode(gen.tokenizer, args.prompt, args.chat).to(gen.device)
@@ -104,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         ids, max_new_tokens=args.max_new_tokens, streamer=TextStreamer(gen.tokenizer, skip_prompt=True), **sampling
     )
     s = gen.last_stats
+    adaptive = ", adaptive length" if args.adaptive else ""
     print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s: {s.tokens_per_s:.1f} tok/s, "
-          f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {kind} head)", file=sys.stderr)
+          f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{adaptive})", file=sys.stderr)
     if not args.compare:
         return 0
 

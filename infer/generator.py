@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -230,14 +230,15 @@ class SpeculativeGenerator:
     def from_pretrained(
         cls,
         target_path: str,
-        head_path: str | nn.Module,
+        head_path: str | nn.Module | Callable[[nn.Module], Drafter],
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
         **kwargs: Any,
     ) -> SpeculativeGenerator:
         """Load a target (HF id, directory or ``demo:<size>``) and a head (directory, HF id, or a loaded
-        head); ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to
-        the target checkpoint's own (the head follows the target).
+        head) or a drafter (a callable building one from the loaded target: ``lambda t: NgramDrafter()``);
+        ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to the target
+        checkpoint's own (the head follows the target).
         """
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         target_path = resolve_target(target_path)
@@ -245,12 +246,15 @@ class SpeculativeGenerator:
             target = AutoModelForCausalLM.from_pretrained(
                 target_path, dtype=dtype or "auto", attn_implementation="sdpa"
             ).to(device).eval()
-        head = head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)
+        if callable(head_path) and not isinstance(head_path, nn.Module):
+            head = head_path(target)  # a drafter built for the loaded target
+        else:
+            head = (head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)).eval()
         try:
             tokenizer = AutoTokenizer.from_pretrained(target_path)
         except (OSError, ValueError):  # a bare checkpoint without tokenizer files still generates from ids
             tokenizer = None
-        return cls(target, head.eval(), tokenizer=tokenizer, **kwargs)
+        return cls(target, head, tokenizer=tokenizer, **kwargs)
 
     # ------------------------------------------------------------------------------ checks
 
@@ -452,6 +456,8 @@ class SpeculativeGenerator:
         reserve = getattr(self.drafter, "reserve", None)
         if reserve is not None:  # preallocate the drafter's own cache for this generation
             reserve(state.draft, ids.shape[1] + max_new_tokens)
+        if hasattr(self.drafter, "begin"):  # optional hook: drafters that read the prompt's ids
+            self.drafter.begin(state.draft, ids)
         kept, stop = self._trim(first.reshape(1), eos, max_new_tokens)
         self._emit(state, kept, streamer)
         if not stop:

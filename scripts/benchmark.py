@@ -2,12 +2,14 @@
 
     python scripts/benchmark.py --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
         [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--trees tree,chain4]
-        [--profile] [--train-throughput] [--out DIR]
+        [--adaptive] [--profile] [--train-throughput] [--out DIR]
 
 Methods: vanilla greedy ``generate`` (eager, DynamicCache); ``hf-static``: HF ``generate`` with
 ``cache_implementation="static"`` (HF compiles it on CUDA: the vanilla baseline that counts on a
 GPU; ``--no-hf-static`` skips it); HF assisted generation (``--assistant``, a small LM sharing
-the tokenizer); HF prompt-lookup decoding (unless ``--no-prompt-lookup``); each head with every
+the tokenizer) next to our draft-model drafter with the same LM (a chain of 4, and adaptive); HF
+prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafter (chain, tree of
+3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain; each head with every
 tree in ``--trees``: ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
 an EAGLE-2 dynamic tree), ``default`` (what a generator drafts when given no tree), ``chainN``,
 ``dynD-K-N`` (EAGLE: DynamicTree(depth=D, top_k=K, total_tokens=N)), ``medusaN`` (the first N
@@ -50,7 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_scale, beside 
 from heads import AutoHead  # noqa: E402
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree  # noqa: E402
 from infer.drafters import TreeOption, default_branching_tree, default_tree  # noqa: E402
+from infer.adaptive import AdaptiveLength  # noqa: E402
 from infer.cache import keep_accepted  # noqa: E402
+from infer.drafters import make_drafter  # noqa: E402
+from infer.lm_drafter import LMDrafter  # noqa: E402
+from infer.ngram import NgramDrafter  # noqa: E402
 from infer.target import decoder_layers, target_forward  # noqa: E402
 from infer.tree import MEDUSA_DEFAULT_CHOICES, tree_attention_mask, tree_from_parents  # noqa: E402
 
@@ -170,14 +176,30 @@ def build_methods(args, target, tokenizer) -> list[Method]:
     def hf(**extra):
         return lambda ids: target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra)
 
+    def ours(name: str, kind: str, drafter) -> Method:
+        gen = SpeculativeGenerator(target, drafter, tokenizer=tokenizer,
+                                   cache_implementation=args.cache_implementation, compile=args.compile)
+        run = lambda ids: gen.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos)  # noqa: E731
+        return Method(name, kind, run, generator=gen)
+
     methods = [Method("vanilla", "vanilla", hf())]
     if not args.no_hf_static:
         methods.append(Method("hf-static", "vanilla", hf(cache_implementation="static"), compiled=True))
     if args.assistant:
         assistant = AutoModelForCausalLM.from_pretrained(args.assistant, dtype=target.dtype).to(target.device).eval()
         methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
+        # HF's assisted generation (transformers 5.x defaults): up to 20 drafts, a draft stops below
+        # probability 0.4 (HF then tunes that threshold); ours: a chain of 4, and +2/-1 adaptive with the 0.4 stop.
+        methods.append(ours("draft-lm:chain4", "draft_lm", LMDrafter(assistant, target, Chain(4))))
+        methods.append(ours("draft-lm:adaptive", "draft_lm", AdaptiveLength(
+            LMDrafter(assistant, target, Chain(20), confidence=0.4), initial=4, maximum=20)))
     if not args.no_prompt_lookup:
         methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
+        # HF's prompt lookup: n-grams of 2 down to 1, prompt_lookup_num_tokens drafts, first match.
+        length = args.prompt_lookup_tokens
+        methods.append(ours("ngram:chain", "ngram", NgramDrafter(max_ngram=2, length=length)))
+        methods.append(ours("ngram:tree3", "ngram", NgramDrafter(max_ngram=2, length=length, branches=3)))
+        methods.append(ours("ngram:adaptive", "ngram", AdaptiveLength(NgramDrafter(max_ngram=2, length=length), initial=4, maximum=length)))
     for head_dir in args.heads:
         head = AutoHead.from_pretrained(head_dir).eval()
         label = Path(head_dir).name
@@ -190,6 +212,11 @@ def build_methods(args, target, tokenizer) -> list[Method]:
             run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
             name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
             methods.append(Method(name, "head", run, generator=gen))
+        if args.adaptive:  # a chain whose length follows acceptance (Medusa: at most its head count)
+            longest = head.config.num_heads if head.head_kind == "medusa" else 16
+            drafter = AdaptiveLength(make_drafter(head, target, Chain(longest)), initial=min(4, longest), maximum=longest)
+            name = f"{head.head_kind}:{label}:adaptive" if len(args.heads) > 1 else f"{head.head_kind}:adaptive"
+            methods.append(ours(name, "head", drafter))
     return methods
 
 
@@ -495,6 +522,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", default=None, choices=("true", "false"),
                    help="compile the heads' static verify step (default: the device's)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    p.add_argument("--adaptive", action="store_true", help="also run each head with an adaptive-length chain")
     p.add_argument("--tree-sizes", default="1,2,4,8,16,32,48,64,96,128")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")

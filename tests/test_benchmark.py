@@ -49,13 +49,14 @@ def test_benchmark_measures_every_method(bench_dirs):
         "--target", str(root / "target"), "--heads", *heads, "--assistant", str(root / "assistant"),
         "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "8", "--ignore-eos",
         "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4,8", "--profile", "--out", str(out),
-        "--trees", "tree,chain2,dyn3-2-5,medusa4",
+        "--trees", "tree,chain2,dyn3-2-5,medusa4", "--adaptive",
     ])
     names = [r["method"] for r in result["rows"]]
-    assert names[:4] == ["vanilla", "hf-static", "hf-assisted", "hf-prompt-lookup"]
+    assert names[:9] == ["vanilla", "hf-static", "hf-assisted", "draft-lm:chain4", "draft-lm:adaptive",
+                         "hf-prompt-lookup", "ngram:chain", "ngram:tree3", "ngram:adaptive"]
     # each head gets the trees that fit its kind: no dynamic tree for Medusa, no static one for EAGLE-3
-    assert names[4:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4",
-                         "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5"]
+    assert names[9:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4", "medusa:medusa:adaptive",
+                         "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5", "eagle3:eagle3:adaptive"]
     vanilla = result["rows"][0]
     assert vanilla["speedup"] == pytest.approx(1.0) and vanilla["tau"] == pytest.approx(1.0)
     assert vanilla["bound"] == pytest.approx(1.0)
@@ -70,7 +71,7 @@ def test_benchmark_measures_every_method(bench_dirs):
 
     # --profile: one phase breakdown per head method; the phases add up to the step
     profiles = result["profile"]
-    assert list(profiles) == names[4:]
+    assert list(profiles) == [n for n in names if n not in ("vanilla", "hf-static", "hf-assisted", "hf-prompt-lookup")]
     for name, prof in profiles.items():
         phases = prof["ms_per_step"]
         assert set(phases) == {"draft", "observe", "verify", "accept", "compact", "emit"}

@@ -118,3 +118,22 @@ def test_cli_prints_its_thread_count(saved, capsys):
     main(["--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w5 w6",
           "--max-new-tokens", "4", "--threads", "1"])
     assert "threads: 1 of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--drafter", "ngram"], ["--drafter", "ngram", "--branch", "3", "--adaptive"],
+                                   ["--drafter", "LM"], ["--drafter", "LM", "--adaptive"],
+                                   ["--head", "HEAD", "--adaptive"]])
+def test_cli_classic_drafters(saved, capsys, extra):
+    make_tiny_target("llama", num_layers=2, seed=4).save_pretrained(saved / "draft-lm")
+    extra = [e.replace("LM", f"lm:{saved / 'draft-lm'}").replace("HEAD", str(saved / "head")) for e in extra]
+    code = main(["--target", str(saved / "target"), "--prompt", "w7 w8 w9 w7 w8", "--max-new-tokens", "16",
+                 "--compare", "--device", "cpu", *extra])
+    assert code == 0
+    assert "outputs identical: yes" in capsys.readouterr().err
+
+
+def test_cli_needs_one_drafter(saved):
+    with pytest.raises(SystemExit):
+        main(["--target", str(saved / "target"), "--prompt", "w7", "--drafter", "ngram", "--head", str(saved / "head")])
+    with pytest.raises(SystemExit):
+        main(["--target", str(saved / "target"), "--prompt", "w7", "--drafter", "bigram"])

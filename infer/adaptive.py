@@ -1,0 +1,57 @@
+"""Adaptive draft length for any drafter (HF assisted generation's heuristic).
+
+The wrapper caps each proposal's depth at a running length: +2 after a step that accepted every
+drafted level, -1 (not below 1) otherwise. It works with every drafter that honours ``max_depth``
+in ``propose`` (all of draftsmith's do: chains are cut, trees lose their deeper levels). The
+number of accepted drafts is read from ``observe``: after a step it receives the accepted drafts
+plus the bonus token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from infer.drafters import Draft, Drafter, Sampling
+
+
+@dataclass
+class AdaptiveState:
+    inner: Any
+    length: int
+    proposed: int | None = None  # depth of the last proposal; None before the first step
+
+
+class AdaptiveLength:
+    """Wrap ``drafter``; ``initial`` is the first step's length, ``maximum`` its cap."""
+
+    def __init__(self, drafter: Drafter, initial: int = 4, maximum: int = 16) -> None:
+        if not 1 <= initial <= maximum:
+            raise ValueError(f"AdaptiveLength needs 1 <= initial <= maximum, got {initial}, {maximum}")
+        self.drafter, self.initial, self.maximum = drafter, initial, maximum
+        self.aux_layer_ids = drafter.aux_layer_ids
+        if hasattr(drafter, "max_nodes"):  # a static verify step pads drafts to this budget
+            self.max_nodes = drafter.max_nodes
+
+    def new_state(self) -> AdaptiveState:
+        return AdaptiveState(self.drafter.new_state(), self.initial)
+
+    def begin(self, state: AdaptiveState, input_ids: Tensor) -> None:
+        if hasattr(self.drafter, "begin"):
+            self.drafter.begin(state.inner, input_ids)
+
+    def reserve(self, state: AdaptiveState, length: int) -> None:
+        if hasattr(self.drafter, "reserve"):  # e.g. an EAGLE head's preallocated cache
+            self.drafter.reserve(state.inner, length)
+
+    def observe(self, state: AdaptiveState, features: Tensor, next_tokens: Tensor) -> None:
+        if state.proposed:  # a step drafted something: next_tokens = accepted drafts + bonus
+            full = next_tokens.shape[1] - 1 >= state.proposed
+            state.length = min(state.length + 2, self.maximum) if full else max(state.length - 1, 1)
+        self.drafter.observe(state.inner, features, next_tokens)
+
+    def propose(self, state: AdaptiveState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+        draft = self.drafter.propose(state.inner, root, sampling, min(max_depth, state.length))
+        state.proposed = draft.tree.retrieve_indices.shape[1] - 1  # the draft's depth
+        return draft

@@ -1,0 +1,106 @@
+"""Draft-model drafter: a small causal LM sharing the target's tokenizer drafts a chain.
+
+The draft model keeps its own KV cache of the tokens it has read. Before each proposal the cache is
+cut back to the longest prefix it shares with the emitted text (the accepted drafts stay cached,
+rejected ones are dropped), the missing tokens are fed, and one token is drafted per forward.
+Greedy decoding drafts the argmax; sampling drafts from the draft model's own law ``q`` (HF's
+temperature -> top-k -> top-p warpers on its logits) and hands ``q`` to the lossless chain rule
+(``infer.accept.chain_sample_accept``: accept with min(1, p/q), else resample from max(0, p - q)).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from transformers.cache_utils import DynamicCache
+
+from infer.cache import keep_accepted
+from infer.drafters import Chain, Draft, Sampling, _chain_draft, root_only
+
+
+def check_same_tokenizer(draft: nn.Module, target: nn.Module) -> None:
+    """Raise ValueError unless the two models agree on vocabulary size and special token ids."""
+    d, t = draft.config.get_text_config(), target.config.get_text_config()
+    if d.vocab_size != t.vocab_size:
+        raise ValueError(f"draft model vocab_size {d.vocab_size} != target's {t.vocab_size}: "
+                         "a draft model must share the target's tokenizer")
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        a, b = getattr(d, name, None), getattr(t, name, None)
+        if a is not None and b is not None and a != b:
+            raise ValueError(f"draft model {name} {a} != target's {b}: a draft model must share the target's tokenizer")
+
+
+@dataclass
+class LMState:
+    seq: Tensor | None = None  # (L,) every emitted token, prompt first; seq[-1] is the root
+    cache: DynamicCache = field(default_factory=DynamicCache)
+    cached: Tensor | None = None  # (C,) the tokens whose KV the cache holds
+
+
+class LMDrafter:
+    """Draft a ``Chain`` with a causal LM (``confidence``: greedy chains stop at the first draft
+    whose draft probability falls below it, as HF's ``assistant_confidence_threshold``)."""
+
+    aux_layer_ids: tuple[int, ...] = ()
+
+    def __init__(self, model: nn.Module, target: nn.Module, tree: Chain | None = None,
+                 confidence: float | None = None) -> None:
+        check_same_tokenizer(model, target)
+        self.option = tree or Chain(4)
+        if not isinstance(self.option, Chain):
+            raise TypeError(f"a draft model drafts a Chain, not {type(self.option).__name__}")
+        self.model = model.eval()
+        self.confidence = confidence
+        self.max_nodes = self.option.length + 1  # the most nodes a draft has, root included
+
+    def new_state(self) -> LMState:
+        return LMState()
+
+    def begin(self, state: LMState, input_ids: Tensor) -> None:
+        state.seq = input_ids[0, :1]  # observe() appends the rest of the prompt and the first token
+
+    def observe(self, state: LMState, features: Tensor, next_tokens: Tensor) -> None:
+        state.seq = torch.cat([state.seq, next_tokens[0].to(state.seq.device)])
+
+    def _forward(self, state: LMState, tokens: Tensor) -> Tensor:
+        """Feed ``tokens`` (T,) after the cache; returns float32 logits (V,) at the last one."""
+        start = state.cache.get_seq_length()
+        pos = torch.arange(start, start + tokens.numel(), device=tokens.device)[None]
+        out = self.model(input_ids=tokens[None], position_ids=pos, past_key_values=state.cache, use_cache=True)
+        state.cached = tokens if state.cached is None else torch.cat([state.cached, tokens])
+        return out.logits[0, -1].float()
+
+    def _catch_up(self, state: LMState) -> Tensor:
+        """Cut the cache to its common prefix with ``seq`` (keeping at least one token to feed),
+        feed the rest; returns the logits after the root."""
+        seq = state.seq
+        keep = 0
+        if state.cached is not None:
+            n = min(state.cached.numel(), seq.numel() - 1)
+            diff = (state.cached[:n] != seq[:n]).nonzero()  # sync
+            keep = int(diff[0, 0]) if diff.numel() else n
+            keep_accepted(state.cache, keep, seq.new_zeros(0))
+            state.cached = state.cached[:keep]
+        return self._forward(state, seq[keep:])
+
+    @torch.inference_mode()
+    def propose(self, state: LMState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+        length = min(self.option.length, max_depth)
+        if length <= 0:
+            return root_only(root)
+        logits = self._catch_up(state)
+        tokens, qs = [root], []
+        for i in range(length):
+            if sampling.greedy:
+                token = logits.argmax()
+                if self.confidence is not None and i > 0 and float(logits.softmax(-1)[token]) < self.confidence:
+                    break  # sync
+            else:
+                q = sampling.probs(logits)
+                token = torch.multinomial(q, 1)[0]
+                qs.append(q)
+            tokens.append(token)
+            if i + 1 < length:
+                logits = self._forward(state, token.reshape(1))
+        return _chain_draft(tokens, qs)

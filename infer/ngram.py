@@ -1,0 +1,87 @@
+"""N-gram drafter (prompt lookup): draft what followed earlier occurrences of the last n tokens.
+
+For n from ``max_ngram`` down to ``min_ngram``, the last n tokens of prompt + generated text are
+compared against every earlier window at once (one vectorised comparison over the context, no
+Python loop over it); the first n with a match wins. With ``branches=1`` the continuation of the
+most recent match is drafted as a chain (HF's prompt lookup takes the first match instead); with
+more branches the continuations of the most recent matches are merged into a prefix tree (shared
+prefixes become one path, siblings are distinct), verified in one target forward.
+No match: the step verifies the root alone (one token, as vanilla decoding).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from infer.drafters import Draft, Sampling, root_only
+from infer.tree import tree_from_parents
+
+
+@dataclass
+class NgramState:
+    seq: Tensor | None = None  # (L,) every emitted token, prompt first; seq[-1] is the root
+
+
+def find_continuations(seq: Tensor, max_ngram: int, min_ngram: int, length: int, branches: int) -> list[Tensor]:
+    """Continuations (each (<= length,)) after the most recent earlier matches of seq's suffix."""
+    total = seq.numel()
+    for n in range(min(max_ngram, total - 1), min_ngram - 1, -1):
+        windows = seq[:-1].unfold(0, n, 1)  # (total - n, n): every earlier window (the suffix excluded)
+        hits = (windows == seq[-n:]).all(dim=1).nonzero()[:, 0]  # sync: window starts
+        if hits.numel():
+            starts = hits.flip(0)[:branches] + n  # most recent first
+            return [seq[s: s + length] for s in starts.tolist()]
+    return []
+
+
+def prefix_tree(root: Tensor, paths: list[Tensor]) -> Draft:
+    """Merge token paths under ``root`` into a tree (depth order, distinct siblings)."""
+    children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    tokens, parents, depths = [int(root)], [-1], [0]
+    for path in paths:
+        node = 0
+        for tok in path.tolist():
+            if (node, tok) not in children:
+                children[(node, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+                depths.append(depths[node] + 1)
+            node = children[(node, tok)]
+    # Depth order: sort nodes by depth (stable), remap parents.
+    order = sorted(range(len(tokens)), key=lambda i: depths[i])
+    rank = {old: new for new, old in enumerate(order)}
+    ids = torch.tensor([tokens[i] for i in order], dtype=torch.long, device=root.device)
+    return Draft(ids, tree_from_parents([-1 if parents[i] < 0 else rank[parents[i]] for i in order], root.device))
+
+
+class NgramDrafter:
+    """Prompt-lookup drafts: up to ``length`` tokens from up to ``branches`` matches."""
+
+    aux_layer_ids: tuple[int, ...] = ()
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, length: int = 8, branches: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram or length < 1 or branches < 1:
+            raise ValueError("NgramDrafter needs 1 <= min_ngram <= max_ngram, length >= 1, branches >= 1")
+        self.max_ngram, self.min_ngram, self.length, self.branches = max_ngram, min_ngram, length, branches
+        self.max_nodes = 1 + length * branches  # the most nodes a draft has, root included
+
+    def new_state(self) -> NgramState:
+        return NgramState()
+
+    def begin(self, state: NgramState, input_ids: Tensor) -> None:
+        state.seq = input_ids[0, :1]
+
+    def observe(self, state: NgramState, features: Tensor, next_tokens: Tensor) -> None:
+        state.seq = torch.cat([state.seq, next_tokens[0].to(state.seq.device)])
+
+    def propose(self, state: NgramState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+        length = min(self.length, max_depth)
+        if length <= 0:
+            return root_only(root)
+        paths = find_continuations(state.seq, self.max_ngram, self.min_ngram, length, self.branches)
+        paths = [p for p in paths if p.numel()]
+        if not paths:
+            return root_only(root)
+        return prefix_tree(root, paths)

@@ -1,0 +1,205 @@
+"""The classic drafters (draft model, n-gram prompt lookup, adaptive length) through the same
+verify/accept/compact loop: greedy output equals ``target.generate`` token for token; a draft
+model's sampled chain keeps the target's law (chi-square), and the test rejects a wrong ``q``."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import make_tiny_target
+from test_infer_sampling import PROMPT, VOCAB as SMALL_VOCAB, exact_law, joint_pvalue, sample_triples
+
+from infer import Chain, SpeculativeGenerator
+from infer.adaptive import AdaptiveLength
+from infer.lm_drafter import LMDrafter
+from infer.ngram import NgramDrafter, find_continuations, prefix_tree
+
+VOCAB = 48
+ARCHES3 = ("llama", "qwen2", "mistral")
+
+
+def _target(arch: str, seed: int = 0, **kw):
+    model = make_tiny_target(arch, vocab_size=VOCAB, initializer_range=0.3, seed=seed, **kw)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def _hf(model, ids, max_new, eos=None):
+    # An explicit all-ones mask: otherwise HF masks context tokens equal to the pad id.
+    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
+                          eos_token_id=eos, pad_token_id=0)
+
+
+def _repetitive_prompt(rng: random.Random, length: int) -> torch.Tensor:
+    motif = [rng.randrange(3, VOCAB) for _ in range(5)]
+    return torch.tensor([[1] + [motif[i % 5] if rng.random() < 0.8 else rng.randrange(3, VOCAB)
+                                for i in range(length - 1)]])
+
+
+def _drafters(arch: str, target):
+    same = _target(arch)  # the target itself as draft model: every draft is accepted
+    other = _target(arch, seed=7, num_layers=2)  # a different small model: most drafts rejected
+    return {
+        "lm-self": LMDrafter(same, target, Chain(4)),
+        "lm-other": LMDrafter(other, target, Chain(3)),
+        "lm-confidence": LMDrafter(same, target, Chain(5), confidence=0.3),
+        "ngram-chain": NgramDrafter(max_ngram=3, length=5),
+        "ngram-tree": NgramDrafter(max_ngram=2, length=4, branches=3),
+        "adaptive-lm": AdaptiveLength(LMDrafter(other, target, Chain(16)), initial=2),
+        "adaptive-ngram": AdaptiveLength(NgramDrafter(length=16, branches=2), initial=3),
+    }
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("arch", ARCHES3)
+def test_greedy_matches_hf(arch, cache):
+    target = _target(arch)
+    rng = random.Random(arch)
+    for name, drafter in _drafters(arch, target).items():
+        gen = SpeculativeGenerator(target, drafter, cache_implementation=cache)
+        propose = drafter.propose
+        sizes = []  # every draft fits the drafter's max_nodes (a static verify step's budget)
+        drafter.propose = lambda *a, **k: sizes.append(propose(*a, **k)) or sizes[-1]
+        for prompt_len, max_new in ((1, 1), (12, 30), (20, 7)):
+            ids = _repetitive_prompt(rng, prompt_len)
+            out = gen.generate(ids, max_new_tokens=max_new)
+            ref = _hf(target, ids, max_new)
+            assert torch.equal(out, ref), (name, prompt_len, max_new)
+            assert all(d.tokens.numel() <= drafter.max_nodes for d in sizes), name
+            if name == "lm-self" and max_new == 30:  # 29 tokens after the first in 6 steps of <= 5
+                assert gen.last_stats.tau > 4.8, gen.last_stats.tau  # the draft cache stays in step
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("arch", ARCHES3)
+def test_eos_stops_like_hf(arch, cache):
+    target = _target(arch)
+    ids = _repetitive_prompt(random.Random(1), 10)
+    plain = _hf(target, ids, 24)[0, 10:]
+    eos = int(plain[9])  # a token HF emits: generation must stop at its first occurrence
+    ref = _hf(target, ids, 24, eos=eos)
+    for name, drafter in _drafters(arch, target).items():
+        out = SpeculativeGenerator(target, drafter, cache_implementation=cache).generate(ids, max_new_tokens=24, eos_token_id=eos)
+        assert torch.equal(out, ref), name
+
+
+def test_ngram_matching_and_tree():
+    seq = torch.tensor([5, 6, 7, 8, 5, 6, 9, 5, 6])
+    # The longest suffix with an earlier match is (5, 6); most recent match first.
+    conts = find_continuations(seq, max_ngram=3, min_ngram=1, length=2, branches=2)
+    assert [c.tolist() for c in conts] == [[9, 5], [7, 8]]
+    assert find_continuations(torch.tensor([1, 2, 3]), 3, 1, 4, 1) == []
+    draft = prefix_tree(torch.tensor(6), [torch.tensor([9, 5]), torch.tensor([9, 4]), torch.tensor([7])])
+    assert draft.tokens.tolist() == [6, 9, 7, 5, 4]  # depth order; the shared 9 appears once
+    assert draft.tree.parents.tolist() == [-1, 0, 0, 1, 1]
+
+
+def test_ngram_drafter_accepts_drafts():
+    """The prompt repeats itself after the target's own continuation, so lookups find text the
+    target says again (random tiny targets repeat little: tau stays low, but above 1)."""
+    target = _target("qwen2")
+    prompt = _repetitive_prompt(random.Random(4), 10)
+    ids = torch.cat([_hf(target, prompt, 40), prompt], dim=1)
+    gen = SpeculativeGenerator(target, NgramDrafter())
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), _hf(target, ids, 40))
+    assert gen.last_stats.tau > 1.2, gen.last_stats.tau
+
+
+def test_adaptive_length_follows_acceptance():
+    target = _target("llama")
+    ids = _repetitive_prompt(random.Random(4), 12)
+    seen = []
+
+    class Spy(AdaptiveLength):
+        def propose(self, state, root, sampling, max_depth):
+            seen.append(state.length)
+            return super().propose(state, root, sampling, max_depth)
+
+    gen = SpeculativeGenerator(target, Spy(LMDrafter(_target("llama"), target, Chain(16)), initial=2, maximum=10))
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), _hf(target, ids, 40))
+    assert seen[:5] == [2, 4, 6, 8, 10]  # a perfect drafter: +2 per step up to the cap
+    seen.clear()
+    other = _target("llama", seed=5, num_layers=1)
+    gen = SpeculativeGenerator(target, Spy(LMDrafter(other, target, Chain(16)), initial=6))
+    gen.generate(ids, max_new_tokens=20)
+    assert min(seen) < 6  # rejections shrink it
+
+
+def test_tokenizer_mismatch_is_refused():
+    target = _target("llama")
+    with pytest.raises(ValueError, match="vocab_size"):
+        LMDrafter(make_tiny_target("llama", vocab_size=VOCAB + 1), target)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        LMDrafter(make_tiny_target("llama", vocab_size=VOCAB, eos_token_id=3), target)
+
+
+# ------------------------------------------------------------------------------- sampling
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    kw = dict(vocab_size=SMALL_VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1, intermediate_size=32,
+              initializer_range=0.5)
+    target = make_tiny_target("llama", seed=3, **kw)
+    draft = make_tiny_target("llama", seed=11, num_layers=2, **kw)  # a different law from the target's
+    target.generation_config.eos_token_id = None
+    return target, draft
+
+
+class WrongQ(LMDrafter):
+    """Samples from q but reports a flattened q' to the acceptance rule: no longer lossless."""
+
+    def propose(self, state, root, sampling, max_depth):
+        draft = super().propose(state, root, sampling, max_depth)
+        if draft.q is not None:
+            draft.q = (draft.q.sqrt() / draft.q.sqrt().sum(-1, keepdim=True))
+        return draft
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 5, "top_p": 0.9}])
+def test_draft_model_sampling_follows_the_target_law(small_pair, sampling):
+    target, draft = small_pair
+    gen = SpeculativeGenerator(target, LMDrafter(draft, target, Chain(3)))
+    law = exact_law(target, sampling.get("temperature", 1.0), sampling.get("top_k", 0), sampling.get("top_p", 1.0))
+    samples, forwards = sample_triples(gen, 2000, **sampling)
+    assert joint_pvalue(samples, law) > 1e-3
+    assert forwards < 2.9, forwards  # some drafts were accepted
+
+
+def test_wrong_q_is_detected(small_pair):
+    target, draft = small_pair
+    gen = SpeculativeGenerator(target, WrongQ(draft, target, Chain(3)))
+    law = exact_law(target, 1.0, 0, 1.0)
+    samples, _ = sample_triples(gen, 2000, temperature=1.0)
+    assert joint_pvalue(samples, law) < 1e-6
+
+
+def test_eagle_chain_confidence_stop():
+    """A head chain stops a level early below the confidence threshold; output unchanged."""
+    from heads import build_head
+    from infer.drafters import make_drafter
+
+    target = _target("qwen2")
+    torch.manual_seed(0)
+    head = build_head("eagle3", target)
+    ids = _repetitive_prompt(random.Random(5), 9)
+    ref = _hf(target, ids, 20)
+    drafts = []
+    for confidence in (None, 1.01):  # 1.01: no draft after the first is ever confident enough
+        drafter = make_drafter(head, target, Chain(4), confidence=confidence)
+        inner = drafter.propose
+        drafter.propose = lambda *a, **k: drafts.append(inner(*a, **k)) or drafts[-1]
+        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20), ref)
+        assert max(d.tokens.numel() for d in drafts) == (5 if confidence is None else 2)
+        drafts.clear()
+
+
+def test_ngram_tree_sampling_follows_the_target_law(small_pair):
+    """Deterministic n-gram drafts (a tree of up to 3 matches) go through the tree sampling rule."""
+    target, _ = small_pair
+    gen = SpeculativeGenerator(target, NgramDrafter(max_ngram=2, length=2, branches=3))
+    law = exact_law(target, 1.0, 0, 1.0)
+    samples, forwards = sample_triples(gen, 2000, temperature=1.0)
+    assert joint_pvalue(samples, law) > 1e-3
+    assert forwards < 2.99, forwards  # some lookups were accepted (3.0: none)
