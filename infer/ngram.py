@@ -2,10 +2,12 @@
 
 For n from ``max_ngram`` down to ``min_ngram``, the last n tokens of prompt + generated text are
 compared against every earlier window at once (one vectorised comparison over the context, no
-Python loop over it); the first n with a match wins. With ``branches=1`` the continuation of the
-most recent match is drafted as a chain (HF's prompt lookup takes the first match instead); with
-more branches the continuations of the most recent matches are merged into a prefix tree (shared
-prefixes become one path, siblings are distinct), verified in one target forward.
+Python loop over it); the first n with a match wins. Matches are ranked by how many tokens they
+can draft (up to ``length``), the most recent first among equals: on looping text the most recent
+match sits right behind the cursor and can draft only a few tokens, so a full continuation wins.
+(HF's prompt lookup takes the first match.) With ``branches=1`` the best continuation is drafted as
+a chain; with more branches the best ones are merged into a prefix tree (shared prefixes become one
+path, siblings are distinct), verified in one target forward.
 No match: the step verifies the root alone (one token, as vanilla decoding).
 """
 from __future__ import annotations
@@ -25,14 +27,17 @@ class NgramState:
 
 
 def find_continuations(seq: Tensor, max_ngram: int, min_ngram: int, length: int, branches: int) -> list[Tensor]:
-    """Continuations (each (<= length,)) after the most recent earlier matches of seq's suffix."""
+    """Continuations (each (<= length,)) after the earlier matches of seq's suffix, the longest
+    first (capped at ``length``), the most recent first among equally long ones."""
     total = seq.numel()
     for n in range(min(max_ngram, total - 1), min_ngram - 1, -1):
         windows = seq[:-1].unfold(0, n, 1)  # (total - n, n): every earlier window (the suffix excluded)
         hits = (windows == seq[-n:]).all(dim=1).nonzero()[:, 0]  # sync: window starts
         if hits.numel():
-            starts = hits.flip(0)[:branches] + n  # most recent first
-            return [seq[s: s + length] for s in starts.tolist()]
+            starts = (hits + n).flip(0)  # (H,) continuation starts, most recent first
+            usable = (total - starts).clamp(max=length)  # tokens each match can draft
+            order = torch.sort(usable, descending=True, stable=True).indices  # stable: recency breaks ties
+            return [seq[s: s + length] for s in starts[order][:branches].tolist()]
     return []
 
 

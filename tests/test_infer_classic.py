@@ -90,6 +90,11 @@ def test_ngram_matching_and_tree():
     conts = find_continuations(seq, max_ngram=3, min_ngram=1, length=2, branches=2)
     assert [c.tolist() for c in conts] == [[9, 5], [7, 8]]
     assert find_continuations(torch.tensor([1, 2, 3]), 3, 1, 4, 1) == []
+    # Looping text: the most recent (1, 2) is followed by only 4 tokens before the cursor, the earlier
+    # one by a full 6; a full continuation wins, recency only breaks ties.
+    loop = torch.tensor([1, 2, 3, 4, 1, 2, 3, 4, 1, 2])
+    assert find_continuations(loop, 2, 1, 6, 1)[0].tolist() == [3, 4, 1, 2, 3, 4]
+    assert [c.tolist() for c in find_continuations(loop, 2, 1, 4, 2)] == [[3, 4, 1, 2], [3, 4, 1, 2]]
     draft = prefix_tree(torch.tensor(6), [torch.tensor([9, 5]), torch.tensor([9, 4]), torch.tensor([7])])
     assert draft.tokens.tolist() == [6, 9, 7, 5, 4]  # depth order; the shared 9 appears once
     assert draft.tree.parents.tolist() == [-1, 0, 0, 1, 1]
