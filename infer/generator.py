@@ -204,16 +204,15 @@ class SpeculativeGenerator:
         if compile and self.cache_implementation != "static":
             raise ValueError("compile=True needs cache_implementation='static' (a dynamic cache changes shape every step)")
         self.compile = compile
-        self._verify_fn = self._make_verify_fn(compile) if self.cache_implementation == "static" else None
+        self._verify_fn = self._make_verify_fn(compile, self.device) if self.cache_implementation == "static" else None
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         self.last_stats = GenerationStats()
 
     @staticmethod
-    def _make_verify_fn(compile: bool | str):
+    def _make_verify_fn(compile: bool | str, device: torch.device):
         if not compile:
             return static_forward
-        on_cuda_default = torch.cuda.is_available()
         # Every generator compiles the same function, and dynamo's per-function limit of 8 graphs
         # is shared by all of them (targets x tree budgets x cache sizes): past it dynamo would
         # silently run eagerly. Raise it; each entry is one (model, budget, cache size).
@@ -223,7 +222,7 @@ class SpeculativeGenerator:
         if isinstance(compile, str):
             return torch.compile(static_forward, backend=compile, dynamic=False)
         # CUDA graphs remove the per-kernel launch cost that dominates small-batch decoding.
-        mode = "reduce-overhead" if on_cuda_default else None
+        mode = "reduce-overhead" if device.type == "cuda" else None
         return torch.compile(static_forward, mode=mode, dynamic=False)
 
     @classmethod
