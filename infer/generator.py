@@ -207,6 +207,7 @@ class SpeculativeGenerator:
         self._verify_fn = self._make_verify_fn(compile, self.device) if self.cache_implementation == "static" else None
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
+        self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
         self.last_stats = GenerationStats()
 
     @staticmethod
@@ -386,7 +387,7 @@ class SpeculativeGenerator:
 
     @property
     def _arange_budget(self) -> Tensor:
-        cached = getattr(self, "_arange_cache", None)
+        cached = self._arange_cache
         if cached is None or cached.shape[0] != self._budget:
             cached = self._arange_cache = torch.arange(self._budget, device=self.device)
         return cached

@@ -145,20 +145,21 @@ def build_target(shape: str, device: torch.device, dtype: torch.dtype, seed: int
     return model
 
 
-def verify_costs(target, sizes: list[int], prompt: torch.Tensor, args, generators: dict[int, SpeculativeGenerator]):
+def verify_costs(sizes: list[int], prompt: torch.Tensor, generators: dict[int, SpeculativeGenerator],
+                 max_new_tokens: int, repeats: int) -> dict[int, float]:
     """Median seconds of one compiled static verify over N tokens after the prompt, per N; sizes
     interleaved round-robin. Uses each N's generator (its compiled step and its cache)."""
     states = {}
     for n in sizes:
         gen = generators[n]
         with torch.inference_mode():
-            gen._prefill(prompt, args.max_new_tokens)  # fills gen's static cache with the prompt
+            gen._prefill(prompt, max_new_tokens)  # fills gen's static cache with the prompt
         cache = gen._static_cache
         draft = Draft(prompt[0, -1:].expand(n).clone(), tree_from_parents(chain_parents(n - 1), prompt.device))
         states[n] = (gen, cache, draft)
     times: dict[int, list[float]] = {n: [] for n in sizes}
     with torch.inference_mode():
-        for rep in range(args.cost_repeats + 3):  # 3 warm-up rounds (compile, CUDA-graph recording)
+        for rep in range(repeats + 3):  # 3 warm-up rounds (compile, CUDA-graph recording)
             for n in sizes:
                 gen, cache, draft = states[n]
                 sync()
@@ -310,7 +311,7 @@ def run(args) -> dict:
         if n not in generators:
             generators[n] = SpeculativeGenerator(target, OracleDrafter(hf_out[0][0], args.prompt_tokens, n - 1, vocab),
                                                  cache_implementation="static", compile=compile_flag)
-    costs = verify_costs(target, sizes, prompts[0], args, generators)
+    costs = verify_costs(sizes, prompts[0], generators, args.max_new_tokens, args.cost_repeats)
     t1 = costs[1]
     for name, row in rows.items():
         n = row.get("budget", 1)

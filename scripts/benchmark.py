@@ -387,8 +387,7 @@ def static_verification_cost(target, prompt: list[int], sizes: list[int], args, 
     vocab = target.config.get_text_config().vocab_size
     gens = {n: SpeculativeGenerator(target, OracleDrafter(ids[0], len(prompt), n - 1, vocab),
                                     cache_implementation="static", compile=compile) for n in sizes}
-    args.cost_repeats = max(30, 10 * args.repeats)
-    return verify_costs(target, sizes, ids, args, gens)
+    return verify_costs(sizes, ids, gens, args.max_new_tokens, repeats=max(30, 10 * args.repeats))
 
 
 def cost_at(costs: dict[int, float], n: float) -> float:
