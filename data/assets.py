@@ -29,7 +29,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from data.pipeline import cache_root
+from data.base.paths import cache_root
+from data.jsonfile import read_json
 
 
 @dataclass(frozen=True)
@@ -237,8 +238,6 @@ HELDOUT_PERCENT = 2  # of conversations, chosen by a hash of the conversation id
 
 def demo_rows(source: str) -> tuple[list[dict], int]:
     """``(rows, bytes ignored)`` of ``demo:sharegpt[:train|:heldout]`` (see ``heldout``)."""
-    from data.pipeline import read_json
-
     name, split = _parse_demo_data(source)
     path = fetch(name)
     rows, ignored = read_json(path, lenient=True)  # the published file is cut off mid-row

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from data.conversations import Messages, RowError, normalize_row
+from data.base.device import default_device
 
 # Reasons a row is skipped (besides data.conversations' own).
 NOT_A_CONVERSATION = "not_a_conversation"  # a plain-text row
@@ -225,7 +226,7 @@ class HFEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = default_device(device)
         dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(target_path, padding_side="left")
         if self.tokenizer.pad_token is None:

@@ -9,34 +9,28 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
-DEMO_PREFIX = "demo:"
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # name or namespace/name
+from data.base.names import is_demo, looks_like_path
 
 
 class HubUnreachable(OSError):
     """The Hugging Face Hub could not be reached for a repo that is not in the local cache."""
 
 
-def is_demo(target: str) -> bool:
-    return str(target).startswith(DEMO_PREFIX)
-
-
 def resolve_target(target: str | os.PathLike) -> str:
     """A path or Hub id ``from_pretrained`` can load.
 
     ``demo:<size>`` is the demo LM of that size (built and cached on first use, which takes minutes;
-    the builder is the demo recipe in ``train.demo``). A local-looking path that does not exist, and a
+    the builder is the demo recipe in ``data.demo``). A local-looking path that does not exist, and a
     directory without ``config.json``, raise ``FileNotFoundError`` naming it; anything else is a Hub id.
     """
     target = str(target)
     if is_demo(target):
-        from train.demo import resolve_target as build_demo  # imported only for demo names
+        from data.demo import demo_target_path  # imported only for demo names (it pulls in the builder)
 
-        return build_demo(target)
+        return demo_target_path(target)
     path = Path(target).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -52,11 +46,6 @@ def resolve_target(target: str | os.PathLike) -> str:
 def _local_parent(path: Path) -> bool:
     """``runs/x`` with a local ``runs/``: meant as a path, although it also reads as a Hub id."""
     return len(path.parts) > 1 and path.parent.is_dir()
-
-
-def looks_like_path(name: str) -> bool:
-    """True for strings that cannot be a Hub repo id (``./x``, ``/abs``, ``~/x``, ``a/b/c``)."""
-    return not _REPO_ID.fullmatch(name) or name.startswith((".", "~", "/"))
 
 
 def check_head_source(head: str | os.PathLike) -> None:

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig, PreTrainedModel
+
+from data.base.paths import share_readable
 
 # Fields that decide whether a head's tensors fit a target. Checked on every use.
 _SHAPE_FIELDS = ("hidden_size", "num_layers", "vocab_size")
@@ -97,40 +97,6 @@ class DraftHeadConfig(PretrainedConfig):
         return {f"target_{k}": v for k, v in target_identity(target).items()}
 
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-_HF_CACHE_SNAPSHOT = re.compile(r".*/models--([^/]+)--([^/]+)/snapshots/[^/]+/?")
-_DEMO_DIR = re.compile(r".*/demo/([a-z0-9]+)-seed0-[0-9a-f]{12}/?")  # train.demo's cache layout
-
-
-def public_target_name(name_or_path: str | None) -> str | None:
-    """How a card or an export may name a target: a Hub id or ``demo:<size>`` as given, a Hugging Face
-    cache snapshot as its repo id, a draftsmith demo LM as ``demo:<size>``; None for any other local
-    path (a path of this machine means nothing elsewhere and says who and where)."""
-    name = str(name_or_path or "")
-    if name.startswith("demo:"):
-        return name
-    if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")) and not Path(name).exists():
-        return name
-    if match := _HF_CACHE_SNAPSHOT.fullmatch(name):
-        return f"{match.group(1)}/{match.group(2)}"
-    if match := _DEMO_DIR.fullmatch(name):
-        return f"demo:{match.group(1)}"
-    return None
-
-
-def share_readable(path: str | os.PathLike) -> None:
-    """Give ``path`` (a file, or a folder and everything in it) the permissions a plain ``open`` and
-    ``mkdir`` would: 0644/0755 under umask 022. safetensors' ``save_file`` writes 0600 and
-    ``tempfile.mkdtemp`` 0700, which a server running as another user cannot read."""
-    umask = os.umask(0)
-    os.umask(umask)
-    root = Path(path)
-    for item in [root, *root.rglob("*")] if root.is_dir() else [root]:
-        if item.is_symlink():
-            continue
-        item.chmod((0o777 if item.is_dir() else 0o666) & ~umask)
-
-
 class DraftHead(PreTrainedModel):
     """Behaviour shared by all heads. Subclasses set ``config_class`` and build their modules."""
 
@@ -175,20 +141,8 @@ class DraftHead(PreTrainedModel):
                 f"match the given target '{have['name_or_path'] or have['architecture']}': " + "; ".join(problems)
             )
 
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        private: bool | None = None,
-        token: str | None = None,
-        revision: str | None = None,
-        commit_message: str | None = None,
-        fmt: str | None = None,
-    ) -> str:
-        """Upload weights, config and a generated model card (transformers' generic card would
-        replace ours); ``fmt`` uploads an engine export instead (see ``heads.formats``)."""
-        from heads.card import push_head_to_hub  # heads.card imports the head classes
-
-        return push_head_to_hub(
-            self, repo_id, private=bool(private), token=token, fmt=fmt, revision=revision, commit_message=commit_message
-        )
+    def push_to_hub(self, *args, **kwargs):
+        """Refused: transformers' upload would replace the head's model card with a generic one.
+        Publish with ``heads.hub.push_head_to_hub`` or ``scripts/push_to_hub.py``."""
+        raise NotImplementedError("a draft head is published with heads.hub.push_head_to_hub (or "
+                                  "scripts/push_to_hub.py), which writes its model card")

@@ -30,6 +30,7 @@ from infer.generator import SpeculativeGenerator
 from infer.threads import choose_threads
 from data.cli import run
 from data.targets import resolve_target
+from data.base.device import default_device, sync
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -129,7 +130,7 @@ def encode(tokenizer, prompt: str, chat: bool) -> torch.Tensor:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(default_device(args.device))
     if device == "cpu":
         print(choose_threads(args.threads), file=sys.stderr)
     if args.drafter is not None:
@@ -177,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         start = time.perf_counter()
         ref = gen.target.generate(ids, max_new_tokens=args.max_new_tokens, **hf_kwargs)
-        if ref.is_cuda:
-            torch.cuda.synchronize()  # sync: time the finished decode
+        sync(ref.device)  # sync: time the finished decode
         vanilla = time.perf_counter() - start
     new_ref = ref.shape[1] - ids.shape[1]
     print(f"[vanilla]     {new_ref} tokens in {vanilla:.2f} s: {new_ref / vanilla:.1f} tok/s", file=sys.stderr)

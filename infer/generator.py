@@ -42,6 +42,7 @@ from infer.cache import StaticKVCache, keep_accepted
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter
 from infer.target import TargetOutput, decoder_layers, static_forward, target_forward
 from infer.tree import pad_tree, tree_attention_mask
+from data.base.device import default_device, sync
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # flash attention takes no arbitrary tree mask
 
@@ -107,8 +108,7 @@ class _PhaseClock:
             self.last = now
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # sync: only when profiling
+        sync(self.device)  # sync: only when profiling
 
 
 def _text_config(model: nn.Module):
@@ -240,7 +240,7 @@ class SpeculativeGenerator:
         ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to the target
         checkpoint's own (the head follows the target).
         """
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = default_device(device)
         target_path = resolve_target(target_path)
         with hub_errors(target_path):
             target = AutoModelForCausalLM.from_pretrained(
@@ -345,8 +345,7 @@ class SpeculativeGenerator:
         return TargetOutput(out.logits[:, :n], out.final_hidden[:, :n], aux, cache)
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # sync: only around compilation, to time it
+        sync(self.device)  # sync: only around compilation, to time it
 
     def _prefill(self, ids: Tensor, max_new_tokens: int) -> TargetOutput:
         """The prompt's forward, into a fresh DynamicCache or the (reused) static buffer."""

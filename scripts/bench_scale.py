@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
+from data.base.device import default_device, sync  # noqa: E402
 from heads import build_head  # noqa: E402
 from infer import Chain, DynamicTree, SpeculativeGenerator  # noqa: E402
 from infer.drafters import Draft, EagleDrafter, Sampling  # noqa: E402
@@ -114,11 +115,6 @@ class OracleDrafter:
         tokens = torch.where(on_path, truth, decoy)
         tokens[0] = root
         return Draft(tokens, buffers)
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()  # sync: timings include queued kernels
 
 
 def timed(fn, warmup: int, repeats: int) -> tuple[float, object]:
@@ -217,7 +213,7 @@ def compare_decodes(target, prompts, hf_out, args) -> dict:
 
 
 def run(args) -> dict:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = default_device(args.device)
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
     target = build_target(args.shape, device, dtype, args.seed)

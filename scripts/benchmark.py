@@ -49,6 +49,7 @@ from transformers.cache_utils import DynamicCache
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_scale, beside this script
 
+from data.base.device import default_device, sync  # noqa: E402
 from heads import AutoHead  # noqa: E402
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree  # noqa: E402
 from infer.drafters import TreeOption, default_branching_tree, default_tree  # noqa: E402
@@ -122,11 +123,6 @@ class ForwardCounter:
 
     def reset(self) -> None:
         self.lengths = []
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()  # sync: timings must include the queued kernels
 
 
 # ----------------------------------------------------------------------------------- methods
@@ -545,7 +541,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = default_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
     from data.targets import resolve_target

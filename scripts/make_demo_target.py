@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from train.demo import TOKENIZER_SOURCE, ensure_demo_target
-from train.lm import SIZES, SUMMARY_FILE, format_summary
+from data.demo import TOKENIZER_SOURCE, ensure_demo_target
+from data.demo_lm import SIZES, SUMMARY_FILE, format_summary
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

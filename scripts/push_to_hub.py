@@ -16,7 +16,7 @@ from pathlib import Path
 
 from data.cli import run
 from data.targets import hub_errors
-from heads.card import push_head_to_hub
+from heads.hub import push_head_to_hub
 from heads.formats import FORMATS
 
 

@@ -8,10 +8,10 @@ import torch
 from conftest import make_tiny_target
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from data.pipeline import cache_root
+from data.base.paths import cache_root
 from heads import build_head
 from heads.card import model_card
-from heads.common import public_target_name
+from data.base.names import public_target_name
 from heads.formats import export_head
 from train.loop import setup
 

@@ -13,7 +13,7 @@ import torch
 from conftest import make_tiny_target
 from huggingface_hub import HfApi
 
-import train.demo
+import data.demo
 from data.targets import HubUnreachable, resolve_target
 from heads import build_head
 
@@ -74,7 +74,7 @@ def test_export_mistakes_are_one_line_and_exit_2(dirs, tmp_path, capsys, case, m
 
 
 def test_export_accepts_a_demo_target_name(dirs, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(train.demo, "resolve_target", lambda name: str(dirs / "target"))
+    monkeypatch.setattr(data.demo, "demo_target_path", lambda name: str(dirs / "target"))
     out = tmp_path / "export"
     assert _script("export").cli(["--head", str(dirs / "head"), "--to", "vllm", "--out", str(out),
                                   "--target", "demo:tiny"]) == 0
@@ -85,7 +85,7 @@ def test_generator_accepts_a_demo_target_name(dirs, monkeypatch):
     from infer import SpeculativeGenerator
 
     calls = []
-    monkeypatch.setattr(train.demo, "resolve_target", lambda name: calls.append(name) or str(dirs / "target"))
+    monkeypatch.setattr(data.demo, "demo_target_path", lambda name: calls.append(name) or str(dirs / "target"))
     gen = SpeculativeGenerator.from_pretrained("demo:tiny", dirs / "head")
     assert calls == ["demo:tiny"] and gen.target.config.num_hidden_layers == 8
 

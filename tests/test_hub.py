@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from conftest import make_tiny_target
 from heads import AutoHead, build_head
-from heads.card import push_head_to_hub
+from heads.hub import push_head_to_hub
 
 NAME, L = "org/tiny-llama", 8
 REPO = "user/tiny-eagle3"
@@ -173,6 +173,6 @@ def test_push_cli(head_dir, hub, capsys):
 
 def test_head_push_to_hub_carries_the_card(monkeypatch, head, hub):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail fast instead of calling out
-    head.push_to_hub(REPO)
+    push_head_to_hub(head, REPO)
     card = _card(hub["upload_folder"][0]["files"])
     assert card.data.library_name == "draftsmith" and card.data.base_model == NAME

@@ -32,7 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from heads.common import share_readable
+from data.base.paths import share_readable
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"  # written last into a checkpoint directory

@@ -17,8 +17,9 @@ from typing import Any, Literal
 
 import yaml
 
+from data.base.names import DEMO_PREFIX
+
 HeadKind = Literal["medusa", "eagle", "eagle3"]
-DEMO_PREFIX = "demo:"
 DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
 DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
 

@@ -30,12 +30,14 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
+from data.base.paths import cache_root
 from data.targets import hub_errors, resolve_target
 from heads import HeadCache, build_head
 from infer.target import decoder_layers, target_forward, target_identity
 from infer.threads import choose_threads
+from data.base.device import sync
 from train import checkpoint
-from train.checkpoint import CHECKPOINTS, COMPLETE, HEAD_CONFIG  # noqa: F401  (re-exported)
+from train.checkpoint import CHECKPOINTS
 from train.config import DEFAULT_TTT_STEPS, ConfigError, TrainConfig, load_config
 from train.divergence import DivergenceGuard, TrainingDiverged  # noqa: F401  (re-exported)
 from train.draft_vocab import build_draft_vocab
@@ -214,7 +216,7 @@ def load_examples(source: str, tokenizer, cfg: TrainConfig, vocab_size: int, key
     try:
         examples, summary = build_examples(source, tokenizer, max_length=cfg.data.max_length,
                                            overlong=cfg.data.overlong, strict=cfg.data.strict,
-                                           lenient_json=cfg.data.lenient_json, cache_dir=cache_root(cfg) / "data")
+                                           lenient_json=cfg.data.lenient_json, cache_dir=run_cache_dir(cfg) / "data")
     except ValueError as err:  # no usable rows, or a bad row under data.strict: say which source
         raise ValueError(f"{key}={source!r}: {err}") from err
     import pyarrow.compute as pc  # on the arrow column: no Python list per example
@@ -229,10 +231,9 @@ def load_examples(source: str, tokenizer, cfg: TrainConfig, vocab_size: int, key
     return examples, summary
 
 
-def cache_root(cfg: TrainConfig) -> Path:
-    from train.demo import cache_root as default_root
-
-    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_root()
+def run_cache_dir(cfg: TrainConfig) -> Path:
+    """The cache a training run uses: ``cache_dir`` if set, else draftsmith's cache root."""
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else cache_root()
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -486,7 +487,7 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
         with accelerator.main_process_first():
             vocab_report = build_draft_vocab(
                 train_set, vocab_size=vocab_size, size=head.config.draft_vocab_size,
-                data_key=Path(train_summary.cache_path).name, cache_dir=cache_root(cfg) / "draft_vocab")
+                data_key=Path(train_summary.cache_path).name, cache_dir=run_cache_dir(cfg) / "draft_vocab")
         head.set_draft_vocab(vocab_report.ids)
         logger.info("draft vocab: %d of %d tokens cover %.1f%% of training targets (%s)",
                     head.config.draft_vocab_size, vocab_size, 100 * vocab_report.coverage, vocab_report.cache_path)
@@ -768,11 +769,11 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 10, warmup: int = 3) ->
             target_forward(run.target, batch["input_ids"], compute_logits=True)
 
     def tokens_per_second(fn) -> float:
-        _synchronize(accelerator.device)  # note: host-device sync so the timer sees finished work
+        sync(accelerator.device)  # note: host-device sync so the timer sees finished work
         start = time.perf_counter()
         for batch in batches[warmup:]:
             fn(batch)
-        _synchronize(accelerator.device)
+        sync(accelerator.device)
         return sum(int(b["lengths"].sum()) for b in batches[warmup:]) / (time.perf_counter() - start)
 
     for batch in batches[:warmup]:  # both warmed up before either is timed
@@ -791,6 +792,3 @@ def _cycle(loader: DataLoader) -> Iterator[dict]:
         yield from loader
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -38,7 +38,10 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
-from heads.common import DraftHead, public_target_name, share_readable, target_identity
+from data.base.names import public_target_name
+from data.base.paths import share_readable
+from heads.card import model_card
+from heads.common import DraftHead, target_identity
 from heads.formats.eagle import _eagle_artifact, _eagle_problems
 from heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
 from heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
@@ -202,8 +205,6 @@ def _write(artifact: Artifact, directory: Path) -> None:
 
 def _write_card(head: DraftHead, directory: Path, fmt: str, config: dict[str, Any]) -> None:
     """README.md stating the format, the engines and (EAGLE-3) the layer convention written."""
-    from heads.card import model_card  # heads.card imports this module
-
     (directory / "README.md").write_text(model_card(head, fmt=fmt, export_config=config))
 
 

@@ -21,11 +21,11 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from data.corpus import corpus_fingerprint
-from heads.common import share_readable
-from data.pipeline import cache_root  # one cache root for data, draft vocabularies and demo LMs
-from train.lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
+from data.base.names import DEMO_PREFIX
+from data.base.paths import cache_root, share_readable
+from data.demo_lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 
-# Bump when train/lm.py or data/tokenizer.py change what the same settings produce.
+# Bump when data/demo_lm.py or data/tokenizer.py change what the same settings produce.
 RECIPE_VERSION = 2
 # What a first build costs (README's table), said in the one line printed before it starts.
 BUILD_TIME = {"tiny": "about 12 minutes on 2 CPU cores", "assistant": "about 4 minutes on 2 CPU cores",
@@ -123,11 +123,9 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
     return out
 
 
-def resolve_target(target: str) -> str:
+def demo_target_path(target: str) -> str:
     """A loadable path or hub id; ``demo:<size>`` is the demo LM of that size, built first if missing;
     ``demo:smollm2`` is SmolLM2-135M-Instruct, fetched and converted once (``data.assets``)."""
-    from train.config import DEMO_PREFIX
-
     if target == f"{DEMO_PREFIX}smollm2":
         from data.assets import smollm2_dir
 

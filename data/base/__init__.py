@@ -1,0 +1,8 @@
+"""The bottom floor: what every folder may use and that imports nothing of ours.
+
+- ``data.base.paths``: the cache root and readable files;
+- ``data.base.names``: how targets are named (``demo:`` names, Hub ids, local paths);
+- ``data.base.device``: the default device and the one host-device sync.
+
+``data.cli`` (one-line errors for entry points) also imports nothing of ours.
+"""

@@ -1,0 +1,39 @@
+"""How targets are named: ``demo:<name>``, Hugging Face Hub ids, and local paths.
+
+Pure string rules, shared by every entry point that takes a target and by the cards and exports that
+name one (which must never print a path of this machine)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DEMO_PREFIX = "demo:"  # demo:<size> demo LMs, demo:smollm2, and named data sets (demo:sharegpt, ...)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # name or namespace/name
+_HF_CACHE_SNAPSHOT = re.compile(r".*/models--([^/]+)--([^/]+)/snapshots/[^/]+/?")
+_DEMO_DIR = re.compile(r".*/demo/([a-z0-9]+)-seed0-[0-9a-f]{12}/?")  # data.demo's cache layout
+
+
+def is_demo(name: str) -> bool:
+    """True for ``demo:<name>``."""
+    return str(name).startswith(DEMO_PREFIX)
+
+
+def looks_like_path(name: str) -> bool:
+    """True for strings that cannot be a Hub repo id (``./x``, ``/abs``, ``~/x``, ``a/b/c``)."""
+    return not HUB_ID.fullmatch(name) or name.startswith((".", "~", "/"))
+
+
+def public_target_name(name_or_path: str | None) -> str | None:
+    """How a card or an export may name a target: a Hub id or ``demo:<size>`` as given, a Hugging Face
+    cache snapshot as its repo id, a draftsmith demo LM as ``demo:<size>``; None for any other local
+    path (a path of this machine means nothing elsewhere and says who and where)."""
+    name = str(name_or_path or "")
+    if is_demo(name):
+        return name
+    if HUB_ID.fullmatch(name) and not name.startswith((".", "~")) and not Path(name).exists():
+        return name
+    if match := _HF_CACHE_SNAPSHOT.fullmatch(name):
+        return f"{match.group(1)}/{match.group(2)}"
+    if match := _DEMO_DIR.fullmatch(name):
+        return f"{DEMO_PREFIX}{match.group(1)}"
+    return None
