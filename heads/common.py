@@ -4,9 +4,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers import initialization as init
 
 from data.base.paths import share_readable
+from heads.layers import RMSNorm
 
 # Fields that decide whether a head's tensors fit a target. Checked on every use.
 _SHAPE_FIELDS = ("hidden_size", "num_layers", "vocab_size")
@@ -103,6 +106,15 @@ class DraftHead(PreTrainedModel):
     config_class = DraftHeadConfig
     base_model_prefix = ""
     supports_gradient_checkpointing = False
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """The EAGLE heads' init (Medusa overrides it): normal linears with zero biases, unit norms."""
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            init.ones_(module.weight)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
         """``PreTrainedModel.save_pretrained``, then files readable by other users (``share_readable``)."""

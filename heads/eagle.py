@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
-from transformers import initialization as init
 
 from heads.common import DraftHead, DraftHeadConfig, rope_config_from_target, text_config
 from heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
@@ -116,14 +115,6 @@ class EagleHead(DraftHead):
         self.layers = nn.ModuleList([EagleDecoderLayer(config)])
         self.rotary = Rotary(config.head_dim, config.rope_config)
         self.post_init()
-
-    def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            init.ones_(module.weight)
 
     def forward(
         self,

@@ -13,7 +13,6 @@ import math
 
 import torch
 from torch import Tensor, nn
-from transformers import initialization as init
 
 from heads.common import DraftHead
 from heads.eagle import EagleConfig
@@ -147,14 +146,6 @@ class Eagle3Head(DraftHead):
             self.register_buffer("t2d", t2d)
         self.rotary = Rotary(config.head_dim, config.rope_config)
         self.post_init()
-
-    def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            init.ones_(module.weight)
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:

@@ -110,12 +110,17 @@ class Rotary(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """The additive (1, 1, Q, K) attention mask of a bool (Q, K) ``allowed``: 0 where a query may
+    attend, ``finfo(dtype).min`` where it may not (the portable form for HF's eager and sdpa)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 def causal_mask(q_len: int, kv_len: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """Additive (1, 1, q_len, kv_len) mask: the queries are the last q_len of kv_len positions."""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-    allowed = torch.arange(kv_len, device=device)[None, :] <= q_pos
-    mask = torch.zeros(q_len, kv_len, dtype=dtype, device=device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive_mask(torch.arange(kv_len, device=device)[None, :] <= q_pos, dtype)
 
 
 class Attention(nn.Module):

@@ -306,11 +306,16 @@ class SpeculativeGenerator:
             return logits.float().argmax()
         return torch.multinomial(sampling.probs(logits), 1)[0]
 
-    def _verify(self, state: DecodeState, draft: Draft, stats: GenerationStats) -> tuple[int, TargetOutput]:
-        """One target forward over all tree nodes; returns (prefix length, output)."""
-        prefix = state.cache.get_seq_length()
-        if isinstance(state.cache, StaticKVCache):
-            return prefix, self._static_verify(state.cache, prefix, draft, stats)
+    def verify(self, cache: DynamicCache | StaticKVCache, draft: Draft,
+               stats: GenerationStats | None = None) -> tuple[int, TargetOutput]:
+        """One target forward over all of ``draft``'s tree nodes after what ``cache`` holds; returns
+        (prefix length, output). The cache keeps the nodes' KV until ``keep_accepted`` compacts it
+        (a static cache's slots are simply overwritten by the next verify at the same prefix).
+        Public for benchmarks that time t(N); ``generate`` calls it once per step."""
+        stats = stats if stats is not None else GenerationStats()
+        prefix = cache.get_seq_length()
+        if isinstance(cache, StaticKVCache):
+            return prefix, self._static_verify(cache, prefix, draft, stats)
         mask = tree_attention_mask(draft.tree.mask, prefix, self.dtype)  # (1, 1, N, S + N)
         out = target_forward(
             self.target,
@@ -318,7 +323,7 @@ class SpeculativeGenerator:
             aux_layer_ids=self.drafter.aux_layer_ids,
             attention_mask=mask,
             position_ids=(prefix + draft.tree.depths)[None],
-            past_key_values=state.cache,
+            past_key_values=cache,
             use_cache=True,
         )
         return prefix, out
@@ -326,7 +331,7 @@ class SpeculativeGenerator:
     def _static_verify(self, cache: StaticKVCache, prefix: int, draft: Draft, stats: GenerationStats) -> TargetOutput:
         """Verify ``draft`` padded to the tree budget over the static cache (compiled when asked);
         the logits and features of dummy nodes are cut off before anyone reads them."""
-        n, budget = draft.tokens.shape[0], self._budget
+        n, budget = draft.tokens.shape[0], self.budget
         tokens, depths, block = pad_tree(draft.tokens, draft.tree.depths, draft.tree.mask, budget)
         slots = self._arange_budget + prefix  # (N,) no host read: prefix is a host int
         shape = (budget, cache.max_len)
@@ -347,14 +352,15 @@ class SpeculativeGenerator:
     def _sync(self) -> None:
         sync(self.device)  # sync: only around compilation, to time it
 
-    def _prefill(self, ids: Tensor, max_new_tokens: int) -> TargetOutput:
-        """The prompt's forward, into a fresh DynamicCache or the (reused) static buffer."""
+    def prefill(self, ids: Tensor, max_new_tokens: int) -> TargetOutput:
+        """The prompt's forward (1, P) into a fresh DynamicCache or the (reused) static buffer, sized
+        for ``max_new_tokens`` more plus the tree budget; the cache is ``out.past_key_values``."""
         if self.cache_implementation == "dynamic":
             return target_forward(
                 self.target, ids, aux_layer_ids=self.drafter.aux_layer_ids,
                 past_key_values=DynamicCache(), use_cache=True,
             )
-        cache = self._reserve_static_cache(ids.shape[1] + max_new_tokens + self._budget)
+        cache = self._reserve_static_cache(ids.shape[1] + max_new_tokens + self.budget)
         length = ids.shape[1]
         positions = torch.arange(length, device=self.device)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()
@@ -374,7 +380,7 @@ class SpeculativeGenerator:
         return cache
 
     @property
-    def _budget(self) -> int:
+    def budget(self) -> int:
         """Tree budget N: the most nodes (root included) a draft of this drafter can have."""
         budget = getattr(self.drafter, "max_nodes", None)
         if budget is None:
@@ -387,8 +393,8 @@ class SpeculativeGenerator:
     @property
     def _arange_budget(self) -> Tensor:
         cached = self._arange_cache
-        if cached is None or cached.shape[0] != self._budget:
-            cached = self._arange_cache = torch.arange(self._budget, device=self.device)
+        if cached is None or cached.shape[0] != self.budget:
+            cached = self._arange_cache = torch.arange(self.budget, device=self.device)
         return cached
 
     def _accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
@@ -448,7 +454,7 @@ class SpeculativeGenerator:
         if streamer is not None:
             streamer.put(ids.cpu())
 
-        out = self._prefill(ids, max_new_tokens)
+        out = self.prefill(ids, max_new_tokens)
         stats.target_forwards += 1
         first = self._next_token(out.logits[0, -1], sampling)
         state = DecodeState(cache=out.past_key_values, draft=self.drafter.new_state(), root=first)
@@ -468,8 +474,8 @@ class SpeculativeGenerator:
             # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
             draft = self.drafter.propose(state.draft, state.root, sampling, max_depth=remaining - 1)
             clock.mark("draft")
-            prefix, out = self._verify(state, draft, stats)
-            stats.verified_tokens += self._budget if isinstance(state.cache, StaticKVCache) else draft.tokens.numel()
+            prefix, out = self.verify(state.cache, draft, stats)
+            stats.verified_tokens += self.budget if isinstance(state.cache, StaticKVCache) else draft.tokens.numel()
             clock.mark("verify")
             accepted = self._accept(out.logits[0], draft, sampling)
             nodes = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first

@@ -147,7 +147,7 @@ def static_forward(
     return TargetOutput(logits=logits, final_hidden=final_hidden, aux_hidden=aux, past_key_values=cache)
 
 
-def target_identity(model: nn.Module) -> dict:
+def loaded_target_identity(model: nn.Module) -> dict:
     """What a head checkpoint records about its target (name_or_path, architecture, model_type,
     hidden_size, num_layers, vocab_size, max_position_embeddings); see ``heads.common``."""
     from heads.common import (

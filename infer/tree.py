@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from heads.layers import additive_mask
 
 # mc_sim_7b_63 from the Medusa repository (medusa/model/medusa_choices.py): 63 non-root nodes,
 # depth 4, built greedily from measured per-head top-k accuracies of Vicuna-7B heads.
@@ -127,24 +128,6 @@ def medusa_tree(choices: Sequence[Sequence[int]], device: torch.device | str | N
     return MedusaTree(buffers, torch.tensor(ranks, dtype=torch.long, device=device), tuple(paths))
 
 
-def medusa_choices_from_accuracies(accuracies: Tensor, num_nodes: int = 63) -> list[list[int]]:
-    """Greedy Medusa tree: the ``num_nodes`` paths with the highest product of per-head top-k
-    accuracies, where ``accuracies[k, r]`` = P(head k's rank-r token is right). Always closed
-    under prefixes because extending a path never raises its value."""
-    acc = accuracies.double().cpu()
-    num_heads, top = acc.shape
-    chosen: list[tuple[int, ...]] = []
-    frontier = {(r,): float(acc[0, r]) for r in range(top)}  # candidate paths and their values
-    while frontier and len(chosen) < num_nodes:
-        best = max(frontier, key=lambda p: (frontier[p], -len(p), tuple(-c for c in p)))
-        value = frontier.pop(best)
-        chosen.append(best)
-        if len(best) < num_heads:
-            for r in range(top):
-                frontier[best + (r,)] = value * float(acc[len(best), r])
-    return [list(p) for p in chosen]
-
-
 def tree_attention_mask(tree_mask: Tensor, prefix_len: int, dtype: torch.dtype) -> Tensor:
     """Additive float mask (1, 1, Q, prefix_len + K) for a bool block ``tree_mask`` (Q, K): the
     prefix is visible to every query, the block after it is ``tree_mask`` (usually the (N, N)
@@ -153,8 +136,7 @@ def tree_attention_mask(tree_mask: Tensor, prefix_len: int, dtype: torch.dtype) 
     allowed = torch.cat(
         [torch.ones(q_len, prefix_len, dtype=torch.bool, device=tree_mask.device), tree_mask], dim=1
     )  # (Q, S + K)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=tree_mask.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive_mask(allowed, dtype)
 
 
 @dataclass
@@ -219,8 +201,7 @@ def static_tree_mask(slots: Tensor, block: Tensor, max_len: int, dtype: torch.dt
     rel = col - slots[:1]  # (M,) slot index relative to the first new slot
     inside = (rel >= 0) & (rel < t)
     allowed = (rel < 0)[None] | (block[:, rel.clamp(0, t - 1)] & inside[None])  # (T, M)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=block.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive_mask(allowed, dtype)
 
 
 def pad_tree(tokens: Tensor, depths: Tensor, mask: Tensor, budget: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -15,17 +15,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from heads import AutoHead  # noqa: E402
-from infer import Chain, SpeculativeGenerator  # noqa: E402
+from heads import AutoHead
+from infer import Chain, SpeculativeGenerator
 
 
 def calibration(target, head, prompts: list[list[int]], max_new_tokens: int) -> dict[str, float]:
+    """Mean draft top-1 probability against greedy acceptance for one EAGLE head, over ``prompts``."""
     if head.head_kind == "medusa":
         raise ValueError("draft calibration reads an EAGLE head's draft logits; Medusa heads draft from a static tree")
     gen = SpeculativeGenerator(target, head, tree=Chain(1))
@@ -34,6 +33,7 @@ def calibration(target, head, prompts: list[list[int]], max_new_tokens: int) -> 
     compute = drafter._logits
 
     def recording(hidden):
+        """The head's draft logits, recording their top-1 probability."""
         logits = compute(hidden)
         draft_probs.append(float(logits.softmax(-1).max()))  # sync: one float per draft
         return logits
@@ -54,6 +54,7 @@ def calibration(target, head, prompts: list[list[int]], max_new_tokens: int) -> 
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """Calibrate every head in ``--heads`` on the same prompts; prints and returns the numbers."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
     p.add_argument("--heads", nargs="+", required=True)

@@ -27,6 +27,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The export options (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head", required=True, help="head directory or Hub repo id (anything AutoHead loads)")
     parser.add_argument("--to", required=True, choices=FORMATS, help="serving format")
@@ -43,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> Path:
+    """Load the head (and ``--target``), export it, print and return the output directory."""
     args = parse_args(argv)
     head = AutoHead.from_pretrained(args.head)
     target = None

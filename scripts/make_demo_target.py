@@ -21,6 +21,7 @@ from data.demo_lm import SIZES, SUMMARY_FILE, format_summary
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options: which demo LM, its seed and where to put it."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="output directory (default: the cache)")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
@@ -33,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> Path:
+    """Build (or reuse) the demo LM; prints its summary and returns its directory."""
     args = parse_args(argv)
     overrides = {"max_steps": args.max_steps} if args.max_steps is not None else {}
     out = ensure_demo_target(args.size, args.seed, out_dir=args.out, tokenizer_dir=args.tokenizer, **overrides)

@@ -21,6 +21,7 @@ from heads.formats import FORMATS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The upload options (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head", required=True, type=Path, help="head directory (train/train_head.py output_dir)")
     parser.add_argument("--repo-id", required=True, help="USER/NAME or ORG/NAME")
@@ -32,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> str:
+    """Upload the head (or its ``--format`` export) with its card; returns the commit URL."""
     args = parse_args(argv)
     if not args.head.is_dir():
         raise FileNotFoundError(f"--head {args.head} is not a directory")

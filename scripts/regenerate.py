@@ -16,12 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
-
-from data.regenerate import HFEngine, OpenAIEngine, Settings, regenerate  # noqa: E402
+from data.regenerate import HFEngine, OpenAIEngine, Settings, regenerate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The regeneration options (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model: directory, hub id or demo:smollm2")
     p.add_argument("--data", required=True, help="conversation rows: file path or demo:sharegpt")
@@ -56,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Regenerate every assistant turn of ``--data`` into ``--out``; 0 when done."""
     args = parse_args(argv)
     from data.pipeline import load_rows
 

@@ -10,7 +10,8 @@ from fixtures.chat_tokenizers import make_chat_tokenizer
 from data import assets
 from data.conversations import LEADING_ASSISTANT, MERGED_SAME_ROLE, ROLE_ALIAS, RowError, normalize_row
 from data.masks import mask_runs
-from data.pipeline import build_examples, load_rows, read_json
+from data.jsonfile import read_json
+from data.pipeline import build_examples, load_rows
 
 
 def turns(*pairs: tuple[str, str], id: str = "x_0") -> dict:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
-from infer.target import decoder_layers, target_forward, target_identity
+from infer.target import decoder_layers, target_forward, loaded_target_identity
 
 
 def test_matches_output_hidden_states(arch):
@@ -66,7 +66,7 @@ def test_bad_layer_id_and_identity():
     model = make_tiny_target("mistral")
     with pytest.raises(ValueError, match="out of range"):
         target_forward(model, torch.tensor([[3, 4]]), aux_layer_ids=(6,))
-    ident = target_identity(model)
+    ident = loaded_target_identity(model)
     assert ident["architecture"] == "MistralForCausalLM"
     assert ident["model_type"] == "mistral"
     assert (ident["hidden_size"], ident["num_layers"], ident["vocab_size"]) == (32, 6, 96)

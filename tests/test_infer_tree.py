@@ -10,7 +10,6 @@ from infer.tree import (
     MEDUSA_DEFAULT_CHOICES,
     Candidates,
     expand_level,
-    medusa_choices_from_accuracies,
     medusa_tree,
     select_tree,
     tree_attention_mask,
@@ -77,14 +76,6 @@ def test_default_medusa_tree():
     for row in tree.buffers.children.tolist():
         kids = [c for c in row if c >= 0]
         assert len({int(tree.ranks[c]) for c in kids}) == len(kids)
-
-
-def test_medusa_choices_from_accuracies():
-    acc = torch.tensor([[0.6, 0.2], [0.5, 0.1]])
-    # Path values: (0)=.6, (0,0)=.3, (1)=.2, (1,0)=.1, (0,1)=.06, (1,1)=.02
-    assert medusa_choices_from_accuracies(acc, 4) == [[0], [0, 0], [1], [1, 0]]
-    tree = medusa_tree(medusa_choices_from_accuracies(acc, 6))  # closed under prefixes
-    assert tree.buffers.num_nodes == 7
 
 
 def test_tree_attention_mask_values():

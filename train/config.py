@@ -344,17 +344,15 @@ def _validate(cfg: TrainConfig) -> None:
         "train.keep_last_checkpoints": opt.keep_last_checkpoints, "train.log_every": opt.log_every,
         "train.eval_depth": opt.eval_depth,
     }
-    for key, value in positive.items():
-        if value is not None and value < 1:
-            raise ConfigError(f"{key} must be >= 1, got {value}")
     non_negative = {
         "train.warmup_steps": opt.warmup_steps, "train.eval_every": opt.eval_every,
         "train.save_every": opt.save_every, "train.weight_decay": opt.weight_decay,
         "train.feature_noise": opt.feature_noise,
     }
-    for key, value in non_negative.items():
-        if value is not None and value < 0:
-            raise ConfigError(f"{key} must be >= 0, got {value}")
+    for values, least in ((positive, 1), (non_negative, 0)):
+        for key, value in values.items():
+            if value is not None and value < least:
+                raise ConfigError(f"{key} must be >= {least}, got {value}")
     if head.aux_layer_ids is not None:
         from heads.eagle3 import check_aux_layer_ids  # the rule the heads and the engines enforce
 

@@ -33,9 +33,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 from data.base.paths import cache_root
 from data.targets import hub_errors, resolve_target
 from heads import HeadCache, build_head
-from infer.target import decoder_layers, target_forward, target_identity
+from infer.target import decoder_layers, target_forward, loaded_target_identity
 from infer.threads import choose_threads
 from data.base.device import sync
+from heads.layers import additive_mask
 from train import checkpoint
 from train.checkpoint import CHECKPOINTS
 from train.config import DEFAULT_TTT_STEPS, ConfigError, TrainConfig, load_config
@@ -103,8 +104,7 @@ def ttt_attention_mask(seq_len: int, step: int, dtype: torch.dtype, device: torc
     causal = idx[None, :] <= idx[:, None]  # (T, T)
     diag = idx[None, :] == idx[:, None]
     allowed = torch.cat([causal] + [diag] * step, dim=1)  # (T, (step+1)T)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive_mask(allowed, dtype)
 
 
 def unroll(head: nn.Module, hidden: Tensor, embeds: Tensor, steps: int) -> Iterator[Tensor]:
@@ -460,7 +460,7 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
         target.config._name_or_path = cfg.target
     target.requires_grad_(False).eval().to(accelerator.device)
     decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
-    identity = target_identity(target)
+    identity = loaded_target_identity(target)
     vocab_size = identity["vocab_size"]
     if len(tokenizer) > vocab_size:
         raise ValueError(f"tokenizer of {target_path} has {len(tokenizer)} tokens, more than the target's "
@@ -565,7 +565,7 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     best_dir = output_dir / BEST if (output_dir / BEST).is_dir() and eval_loader is not None else None
     if accelerator.is_main_process:
         head.save_pretrained(output_dir)
-        (output_dir / "README.md").write_text(model_card(head, output_dir, run.train_summary, final, state,
+        (output_dir / "README.md").write_text(run_card(head, output_dir, run.train_summary, final, state,
                                                          run.vocab_report))
         logger.info("head saved to %s", output_dir)
     accelerator.wait_for_everyone()
@@ -713,9 +713,9 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def model_card(head: nn.Module, output_dir: Path, data_summary, final: dict, state: TrainState, vocab) -> str:
+def run_card(head: nn.Module, output_dir: Path, data_summary, final: dict, state: TrainState, vocab) -> str:
     """README.md: ``heads.card`` (target, inputs, training record, usage) plus this run's data and results."""
-    from heads.card import model_card as head_card, training_info
+    from heads.card import model_card, training_info
 
     lines = ["## This run", ""]
     if final:
@@ -728,7 +728,7 @@ def model_card(head: nn.Module, output_dir: Path, data_summary, final: dict, sta
                      f"{100 * vocab.coverage:.1f}% of them")
     summary = [line for line in str(data_summary).splitlines() if not line.startswith("cache ")]  # a local path
     lines += ["- training data:", "", "```", *summary, "```", ""]
-    return head_card(head, training=training_info(output_dir)) + "\n" + "\n".join(lines)
+    return model_card(head, training=training_info(output_dir)) + "\n" + "\n".join(lines)
 
 
 # ---------------------------------------------------------------- throughput (scripts/benchmark.py)

@@ -14,18 +14,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 
 
-def _fix_sys_path() -> None:
-    """Run as a script, Python puts train/ first on sys.path, where config.py would shadow
-    stdlib-style names; import from the repository root instead."""
-    here = str(Path(__file__).resolve().parent)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(here)]
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
+def _unshadow() -> None:
+    """Run as a script (``accelerate launch train/train_head.py``), Python puts train/ first on
+    sys.path, where our config.py, metrics.py and losses.py would shadow any installed module of
+    the same top-level name; our packages import through the install (``pip install -e .``)."""
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
 
 
 def cli(argv: list[str] | None = None) -> int:
     """Train; a mistake in the config or its inputs prints one line and returns 2, a divergence returns 1."""
-    _fix_sys_path()
+    _unshadow()
     from data.cli import USER_ERRORS, one_line, quiet_libraries
     from train.config import ConfigError
     from train.loop import TrainingDiverged, parse_args, setup

@@ -54,9 +54,9 @@ from heads.formats.validation import (
     HF_CONVENTION,
     PROVENANCE_KEY,
     Artifact,
-    _raise_problems,
-    _read_json,
-    _read_tensors,
+    raise_problems,
+    read_json_object,
+    read_tensors,
     _TARGET_FIELDS,
 )
 
@@ -111,7 +111,7 @@ def export_head(
         "max_position_embeddings": max_position_embeddings or context,
     }
     artifact = _BUILDERS[fmt](head, facts, options)
-    _raise_problems(validate_artifact(artifact.config, artifact.tensors, fmt), f"refusing to export as '{fmt}'")
+    raise_problems(validate_artifact(artifact.config, artifact.tensors, fmt), f"refusing to export as '{fmt}'")
 
     out = Path(out_dir)
     _check_destination(out, head)
@@ -123,7 +123,7 @@ def export_head(
         _write(artifact, staging)
         _write_card(head, staging, fmt, artifact.config)
         validate_export(staging, fmt)
-        written = _read_tensors(staging / artifact.weights_file)
+        written = read_tensors(staging / artifact.weights_file)
         changed = [name for name, tensor in artifact.tensors.items() if not torch.equal(written[name], tensor)]
         if changed:
             raise ValueError(f"{staging / artifact.weights_file}: tensors {changed} changed on disk")
@@ -212,10 +212,10 @@ def validate_export(path: str | Path, fmt: str) -> None:
     """Check a directory in format ``fmt`` as its engine would read it; ``ValueError`` lists every problem."""
     _format_kind(fmt)
     directory = Path(path)
-    config = _read_json(directory / "config.json")
+    config = read_json_object(directory / "config.json")
     weights = "medusa_lm_head.safetensors" if fmt == "medusa-tgi" else "model.safetensors"
-    tensors = _read_tensors(directory / weights)
-    _raise_problems(validate_artifact(config, tensors, fmt), f"{directory} is not a valid '{fmt}' export")
+    tensors = read_tensors(directory / weights)
+    raise_problems(validate_artifact(config, tensors, fmt), f"{directory} is not a valid '{fmt}' export")
 
 
 def validate_artifact(config: dict[str, Any], tensors: dict[str, Tensor], fmt: str) -> list[str]:

@@ -9,16 +9,16 @@ from heads.common import DraftHead
 from heads.formats.validation import (
     Artifact,
     PROVENANCE_KEY,
-    _context_problems,
-    _dtype_name,
-    _expect,
-    _float_tensors,
-    _ints,
-    _layer_spec,
-    _llama_layer_config,
-    _provenance,
-    _rope_problems,
-    _tensor_problems,
+    context_problems,
+    dtype_name,
+    expect,
+    float_tensors,
+    ints,
+    layer_spec,
+    llama_layer_config,
+    provenance_record,
+    rope_problems,
+    tensor_problems,
 )
 
 
@@ -27,30 +27,30 @@ def _eagle_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, A
     if head.config.fc_bias:
         raise ValueError("fc_bias=True: vLLM's EAGLE loader builds the fc without a bias and drops fc.bias, "
                          "so this head would run without it; retrain with fc_bias=False")
-    tensors = _float_tensors(head.state_dict(), options["dtype"])
-    dtype = _dtype_name(tensors)
-    config = {"architectures": ["LlamaForCausalLM"], **_llama_layer_config(head, options), "torch_dtype": dtype,
-              "dtype": dtype, PROVENANCE_KEY: _provenance(head, "eagle-vllm", facts)}
+    tensors = float_tensors(head.state_dict(), options["dtype"])
+    dtype = dtype_name(tensors)
+    config = {"architectures": ["LlamaForCausalLM"], **llama_layer_config(head, options), "torch_dtype": dtype,
+              "dtype": dtype, PROVENANCE_KEY: provenance_record(head, "eagle-vllm", facts)}
     return Artifact(config, tensors)
 
 
 def _eagle_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
     problems: list[str] = []
-    _expect(config, "architectures", ["LlamaForCausalLM"], problems, "vLLM's method eagle prefixes it with Eagle")
-    _expect(config, "model_type", "llama", problems)
-    _expect(config, "num_hidden_layers", 1, problems)
-    _expect(config, "tie_word_embeddings", False, problems)
-    _expect(config, "hidden_act", "silu", problems, "vLLM's Llama MLP")
-    problems += _rope_problems(config)
-    shape = _ints(config, ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    expect(config, "architectures", ["LlamaForCausalLM"], problems, "vLLM's method eagle prefixes it with Eagle")
+    expect(config, "model_type", "llama", problems)
+    expect(config, "num_hidden_layers", 1, problems)
+    expect(config, "tie_word_embeddings", False, problems)
+    expect(config, "hidden_act", "silu", problems, "vLLM's Llama MLP")
+    problems += rope_problems(config)
+    shape = ints(config, ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                            "head_dim", "max_position_embeddings", "vocab_size"), problems)
-    problems += _context_problems(shape, config.get(PROVENANCE_KEY) or {})
+    problems += context_problems(shape, config.get(PROVENANCE_KEY) or {})
     if "fc.bias" in tensors:
         problems.append("unexpected tensor fc.bias: vLLM's EAGLE fc has no bias and drops it silently")
     if shape:
         h = shape["hidden_size"]
         spec = {"fc.weight": ((h, 2 * h), "float"),
-                **_layer_spec("layers.0.", shape, h, bool(config.get("attention_bias")), bool(config.get("mlp_bias")))}
+                **layer_spec("layers.0.", shape, h, bool(config.get("attention_bias")), bool(config.get("mlp_bias")))}
         without_bias = {k: v for k, v in tensors.items() if k != "fc.bias"}  # reported above
-        problems += _tensor_problems(without_bias, spec, config.get("torch_dtype"))
+        problems += tensor_problems(without_bias, spec, config.get("torch_dtype"))
     return problems

@@ -14,16 +14,16 @@ from heads.formats.validation import (
     ENGINE_AUX_LAYERS,
     PROVENANCE_KEY,
     TensorSpec,
-    _context_problems,
-    _dtype_name,
-    _expect,
-    _float_tensors,
-    _ints,
-    _layer_spec,
-    _llama_layer_config,
-    _provenance,
-    _rope_problems,
-    _tensor_problems,
+    context_problems,
+    dtype_name,
+    expect,
+    float_tensors,
+    ints,
+    layer_spec,
+    llama_layer_config,
+    provenance_record,
+    rope_problems,
+    tensor_problems,
 )
 
 
@@ -34,17 +34,17 @@ def _eagle3_tensors(head: Eagle3Head, options: dict[str, Any]) -> dict[str, Tens
             f"aux_layer_ids={cfg.aux_layer_ids} has {len(cfg.aux_layer_ids)} layers; vLLM and SGLang build the fc "
             f"for exactly {ENGINE_AUX_LAYERS} (fc input = 3 * target_hidden_size)"
         )
-    return _float_tensors(head.state_dict(), options["dtype"])
+    return float_tensors(head.state_dict(), options["dtype"])
 
 
 def _eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
     """LlamaForCausalLMEagle3 directory read by vLLM, SGLang and TensorRT-LLM."""
     cfg = head.config
     tensors = _eagle3_tensors(head, options)
-    dtype = _dtype_name(tensors)
+    dtype = dtype_name(tensors)
     config = {
         "architectures": [EAGLE3_ARCHITECTURE],
-        **_llama_layer_config(head, options),
+        **llama_layer_config(head, options),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size or cfg.hidden_size,
         "norm_before_residual": False,  # the residual is the un-normed hidden state
@@ -60,7 +60,7 @@ def _eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str,
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
             "use_aux_hidden_state": True,
         }
-    config[PROVENANCE_KEY] = _provenance(head, "vllm+sglang", facts)
+    config[PROVENANCE_KEY] = provenance_record(head, "vllm+sglang", facts)
     return Artifact(config, tensors)
 
 
@@ -70,22 +70,22 @@ def _eagle3_problems(layer: dict[str, Any], top: dict[str, Any], tensors: dict[s
     tensors are named ``layer_prefix*``."""
     problems: list[str] = []
     if layer is top:
-        _expect(top, "architectures", [EAGLE3_ARCHITECTURE], problems)
-    _expect(layer, "model_type", "llama", problems, "engines build the draft layer from a Llama config")
-    _expect(layer, "num_hidden_layers", 1, problems)
-    _expect(layer, "tie_word_embeddings", False, problems, "SGLang would use embed_tokens as lm_head")
-    _expect(layer, "hidden_act", "silu", problems, "the engines' Llama MLP")
+        expect(top, "architectures", [EAGLE3_ARCHITECTURE], problems)
+    expect(layer, "model_type", "llama", problems, "engines build the draft layer from a Llama config")
+    expect(layer, "num_hidden_layers", 1, problems)
+    expect(layer, "tie_word_embeddings", False, problems, "SGLang would use embed_tokens as lm_head")
+    expect(layer, "hidden_act", "silu", problems, "the engines' Llama MLP")
     for key, why in (("attention_bias", "SGLang builds qkv without bias"), ("mlp_bias", "SGLang's MLP has none")):
         if layer.get(key):
             problems.append(f"config {key}=true: {why} and would drop the biases silently")
     if top.get("norm_before_residual"):
         problems.append("norm_before_residual=true describes another head (draftsmith keeps the un-normed residual)")
-    problems += _rope_problems(layer)
-    shape = _ints(layer, ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    problems += rope_problems(layer)
+    shape = ints(layer, ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                           "head_dim", "max_position_embeddings", "vocab_size"), problems)
-    sizes = _ints(top, ("draft_vocab_size", "target_hidden_size"), problems)
+    sizes = ints(top, ("draft_vocab_size", "target_hidden_size"), problems)
     provenance = top.get(PROVENANCE_KEY) or {}
-    problems += _context_problems(shape, provenance)
+    problems += context_problems(shape, provenance)
     if shape and sizes and shape["hidden_size"] != sizes["target_hidden_size"]:
         problems.append(f"hidden_size={shape['hidden_size']} differs from target_hidden_size="
                         f"{sizes['target_hidden_size']}: the engines would need the head's own embed_tokens, "
@@ -103,11 +103,11 @@ def _eagle3_problems(layer: dict[str, Any], top: dict[str, Any], tensors: dict[s
         f"{layer_prefix}hidden_norm.weight": ((h,), "float"),
         "norm.weight": ((h,), "float"),
         "lm_head.weight": ((vd, h), "float"),
-        **_layer_spec(layer_prefix, shape, 2 * h, False, False),
+        **layer_spec(layer_prefix, shape, 2 * h, False, False),
     }
     if vd < v:
         spec.update({"d2t": ((vd,), "int64"), "t2d": ((v,), "bool")})
-    problems += _tensor_problems(tensors, spec, top.get("torch_dtype"))
+    problems += tensor_problems(tensors, spec, top.get("torch_dtype"))
     problems += draft_vocab_problems(tensors.get("d2t"), tensors.get("t2d"), vd, v)
     return problems
 

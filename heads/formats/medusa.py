@@ -10,19 +10,19 @@ from heads.formats.validation import (
     Artifact,
     PROVENANCE_KEY,
     TensorSpec,
-    _dtype_name,
-    _expect,
-    _float_tensors,
-    _ints,
-    _provenance,
-    _tensor_problems,
+    dtype_name,
+    expect,
+    float_tensors,
+    ints,
+    provenance_record,
+    tensor_problems,
 )
 
 
 def _medusa_vllm_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
     cfg = head.config
-    tensors = _float_tensors(head.state_dict(), options["dtype"])  # names already follow vLLM's layout
-    dtype = _dtype_name(tensors)
+    tensors = float_tensors(head.state_dict(), options["dtype"])  # names already follow vLLM's layout
+    dtype = dtype_name(tensors)
     config = {
         "model_type": "medusa",
         "architectures": ["MedusaModel"],
@@ -34,7 +34,7 @@ def _medusa_vllm_artifact(head: DraftHead, facts: dict[str, Any], options: dict[
         "medusa_fc_bias": True,  # vLLM's default is False, and then it skips the block biases silently
         "torch_dtype": dtype,
         "dtype": dtype,
-        PROVENANCE_KEY: _provenance(head, "medusa-vllm", facts),
+        PROVENANCE_KEY: provenance_record(head, "medusa-vllm", facts),
     }
     return Artifact(config, tensors)
 
@@ -52,7 +52,7 @@ def _medusa_tgi_artifact(head: DraftHead, facts: dict[str, Any], options: dict[s
             renamed[f"{i}.{j}.linear.weight"] = state[f"blocks.{i}.layers.{j}.weight"]
             renamed[f"{i}.{j}.linear.bias"] = state[f"blocks.{i}.layers.{j}.bias"]
         renamed[f"{i}.{cfg.num_layers}.weight"] = state[f"lm_heads.{i}.weight"]
-    tensors = _float_tensors(renamed, options["dtype"])
+    tensors = float_tensors(renamed, options["dtype"])
     config = {
         # no "architectures": TGI then drops a Medusa speculator for anything but an MLP speculator
         "medusa_num_heads": cfg.num_heads,
@@ -60,23 +60,23 @@ def _medusa_tgi_artifact(head: DraftHead, facts: dict[str, Any], options: dict[s
         "base_model_name_or_path": facts["name_or_path"],
         "hidden_size": cfg.hidden_size,
         "vocab_size": cfg.vocab_size,
-        "torch_dtype": _dtype_name(tensors),
-        PROVENANCE_KEY: _provenance(head, "medusa-tgi", facts),
+        "torch_dtype": dtype_name(tensors),
+        PROVENANCE_KEY: provenance_record(head, "medusa-tgi", facts),
     }
     return Artifact(config, tensors, weights_file="medusa_lm_head.safetensors")
 
 
 def _medusa_vllm_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
     problems: list[str] = []
-    _expect(config, "model_type", "medusa", problems)
-    _expect(config, "architectures", ["MedusaModel"], problems)
-    _expect(config, "medusa_fc_bias", True, problems, "otherwise vLLM skips the block biases")
+    expect(config, "model_type", "medusa", problems)
+    expect(config, "architectures", ["MedusaModel"], problems)
+    expect(config, "medusa_fc_bias", True, problems, "otherwise vLLM skips the block biases")
     # vLLM's MedusaConfig.from_pretrained renames every top-level key containing "num" and "heads"/"layers"
     clashing = [k for k in config if "num" in k and ("heads" in k or "layers" in k)
                 and k not in ("num_heads", "num_hidden_layers")]
     if clashing:
         problems.append(f"top-level keys {clashing} would be renamed to num_heads/num_hidden_layers by vLLM")
-    sizes = _ints(config, ("hidden_size", "vocab_size", "num_heads", "num_hidden_layers", "truncated_vocab_size"),
+    sizes = ints(config, ("hidden_size", "vocab_size", "num_heads", "num_hidden_layers", "truncated_vocab_size"),
                   problems)
     if not sizes:
         return problems
@@ -89,7 +89,7 @@ def _medusa_vllm_problems(config: dict[str, Any], tensors: dict[str, Tensor]) ->
             spec[f"blocks.{i}.layers.{j}.weight"] = ((h, h), "float")
             spec[f"blocks.{i}.layers.{j}.bias"] = ((h,), "float")
         spec[f"lm_heads.{i}.weight"] = ((v, h), "float")
-    return problems + _tensor_problems(tensors, spec, config.get("torch_dtype"))
+    return problems + tensor_problems(tensors, spec, config.get("torch_dtype"))
 
 
 def _medusa_tgi_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
@@ -98,7 +98,7 @@ def _medusa_tgi_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> 
         problems.append("config has 'architectures': TGI then treats the speculator as non-Medusa and drops it")
     if not config.get("base_model_name_or_path"):
         problems.append("base_model_name_or_path is empty (TGI loads the target from it)")
-    sizes = _ints(config, ("medusa_num_heads", "medusa_num_layers", "hidden_size", "vocab_size"), problems)
+    sizes = ints(config, ("medusa_num_heads", "medusa_num_layers", "hidden_size", "vocab_size"), problems)
     if not sizes:
         return problems
     h, v, n = sizes["hidden_size"], sizes["vocab_size"], sizes["medusa_num_layers"]
@@ -108,4 +108,4 @@ def _medusa_tgi_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> 
             spec[f"{i}.{j}.linear.weight"] = ((h, h), "float")
             spec[f"{i}.{j}.linear.bias"] = ((h,), "float")
         spec[f"{i}.{n}.weight"] = ((v, h), "float")
-    return problems + _tensor_problems(tensors, spec, config.get("torch_dtype"))
+    return problems + tensor_problems(tensors, spec, config.get("torch_dtype"))

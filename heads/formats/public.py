@@ -15,10 +15,10 @@ from heads.formats.validation import (
     ENGINE_ROPE_PARAMS,
     PROVENANCE_KEY,
     _TARGET_FIELDS,
-    _name_problems,
-    _raise_problems,
-    _read_json,
-    _read_tensors,
+    name_problems,
+    raise_problems,
+    read_json_object,
+    read_tensors,
 )
 
 
@@ -45,7 +45,7 @@ def import_eagle3(
     if unknown:
         raise TypeError(f"import_eagle3() got unexpected arguments {unknown}; hub arguments are {list(_HUB_KEYS)}")
     directory = _resolve_directory(path_or_repo, hub_kwargs)
-    config = _read_json(directory / "config.json")
+    config = read_json_object(directory / "config.json")
     speculators = config.get("speculators_model_type") is not None
     if speculators and config["speculators_model_type"] != "eagle3":
         raise ValueError(f"{directory}: speculators_model_type={config['speculators_model_type']!r}, not eagle3")
@@ -185,7 +185,7 @@ def _load_public_tensors(directory: Path, allow_embed_tokens: bool,
     tensors: dict[str, Tensor] = {}
     for file in files:
         if file.suffix == ".safetensors":
-            raw = _read_tensors(file)
+            raw = read_tensors(file)
         else:  # the EAGLE authors publish pytorch_model.bin; weights_only refuses pickled code
             raw = torch.load(file, map_location="cpu", weights_only=True)
         for name, tensor in raw.items():
@@ -223,13 +223,13 @@ def _load_strict(head: Eagle3Head, tensors: dict[str, Tensor], directory: Path) 
         if t2d is None:  # derived from d2t: the two carry the same information
             t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
             t2d[(torch.arange(cfg.draft_vocab_size) + d2t.long()).clamp(0, cfg.vocab_size - 1)] = True
-        _raise_problems(draft_vocab_problems(d2t.long(), t2d.bool(), cfg.draft_vocab_size, cfg.vocab_size),
+        raise_problems(draft_vocab_problems(d2t.long(), t2d.bool(), cfg.draft_vocab_size, cfg.vocab_size),
                         f"{directory}: bad draft vocabulary mapping")
         head.set_draft_vocab(torch.arange(cfg.draft_vocab_size) + d2t.long())
     expected = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "t2d")}
-    problems = _name_problems(expected, tensors)
+    problems = name_problems(expected, tensors)
     problems += [f"{name}: shape {tuple(tensors[name].shape)}, the config implies {tuple(expected[name].shape)}"
                  for name in sorted(set(expected) & set(tensors)) if tensors[name].shape != expected[name].shape]
-    _raise_problems(problems, f"{directory} does not match its config.json")
+    raise_problems(problems, f"{directory} does not match its config.json")
     head.load_state_dict({**tensors, **{k: v for k, v in head.state_dict().items() if k in ("d2t", "t2d")}},
                          strict=True)

@@ -6,7 +6,7 @@ from typing import Any
 
 from heads.eagle3 import Eagle3Head
 from heads.formats.eagle3 import _eagle3_tensors
-from heads.formats.validation import Artifact, PROVENANCE_KEY, _dtype_name, _expect, _llama_layer_config, _provenance
+from heads.formats.validation import Artifact, PROVENANCE_KEY, dtype_name, expect, llama_layer_config, provenance_record
 
 
 SPECULATORS_LAYER_PREFIX = "layers.0."  # the speculators library's Eagle3DraftModel.layers[0]
@@ -21,7 +21,7 @@ def _speculators_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict
     cfg = head.config
     tensors = {SPECULATORS_LAYER_PREFIX + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k: v
                for k, v in _eagle3_tensors(head, options).items()}
-    dtype = _dtype_name(tensors)
+    dtype = dtype_name(tensors)
     if not facts["name_or_path"]:
         raise ValueError("the speculators format names its verifier: the head records no target by Hub id (a "
                          "local path is not written into exports); pass target= (--target) a config or model "
@@ -32,7 +32,7 @@ def _speculators_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict
     config = {
         "speculators_model_type": "eagle3",
         "architectures": ["Eagle3Speculator"],
-        "transformer_layer_config": _llama_layer_config(head, options),
+        "transformer_layer_config": llama_layer_config(head, options),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size or cfg.hidden_size,
         "norm_before_residual": False,  # explicit: vLLM's speculators path defaults it to True
@@ -47,15 +47,15 @@ def _speculators_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict
         },
         "torch_dtype": dtype,
         "dtype": dtype,
-        PROVENANCE_KEY: _provenance(head, "speculators", facts),
+        PROVENANCE_KEY: provenance_record(head, "speculators", facts),
     }
     return Artifact(config, tensors)
 
 
 def _speculators_problems(config: dict[str, Any]) -> list[str]:
     problems: list[str] = []
-    _expect(config, "speculators_model_type", "eagle3", problems)
-    _expect(config, "architectures", ["Eagle3Speculator"], problems)
+    expect(config, "speculators_model_type", "eagle3", problems)
+    expect(config, "architectures", ["Eagle3Speculator"], problems)
     if config.get("norm_before_residual") is not False:
         problems.append("norm_before_residual must be written as false (vLLM's speculators path defaults to true)")
     if not config.get("eagle_aux_hidden_state_layer_ids"):

@@ -56,7 +56,7 @@ class Artifact:
     weights_file: str = "model.safetensors"
 
 
-def _float_tensors(tensors: dict[str, Tensor], dtype: torch.dtype | None) -> dict[str, Tensor]:
+def float_tensors(tensors: dict[str, Tensor], dtype: torch.dtype | None) -> dict[str, Tensor]:
     """Detached contiguous CPU copies; floating point ones cast to ``dtype`` (ids and masks never are)."""
     out = {}
     for name, tensor in tensors.items():
@@ -67,7 +67,7 @@ def _float_tensors(tensors: dict[str, Tensor], dtype: torch.dtype | None) -> dic
     return out
 
 
-def _dtype_name(tensors: dict[str, Tensor]) -> str:
+def dtype_name(tensors: dict[str, Tensor]) -> str:
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
     if len(dtypes) != 1:
         raise ValueError(f"the head's weights mix dtypes {sorted(map(str, dtypes))}; pass dtype= to export one")
@@ -86,7 +86,7 @@ def _rope_fields(rope: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _llama_layer_config(head: DraftHead, options: dict[str, Any]) -> dict[str, Any]:
+def llama_layer_config(head: DraftHead, options: dict[str, Any]) -> dict[str, Any]:
     """The one-decoder-layer Llama config both EAGLE formats describe their layer with."""
     cfg = head.config
     return {
@@ -108,7 +108,7 @@ def _llama_layer_config(head: DraftHead, options: dict[str, Any]) -> dict[str, A
     }
 
 
-def _provenance(head: DraftHead, fmt: str, facts: dict[str, Any]) -> dict[str, Any]:
+def provenance_record(head: DraftHead, fmt: str, facts: dict[str, Any]) -> dict[str, Any]:
     block: dict[str, Any] = {"format": fmt, "format_version": FORMAT_VERSION, "head_kind": head.head_kind,
                              "target": dict(facts)}
     if head.head_kind == "eagle3":
@@ -117,17 +117,17 @@ def _provenance(head: DraftHead, fmt: str, facts: dict[str, Any]) -> dict[str, A
     return block
 
 
-def _raise_problems(problems: list[str], what: str) -> None:
+def raise_problems(problems: list[str], what: str) -> None:
     if problems:
         raise ValueError(f"{what}:\n  - " + "\n  - ".join(problems))
 
 
-def _expect(config: dict[str, Any], key: str, want: Any, problems: list[str], why: str = "") -> None:
+def expect(config: dict[str, Any], key: str, want: Any, problems: list[str], why: str = "") -> None:
     if config.get(key) != want:
         problems.append(f"config {key}={config.get(key)!r}, expected {want!r}" + (f" ({why})" if why else ""))
 
 
-def _ints(config: dict[str, Any], keys: tuple[str, ...], problems: list[str]) -> dict[str, int] | None:
+def ints(config: dict[str, Any], keys: tuple[str, ...], problems: list[str]) -> dict[str, int] | None:
     values = {k: config.get(k) for k in keys}
     bad = [k for k, v in values.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
     if bad:
@@ -136,7 +136,7 @@ def _ints(config: dict[str, Any], keys: tuple[str, ...], problems: list[str]) ->
     return values  # type: ignore[return-value]
 
 
-def _rope_problems(layer: dict[str, Any]) -> list[str]:
+def rope_problems(layer: dict[str, Any]) -> list[str]:
     problems = []
     params = layer.get("rope_parameters")
     if not isinstance(params, dict) or "rope_theta" not in params:
@@ -158,7 +158,7 @@ def _rope_problems(layer: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _context_problems(shape: dict[str, int] | None, provenance: dict[str, Any]) -> list[str]:
+def context_problems(shape: dict[str, int] | None, provenance: dict[str, Any]) -> list[str]:
     context = (provenance.get("target") or {}).get("max_position_embeddings") or 0
     if shape and shape["max_position_embeddings"] < context:
         return [f"max_position_embeddings={shape['max_position_embeddings']} is below the target's context "
@@ -166,7 +166,7 @@ def _context_problems(shape: dict[str, int] | None, provenance: dict[str, Any]) 
     return []
 
 
-def _layer_spec(prefix: str, layer: dict[str, int], attn_in: int, attn_bias: bool, mlp_bias: bool) -> TensorSpec:
+def layer_spec(prefix: str, layer: dict[str, int], attn_in: int, attn_bias: bool, mlp_bias: bool) -> TensorSpec:
     h, i = layer["hidden_size"], layer["intermediate_size"]
     q, kv = layer["num_attention_heads"] * layer["head_dim"], layer["num_key_value_heads"] * layer["head_dim"]
     shapes = {"self_attn.q_proj": (q, attn_in), "self_attn.k_proj": (kv, attn_in), "self_attn.v_proj": (kv, attn_in),
@@ -179,7 +179,7 @@ def _layer_spec(prefix: str, layer: dict[str, int], attn_in: int, attn_bias: boo
     return spec
 
 
-def _name_problems(expected: Iterable[str], tensors: Iterable[str], note: str = "") -> list[str]:
+def name_problems(expected: Iterable[str], tensors: Iterable[str], note: str = "") -> list[str]:
     """Missing and unexpected tensor names, sorted."""
     expected, tensors = set(expected), set(tensors)
     problems = []
@@ -190,8 +190,8 @@ def _name_problems(expected: Iterable[str], tensors: Iterable[str], note: str = 
     return problems
 
 
-def _tensor_problems(tensors: dict[str, Tensor], spec: TensorSpec, dtype: Any) -> list[str]:
-    problems = _name_problems(spec, tensors, "engines skip unknown names silently")
+def tensor_problems(tensors: dict[str, Tensor], spec: TensorSpec, dtype: Any) -> list[str]:
+    problems = name_problems(spec, tensors, "engines skip unknown names silently")
     for name in sorted(set(spec) & set(tensors)):
         (shape, kind), tensor = spec[name], tensors[name]
         if tuple(tensor.shape) != shape:
@@ -204,7 +204,7 @@ def _tensor_problems(tensors: dict[str, Tensor], spec: TensorSpec, dtype: Any) -
     return problems
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     try:
@@ -216,7 +216,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def _read_tensors(path: Path) -> dict[str, Tensor]:
+def read_tensors(path: Path) -> dict[str, Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     try:

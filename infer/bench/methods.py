@@ -1,0 +1,157 @@
+"""The decoding methods compared on a real target, and timing them on the same prompts."""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM
+
+from data.base.device import sync
+from heads import AutoHead
+from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from infer.adaptive import AdaptiveLength
+from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
+from infer.drafters import TreeOption, default_branching_tree, default_tree, make_drafter
+from infer.lm_drafter import LMDrafter
+from infer.ngram import NgramDrafter
+from infer.tree import MEDUSA_DEFAULT_CHOICES
+
+
+@dataclass
+class Method:
+    """One decoding method and its timed runs (one dict per prompt)."""
+
+    name: str
+    kind: str  # vanilla | assisted | prompt_lookup | head
+    run: object  # callable(input_ids) -> output ids (1, P + new)
+    runs: list[dict] = field(default_factory=list)
+    generator: SpeculativeGenerator | None = None  # head methods: counts come from its stats
+    compiled: bool = False  # runs a compiled graph: module hooks would not see its forwards
+
+
+TREE_SPEC = re.compile(r"^(tree|default|chain(\d+)|dyn(\d+)-(\d+)-(\d+)|medusa(\d+))$")
+
+
+def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:
+    """The tree named by a ``--trees`` entry for this head, or None when it does not fit its kind."""
+    match = TREE_SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"--trees: unknown tree {spec!r}; use tree, default, chainN, dynD-K-N or medusaN")
+    kind = head.head_kind
+    if spec == "tree":
+        return default_branching_tree(kind, device)
+    if spec == "default":
+        return default_tree(kind, device)
+    chain, depth, top_k, total, medusa = match.group(2, 3, 4, 5, 6)
+    if chain:
+        fits = kind != "medusa" or int(chain) <= head.config.num_heads
+        return Chain(int(chain)) if fits else None
+    if depth:
+        return DynamicTree(int(depth), int(top_k), int(total)) if kind != "medusa" else None
+    return StaticTree(MEDUSA_DEFAULT_CHOICES[: int(medusa)]) if kind == "medusa" else None
+
+
+def build_methods(args, target, tokenizer) -> list[Method]:
+    """The methods ``args`` asks for, vanilla first: HF baselines, our classic drafters, every head."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    common = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
+    if args.ignore_eos:
+        common["eos_token_id"] = None
+    # HF reads an explicit eos_token_id=None as "no EOS"; SpeculativeGenerator reads None as "the
+    # generation config's", as HF does by default: an empty list means no EOS for it.
+    eos = [] if args.ignore_eos else None
+
+    def hf(**extra):
+        return lambda ids: target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra)
+
+    def ours(name: str, kind: str, drafter) -> Method:
+        gen = SpeculativeGenerator(target, drafter, tokenizer=tokenizer,
+                                   cache_implementation=args.cache_implementation, compile=args.compile)
+        run = lambda ids: gen.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos)  # noqa: E731
+        return Method(name, kind, run, generator=gen)
+
+    methods = [Method("vanilla", "vanilla", hf())]
+    if not args.no_hf_static:
+        methods.append(Method("hf-static", "vanilla", hf(cache_implementation="static"), compiled=True))
+    if args.assistant:
+        assistant = AutoModelForCausalLM.from_pretrained(args.assistant, dtype=target.dtype).to(target.device).eval()
+        methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
+        # HF's assisted generation (transformers 5.x defaults): up to 20 drafts, a draft stops below
+        # probability 0.4 (HF then tunes that threshold); ours: a chain of 4, and +2/-1 adaptive with the 0.4 stop.
+        methods.append(ours("draft-lm:chain4", "draft_lm", LMDrafter(assistant, target, Chain(4))))
+        methods.append(ours("draft-lm:adaptive", "draft_lm", AdaptiveLength(
+            LMDrafter(assistant, target, Chain(20), confidence=0.4), initial=4, maximum=20)))
+    if not args.no_prompt_lookup:
+        methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
+        # HF's prompt lookup: n-grams of 2 down to 1, prompt_lookup_num_tokens drafts, first match.
+        length = args.prompt_lookup_tokens
+        methods.append(ours("ngram:chain", "ngram", NgramDrafter(max_ngram=2, length=length)))
+        methods.append(ours("ngram:tree3", "ngram", NgramDrafter(max_ngram=2, length=length, branches=3)))
+        methods.append(ours("ngram:adaptive", "ngram", AdaptiveLength(NgramDrafter(max_ngram=2, length=length), initial=4, maximum=length)))
+    for head_dir in args.heads:
+        head = AutoHead.from_pretrained(head_dir).eval()
+        label = Path(head_dir).name
+        variants = [(spec, tree_from_spec(spec, head, target.device)) for spec in args.trees]
+        for variant, tree in variants:
+            if tree is None:
+                continue
+            gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree,
+                                       cache_implementation=args.cache_implementation, compile=args.compile)
+            run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
+            name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
+            methods.append(Method(name, "head", run, generator=gen))
+        if args.adaptive:  # a chain whose length follows acceptance (Medusa: at most its head count)
+            longest = head.config.num_heads if head.head_kind == "medusa" else 16
+            drafter = AdaptiveLength(make_drafter(head, target, Chain(longest)), initial=min(4, longest), maximum=longest)
+            name = f"{head.head_kind}:{label}:adaptive" if len(args.heads) > 1 else f"{head.head_kind}:adaptive"
+            methods.append(ours(name, "head", drafter))
+    return methods
+
+
+def time_methods(methods: list[Method], prompts, args, target, counter: ForwardCounter) -> None:
+    """Time every method on every prompt, methods interleaved per prompt; fills ``method.runs``."""
+    device = target.device
+    total = len(methods) * len(prompts) * (args.warmup + args.repeats)
+    bar = tqdm(total=total, desc="benchmark", unit="gen")
+    for p_idx, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt], device=device)
+        for method in methods:  # interleaved per prompt: slow drifts hit every method alike
+            counter.enabled(method.generator is None and not method.compiled)
+            times = []
+            for rep in range(args.warmup + args.repeats):
+                counter.reset()
+                reset_peak_memory(device)
+                sync(device)
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    out = method.run(ids)
+                sync(device)
+                elapsed = time.perf_counter() - start
+                bar.update()
+                if rep >= args.warmup:
+                    times.append(elapsed)
+            new = out[0, ids.shape[1]:].tolist()
+            if method.generator is not None:  # the generator counts its own forwards
+                stats = method.generator.last_stats
+                forwards, verify_mean = stats.target_forwards, stats.verified_tokens / max(1, stats.steps)
+            elif method.compiled:  # HF's static-cache generate: one forward per token
+                forwards, verify_mean = len(new), 1.0
+            else:
+                verify = counter.lengths[1:]  # the first forward is the prefill
+                forwards, verify_mean = len(counter.lengths), statistics.fmean(verify) if verify else 1.0
+            method.runs.append({
+                "prompt": p_idx,
+                "new_tokens": len(new),
+                "seconds": statistics.median(times),
+                "forwards": forwards,
+                "verify_lengths_mean": verify_mean,
+                "tau": (len(new) - 1) / max(1, forwards - 1),
+                "peak_mem_mb": peak_memory_mib(device),
+                "tokens": new,
+            })
+    bar.close()

@@ -1,0 +1,64 @@
+"""``draftsmith COMMAND [ARGS...]``: one console entry point for every draftsmith command.
+
+    draftsmith train [--config FILE] [key=value ...]   # one process; several: accelerate launch train/train_head.py
+    draftsmith generate --head DIR --prompt "..." --compare
+    draftsmith export --head DIR --to vllm --out DIR
+    draftsmith bench --target DIR --heads DIR ...      # scripts/benchmark.py
+    draftsmith bench-scale --shape llama3.1-8b         # scripts/bench_scale.py
+    draftsmith regenerate --target T --data D --out OUT.jsonl
+    draftsmith push --head DIR --repo-id USER/NAME
+    draftsmith make-demo --size tiny
+    draftsmith calibrate --target DIR --heads DIR ...  # scripts/draft_calibration.py
+
+``draftsmith COMMAND --help`` shows that command's options. The commands are the existing entry points
+(the table below), which keep working on their own; user mistakes end in one line and exit code 2.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command -> (module, function, how): "cli" functions return an exit code and print their own
+# one-line errors; "main" functions take argv and go through data.cli.run for that.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "train": ("train.train_head", "cli", "train a draft head (configs/demo.yaml by default)"),
+    "generate": ("infer.generate", "cli", "speculative generation with a head or a classic drafter"),
+    "export": ("scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
+    "bench": ("scripts.benchmark", "main", "every decoding method on one target, against the bound"),
+    "bench-scale": ("scripts.bench_scale", "main", "decoding speed at real model shapes (random weights)"),
+    "regenerate": ("scripts.regenerate", "main", "self-distilled training data: the target rewrites the answers"),
+    "push": ("scripts.push_to_hub", "cli", "publish a head (or an engine export) on the Hugging Face Hub"),
+    "make-demo": ("scripts.make_demo_target", "main", "build (or reuse) the offline demo target"),
+    "calibrate": ("scripts.draft_calibration", "main", "a head's draft confidence against its acceptance"),
+}
+
+
+def usage() -> str:
+    """The command list printed by ``draftsmith --help``."""
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {what}" for name, (_, _, what) in COMMANDS.items())
+    return f"usage: draftsmith COMMAND [ARGS...]\n\ncommands:\n{rows}\n\n'draftsmith COMMAND --help' for a command's options."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to the command named by the first argument; returns its exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"error: unknown command {name!r}; one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module, function, _ = COMMANDS[name]
+    entry = getattr(importlib.import_module(module), function)
+    sys.argv = [f"draftsmith {name}", *rest]  # argparse names the command in its usage lines
+    if function == "cli":
+        return entry(rest)
+    from data.cli import run
+
+    return run(entry, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

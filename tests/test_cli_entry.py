@@ -1,0 +1,46 @@
+"""The ``draftsmith`` console entry point dispatches to every existing command."""
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from scripts.cli import COMMANDS, main
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_resolves_to_an_entry_point(name):
+    module, function, _ = COMMANDS[name]
+    assert callable(getattr(importlib.import_module(module), function))
+
+
+def test_help_lists_the_commands(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in COMMANDS)
+    assert main([]) == 2  # no command: usage, and a usage error
+
+
+def test_unknown_command_is_one_line(capsys):
+    assert main(["trian"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown command 'trian'" in err
+
+
+def test_a_command_runs_with_its_own_errors(tmp_path, capsys):
+    # export of a head directory that does not exist: the export script's one-line error, exit 2
+    assert main(["export", "--head", str(tmp_path / "missing"), "--to", "vllm", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "missing" in err[0]
+
+
+def test_module_and_console_script(tmp_path):
+    runs = [[sys.executable, "-m", "scripts.cli", "--help"]]
+    if shutil.which("draftsmith"):  # installed by `pip install -e .` ([project.scripts])
+        runs.append(["draftsmith", "--help"])
+    for cmd in runs:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "bench-scale" in done.stdout, cmd
