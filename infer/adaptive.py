@@ -23,7 +23,7 @@ class AdaptiveState:
     proposed: int | None = None  # depth of the last proposal; None before the first step
 
 
-class AdaptiveLength:
+class AdaptiveLength(Drafter):
     """Wrap ``drafter``; ``initial`` is the first step's length, ``maximum`` its cap."""
 
     def __init__(self, drafter: Drafter, initial: int = 4, maximum: int = 16) -> None:
@@ -31,19 +31,16 @@ class AdaptiveLength:
             raise ValueError(f"AdaptiveLength needs 1 <= initial <= maximum, got {initial}, {maximum}")
         self.drafter, self.initial, self.maximum = drafter, initial, maximum
         self.aux_layer_ids = drafter.aux_layer_ids
-        if hasattr(drafter, "max_nodes"):  # a static verify step pads drafts to this budget
-            self.max_nodes = drafter.max_nodes
+        self.max_nodes = drafter.max_nodes  # the inner drafter's budget bounds every proposal
 
     def new_state(self) -> AdaptiveState:
         return AdaptiveState(self.drafter.new_state(), self.initial)
 
     def begin(self, state: AdaptiveState, input_ids: Tensor) -> None:
-        if hasattr(self.drafter, "begin"):
-            self.drafter.begin(state.inner, input_ids)
+        self.drafter.begin(state.inner, input_ids)
 
     def reserve(self, state: AdaptiveState, length: int) -> None:
-        if hasattr(self.drafter, "reserve"):  # e.g. an EAGLE head's preallocated cache
-            self.drafter.reserve(state.inner, length)
+        self.drafter.reserve(state.inner, length)  # e.g. an EAGLE head's preallocated cache
 
     def observe(self, state: AdaptiveState, features: Tensor, next_tokens: Tensor) -> None:
         if state.proposed:  # a step drafted something: next_tokens = accepted drafts + bonus

@@ -1,14 +1,14 @@
 """The target's KV cache during speculative decoding, and its compaction after acceptance.
 
 Two caches:
-- HF's ``DynamicCache`` (``cache_implementation="dynamic"``): grows by concatenation; compaction
-  gathers the accepted entries and slices the rest off.
-- ``StaticKVCache`` (``cache_implementation="static"``): one buffer preallocated per generation for
+- ``StaticKVCache``, the generator's one decode state: one buffer preallocated per generation for
   prompt + max_new_tokens + the tree budget. A forward writes its T new entries at the slots the
   generator names (``slots``), attention runs over the whole buffer with a mask that hides unused
   slots, and compaction copies the accepted entries inside the buffer. Nothing is allocated or
   concatenated per step and the buffer's address never changes, so a compiled verify step (CUDA
   graphs) can be replayed on it.
+- HF's ``DynamicCache``, which benchmarks use to time HF's own decode state: grows by
+  concatenation; compaction gathers the accepted entries and slices the rest off.
 
 The accepted nodes are not contiguous in the cache (the tree was laid out in depth order), so
 their entries are gathered to the slots right after the prefix. Only the public per-layer
@@ -46,6 +46,9 @@ class StaticKVCache:
         self.is_sliding = [False] * num_layers
         self.buffer: Tensor | None = None  # (L, 2, B, H_kv, max_len, D)
         self.slots: Tensor | None = None  # (T,) long: where the next forward writes
+        # Eager forwards attend over the first ``window`` slots only (prefix + new tokens), as a
+        # growing cache would; None = the whole buffer (a compiled step needs one shape).
+        self.window: int | None = None
         self.length = 0  # valid entries: positions [0, length)
 
     def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
@@ -60,16 +63,34 @@ class StaticKVCache:
         if key.shape[:2] + key.shape[-1:] != self.buffer.shape[2:4] + self.buffer.shape[-1:]:
             raise ValueError(
                 f"layer {layer_idx} keys have shape {tuple(key.shape)}; StaticKVCache needs every layer to share "
-                f"batch, heads and head dim {tuple(self.buffer.shape[2:4])}, {self.buffer.shape[-1]}: use "
-                "cache_implementation='dynamic' for this model"
+                f"batch, heads and head dim {tuple(self.buffer.shape[2:4])}, {self.buffer.shape[-1]}: targets whose "
+                "layers differ in KV shape are not supported"
             )
         keys, values = self.buffer[layer_idx, 0], self.buffer[layer_idx, 1]  # views: (B, H_kv, M, D)
         keys.index_copy_(2, self.slots, key.to(keys.dtype))
         values.index_copy_(2, self.slots, value.to(values.dtype))
+        if self.window is not None:
+            return keys[:, :, : self.window], values[:, :, : self.window]  # views, no copy
         return keys, values
+
+    @property
+    def attended(self) -> int:
+        """How many slots a forward's attention spans (its mask's width)."""
+        return self.max_len if self.window is None else self.window
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
+
+    def grow(self, max_len: int) -> None:
+        """At least ``max_len`` slots, keeping every entry (an eager verify of a draft larger than the
+        room left; a compiled step never grows: its drafts fit the budget the cache was sized for)."""
+        if max_len <= self.max_len:
+            return
+        if self.buffer is not None:
+            bigger = self.buffer.new_zeros(*self.buffer.shape[:4], max_len, self.buffer.shape[-1])
+            bigger[..., : self.max_len, :] = self.buffer
+            self.buffer = bigger
+        self.max_len = max_len
 
     def compact(self, prefix_len: int, nodes: Tensor) -> None:
         """Keep ``[0, prefix_len)`` then the entries at ``prefix_len + nodes``, for every layer at

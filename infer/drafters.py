@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -125,24 +125,34 @@ class Draft:
     q: Tensor | None = None  # (N-1, V) law each chain draft was sampled from; None = deterministic
 
 
-class Drafter(Protocol):
-    """What the generator needs from a drafter (tests inject stubs through this)."""
+class Drafter:
+    """What the generator needs from a drafter: every drafter (heads, the draft LM, n-grams, the
+    adaptive wrapper, test stubs) subclasses this. ``new_state``, ``observe`` and ``propose`` are
+    its own; ``reserve`` and ``begin`` are hooks that do nothing unless a drafter needs them."""
 
-    aux_layer_ids: tuple[int, ...]  # target features read: () = the final post-norm hidden
+    aux_layer_ids: tuple[int, ...] = ()  # target features read: () = the final post-norm hidden
+    # The most nodes (root included) a draft can have: the tree budget the static cache is sized for
+    # and a compiled verify pads every draft to (required there; None: eager only, the cache grows).
+    max_nodes: int | None = None
 
-    def new_state(self) -> Any: ...
+    def new_state(self) -> Any:
+        """Per-generation state, passed back to every other call."""
+        raise NotImplementedError
 
     def observe(self, state: Any, features: Tensor, next_tokens: Tensor) -> None:
         """features (1, A, F) of accepted tokens, next_tokens (1, A) the token after each."""
+        raise NotImplementedError
 
     def propose(self, state: Any, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
         """A draft rooted at ``root`` (0-d long) with at most ``max_depth`` draft levels."""
+        raise NotImplementedError
 
-    # Optional:
-    # max_nodes: int -- the most nodes (root included) a draft can have: the tree budget every
-    #     draft is padded to with cache_implementation="static" (required there).
-    # def reserve(self, state, length: int) -> None -- preallocate per-generation buffers for a
-    #     generation of ``length`` tokens (prompt + max_new_tokens); called after new_state().
+    def reserve(self, state: Any, length: int) -> None:
+        """Preallocate per-generation buffers for ``length`` tokens (prompt + max_new_tokens);
+        called after ``new_state``."""
+
+    def begin(self, state: Any, input_ids: Tensor) -> None:
+        """See the prompt's ids (1, P) before the first ``observe`` (drafters that read token ids)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -169,7 +179,7 @@ class MedusaState:
     logits: Tensor | None = None  # (K, V) float32 head logits at the last accepted token
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     """Medusa heads on the final hidden state of the last accepted token; static tree or chain."""
 
     aux_layer_ids: tuple[int, ...] = ()
@@ -234,7 +244,7 @@ class EagleState:
     hidden: Tensor | None = None  # (1, 1, H) head output at the last accepted position
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """EAGLE-1/2 and EAGLE-3: one head step per draft level over the head's own KV cache."""
 
     def __init__(self, head: nn.Module, target: nn.Module, tree: DynamicTree | Chain,

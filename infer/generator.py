@@ -8,14 +8,13 @@ One step:
 4. the target cache keeps exactly prefix + accepted nodes; the drafter observes the accepted
    tokens with their true target features; the bonus token becomes the next root.
 
-Two decode states, one loop (``cache_implementation``, HF's argument name):
-- "dynamic": HF's ``DynamicCache``; each draft is verified at its own size, eagerly.
-- "static": a ``StaticKVCache`` preallocated for prompt + max_new_tokens + the tree budget and kept
-  across calls while it is large enough; every draft is padded to the tree budget N (dummy nodes no
-  real node sees), so the verify step has one shape and, with ``compile=True``, runs as one
-  compiled graph (``torch.compile``; on CUDA with CUDA graphs, mode "reduce-overhead"). The draft
-  head's cache is a preallocated ``StaticHeadCache``. Same trees, acceptance, sampling, streamer
-  and EOS handling in both.
+One decode path on every device: the target's KV lives in a ``StaticKVCache`` preallocated for
+prompt + max_new_tokens + the tree budget N (the drafter's ``max_nodes``) and kept across calls while
+it is large enough; the draft head's cache is a preallocated ``StaticHeadCache``. ``compile`` is the
+one switch: compiled (``torch.compile``; on CUDA with CUDA graphs, mode "reduce-overhead"), every
+draft is padded to N with dummy nodes no real node sees, so the verify step has one shape and runs
+as one graph; eager (the CPU default), each draft is verified at its own size (on a CPU every
+verified token costs, and a drafter with nothing to propose verifies the root alone).
 """
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.cache_utils import DynamicCache
 
 from data.targets import hub_errors, resolve_target
 from heads import AutoHead
@@ -40,8 +38,8 @@ from infer.accept import (
 )
 from infer.cache import StaticKVCache, keep_accepted
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter
-from infer.target import TargetOutput, decoder_layers, static_forward, target_forward
-from infer.tree import pad_tree, tree_attention_mask
+from infer.target import TargetOutput, decoder_layers, static_forward
+from infer.tree import pad_tree
 from data.base.device import default_device, sync
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # flash attention takes no arbitrary tree mask
@@ -79,7 +77,7 @@ class GenerationStats:
 class DecodeState:
     """Everything one generation carries from step to step."""
 
-    cache: DynamicCache | StaticKVCache  # target KV of all emitted tokens except the root
+    cache: StaticKVCache  # target KV of all emitted tokens except the root
     draft: Any  # the drafter's own state (head cache, last head output, ...)
     root: Tensor  # 0-d long: last emitted token
     emitted: list[Tensor] = field(default_factory=list)  # chunks of new tokens
@@ -124,14 +122,12 @@ def _sliding_window(config) -> int | None:
     return None if getattr(config, "use_sliding_window", True) is False else window
 
 
-def default_decode_settings(device: torch.device | str) -> tuple[str, bool]:
-    """(cache_implementation, compile) used when the caller gives none, chosen by measurement
-    (docs/benchmarks.md): on CUDA a static cache with a compiled (CUDA-graph) verify step; on CPU
-    the dynamic cache, eager, which is what the CPU demo numbers were measured with (a compiled
-    CPU step saves little where a forward is compute-bound, and costs a long first compile)."""
-    if torch.device(device).type == "cuda":
-        return "static", True
-    return "dynamic", False
+def default_compile(device: torch.device | str) -> bool:
+    """Whether the verify step is compiled when the caller does not say, chosen by measurement
+    (docs/benchmarks.md): on CUDA yes (CUDA graphs remove the launch cost that dominates small
+    forwards); on CPU no (a compiled CPU step saves little where a forward is compute-bound, and
+    costs a long first compile)."""
+    return torch.device(device).type == "cuda"
 
 
 class SpeculativeGenerator:
@@ -149,12 +145,11 @@ class SpeculativeGenerator:
             at temperature > 0, with ``typical_threshold`` and ``typical_alpha``).
         profile: time each phase of the loop into ``last_stats.phase_times`` (adds a device sync
             per phase; for finding where a step's time goes, not for measuring speed).
-        cache_implementation: "static" (preallocated KV, fixed-shape verify; see the module
-            docstring) or "dynamic" (HF ``DynamicCache``); None = the device's measured default
-            (``default_decode_settings``: CUDA static, CPU dynamic).
-        compile: compile the static verify step with ``torch.compile`` (True: inductor, with CUDA
-            graphs on CUDA; a string names another ``torch.compile`` backend, e.g. "aot_eager");
-            None = the device's default (CUDA: True, CPU: False). Needs cache_implementation="static".
+        cache_implementation: "static" or None (HF's argument name, kept for HF-style calls): the
+            preallocated static cache is the only decode state; anything else is refused.
+        compile: compile the verify step with ``torch.compile`` (True: inductor, with CUDA graphs
+            on CUDA; a string names another ``torch.compile`` backend, e.g. "aot_eager"); None =
+            the device's default (``default_compile``: CUDA True, CPU False).
     """
 
     def __init__(
@@ -190,21 +185,20 @@ class SpeculativeGenerator:
         else:
             if tree is not None:
                 raise ValueError("tree options belong to the drafter; a custom drafter ignores `tree`")
+            if not isinstance(head, Drafter):
+                raise TypeError(f"{type(head).__name__} is neither a draftsmith head nor an infer.drafters.Drafter "
+                                "(subclass it: new_state, observe, propose; max_nodes, reserve and begin as needed)")
             self.head = None
             self.drafter = head
         self.acceptance = acceptance
         self.typical = (typical_threshold, typical_alpha)
         self.profile = profile
-        default_cache, default_compile = default_decode_settings(self.device)
-        self.cache_implementation = cache_implementation or default_cache
-        if self.cache_implementation not in ("static", "dynamic"):
-            raise ValueError(f"cache_implementation must be 'static' or 'dynamic', got {self.cache_implementation!r}")
-        if compile is None:
-            compile = default_compile and self.cache_implementation == "static"
-        if compile and self.cache_implementation != "static":
-            raise ValueError("compile=True needs cache_implementation='static' (a dynamic cache changes shape every step)")
-        self.compile = compile
-        self._verify_fn = self._make_verify_fn(compile, self.device) if self.cache_implementation == "static" else None
+        if cache_implementation not in (None, "static"):
+            raise ValueError(f"cache_implementation={cache_implementation!r}: draftsmith decodes on a preallocated "
+                             "static cache on every device; leave it unset (compile=True/False is the one switch)")
+        self.cache_implementation = "static"
+        self.compile = default_compile(self.device) if compile is None else compile
+        self._verify_fn = self._make_verify_fn(self.compile, self.device)
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
@@ -306,35 +300,29 @@ class SpeculativeGenerator:
             return logits.float().argmax()
         return torch.multinomial(sampling.probs(logits), 1)[0]
 
-    def verify(self, cache: DynamicCache | StaticKVCache, draft: Draft,
+    def verify(self, cache: StaticKVCache, draft: Draft,
                stats: GenerationStats | None = None) -> tuple[int, TargetOutput]:
         """One target forward over all of ``draft``'s tree nodes after what ``cache`` holds; returns
-        (prefix length, output). The cache keeps the nodes' KV until ``keep_accepted`` compacts it
-        (a static cache's slots are simply overwritten by the next verify at the same prefix).
+        (prefix length, output). The nodes' KV stays in the slots after the prefix until
+        ``keep_accepted`` compacts it (the next verify at the same prefix simply overwrites them).
         Public for benchmarks that time t(N); ``generate`` calls it once per step."""
         stats = stats if stats is not None else GenerationStats()
         prefix = cache.get_seq_length()
-        if isinstance(cache, StaticKVCache):
-            return prefix, self._static_verify(cache, prefix, draft, stats)
-        mask = tree_attention_mask(draft.tree.mask, prefix, self.dtype)  # (1, 1, N, S + N)
-        out = target_forward(
-            self.target,
-            draft.tokens[None],
-            aux_layer_ids=self.drafter.aux_layer_ids,
-            attention_mask=mask,
-            position_ids=(prefix + draft.tree.depths)[None],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return prefix, out
+        return prefix, self._static_verify(cache, prefix, draft, stats)
 
     def _static_verify(self, cache: StaticKVCache, prefix: int, draft: Draft, stats: GenerationStats) -> TargetOutput:
-        """Verify ``draft`` padded to the tree budget over the static cache (compiled when asked);
-        the logits and features of dummy nodes are cut off before anyone reads them."""
-        n, budget = draft.tokens.shape[0], self.budget
-        tokens, depths, block = pad_tree(draft.tokens, draft.tree.depths, draft.tree.mask, budget)
-        slots = self._arange_budget + prefix  # (N,) no host read: prefix is a host int
-        shape = (budget, cache.max_len)
+        """Verify ``draft`` over the static cache: compiled, padded to the tree budget (the logits and
+        features of dummy nodes are cut off before anyone reads them); eager, at its own size."""
+        n = draft.tokens.shape[0]
+        if self.compile:
+            tokens, depths, block = pad_tree(draft.tokens, draft.tree.depths, draft.tree.mask, self.required_budget)
+            slots = self._arange_budget + prefix  # (N,) no host read: prefix is a host int
+        else:
+            tokens, depths, block = draft.tokens, draft.tree.depths, draft.tree.mask
+            cache.grow(prefix + n)  # a drafter without max_nodes may draft past the room reserved
+            slots = torch.arange(prefix, prefix + n, device=self.device)
+        cache.window = None if self.compile else prefix + n  # eager: attend over the used slots only
+        shape = (tokens.shape[0], cache.max_len)
         first = shape not in self._compiled_shapes and bool(self.compile)
         if first:
             self._sync()
@@ -353,17 +341,14 @@ class SpeculativeGenerator:
         sync(self.device)  # sync: only around compilation, to time it
 
     def prefill(self, ids: Tensor, max_new_tokens: int) -> TargetOutput:
-        """The prompt's forward (1, P) into a fresh DynamicCache or the (reused) static buffer, sized
-        for ``max_new_tokens`` more plus the tree budget; the cache is ``out.past_key_values``."""
-        if self.cache_implementation == "dynamic":
-            return target_forward(
-                self.target, ids, aux_layer_ids=self.drafter.aux_layer_ids,
-                past_key_values=DynamicCache(), use_cache=True,
-            )
-        cache = self._reserve_static_cache(ids.shape[1] + max_new_tokens + self.budget)
+        """The prompt's forward (1, P) into the (reused) static buffer, sized for ``max_new_tokens``
+        more plus the tree budget; the cache is ``out.past_key_values``."""
+        budget = self.required_budget if self.compile else self.budget or 1
+        cache = self._reserve_static_cache(ids.shape[1] + max_new_tokens + budget)
         length = ids.shape[1]
         positions = torch.arange(length, device=self.device)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()
+        cache.window = length  # the prefill is eager: it attends over the prompt's slots only
         out = static_forward(self.target, ids, positions, causal, positions, cache, self.drafter.aux_layer_ids)
         cache.length = length
         return out
@@ -380,21 +365,27 @@ class SpeculativeGenerator:
         return cache
 
     @property
-    def budget(self) -> int:
-        """Tree budget N: the most nodes (root included) a draft of this drafter can have."""
-        budget = getattr(self.drafter, "max_nodes", None)
-        if budget is None:
+    def budget(self) -> int | None:
+        """Tree budget N: the most nodes (root included) a draft of this drafter can have (its
+        ``max_nodes``; None when it declares none, which only the eager path accepts)."""
+        budget = self.drafter.max_nodes
+        return None if budget is None else int(budget)
+
+    @property
+    def required_budget(self) -> int:
+        """``budget``, which a compiled verify pads every draft to: refused when the drafter has none."""
+        if self.budget is None:
             raise ValueError(
-                f"cache_implementation='static' pads drafts to the drafter's max_nodes; "
-                f"{type(self.drafter).__name__} has none: give it a max_nodes attribute or use 'dynamic'"
+                f"a compiled verify pads every draft to the drafter's max_nodes (the most nodes a draft can "
+                f"have); {type(self.drafter).__name__} has none: give it a max_nodes attribute or compile=False"
             )
-        return int(budget)
+        return self.budget
 
     @property
     def _arange_budget(self) -> Tensor:
         cached = self._arange_cache
-        if cached is None or cached.shape[0] != self.budget:
-            cached = self._arange_cache = torch.arange(self.budget, device=self.device)
+        if cached is None or cached.shape[0] != self.required_budget:
+            cached = self._arange_cache = torch.arange(self.required_budget, device=self.device)
         return cached
 
     def _accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
@@ -458,11 +449,8 @@ class SpeculativeGenerator:
         stats.target_forwards += 1
         first = self._next_token(out.logits[0, -1], sampling)
         state = DecodeState(cache=out.past_key_values, draft=self.drafter.new_state(), root=first)
-        reserve = getattr(self.drafter, "reserve", None)
-        if reserve is not None:  # preallocate the drafter's own cache for this generation
-            reserve(state.draft, ids.shape[1] + max_new_tokens)
-        if hasattr(self.drafter, "begin"):  # optional hook: drafters that read the prompt's ids
-            self.drafter.begin(state.draft, ids)
+        self.drafter.reserve(state.draft, ids.shape[1] + max_new_tokens)  # the drafter's own buffers
+        self.drafter.begin(state.draft, ids)  # drafters that read the prompt's ids
         kept, stop = self._trim(first.reshape(1), eos, max_new_tokens)
         self._emit(state, kept, streamer)
         if not stop:
@@ -475,7 +463,7 @@ class SpeculativeGenerator:
             draft = self.drafter.propose(state.draft, state.root, sampling, max_depth=remaining - 1)
             clock.mark("draft")
             prefix, out = self.verify(state.cache, draft, stats)
-            stats.verified_tokens += self.budget if isinstance(state.cache, StaticKVCache) else draft.tokens.numel()
+            stats.verified_tokens += self.required_budget if self.compile else draft.tokens.numel()
             clock.mark("verify")
             accepted = self._accept(out.logits[0], draft, sampling)
             nodes = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first

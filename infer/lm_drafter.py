@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache
 
 from infer.cache import keep_accepted
-from infer.drafters import Chain, Draft, Sampling, _chain_draft, root_only
+from infer.drafters import Chain, Draft, Drafter, Sampling, _chain_draft, root_only
 
 
 def check_same_tokenizer(draft: nn.Module, target: nn.Module) -> None:
@@ -38,7 +38,7 @@ class LMState:
     cached: Tensor | None = None  # (C,) the tokens whose KV the cache holds
 
 
-class LMDrafter:
+class LMDrafter(Drafter):
     """Draft a ``Chain`` with a causal LM (``confidence``: greedy chains stop at the first draft
     whose draft probability falls below it, as HF's ``assistant_confidence_threshold``)."""
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from infer.drafters import Draft, Sampling, root_only
+from infer.drafters import Draft, Drafter, Sampling, root_only
 from infer.tree import tree_from_parents
 
 
@@ -61,7 +61,7 @@ def prefix_tree(root: Tensor, paths: list[Tensor]) -> Draft:
     return Draft(ids, tree_from_parents([-1 if parents[i] < 0 else rank[parents[i]] for i in order], root.device))
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt-lookup drafts: up to ``length`` tokens from up to ``branches`` matches."""
 
     aux_layer_ids: tuple[int, ...] = ()

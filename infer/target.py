@@ -132,7 +132,7 @@ def static_forward(
     """
     cache.slots = slots
     dtype = model.get_input_embeddings().weight.dtype
-    mask = static_tree_mask(slots, block, cache.max_len, dtype)  # (1, 1, T, M)
+    mask = static_tree_mask(slots, block, cache.attended, dtype)  # (1, 1, T, M or the eager window)
     out = _backbone(model)(
         input_ids=input_ids,
         attention_mask=mask,

@@ -51,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft-vocab", type=int, default=32000)
     p.add_argument("--skip-hf-eager", action="store_true")
     p.add_argument("--compare-decodes", action="store_true",
-                   help="only time the oracle chain under dynamic / static eager / static compiled, round-robin")
+                   help="only time the oracle chain eager and compiled, round-robin")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="bfloat16")

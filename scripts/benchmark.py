@@ -17,8 +17,8 @@ nodes of mc_sim_7b_63); a tree that does not fit a head's kind is skipped. Per m
 and repeats (after warm-up), speedup over vanilla, τ (tokens per verification forward), the mean
 number of tokens each verification forward carried, peak memory (CUDA only), and whether the
 greedy output is identical to vanilla's. Speedups are reported against vanilla and against
-hf-static. Heads run with ``--cache-implementation`` and ``--compile`` (default: the device's, see
-``infer.generator.default_decode_settings``); on the static path t(N) is the compiled verify step's.
+hf-static. Heads run on the one decode path (a preallocated static cache), compiled or not per
+``--compile`` (default: the device's, ``infer.generator.default_compile``); t(N) is that verify step's.
 
 The bound: a verification forward over N tokens costs t(N) on this hardware; a method with
 acceptance τ verifying N tokens per step can at best be τ·t(1)/t(N) times faster than vanilla
@@ -68,10 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated trees per head: tree, default, chainN, dynD-K-N, medusaN")
     p.add_argument("--no-prompt-lookup", action="store_true", help="skip HF prompt-lookup decoding")
     p.add_argument("--no-hf-static", action="store_true", help="skip HF generate with a static cache")
-    p.add_argument("--cache-implementation", choices=("static", "dynamic"), default=None,
-                   help="the heads' decode state (default: the device's)")
-    p.add_argument("--compile", default=None, choices=("true", "false"),
-                   help="compile the heads' static verify step (default: the device's)")
+    p.add_argument("--compile", default=None,
+                   help="compile the heads' verify step: true, false or a torch.compile backend such as aot_eager "
+                        "(default: the device's, infer.generator.default_compile)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--adaptive", action="store_true", help="also run each head with an adaptive-length chain")
     p.add_argument("--tree-sizes", default="1,2,4,8,16,32,48,64,96,128")
@@ -85,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats < 1 or args.num_prompts < 1:
         p.error("--repeats and --num-prompts must be >= 1")
-    args.compile = None if args.compile is None else args.compile == "true"
+    args.compile = {None: None, "true": True, "false": False}.get(args.compile, args.compile)
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
     bad = [t for t in args.trees if not TREE_SPEC.match(t)]
     if bad or not args.trees:
@@ -109,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     counter = ForwardCounter(target)
     methods = build_methods(args, target, tokenizer)
     generators = [m.generator for m in methods if m.generator is not None]
-    counter.enabled(not any(g.cache_implementation == "static" for g in generators))  # no hook in a compiled graph
+    counter.enabled(False)  # t(N) runs on the generators' own step (a hook could be traced into a graph)
     costs = step_costs(target, prompts[0], sizes, args, generators)
     time_methods(methods, prompts, args, target, counter)
     rows = summarise(methods, costs)

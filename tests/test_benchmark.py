@@ -89,7 +89,7 @@ def test_benchmark_static_path_counts_from_the_generator(bench_dirs):
     result = _load_script().main([
         "--target", str(root / "target"), "--heads", heads[1], "--prompts", str(prompts), "--num-prompts", "2",
         "--max-new-tokens", "8", "--ignore-eos", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,3",
-        "--no-prompt-lookup", "--trees", "chain2", "--cache-implementation", "static", "--compile", "false",
+        "--no-prompt-lookup", "--trees", "chain2", "--compile", "eager",
         "--out", str(root / "out-static"),
     ])
     rows = {r["method"]: r for r in result["rows"]}

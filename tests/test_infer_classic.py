@@ -51,13 +51,13 @@ def _drafters(arch: str, target):
     }
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
 @pytest.mark.parametrize("arch", ARCHES3)
-def test_greedy_matches_hf(arch, cache):
+def test_greedy_matches_hf(arch, compile):
     target = _target(arch)
     rng = random.Random(arch)
     for name, drafter in _drafters(arch, target).items():
-        gen = SpeculativeGenerator(target, drafter, cache_implementation=cache)
+        gen = SpeculativeGenerator(target, drafter, compile=compile)
         propose = drafter.propose
         sizes = []  # every draft fits the drafter's max_nodes (a static verify step's budget)
         drafter.propose = lambda *a, **k: sizes.append(propose(*a, **k)) or sizes[-1]
@@ -71,16 +71,16 @@ def test_greedy_matches_hf(arch, cache):
                 assert gen.last_stats.tau > 4.8, gen.last_stats.tau  # the draft cache stays in step
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
 @pytest.mark.parametrize("arch", ARCHES3)
-def test_eos_stops_like_hf(arch, cache):
+def test_eos_stops_like_hf(arch, compile):
     target = _target(arch)
     ids = _repetitive_prompt(random.Random(1), 10)
     plain = _hf(target, ids, 24)[0, 10:]
     eos = int(plain[9])  # a token HF emits: generation must stop at its first occurrence
     ref = _hf(target, ids, 24, eos=eos)
     for name, drafter in _drafters(arch, target).items():
-        out = SpeculativeGenerator(target, drafter, cache_implementation=cache).generate(ids, max_new_tokens=24, eos_token_id=eos)
+        out = SpeculativeGenerator(target, drafter, compile=compile).generate(ids, max_new_tokens=24, eos_token_id=eos)
         assert torch.equal(out, ref), name
 
 

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast, TextStreamer
 
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.drafters import Draft, Sampling, default_branching_tree, default_tree
+from infer.drafters import Draft, Drafter, Sampling, default_branching_tree, default_tree
 from infer.target import target_forward
 from infer.tree import tree_from_parents
 
@@ -124,7 +124,7 @@ def test_eagle3_reduced_draft_vocab_maps_to_target_ids():
 # ------------------------------------------------------------------------------ the oracle
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Drafts a tree around the reference continuation: the true token at each depth (sometimes
     replaced by a wrong one), shuffled among decoy siblings that carry decoy subtrees."""
 

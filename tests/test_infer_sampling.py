@@ -13,7 +13,7 @@ from test_infer_accept import chi_square_pvalue, reference_probs
 
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.drafters import Draft, Sampling
+from infer.drafters import Draft, Drafter, Sampling
 from infer.tree import tree_from_parents
 
 VOCAB = 8
@@ -68,7 +68,7 @@ def joint_pvalue(samples: torch.Tensor, law: torch.Tensor, min_expected: float =
     return chi_square_pvalue(pooled_counts, pooled_law)
 
 
-class FullWidthDrafter:
+class FullWidthDrafter(Drafter):
     """Stub drafter: every token at depth 1 and the 3 first ids under each at depth 2, so every
     first token is found among the siblings (rejections renormalise p) and depth 2 is often hit."""
 
@@ -118,15 +118,15 @@ CONFIGS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_first_tokens_follow_the_target_law(small_target, name, cache):
+def test_first_tokens_follow_the_target_law(small_target, name, compile):
     kind, tree, sampling = CONFIGS[name]
     if kind is None:
-        gen = SpeculativeGenerator(small_target, FullWidthDrafter(), cache_implementation=cache)
+        gen = SpeculativeGenerator(small_target, FullWidthDrafter(), compile=compile)
     else:
         torch.manual_seed(1)
-        gen = SpeculativeGenerator(small_target, build_head(kind, small_target), tree=tree, cache_implementation=cache)
+        gen = SpeculativeGenerator(small_target, build_head(kind, small_target), tree=tree, compile=compile)
     law = exact_law(small_target, sampling.get("temperature", 1.0), sampling.get("top_k", 0), sampling.get("top_p", 1.0))
     samples, forwards = sample_triples(gen, 2000, **sampling)
     assert joint_pvalue(samples, law) > 1e-3

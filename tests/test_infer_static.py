@@ -1,4 +1,4 @@
-"""The static decode state (``cache_implementation="static"``), eager and compiled: greedy output
+"""The one decode state (a preallocated static cache), eager and compiled: greedy output
 token-identical to ``target.generate``, a KV buffer that is never reallocated, compaction inside
 the buffer, fixed-shape masks and padding, and the errors a user can hit."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ from transformers.cache_utils import DynamicCache
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator
 from infer.cache import StaticHeadCache, StaticKVCache, keep_accepted
-from infer.drafters import default_branching_tree, default_tree
-from infer.generator import default_decode_settings
+from infer.drafters import Drafter, default_branching_tree, default_tree
+from infer.generator import default_compile
 from infer.target import static_forward, target_forward
 from infer.tree import pad_tree, static_tree_mask, tree_attention_mask, tree_from_parents
 
@@ -215,23 +215,21 @@ def test_static_head_cache_crop_select_grow():
 def test_static_path_errors_and_defaults():
     model = _target("llama")
     head = build_head("eagle", model)
-    with pytest.raises(ValueError, match="cache_implementation"):
-        SpeculativeGenerator(model, head, cache_implementation="offloaded")
-    with pytest.raises(ValueError, match="compile=True needs"):
-        SpeculativeGenerator(model, head, cache_implementation="dynamic", compile=True)
+    for other in ("offloaded", "dynamic"):  # the static cache is the one decode state
+        with pytest.raises(ValueError, match=f"cache_implementation='{other}'"):
+            SpeculativeGenerator(model, head, cache_implementation=other)
 
-    class NoBudget:
+    class NoBudget(Drafter):
         aux_layer_ids = ()
 
         def new_state(self):
             return None
 
-    gen = SpeculativeGenerator(model, NoBudget(), cache_implementation="static")
+    gen = SpeculativeGenerator(model, NoBudget(), compile="eager")  # a compiled step needs the budget
     with pytest.raises(ValueError, match="max_nodes"):
         gen.generate(torch.tensor([[5, 6]]), max_new_tokens=3)
-    assert default_decode_settings("cpu") == ("dynamic", False)
-    assert default_decode_settings("cuda") == ("static", True)
-    assert SpeculativeGenerator(model, head).cache_implementation == "dynamic"  # CPU default
+    assert default_compile("cpu") is False and default_compile("cuda") is True
+    assert (SpeculativeGenerator(model, head).cache_implementation, SpeculativeGenerator(model, head).compile) == ("static", False)
 
 
 @pytest.mark.slow

@@ -69,14 +69,14 @@ def train_head(kind: str, model, seqs, final, aux, steps: int = 200):
     return head.eval()
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
-def test_trained_head_is_lossless_with_long_runs(target_and_data, kind, cache):
+def test_trained_head_is_lossless_with_long_runs(target_and_data, kind, compile):
     model, seqs, final, aux = target_and_data
     head = train_head(kind, model, seqs, final, aux)
     # a real tree, and a chain
-    gen = SpeculativeGenerator(model, head, tree=default_branching_tree(kind, "cpu"), cache_implementation=cache)
-    chain = SpeculativeGenerator(model, head, tree=Chain(4), cache_implementation=cache)
+    gen = SpeculativeGenerator(model, head, tree=default_branching_tree(kind, "cpu"), compile=compile)
+    chain = SpeculativeGenerator(model, head, tree=Chain(4), compile=compile)
     taus = []
     gen_prompts = torch.randint(3, VOCAB, (4, 5), generator=torch.Generator().manual_seed(1))
     for i, ids in enumerate(gen_prompts):

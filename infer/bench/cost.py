@@ -117,14 +117,13 @@ def static_verify_costs(target, prompt: list[int], sizes: list[int], args, compi
     ids = torch.tensor([prompt], device=target.device)
     vocab = target.config.get_text_config().vocab_size
     gens = {n: SpeculativeGenerator(target, OracleDrafter(ids[0], len(prompt), n - 1, vocab),
-                                    cache_implementation="static", compile=compile) for n in sizes}
+                                    compile=compile) for n in sizes}
     return verify_costs(sizes, ids, gens, args.max_new_tokens, repeats=max(30, 10 * args.repeats))
 
 
 def step_costs(target, prompt: list[int], sizes: list[int], args, generators: list[SpeculativeGenerator]) -> dict[int, float]:
-    """t(N) of the verify step the generators really run: the (compiled) static step when any of them
-    decodes on the static cache, else an eager forward over a DynamicCache."""
-    static = [g for g in generators if g.cache_implementation == "static"]
-    if static:
-        return static_verify_costs(target, prompt, sizes, args, static[0].compile)
+    """t(N) of the verify step the generators really run (compiled or not, as the first one), or of an
+    eager forward over a DynamicCache (HF's decode state) when only HF's methods run."""
+    if generators:
+        return static_verify_costs(target, prompt, sizes, args, generators[0].compile)
     return dynamic_verify_costs(target, prompt, sizes, repeats=max(30, 10 * args.repeats))

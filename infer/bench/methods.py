@@ -70,8 +70,7 @@ def build_methods(args, target, tokenizer) -> list[Method]:
         return lambda ids: target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra)
 
     def ours(name: str, kind: str, drafter) -> Method:
-        gen = SpeculativeGenerator(target, drafter, tokenizer=tokenizer,
-                                   cache_implementation=args.cache_implementation, compile=args.compile)
+        gen = SpeculativeGenerator(target, drafter, tokenizer=tokenizer, compile=args.compile)
         run = lambda ids: gen.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos)  # noqa: E731
         return Method(name, kind, run, generator=gen)
 
@@ -100,8 +99,7 @@ def build_methods(args, target, tokenizer) -> list[Method]:
         for variant, tree in variants:
             if tree is None:
                 continue
-            gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree,
-                                       cache_implementation=args.cache_implementation, compile=args.compile)
+            gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree, compile=args.compile)
             run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
             name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
             methods.append(Method(name, "head", run, generator=gen))

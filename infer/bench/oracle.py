@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from infer.drafters import Draft, Sampling
+from infer.drafters import Draft, Drafter, Sampling
 from infer.tree import chain_parents, tree_from_parents
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Drafts ``sequence`` (the expected output, prompt included) from the current position: a
     chain of ``depth`` tokens, or with ``tree_nodes`` that chain plus decoy children (tokens the
     sequence does not continue with) spread over the root and the chain nodes, ``tree_nodes`` in

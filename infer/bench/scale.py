@@ -45,21 +45,20 @@ def head_draft_cost(target, args, device, dtype) -> dict:
     return result
 
 
-DECODES = {"dynamic": ("dynamic", False), "static-eager": ("static", False), "static-compiled": ("static", True)}
+DECODES = {"eager": False, "compiled": True}  # the one switch of the one decode path
 
 
 
 def compare_decodes(target, prompts, hf_out, args) -> dict:
     """ms/token of the oracle chain under each decode state, timed round-robin (one run of each
     mode in turn, ``--repeats`` rounds after a warm-up round), so a busy host slows every mode alike.
-    This is how the per-device defaults (``default_decode_settings``) were chosen."""
+    This is how the per-device default (``default_compile``) was chosen."""
     vocab = target.config.vocab_size
     times: dict[str, list[float]] = {mode: [] for mode in DECODES}
     taus: dict[str, list[float]] = {mode: [] for mode in DECODES}
     for p, ref in zip(prompts, hf_out):
         oracle = OracleDrafter(ref[0], p.shape[1], args.chain, vocab)
-        gens = {mode: SpeculativeGenerator(target, oracle, cache_implementation=cache, compile=comp)
-                for mode, (cache, comp) in DECODES.items()}
+        gens = {mode: SpeculativeGenerator(target, oracle, compile=comp) for mode, comp in DECODES.items()}
         for rnd in range(args.repeats + 1):
             for mode, gen in gens.items():
                 with torch.inference_mode():
@@ -127,7 +126,7 @@ def oracle_run(target, prompts, hf_out, args: argparse.Namespace, rows: Rows, no
         for rnd in range(args.fixpoint_rounds):
             oracle = OracleDrafter(seq, p.shape[1], args.chain, vocab, nodes)
             if gen is None:
-                gen = SpeculativeGenerator(target, oracle, cache_implementation="static", compile=compile_flag)
+                gen = SpeculativeGenerator(target, oracle, compile=compile_flag)
             gen.drafter = oracle
             with torch.inference_mode():
                 out = gen.generate(p, max_new_tokens=args.max_new_tokens, eos_token_id=[])
@@ -187,7 +186,7 @@ def run_scale(args: argparse.Namespace) -> dict:
     for n in sizes:  # t(N), compiled
         if n not in generators:
             generators[n] = SpeculativeGenerator(target, OracleDrafter(hf_out[0][0], args.prompt_tokens, n - 1, vocab),
-                                                 cache_implementation="static", compile=compile_flag)
+                                                 compile=compile_flag)
     costs = verify_costs(sizes, prompts[0], generators, args.max_new_tokens, args.cost_repeats)
     add_bounds(rows.rows, costs)
     result = {"meta": meta, "rows": rows.rows, "verify_cost_ms": {n: 1e3 * t for n, t in costs.items()}}
