@@ -10,8 +10,8 @@ from safetensors import SafetensorError
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from heads.common import DraftHead, DraftHeadConfig, text_config
-from heads.eagle import EagleConfig, EagleHead, layer_kwargs_from_target
+from heads.common import DraftHead, DraftHeadConfig
+from heads.eagle import EagleConfig, EagleHead
 from heads.eagle3 import Eagle3Config, Eagle3Head
 from heads.medusa import MedusaConfig, MedusaHead
 
@@ -30,20 +30,14 @@ def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options:
     """
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown head kind '{kind}'; expected one of {sorted(HEAD_CLASSES)}")
-    config_cls = HEAD_CLASSES[kind].config_class
-    tcfg = text_config(target)
-    base = config_cls.identity_kwargs(target)
-    if kind == "medusa":
-        base.update(hidden_size=tcfg.hidden_size, vocab_size=tcfg.vocab_size)
-    else:
-        base.update(layer_kwargs_from_target(tcfg))
-    allowed = set(_init_params(config_cls))
+    head_cls = HEAD_CLASSES[kind]
+    allowed = set(_init_params(head_cls.config_class))
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for a {kind} head; allowed: {sorted(allowed)}")
-    head = HEAD_CLASSES[kind](config_cls(**{**base, **options}))
-    if kind == "medusa" and isinstance(target, PreTrainedModel):
-        head.init_lm_heads_from(target)
+    head = head_cls(head_cls.config_class(**{**head_cls.config_from_target(target), **options}))
+    if isinstance(target, PreTrainedModel):
+        head.init_from_target_model(target)
     return head
 
 

@@ -116,6 +116,14 @@ class DraftHead(PreTrainedModel):
         elif isinstance(module, RMSNorm):
             init.ones_(module.weight)
 
+    @classmethod
+    def config_from_target(cls, target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:
+        """Config fields a fresh head of this kind takes from ``target`` (its identity, at least)."""
+        return cls.config_class.identity_kwargs(target)
+
+    def init_from_target_model(self, target: PreTrainedModel) -> None:
+        """What a fresh head copies from a loaded target at build time (nothing by default)."""
+
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
         """``PreTrainedModel.save_pretrained``, then files readable by other users (``share_readable``)."""
         result = super().save_pretrained(save_directory, *args, **kwargs)

@@ -102,6 +102,11 @@ class EagleDecoderLayer(nn.Module):
 
 class EagleHead(DraftHead):
     config_class = EagleConfig
+
+    @classmethod
+    def config_from_target(cls, target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:
+        """A head layer mirrors a target layer."""
+        return {**cls.config_class.identity_kwargs(target), **layer_kwargs_from_target(target)}
     _no_split_modules = ["EagleDecoderLayer"]
 
     def __init__(self, config: EagleConfig) -> None:

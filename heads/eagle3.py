@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from heads.common import DraftHead
-from heads.eagle import EagleConfig
+from heads.eagle import EagleConfig, EagleHead
 from heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
 
 
@@ -127,6 +127,7 @@ class Eagle3DecoderLayer(nn.Module):
 
 class Eagle3Head(DraftHead):
     config_class = Eagle3Config
+    config_from_target = classmethod(EagleHead.config_from_target.__func__)  # its layer mirrors a target layer
     _no_split_modules = ["Eagle3DecoderLayer"]
 
     def __init__(self, config: Eagle3Config) -> None:

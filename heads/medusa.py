@@ -7,13 +7,15 @@ Parameter names follow vLLM's Medusa layout (``blocks.{i}.layers.{j}``, ``lm_hea
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
-from heads.common import DraftHead, DraftHeadConfig
+from heads.common import DraftHead, DraftHeadConfig, text_config
 
 
 class MedusaConfig(DraftHeadConfig):
@@ -71,6 +73,15 @@ class MedusaHead(DraftHead):
             init.zeros_(module.bias)
         elif isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @classmethod
+    def config_from_target(cls, target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:
+        tcfg = text_config(target)
+        return {**super().config_from_target(target), "hidden_size": tcfg.hidden_size, "vocab_size": tcfg.vocab_size}
+
+    def init_from_target_model(self, target: PreTrainedModel) -> None:
+        """Medusa's initialisation: every head's lm_head starts as a copy of the target's."""
+        self.init_lm_heads_from(target)
 
     @torch.no_grad()
     def init_lm_heads_from(self, target: PreTrainedModel) -> None:

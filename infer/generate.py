@@ -25,7 +25,7 @@ from transformers import TextStreamer
 
 from heads import AutoHead
 from infer.adaptive import AdaptiveLength
-from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, make_drafter
+from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, drafter_class, make_drafter
 from infer.generator import SpeculativeGenerator
 from infer.threads import choose_threads
 from data.cli import run
@@ -86,7 +86,7 @@ def tree_option(kind: str, device: str, args: argparse.Namespace):
 
 def max_chain(head) -> int:
     """The longest chain an adaptive head drafter may grow to (Medusa: its head count)."""
-    return head.config.num_heads if head.head_kind == "medusa" else 16
+    return drafter_class(head.head_kind).longest_chain(head)
 
 
 def adaptive_head(head):

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache
 
 from infer.cache import keep_accepted
-from infer.drafters import Chain, Draft, Drafter, Sampling, _chain_draft, root_only
+from infer.drafters import Chain, Draft, Drafter, Sampling, chain_draft, root_only
 
 
 def check_same_tokenizer(draft: nn.Module, target: nn.Module) -> None:
@@ -103,4 +103,4 @@ class LMDrafter(Drafter):
             tokens.append(token)
             if i + 1 < length:
                 logits = self._forward(state, token.reshape(1))
-        return _chain_draft(tokens, qs)
+        return chain_draft(tokens, qs)

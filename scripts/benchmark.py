@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.profile:
         result["profile"] = profile_heads(methods, prompts, args, device)
     if args.train_throughput:
-        from train.loop import measure_throughput, parse_args as train_args
+        from train.loop import parse_args as train_args
+        from train.throughput import measure_throughput
 
         configs = Path(__file__).resolve().parents[1] / "configs"
         demo = {"medusa": "demo-medusa.yaml", "eagle": "demo-eagle.yaml", "eagle3": "demo.yaml"}

@@ -21,14 +21,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from heads import AutoHead
 from infer import Chain, SpeculativeGenerator
+from infer.drafters.eagle import EagleDrafter
 
 
 def calibration(target, head, prompts: list[list[int]], max_new_tokens: int) -> dict[str, float]:
     """Mean draft top-1 probability against greedy acceptance for one EAGLE head, over ``prompts``."""
-    if head.head_kind == "medusa":
-        raise ValueError("draft calibration reads an EAGLE head's draft logits; Medusa heads draft from a static tree")
     gen = SpeculativeGenerator(target, head, tree=Chain(1))
     drafter = gen.drafter
+    if not isinstance(drafter, EagleDrafter):
+        raise ValueError(f"draft calibration reads an EAGLE head's draft logits; a {head.head_kind} head has none")
     draft_probs: list[float] = []
     compute = drafter._logits
 

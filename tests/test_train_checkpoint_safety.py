@@ -11,7 +11,9 @@ import torch
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from train.checkpoint import CheckpointError
-from train.loop import CHECKPOINTS, latest_checkpoint, setup
+from train.checkpoint import CHECKPOINTS
+from train.loop import setup
+from train.resume import latest_checkpoint
 
 FAST = ["head.kind=medusa", "train.max_steps=4", "train.save_every=2", "train.eval_every=0", "data.eval=null",
         "train.warmup_steps=0", "train.keep_last_checkpoints=3"]

@@ -12,18 +12,12 @@ from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoModelForCausalLM
 
 from heads import AutoHead, HeadCache, build_head
-import train.loop
+import train.objectives.eagle
 from train.config import from_dict, load_config
-from train.loop import (
-    Objective,
-    draft_top1,
-    measure_throughput,
-    setup,
-    shift_left,
-    target_features,
-    ttt_attention_mask,
-    unroll,
-)
+from train.loop import setup
+from train.objectives import objective_class
+from train.throughput import measure_throughput
+from train.unroll import shift_left, ttt_attention_mask, unroll
 
 
 def test_ttt_attention_mask_pattern():
@@ -96,10 +90,11 @@ def test_each_head_kind_trains_saves_and_reloads(tiny_files, tmp_path, kind, ext
     tgt = AutoModelForCausalLM.from_pretrained(tiny_files["target"]).eval()
     ids = torch.randint(5, 300, (1, 16))
     batch = {"input_ids": ids, "loss_mask": torch.ones_like(ids)}
-    features = target_features(tgt, batch, kind, aux_layer_ids=loaded.feature_layer_ids,
-                                         t2d=getattr(loaded, "t2d", None), need_top1=True)
+    objective = objective_class(kind)
+    features = objective.features(tgt, batch, loaded, need_top1=True)
     lm_head = tgt.get_output_embeddings()
-    assert torch.equal(draft_top1(head.eval(), features, 2, lm_head), draft_top1(loaded, features, 2, lm_head))
+    assert torch.equal(objective.draft_top1(head.eval(), features, 2, lm_head),
+                       objective.draft_top1(loaded, features, 2, lm_head))
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [3, 6, 9, 12]
@@ -124,17 +119,17 @@ def test_measure_throughput(tiny_files, tmp_path):
 def test_eagle_feature_noise_reaches_the_input_only(monkeypatch):
     target = make_tiny_target("llama", num_layers=6)
     head = build_head("eagle", target)
-    objective = Objective(head, load_config(None, ["head.kind=eagle"]))
+    objective = objective_class("eagle")(head, load_config(None, ["head.kind=eagle"]))
     ids = torch.randint(3, 96, (2, 10))
-    features = target_features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, "eagle")
+    features = objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
     seen = []
-    real = train.loop.eagle_loss
+    real = train.objectives.eagle.eagle_loss
 
     def spy(pred_hidden, pred_logits, target_hidden, *args):
         seen.append((pred_hidden.detach(), target_hidden))
         return real(pred_hidden, pred_logits, target_hidden, *args)
 
-    monkeypatch.setattr(train.loop, "eagle_loss", spy)
+    monkeypatch.setattr(train.objectives.eagle, "eagle_loss", spy)
     lm_head = target.get_output_embeddings()
     objective(features, lm_head)
     features.noise = 0.1 * torch.ones_like(features.hidden)

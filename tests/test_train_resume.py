@@ -11,9 +11,12 @@ import torch
 from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoTokenizer
 
-import train.loop
+import train.objectives.medusa
 from train.checkpoint import CheckpointError
-from train.loop import CHECKPOINTS, DivergenceGuard, TrainingDiverged, latest_checkpoint, setup
+from train.checkpoint import CHECKPOINTS
+from train.divergence import DivergenceGuard, TrainingDiverged
+from train.loop import setup
+from train.resume import latest_checkpoint
 
 
 @pytest.mark.parametrize("kind, extra", [
@@ -41,14 +44,14 @@ def test_resume_latest_gives_the_same_weights(tiny_files, tmp_path, kind, extra)
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_files, tmp_path, monkeypatch):
     calls = {"n": 0}
-    real_loss = train.loop.medusa_loss
+    real_loss = train.objectives.medusa.medusa_loss
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
         out = real_loss(*args, **kwargs)
         return out._replace(loss=out.loss * float("nan")) if calls["n"] == 5 else out
 
-    monkeypatch.setattr(train.loop, "medusa_loss", poisoned)
+    monkeypatch.setattr(train.objectives.medusa, "medusa_loss", poisoned)
     out = tmp_path / "nan"
     cfg = tiny_config(tiny_files, out, "head.kind=medusa", "train.save_every=2", "train.max_steps=8")
     with pytest.raises(FloatingPointError, match=r"at step 5 is not finite.*step-0000004.*resume_from=latest"):
@@ -57,7 +60,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_files, tmp_path,
     assert not (out / CHECKPOINTS / "step-0000005").exists()
     assert not (out / "model.safetensors").exists()  # no final head from a failed run
 
-    monkeypatch.setattr(train.loop, "medusa_loss", real_loss)
+    monkeypatch.setattr(train.objectives.medusa, "medusa_loss", real_loss)
     resumed = setup(tiny_config(tiny_files, out, "head.kind=medusa", "train.save_every=2", "train.max_steps=8",
                                 "resume_from=latest"))
     assert resumed.steps == 8 and all(torch.isfinite(p).all() for p in resumed.head.parameters())

@@ -83,6 +83,9 @@ class OptimConfig:
 
     max_steps: int | None = _doc("optimizer steps; null = train.epochs passes over the data", None)
     epochs: int = _doc("passes over the training data when max_steps is null", 1)
+    max_minutes: float | None = _doc(
+        "also stop after this many minutes of the training loop (the lr schedule still spans max_steps); "
+        "null = no time limit", None)
     micro_batch_size: int = _doc("examples per forward, per process", 4)
     grad_accum_steps: int = _doc("micro-batches per optimizer step", 1)
     lr: float = _doc("peak learning rate (AdamW)", 5e-5)
@@ -362,6 +365,8 @@ def _validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"head.{err}") from None
     if not opt.lr > 0:
         raise ConfigError(f"train.lr must be > 0, got {opt.lr}")
+    if opt.max_minutes is not None and not opt.max_minutes > 0:
+        raise ConfigError(f"train.max_minutes must be > 0 or null, got {opt.max_minutes}")
     if not all(0 <= b < 1 for b in opt.betas):
         raise ConfigError(f"train.betas must lie in [0, 1), got {list(opt.betas)}")
     if not opt.max_grad_norm > 0:

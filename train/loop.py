@@ -1,14 +1,15 @@
 """Train a draft head on a frozen target: ``setup()`` -> ``main()`` -> ``fit()``.
 
 ``setup`` resolves the target and builds the ``Accelerator``; ``main`` loads target, data and head,
-resumes if asked, calls ``fit`` and writes the output directory; ``fit`` is the loop. Each batch
-runs the frozen target exactly once (``target_features``), keeping only what the head reads; the
-head and its loss live in ``Objective`` so that DDP sees one forward per backward.
+resumes if asked, calls ``fit`` and writes the output directory; ``fit`` is the loop. Everything
+that depends on the head's kind lives in its objective (``train.objectives``): each batch runs the
+frozen target exactly once (``Objective.features``), keeping only what the head reads, and the head
+and its loss are one module so that DDP sees one forward per backward. Evaluation is in
+``train.evaluate``, checkpoints and resume in ``train.resume``, the run's card in ``train.run_card``.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -17,303 +18,36 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import ProjectConfiguration, set_seed
-from torch import Tensor, nn
+from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
-from data.base.paths import cache_root
 from data.targets import hub_errors, resolve_target
-from heads import HeadCache, build_head
-from infer.target import decoder_layers, target_forward, loaded_target_identity
+from heads import build_head
+from infer.target import decoder_layers, loaded_target_identity
 from infer.threads import choose_threads
-from data.base.device import sync
-from heads.layers import additive_mask
-from train import checkpoint
-from train.checkpoint import CHECKPOINTS
-from train.config import DEFAULT_TTT_STEPS, ConfigError, TrainConfig, load_config
-from train.divergence import DivergenceGuard, TrainingDiverged  # noqa: F401  (re-exported)
-from train.draft_vocab import build_draft_vocab
-from train.losses import DraftTargets, LossOutput, decayed_sum, eagle_loss, medusa_loss, restrict_to_draft_vocab, \
-    ttt_step_loss
-from train.metrics import AcceptanceMeter, format_acceptance, step_correctness
+from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
+from train.config import ConfigError, TrainConfig, load_config
+from train.divergence import DivergenceGuard, TrainingDiverged
+from train.evaluate import eval_and_keep_best
+from train.examples import collate, load_examples, run_cache_dir
+from train.metrics_log import MetricsLog
+from train.objectives import HeadSetup, objective_class
+from train.resume import TrainState, latest_checkpoint, resume, save_checkpoint
+from train.run_card import run_card
 
 logger = logging.getLogger("draftsmith.train")
 
-BEST = "best"
-METRICS_FILE = "metrics.jsonl"
 _DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-# ---------------------------------------------------------------- one target forward per batch
-
-
-@dataclass
-class Features:
-    """What the head needs from one batch, computed by one target forward (no grad)."""
-
-    input_ids: Tensor  # (B, T)
-    loss_mask: Tensor  # (B, T) 1 = token is a training target
-    hidden: Tensor  # (B, T, H_t) final post-norm (medusa, eagle) or (B, T, n·H_t) aux (eagle3), fp32
-    embeds: Tensor | None = None  # (B, T, H_t) target input embeddings (eagle, eagle3), fp32
-    logits: Tensor | None = None  # (B, T, V) full target logits: eagle only (its soft labels)
-    targets: DraftTargets | None = None  # eagle3: (B, T, Vd) soft labels + target top-1
-    top1: Tensor | None = None  # (B, T) target argmax, when logits were computed
-    noise: Tensor | None = None  # (B, T, H_t) EAGLE-1 augmentation, added to the head's input only
-
-
-@torch.no_grad()
-def target_features(target: nn.Module, batch: dict, kind: str, *, aux_layer_ids=(), t2d: Tensor | None = None,
-                    need_top1: bool = False) -> Features:
-    """Run the frozen target once over ``batch`` and keep only what a ``kind`` head reads.
-
-    EAGLE-3's full-vocab logits are restricted to the draft vocab right here and dropped.
-    """
-    input_ids, loss_mask = batch["input_ids"], batch["loss_mask"]
-    with_logits = kind != "medusa" or need_top1
-    out = target_forward(target, input_ids, aux_layer_ids=aux_layer_ids if kind == "eagle3" else (),
-                         compute_logits=with_logits)
-    embeds = None
-    if kind != "medusa":
-        embeds = target.get_input_embeddings()(input_ids).float()
-    if kind == "eagle3":
-        targets = restrict_to_draft_vocab(out.logits, t2d)
-        return Features(input_ids, loss_mask, out.aux_hidden.float(), embeds, targets=targets, top1=targets.top1)
-    top1 = out.logits.argmax(-1) if with_logits else None
-    logits = out.logits if kind == "eagle" else None
-    return Features(input_ids, loss_mask, out.final_hidden.float(), embeds, logits=logits, top1=top1)
-
-
-def shift_left(x: Tensor, n: int) -> Tensor:
-    """x (B, T, ...) shifted ``n`` positions to the left along T, zero-filled at the end."""
-    return torch.cat([x[:, n:], x.new_zeros(x.shape[0], min(n, x.shape[1]), *x.shape[2:])], dim=1)
-
-
-def ttt_attention_mask(seq_len: int, step: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Additive (1, 1, T, (step+1)·T) mask ``[causal | diag | ... | diag]`` of training-time test:
-    the query at t sees step 0's keys <= t and, of steps 1..step, only position t."""
-    idx = torch.arange(seq_len, device=device)
-    causal = idx[None, :] <= idx[:, None]  # (T, T)
-    diag = idx[None, :] == idx[:, None]
-    allowed = torch.cat([causal] + [diag] * step, dim=1)  # (T, (step+1)T)
-    return additive_mask(allowed, dtype)
-
-
-def unroll(head: nn.Module, hidden: Tensor, embeds: Tensor, steps: int) -> Iterator[Tensor]:
-    """Draft ``steps`` steps in parallel over all positions (EAGLE training-time test).
-
-    Step k at position i reads token i+1+k (teacher-forced) and step k-1's un-normed output,
-    at RoPE position i+k; yields each step's output (B, T, H).
-    """
-    batch, seq_len, _ = hidden.shape
-    cache = HeadCache()
-    for k in range(steps):
-        positions = (torch.arange(seq_len, device=hidden.device) + k).expand(batch, seq_len)
-        mask = None if k == 0 else ttt_attention_mask(seq_len, k, hidden.dtype, hidden.device).expand(batch, -1, -1, -1)
-        hidden = head(hidden_states=hidden, inputs_embeds=shift_left(embeds, 1 + k), position_ids=positions,
-                      attention_mask=mask, past_key_values=cache).hidden_states
-        yield hidden
-
-
-class Objective(nn.Module):
-    """The head and its training loss in one forward, so DDP wraps a single call per backward.
-
-    The target's frozen lm_head (EAGLE-1) is passed in per call so it is never part of this
-    module's parameters, state dict or checkpoints.
-    """
-
-    def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
-        super().__init__()
-        self.head = head
-        self.kind = cfg.head.kind
-        self.decay = cfg.train.loss_decay
-        self.ttt_steps = cfg.head.ttt_steps
-
-    def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
-        f = features
-        if self.kind == "medusa":
-            return medusa_loss(self.head(f.hidden), f.input_ids, f.loss_mask, self.decay)
-        if self.kind == "eagle":  # input f_i (+ noise) with token i+1; the regression target stays clean
-            x = f.hidden if f.noise is None else f.hidden + f.noise
-            out = self.head(hidden_states=x, inputs_embeds=shift_left(f.embeds, 1),
-                            position_ids=torch.arange(f.hidden.shape[1], device=f.hidden.device).expand(
-                                f.hidden.shape[:2])).hidden_states
-            return eagle_loss(out, lm_head(out), f.hidden, f.logits, f.loss_mask)
-        steps = [ttt_step_loss(self.head.compute_logits(out), f.targets, f.loss_mask, k)
-                 for k, out in enumerate(unroll(self.head, self.head.project(f.hidden), f.embeds, self.ttt_steps))]
-        return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
-                          *(torch.cat([getattr(s, n) for s in steps]) for n in ("step_losses", "correct", "count")))
-
-
-@torch.no_grad()
-def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
-    """(K, B, T) target-vocab ids the head drafts at steps 0..depth-1 of every position."""
-    f = features
-    if head.head_kind == "medusa":
-        return head(f.hidden)[:depth].argmax(-1)
-    if head.head_kind == "eagle":
-        return torch.stack([lm_head(out).argmax(-1) for out in unroll(head, f.hidden, f.embeds, depth)])
-    return torch.stack([head.draft_to_target(head.compute_logits(out).argmax(-1))
-                        for out in unroll(head, head.project(f.hidden), f.embeds, depth)])
-
-
-@torch.no_grad()
-def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loader: DataLoader, cfg: TrainConfig,
-             depth: int) -> dict:
-    """acc_k, cond_acc_k and simulated τ of ``head`` on this process's share of the held-out data,
-    summed over processes; plus the share of target top-1 tokens the draft vocab covers."""
-    was_training = head.training
-    head.eval()
-    meter = AcceptanceMeter(depth, accelerator.device)
-    covered = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # [in draft vocab, masked]
-    lm_head = target.get_output_embeddings()
-    t2d = getattr(head, "t2d", None)
-    for batch in loader:
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        with accelerator.autocast():
-            features = target_features(target, batch, cfg.head.kind, aux_layer_ids=head.feature_layer_ids,
-                                       t2d=t2d, need_top1=True)
-            drafted = draft_top1(head, features, depth, lm_head)
-        meter.update(*step_correctness(drafted, features.top1, features.loss_mask))
-        masked = features.loss_mask[:, 1:].bool()  # target top-1 at j predicts token j+1
-        in_vocab = t2d[features.top1[:, :-1]] if t2d is not None else torch.ones_like(masked)
-        covered += torch.stack([(in_vocab & masked).sum(), masked.sum()]).to(covered)
-    meter.state = accelerator.reduce(meter.state, reduction="sum")
-    covered = accelerator.reduce(covered, reduction="sum")
-    head.train(was_training)
-    metrics = meter.compute()
-    metrics["draft_vocab_coverage"] = (covered[0] / covered[1].clamp(min=1)).item()
-    return metrics
-
-
-# ---------------------------------------------------------------- data
-
-
-def collate(rows: list[dict], pad_id: int) -> dict[str, Tensor]:
-    """Right-pad a list of examples to (B, T_max); padding has loss_mask 0."""
-    lengths = torch.tensor([len(r["input_ids"]) for r in rows])
-    length = int(lengths.max())
-    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r["input_ids"])] = torch.as_tensor(r["input_ids"], dtype=torch.long)
-        mask[i, : len(r["loss_mask"])] = torch.as_tensor(r["loss_mask"], dtype=torch.long)
-    return {"input_ids": ids, "loss_mask": mask, "lengths": lengths}
-
-
-def load_examples(source: str, tokenizer, cfg: TrainConfig, vocab_size: int, key: str):
-    """Tokenized examples of ``source`` (``data.pipeline``), checked against the target's vocab."""
-    from data.pipeline import build_examples
-
-    try:
-        examples, summary = build_examples(source, tokenizer, max_length=cfg.data.max_length,
-                                           overlong=cfg.data.overlong, strict=cfg.data.strict,
-                                           lenient_json=cfg.data.lenient_json, cache_dir=run_cache_dir(cfg) / "data")
-    except ValueError as err:  # no usable rows, or a bad row under data.strict: say which source
-        raise ValueError(f"{key}={source!r}: {err}") from err
-    import pyarrow.compute as pc  # on the arrow column: no Python list per example
-
-    column = examples.data.column("input_ids")
-    if pc.max(pc.list_value_length(column)).as_py() < 3:
-        raise ValueError(f"{key}={source!r}: every example is shorter than 3 tokens; nothing to draft")
-    top = pc.max(pc.list_flatten(column)).as_py()
-    if top >= vocab_size:
-        raise ValueError(f"{key}={source!r} holds token id {top} but the target's vocab has {vocab_size} "
-                         "tokens: the tokenizer does not belong to this target")
-    return examples, summary
-
-
-def run_cache_dir(cfg: TrainConfig) -> Path:
-    """The cache a training run uses: ``cache_dir`` if set, else draftsmith's cache root."""
-    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else cache_root()
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-@dataclass
-class TrainState:
-    """Loop position saved (as JSON) with every checkpoint."""
-
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # data position of the next micro-batch: epoch ...
-    batch: int = 0  # ... and micro-batch index within it (per process)
-    tokens: int = 0  # non-pad tokens trained on, all processes
-    best_tau: float = -math.inf
-    best_step: int = -1
-    guard: dict = field(default_factory=dict)  # DivergenceGuard.state_dict()
-
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The complete checkpoint with the highest step, if any (not checked for corruption: see ``resume``)."""
-    return next(iter(checkpoint.checkpoint_steps(output_dir)), None)
-
-
-def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainState, head: nn.Module, optimizer,
-                    scheduler, keep: int) -> Path:
-    """Full training state (head, optimizer, scheduler, RNG, loop position) of step ``state.step``; no pickle."""
-    path = output_dir / CHECKPOINTS / f"step-{state.step:07d}"
-    checkpoint.save(path, head=head, optimizer=optimizer, scheduler=scheduler, loop_state=state.state_dict(),
-                    rank=accelerator.process_index, is_main=accelerator.is_main_process,
-                    barrier=accelerator.wait_for_everyone)
-    if accelerator.is_main_process:
-        checkpoint.prune(output_dir, keep)
-    accelerator.wait_for_everyone()
-    return path
-
-
-def resume(accelerator: Accelerator, cfg: TrainConfig, output_dir: Path, head: nn.Module, optimizer, scheduler,
-           state: TrainState) -> Path:
-    """Load ``cfg.resume_from`` into head, optimizer, scheduler, RNGs and ``state``; return its path.
-
-    ``latest`` takes the newest checkpoint that reads back intact; a corrupt one is named in a warning
-    and the next older one is tried. An explicit path is loaded or refused, never replaced.
-    """
-    if cfg.resume_from == "latest":
-        candidates = checkpoint.checkpoint_steps(output_dir)
-        if not candidates:
-            raise FileNotFoundError(f"resume_from=latest: no complete checkpoint in {output_dir / CHECKPOINTS}")
-    else:
-        candidates = [Path(cfg.resume_from)]
-    for number, path in enumerate(candidates):
-        try:
-            loaded = checkpoint.read(path, accelerator.process_index)
-        except checkpoint.CheckpointError as err:
-            if cfg.resume_from != "latest" or number == len(candidates) - 1:
-                raise
-            logger.warning("cannot resume from %s: %s; falling back to %s", path, err, candidates[number + 1])
-            continue
-        check_resumable(loaded, head)
-        checkpoint.apply(loaded, head=head, optimizer=optimizer, scheduler=scheduler)
-        state.load_state_dict(loaded.state)
-        return path
-    raise AssertionError("unreachable")
-
-
-def check_resumable(loaded: checkpoint.Checkpoint, head: nn.Module) -> None:
-    """Fail loudly when a checkpoint was made for another head or target."""
-    saved = loaded.head_config
-    current = json.loads(head.config.to_json_string())
-    ignore = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype"}  # set by saving
-    diff = [f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}"
-            for k in sorted((set(saved) | set(current)) - ignore) if saved.get(k) != current.get(k)]
-    if diff:
-        raise ValueError(f"checkpoint {loaded.path} does not match this run's head/target:\n  " + "\n  ".join(diff))
 
 
 def check_output_dir(cfg: TrainConfig) -> None:
@@ -328,29 +62,6 @@ def check_output_dir(cfg: TrainConfig) -> None:
         raise ConfigError(f"output_dir={output_dir} holds an earlier run ({', '.join(earlier)}){where}: pass "
                           "resume_from=latest to continue it, overwrite_output_dir=true to replace it, or choose "
                           "another output_dir")
-
-
-class MetricsLog:
-    """Append-only ``metrics.jsonl`` (main process) mirrored to the accelerate trackers."""
-
-    def __init__(self, accelerator: Accelerator, path: Path, resume_step: int | None) -> None:
-        self.accelerator, self.path = accelerator, path
-        if accelerator.is_main_process:
-            lines = path.read_text().splitlines() if resume_step is not None and path.is_file() else []
-            kept = [line for line in lines if json.loads(line).get("step", 0) <= resume_step]
-            path.write_text("".join(line + "\n" for line in kept))
-
-    def log(self, record: dict) -> None:
-        scalars = {}
-        for name, value in record.items():
-            if isinstance(value, list):
-                scalars.update({f"{name}/{k}": v for k, v in enumerate(value)})
-            elif isinstance(value, (int, float)):
-                scalars[name] = value
-        self.accelerator.log(scalars, step=record["step"])
-        if self.accelerator.is_main_process:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
 
 
 # ---------------------------------------------------------------- setup -> main -> fit
@@ -482,26 +193,11 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     logger.info("training data %s:\n%s", cfg.data.train, train_summary)
 
     head = build_head(kind, target, **cfg.head.build_options())
-    vocab_report = None
-    if kind == "eagle3" and head.config.reduced_vocab:
-        with accelerator.main_process_first():
-            vocab_report = build_draft_vocab(
-                train_set, vocab_size=vocab_size, size=head.config.draft_vocab_size,
-                data_key=Path(train_summary.cache_path).name, cache_dir=run_cache_dir(cfg) / "draft_vocab")
-        head.set_draft_vocab(vocab_report.ids)
-        logger.info("draft vocab: %d of %d tokens cover %.1f%% of training targets (%s)",
-                    head.config.draft_vocab_size, vocab_size, 100 * vocab_report.coverage, vocab_report.cache_path)
-    if kind == "eagle3" and cfg.head.init_from_target:
-        head.init_from_target(target)
-        logger.info("EAGLE-3 norm and lm_head start from the target's final norm and lm_head rows")
-    if cfg.train.eval_depth is not None:
-        depth = cfg.train.eval_depth
-    elif kind == "medusa":
-        depth = head.config.num_heads
-    else:
-        depth = cfg.head.ttt_steps if kind == "eagle3" else DEFAULT_TTT_STEPS
-    if kind == "medusa" and depth > head.config.num_heads:
-        raise ValueError(f"train.eval_depth={depth} exceeds the Medusa head's num_heads={head.config.num_heads}")
+    objective = objective_class(kind)
+    vocab_report = objective.prepare_head(head, HeadSetup(
+        accelerator, cfg, target, train_set, data_key=Path(train_summary.cache_path).name, vocab_size=vocab_size,
+        cache_dir=run_cache_dir(cfg)))
+    depth = objective.eval_depth(head, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Run(target, tokenizer, identity, head, train_set, train_summary, eval_set, vocab_report, depth, pad_id)
 
@@ -518,7 +214,7 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
         shard = run.eval_set.shard(accelerator.num_processes, accelerator.process_index, contiguous=True)
         eval_loader = DataLoader(shard, batch_size=cfg.train.micro_batch_size,
                                  collate_fn=lambda rows: collate(rows, pad_id))
-    objective = Objective(head, cfg)
+    objective = objective_class(cfg.head.kind)(head, cfg)
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.train.lr, betas=cfg.train.betas,
                                   weight_decay=cfg.train.weight_decay)
     objective, optimizer, train_loader = accelerator.prepare(objective, optimizer, train_loader)
@@ -560,7 +256,7 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     final: dict = {}
     if eval_loader is not None:  # reuse an evaluation of the last step if fit just made it
         final = evals[-1] if evals and evals[-1]["step"] == state.step else \
-            _eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state, metrics_log)
+            eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state, metrics_log)
     accelerator.wait_for_everyone()
     best_dir = output_dir / BEST if (output_dir / BEST).is_dir() and eval_loader is not None else None
     if accelerator.is_main_process:
@@ -578,9 +274,7 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     """The training loop; returns the logged records and the training tokens/s (all processes)."""
     opt = cfg.train
     head = accelerator.unwrap_model(objective).head
-    kind = cfg.head.kind
-    lm_head = target.get_output_embeddings() if kind == "eagle" else None
-    t2d = getattr(head, "t2d", None)
+    lm_head = target.get_output_embeddings()  # passed to the objective, never trained
     output_dir = Path(cfg.output_dir)
     micro_batches = _micro_batches(accelerator, train_loader, state)
     history: list[dict] = []
@@ -590,21 +284,19 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     guard.load_state_dict(state.guard)
     objective.train()
     # disable=None: no bar when stderr is not a terminal (log files get the log lines, not bar frames)
-    bar = tqdm(total=max_steps, initial=state.step, desc=f"train {kind}",
+    bar = tqdm(total=max_steps, initial=state.step, desc=f"train {cfg.head.kind}",
                disable=None if accelerator.is_main_process else True)
+    time_up = _clock(accelerator, opt.max_minutes)
     with bar, logging_redirect_tqdm():  # the bar is closed before any error is printed
-        while state.step < max_steps:
+        while state.step < max_steps and not time_up():
             step_start = time.perf_counter()
             step_loss = torch.zeros((), device=accelerator.device)
             tokens = 0
             for micro in range(opt.grad_accum_steps):
                 batch = next(micro_batches)
-                features = target_features(target, batch, kind, aux_layer_ids=head.feature_layer_ids, t2d=t2d)
-                if kind == "eagle" and opt.feature_noise:  # U(-a, a), reproducible on resume
-                    generator = torch.Generator(accelerator.device).manual_seed(
-                        _noise_seed(cfg.seed, state.step, micro, accelerator.process_index))
-                    noise = torch.rand(features.hidden.shape, generator=generator, device=accelerator.device)
-                    features.noise = (2 * noise - 1) * opt.feature_noise
+                features = type(accelerator.unwrap_model(objective)).features(target, batch, head)
+                accelerator.unwrap_model(objective).perturb(
+                    features, cfg, seed=_noise_seed(cfg.seed, state.step, micro, accelerator.process_index))
                 last = micro == opt.grad_accum_steps - 1
                 with nullcontext() if last else accelerator.no_sync(objective):
                     out = objective(features, lm_head)
@@ -656,26 +348,24 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                             record["tokens_per_s"])
                 window = {"loss": 0.0, "steps": 0, "tokens": 0, "correct": 0, "count": 0, "seconds": 0.0}
             if eval_loader is not None and opt.eval_every and state.step % opt.eval_every == 0:
-                history.append(_eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state,
+                history.append(eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state,
                                                    metrics_log))
             if opt.save_every and state.step % opt.save_every == 0:
                 save_checkpoint(accelerator, output_dir, state, head, optimizer, scheduler, opt.keep_last_checkpoints)
     return history, run_tokens / max(run_seconds, 1e-9)
 
 
-def _eval_and_keep_best(accelerator, head, target, loader, cfg, depth, state: TrainState, metrics_log) -> dict:
-    """Evaluate, log, and save the head to output_dir/best when simulated τ improved."""
-    metrics = evaluate(accelerator, head, target, loader, cfg, depth)
-    record = {"step": state.step, **metrics}
-    metrics_log.log(record)
-    logger.info("eval step %d | %s | draft-vocab coverage %.3f", state.step, format_acceptance(metrics),
-                metrics["draft_vocab_coverage"])
-    if metrics["tau"] > state.best_tau:
-        state.best_tau, state.best_step = metrics["tau"], state.step
-        if accelerator.is_main_process:
-            head.save_pretrained(Path(cfg.output_dir) / BEST)
-            (Path(cfg.output_dir) / BEST / "eval.json").write_text(json.dumps(record, indent=1))
-    return record
+def _clock(accelerator: Accelerator, minutes: float | None):
+    """A function that says whether ``minutes`` have passed, the same answer on every process."""
+    if minutes is None:
+        return lambda: False
+    deadline = time.monotonic() + 60 * minutes
+
+    def time_up() -> bool:
+        late = torch.tensor(float(time.monotonic() >= deadline), device=accelerator.device)
+        return bool(accelerator.reduce(late, "max"))  # one process past the deadline stops them all
+
+    return time_up
 
 
 def _weight_norm(module: nn.Module) -> float:
@@ -698,10 +388,6 @@ def _micro_batches(accelerator: Accelerator, loader: DataLoader, state: TrainSta
         state.epoch, state.batch = state.epoch + 1, 0
 
 
-def _noise_seed(seed: int, step: int, micro: int, rank: int) -> int:
-    return (((seed * 1_000_003 + step) * 4099 + micro) * 1031 + rank) % (2**63)
-
-
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     """Nested config -> flat scalar dict for the trackers' hyper-parameter tables."""
     flat: dict[str, Any] = {}
@@ -713,82 +399,5 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def run_card(head: nn.Module, output_dir: Path, data_summary, final: dict, state: TrainState, vocab) -> str:
-    """README.md: ``heads.card`` (target, inputs, training record, usage) plus this run's data and results."""
-    from heads.card import model_card, training_info
-
-    lines = ["## This run", ""]
-    if final:
-        lines.append(f"- this directory holds the **final** head: simulated τ {final['tau']:.3f} at step {state.step} "
-                     f"(acc_k {', '.join(f'{a:.3f}' for a in final['acc'])})")
-        lines.append(f"- the best head by simulated τ ({state.best_tau:.3f}, step {state.best_step}) is in `{BEST}/`")
-    lines.append(f"- {state.step} optimizer steps, {state.tokens} training tokens")
-    if vocab is not None:
-        lines.append(f"- draft vocabulary: {head.config.draft_vocab_size} most frequent training targets, covering "
-                     f"{100 * vocab.coverage:.1f}% of them")
-    summary = [line for line in str(data_summary).splitlines() if not line.startswith("cache ")]  # a local path
-    lines += ["- training data:", "", "```", *summary, "```", ""]
-    return model_card(head, training=training_info(output_dir)) + "\n" + "\n".join(lines)
-
-
-# ---------------------------------------------------------------- throughput (scripts/benchmark.py)
-
-
-def measure_throughput(cfg: TrainConfig, *, steps: int = 10, warmup: int = 3) -> dict:
-    """Training tokens/s of ``cfg``'s head (target forward + head forward/backward + optimizer step)
-    and the target's forward-only tokens/s (with logits), on the same batches, in this process.
-
-    Uses ``cfg``'s target, data, micro-batch size and precision; nothing is written to disk except the
-    data caches. Returns ``{"train_tokens_per_s", "target_forward_tokens_per_s", "ratio", ...}``.
-    """
-    target_path = resolve_target(cfg.target)
-    accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
-    run = prepare_run(accelerator, cfg, target_path)
-    loader = DataLoader(run.train_set, batch_size=cfg.train.micro_batch_size,
-                        collate_fn=lambda rows: collate(rows, run.pad_id))
-    batches = [b for _, b in zip(range(warmup + steps), _cycle(loader))]
-    batches = [{k: v.to(accelerator.device) for k, v in b.items()} for b in batches]
-    objective = Objective(run.head, cfg)
-    optimizer = torch.optim.AdamW(run.head.parameters(), lr=cfg.train.lr, betas=cfg.train.betas)
-    objective, optimizer = accelerator.prepare(objective, optimizer)
-    objective.train()
-    kind, head = cfg.head.kind, run.head
-    lm_head = run.target.get_output_embeddings() if kind == "eagle" else None
-
-    def train_step(batch: dict) -> None:
-        features = target_features(run.target, batch, kind, aux_layer_ids=head.feature_layer_ids,
-                                   t2d=getattr(head, "t2d", None))
-        accelerator.backward(objective(features, lm_head).loss)
-        accelerator.clip_grad_norm_(objective.parameters(), cfg.train.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    @torch.no_grad()
-    def forward_only(batch: dict) -> None:
-        with accelerator.autocast():
-            target_forward(run.target, batch["input_ids"], compute_logits=True)
-
-    def tokens_per_second(fn) -> float:
-        sync(accelerator.device)  # note: host-device sync so the timer sees finished work
-        start = time.perf_counter()
-        for batch in batches[warmup:]:
-            fn(batch)
-        sync(accelerator.device)
-        return sum(int(b["lengths"].sum()) for b in batches[warmup:]) / (time.perf_counter() - start)
-
-    for batch in batches[:warmup]:  # both warmed up before either is timed
-        forward_only(batch)
-        train_step(batch)
-    forward = tokens_per_second(forward_only)
-    train = tokens_per_second(train_step)
-    return {"head_kind": kind, "train_tokens_per_s": train, "target_forward_tokens_per_s": forward,
-            "ratio": train / forward, "micro_batch_size": cfg.train.micro_batch_size,
-            "max_length": cfg.data.max_length, "device": str(accelerator.device),
-            "mixed_precision": cfg.train.mixed_precision, "steps": steps}
-
-
-def _cycle(loader: DataLoader) -> Iterator[dict]:
-    while True:
-        yield from loader
-
-
+def _noise_seed(seed: int, step: int, micro: int, rank: int) -> int:
+    return (((seed * 1_000_003 + step) * 4099 + micro) * 1031 + rank) % (2**63)

@@ -27,7 +27,8 @@ def cli(argv: list[str] | None = None) -> int:
     _unshadow()
     from data.cli import USER_ERRORS, one_line, quiet_libraries
     from train.config import ConfigError
-    from train.loop import TrainingDiverged, parse_args, setup
+    from train.divergence import TrainingDiverged
+    from train.loop import parse_args, setup
     from train.metrics import format_acceptance
 
     quiet_libraries()

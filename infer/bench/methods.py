@@ -16,7 +16,7 @@ from heads import AutoHead
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.adaptive import AdaptiveLength
 from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
-from infer.drafters import TreeOption, default_branching_tree, default_tree, make_drafter
+from infer.drafters import TreeOption, drafter_class, make_drafter
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from infer.tree import MEDUSA_DEFAULT_CHOICES
@@ -42,18 +42,19 @@ def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:
     match = TREE_SPEC.match(spec)
     if match is None:
         raise ValueError(f"--trees: unknown tree {spec!r}; use tree, default, chainN, dynD-K-N or medusaN")
-    kind = head.head_kind
+    drafter = drafter_class(head.head_kind)
     if spec == "tree":
-        return default_branching_tree(kind, device)
+        return drafter.branching_tree(device)
     if spec == "default":
-        return default_tree(kind, device)
+        return drafter.default_tree(device)
     chain, depth, top_k, total, medusa = match.group(2, 3, 4, 5, 6)
     if chain:
-        fits = kind != "medusa" or int(chain) <= head.config.num_heads
-        return Chain(int(chain)) if fits else None
-    if depth:
-        return DynamicTree(int(depth), int(top_k), int(total)) if kind != "medusa" else None
-    return StaticTree(MEDUSA_DEFAULT_CHOICES[: int(medusa)]) if kind == "medusa" else None
+        tree = Chain(int(chain))
+    elif depth:
+        tree = DynamicTree(int(depth), int(top_k), int(total))
+    else:
+        tree = StaticTree(MEDUSA_DEFAULT_CHOICES[: int(medusa)])
+    return tree if drafter.fits(head, tree) else None
 
 
 def build_methods(args, target, tokenizer) -> list[Method]:
@@ -104,7 +105,7 @@ def build_methods(args, target, tokenizer) -> list[Method]:
             name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
             methods.append(Method(name, "head", run, generator=gen))
         if args.adaptive:  # a chain whose length follows acceptance (Medusa: at most its head count)
-            longest = head.config.num_heads if head.head_kind == "medusa" else 16
+            longest = drafter_class(head.head_kind).longest_chain(head)
             drafter = AdaptiveLength(make_drafter(head, target, Chain(longest)), initial=min(4, longest), maximum=longest)
             name = f"{head.head_kind}:{label}:adaptive" if len(args.heads) > 1 else f"{head.head_kind}:adaptive"
             methods.append(ours(name, "head", drafter))

@@ -22,7 +22,7 @@ from infer.bench.cost import bound, verify_costs
 from infer.bench.oracle import OracleDrafter
 from infer.bench.shapes import build_target
 from infer.bench.timing import peak_memory_mib, reset_peak_memory, timed
-from infer.drafters import EagleDrafter, Sampling
+from infer.drafters import Sampling, drafter_class
 
 
 def head_draft_cost(target, args, device, dtype) -> dict:
@@ -32,7 +32,7 @@ def head_draft_cost(target, args, device, dtype) -> dict:
     head = build_head("eagle3", target, draft_vocab_size=min(args.draft_vocab, cfg.vocab_size)).to(device, dtype).eval()
     result = {}
     for name, tree in (("chain", Chain(args.chain)), ("dyn8-10-60", DynamicTree(depth=8, top_k=10, total_tokens=60))):
-        drafter = EagleDrafter(head, target, tree)
+        drafter = drafter_class("eagle3")(head, target, tree)
         state = drafter.new_state()
         drafter.reserve(state, args.prompt_tokens + args.max_new_tokens)
         features = torch.randn(1, args.prompt_tokens, 3 * cfg.hidden_size, device=device, dtype=dtype)

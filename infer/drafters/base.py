@@ -1,0 +1,159 @@
+"""What every drafter is: the ``Drafter`` base class, the draft it returns, the draft shapes
+(``StaticTree``, ``DynamicTree``, ``Chain``) and ``HeadDrafter``, the base of a head kind's drafter.
+
+A drafter subclasses ``Drafter``. The generator calls ``observe`` with the target's
+features of newly accepted tokens (true features, from the verify forward) and ``propose`` to get
+the next draft. Per-generation state lives in a small dataclass that the generator holds and
+passes back explicitly; drafters themselves are stateless.
+
+Position convention (one token shift, as in EAGLE): ``features[:, i]`` is the target's feature at
+the token t_i and ``next_tokens[:, i]`` is t_{i+1}; the last pair's next token is the current root.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from infer.accept import sampling_probs
+from infer.tree import MEDUSA_DEFAULT_CHOICES, TreeBuffers, chain_parents, tree_from_parents
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters (HF semantics); temperature 0 = greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def probs(self, logits: Tensor) -> Tensor:
+        return sampling_probs(logits, self.temperature, self.top_k, self.top_p)
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """Medusa static tree from choices (paths of per-head ranks)."""
+
+    choices: tuple[tuple[int, ...], ...] = MEDUSA_DEFAULT_CHOICES
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2 dynamic tree: ``depth`` draft levels, ``top_k`` children per expanded node, and
+    ``total_tokens`` nodes verified per step including the root."""
+
+    depth: int = 6
+    top_k: int = 10
+    total_tokens: int = 60
+
+    def __post_init__(self) -> None:
+        if self.depth < 1 or self.top_k < 1 or self.total_tokens < 2:
+            raise ValueError(f"DynamicTree needs depth >= 1, top_k >= 1, total_tokens >= 2; got {self}")
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A plain chain of ``length`` drafts (greedy drafts, or sampled ones when temperature > 0)."""
+
+    length: int = 4
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise ValueError(f"Chain length must be >= 1, got {self.length}")
+
+
+TreeOption = StaticTree | DynamicTree | Chain
+
+
+@dataclass
+class Draft:
+    """One draft, ready for verification."""
+
+    tokens: Tensor  # (N,) target ids; tokens[0] = root
+    tree: TreeBuffers
+    q: Tensor | None = None  # (N-1, V) law each chain draft was sampled from; None = deterministic
+
+
+class Drafter:
+    """What the generator needs from a drafter: every drafter (heads, the draft LM, n-grams, the
+    adaptive wrapper, test stubs) subclasses this. ``new_state``, ``observe`` and ``propose`` are
+    its own; ``reserve`` and ``begin`` are hooks that do nothing unless a drafter needs them."""
+
+    aux_layer_ids: tuple[int, ...] = ()  # target features read: () = the final post-norm hidden
+    # The most nodes (root included) a draft can have: the tree budget the static cache is sized for
+    # and a compiled verify pads every draft to (required there; None: eager only, the cache grows).
+    max_nodes: int | None = None
+
+    def new_state(self) -> Any:
+        """Per-generation state, passed back to every other call."""
+        raise NotImplementedError
+
+    def observe(self, state: Any, features: Tensor, next_tokens: Tensor) -> None:
+        """features (1, A, F) of accepted tokens, next_tokens (1, A) the token after each."""
+        raise NotImplementedError
+
+    def propose(self, state: Any, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+        """A draft rooted at ``root`` (0-d long) with at most ``max_depth`` draft levels."""
+        raise NotImplementedError
+
+    def reserve(self, state: Any, length: int) -> None:
+        """Preallocate per-generation buffers for ``length`` tokens (prompt + max_new_tokens);
+        called after ``new_state``."""
+
+    def begin(self, state: Any, input_ids: Tensor) -> None:
+        """See the prompt's ids (1, P) before the first ``observe`` (drafters that read token ids)."""
+
+
+@functools.lru_cache(maxsize=64)
+def chain_buffers(num_drafts: int, device: torch.device) -> TreeBuffers:
+    """Buffers of a chain of ``num_drafts`` (built once per length and device: they never change,
+    and no consumer writes into them)."""
+    return tree_from_parents(chain_parents(num_drafts), device)
+
+
+def root_only(root: Tensor) -> Draft:
+    return Draft(tokens=root.reshape(1), tree=chain_buffers(0, root.device))
+
+
+def chain_draft(tokens: list[Tensor], q: list[Tensor]) -> Draft:
+    ids = torch.stack(tokens)  # (N,)
+    return Draft(ids, chain_buffers(len(tokens) - 1, ids.device), torch.stack(q) if q else None)
+
+
+class HeadDrafter(Drafter):
+    """The drafter of a trained head kind: built from (head, target, draft shape); says which draft
+    shape it takes by default on a device. One module per kind, ``infer/drafters/<kind>.py``,
+    names its class ``DRAFTER`` (see ``infer.drafters.drafter_class``)."""
+
+    def __init__(self, head: nn.Module, target: nn.Module, tree: TreeOption, confidence: float | None = None) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def branching_tree(cls, device: torch.device) -> StaticTree | DynamicTree:
+        """The kind's tree-shaped draft on ``device``."""
+        raise NotImplementedError
+
+    @classmethod
+    def default_tree(cls, device: torch.device) -> TreeOption:
+        """What a generator drafts when given no shape (``branching_tree`` unless a kind says otherwise)."""
+        return cls.branching_tree(device)
+
+    @staticmethod
+    def longest_chain(head: nn.Module) -> int:
+        """The longest chain this head can draft (for a CLI's ``--chain`` range)."""
+        return 16
+
+    shapes: tuple[type, ...] = (Chain,)  # the draft shapes this kind takes
+
+    @classmethod
+    def fits(cls, head: nn.Module, tree: TreeOption) -> bool:
+        """Whether ``head`` can draft ``tree``."""
+        return isinstance(tree, cls.shapes) and (not isinstance(tree, Chain) or tree.length <= cls.longest_chain(head))

@@ -1,0 +1,22 @@
+"""What a head trains on from one batch: ``Features``, computed by one frozen target forward."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from train.losses import DraftTargets
+
+
+@dataclass
+class Features:
+    """What the head needs from one batch, computed by one target forward (no grad)."""
+
+    input_ids: Tensor  # (B, T)
+    loss_mask: Tensor  # (B, T) 1 = token is a training target
+    hidden: Tensor  # (B, T, H_t) final post-norm (medusa, eagle) or (B, T, n·H_t) aux (eagle3), fp32
+    embeds: Tensor | None = None  # (B, T, H_t) target input embeddings (eagle, eagle3), fp32
+    logits: Tensor | None = None  # (B, T, V) full target logits: eagle only (its soft labels)
+    targets: DraftTargets | None = None  # eagle3: (B, T, Vd) soft labels + target top-1
+    top1: Tensor | None = None  # (B, T) target argmax, when logits were computed
+    noise: Tensor | None = None  # (B, T, H_t) EAGLE-1 augmentation, added to the head's input only

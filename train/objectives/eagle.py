@@ -1,0 +1,46 @@
+"""EAGLE-1/2: the head regresses the target's next feature (SmoothL1) and matches its next-token
+distribution through the target's frozen lm_head; uniform noise on the head's input feature."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from infer.target import target_forward
+from train.config import TrainConfig
+from train.features import Features
+from train.losses import LossOutput, eagle_loss
+from train.objectives.base import Objective, no_grad_embeds
+from train.unroll import shift_left, unroll
+
+
+class EagleObjective(Objective):
+    @staticmethod
+    @torch.no_grad()
+    def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
+        ids = batch["input_ids"]
+        out = target_forward(target, ids, compute_logits=True)
+        return Features(ids, batch["loss_mask"], out.final_hidden.float(), no_grad_embeds(target, ids),
+                        logits=out.logits, top1=out.logits.argmax(-1))
+
+    def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
+        f = features  # input f_i (+ noise) with token i+1; the regression target stays clean
+        x = f.hidden if f.noise is None else f.hidden + f.noise
+        positions = torch.arange(f.hidden.shape[1], device=f.hidden.device).expand(f.hidden.shape[:2])
+        out = self.head(hidden_states=x, inputs_embeds=shift_left(f.embeds, 1), position_ids=positions).hidden_states
+        return eagle_loss(out, lm_head(out), f.hidden, f.logits, f.loss_mask)
+
+    @staticmethod
+    @torch.no_grad()
+    def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
+        return torch.stack([lm_head(out).argmax(-1) for out in unroll(head, features.hidden, features.embeds, depth)])
+
+    def perturb(self, features: Features, cfg: TrainConfig, seed: int) -> None:
+        """EAGLE-1's feature augmentation: U(-a, a) noise, a = ``train.feature_noise``."""
+        if not cfg.train.feature_noise:
+            return
+        device = features.hidden.device
+        noise = torch.rand(features.hidden.shape, generator=torch.Generator(device).manual_seed(seed), device=device)
+        features.noise = (2 * noise - 1) * cfg.train.feature_noise
+
+
+OBJECTIVE = EagleObjective

@@ -1,0 +1,27 @@
+"""A run's README.md: the head's model card plus this run's data and results."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from train.checkpoint import BEST
+from train.resume import TrainState
+
+
+def run_card(head: nn.Module, output_dir: Path, data_summary, final: dict, state: TrainState, vocab) -> str:
+    """README.md: ``heads.card`` (target, inputs, training record, usage) plus this run's data and results."""
+    from heads.card import model_card, training_info
+
+    lines = ["## This run", ""]
+    if final:
+        lines.append(f"- this directory holds the **final** head: simulated τ {final['tau']:.3f} at step {state.step} "
+                     f"(acc_k {', '.join(f'{a:.3f}' for a in final['acc'])})")
+        lines.append(f"- the best head by simulated τ ({state.best_tau:.3f}, step {state.best_step}) is in `{BEST}/`")
+    lines.append(f"- {state.step} optimizer steps, {state.tokens} training tokens")
+    if vocab is not None:
+        lines.append(f"- draft vocabulary: {head.config.draft_vocab_size} most frequent training targets, covering "
+                     f"{100 * vocab.coverage:.1f}% of them")
+    summary = [line for line in str(data_summary).splitlines() if not line.startswith("cache ")]  # a local path
+    lines += ["- training data:", "", "```", *summary, "```", ""]
+    return model_card(head, training=training_info(output_dir)) + "\n" + "\n".join(lines)
