@@ -5,6 +5,7 @@
     draftsmith export --head DIR --to vllm --out DIR
     draftsmith bench --target DIR --heads DIR ...      # scripts/benchmark.py
     draftsmith bench-scale --shape llama3.1-8b         # scripts/bench_scale.py
+    draftsmith gpu-report --budget-min 25              # scripts/gpu_report.py
     draftsmith regenerate --target T --data D --out OUT.jsonl
     draftsmith push --head DIR --repo-id USER/NAME
     draftsmith make-demo --size tiny
@@ -26,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "export": ("scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
     "bench": ("scripts.benchmark", "main", "every decoding method on one target, against the bound"),
     "bench-scale": ("scripts.bench_scale", "main", "decoding speed at real model shapes (random weights)"),
+    "gpu-report": ("scripts.gpu_report", "main", "the real-model experiment in one command: regenerate, train, benchmark"),
     "regenerate": ("scripts.regenerate", "main", "self-distilled training data: the target rewrites the answers"),
     "push": ("scripts.push_to_hub", "cli", "publish a head (or an engine export) on the Hugging Face Hub"),
     "make-demo": ("scripts.make_demo_target", "main", "build (or reuse) the offline demo target"),
