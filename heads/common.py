@@ -117,6 +117,24 @@ class DraftHead(PreTrainedModel):
             init.ones_(module.weight)
 
     @classmethod
+    def from_pretrained(cls, path_or_repo, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, refusing a head whose weights file lacks a tensor or
+        holds one the config does not declare (transformers would fill the gap with random weights
+        behind a warning table)."""
+        wants_info = kwargs.pop("output_loading_info", False)
+        head, info = super().from_pretrained(path_or_repo, *args, output_loading_info=True, **kwargs)
+        problems = {what: sorted(info.get(key) or ()) for what, key in
+                    (("missing", "missing_keys"), ("not declared by its config", "unexpected_keys"),
+                     ("of another shape", "mismatched_keys"))}
+        problems = {what: names for what, names in problems.items() if names}
+        if problems:
+            listed = "; ".join(f"{what}: {', '.join(map(str, names[:6]))}{' ...' if len(names) > 6 else ''}"
+                               for what, names in problems.items())
+            raise ValueError(f"{path_or_repo}: the head's weights do not match its config.json ({listed}); "
+                             "the checkpoint is incomplete or was edited: save or download it again")
+        return (head, info) if wants_info else head
+
+    @classmethod
     def config_from_target(cls, target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:
         """Config fields a fresh head of this kind takes from ``target`` (its identity, at least)."""
         return cls.config_class.identity_kwargs(target)

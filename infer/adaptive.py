@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
+from data.base.checks import count
 from infer.drafters import Draft, Drafter, Sampling
 
 
@@ -27,8 +28,12 @@ class AdaptiveLength(Drafter):
     """Wrap ``drafter``; ``initial`` is the first step's length, ``maximum`` its cap."""
 
     def __init__(self, drafter: Drafter, initial: int = 4, maximum: int = 16) -> None:
-        if not 1 <= initial <= maximum:
-            raise ValueError(f"AdaptiveLength needs 1 <= initial <= maximum, got {initial}, {maximum}")
+        if not isinstance(drafter, Drafter):
+            raise TypeError(f"AdaptiveLength wraps a drafter, got {type(drafter).__name__} (for a head: "
+                            "AdaptiveLength(infer.drafters.make_drafter(head, target, Chain(n))))")
+        initial, maximum = count("AdaptiveLength initial", initial), count("AdaptiveLength maximum", maximum)
+        if initial > maximum:
+            raise ValueError(f"AdaptiveLength needs initial <= maximum, got {initial} > {maximum}")
         self.drafter, self.initial, self.maximum = drafter, initial, maximum
         self.aux_layer_ids = drafter.aux_layer_ids
         self.max_nodes = drafter.max_nodes  # the inner drafter's budget bounds every proposal

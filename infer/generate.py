@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, help="CPU threads (default: 1 or all cores, whichever a short probe "
                    "measures faster; OMP_NUM_THREADS is respected)")
     args = p.parse_args(argv)
+    for name in ("depth", "branch", "total_tokens", "max_new_tokens"):  # 0 means 0: refused, never a default
+        value = getattr(args, name)
+        if value is not None and value < (2 if name == "total_tokens" else 1):
+            p.error(f"--{name.replace('_', '-')} must be >= {2 if name == 'total_tokens' else 1}, got {value}")
     if (args.head is None) == (args.drafter is None):
         p.error("pass exactly one of --head and --drafter")
     if args.drafter is not None:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache
 
+from data.base.checks import probability
 from infer.cache import keep_accepted
 from infer.drafters import Chain, Draft, Drafter, Sampling, chain_draft, root_only
 
@@ -51,7 +52,7 @@ class LMDrafter(Drafter):
         if not isinstance(self.option, Chain):
             raise TypeError(f"a draft model drafts a Chain, not {type(self.option).__name__}")
         self.model = model.eval()
-        self.confidence = confidence
+        self.confidence = probability("LMDrafter confidence", confidence)
         self.max_nodes = self.option.length + 1  # the most nodes a draft has, root included
 
     def new_state(self) -> LMState:

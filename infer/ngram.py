@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from data.base.checks import count
 from infer.drafters import Draft, Drafter, Sampling, root_only
 from infer.tree import tree_from_parents
 
@@ -67,8 +68,10 @@ class NgramDrafter(Drafter):
     aux_layer_ids: tuple[int, ...] = ()
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, length: int = 8, branches: int = 1) -> None:
-        if not 1 <= min_ngram <= max_ngram or length < 1 or branches < 1:
-            raise ValueError("NgramDrafter needs 1 <= min_ngram <= max_ngram, length >= 1, branches >= 1")
+        min_ngram, max_ngram = count("NgramDrafter min_ngram", min_ngram), count("NgramDrafter max_ngram", max_ngram)
+        length, branches = count("NgramDrafter length", length), count("NgramDrafter branches", branches)
+        if min_ngram > max_ngram:
+            raise ValueError(f"NgramDrafter needs min_ngram <= max_ngram, got {min_ngram} > {max_ngram}")
         self.max_ngram, self.min_ngram, self.length, self.branches = max_ngram, min_ngram, length, branches
         self.max_nodes = 1 + length * branches  # the most nodes a draft has, root included
 

@@ -191,7 +191,7 @@ def test_eagle_chain_confidence_stop():
     ids = _repetitive_prompt(random.Random(5), 9)
     ref = _hf(target, ids, 20)
     drafts = []
-    for confidence in (None, 1.01):  # 1.01: no draft after the first is ever confident enough
+    for confidence in (None, 1.0):  # 1.0: no draft after the first (a random head: p < 1) is confident enough
         drafter = make_drafter(head, target, Chain(4), confidence=confidence)
         inner = drafter.propose
         drafter.propose = lambda *a, **k: drafts.append(inner(*a, **k)) or drafts[-1]

@@ -264,8 +264,11 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
                 errors.append(str(err))
         raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: invalid value {value!r}")
     if origin is Literal:
+        if value is False and "no" in args:  # YAML 1.1 reads an unquoted no (and off, false) as false
+            return "no"
         if value not in args:
-            raise ConfigError(f"{key}: must be one of {', '.join(map(str, args))} (got {value!r})")
+            quote = " (YAML read an unquoted word as a boolean: quote it)" if isinstance(value, bool) else ""
+            raise ConfigError(f"{key}: must be one of {', '.join(map(str, args))} (got {value!r}){quote}")
         return value
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):

@@ -38,6 +38,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
+from data.base.checks import count
 from data.base.names import public_target_name
 from data.base.paths import share_readable
 from heads.card import model_card
@@ -98,6 +99,9 @@ def export_head(
     defaults to the larger of the head's and the target's context. Refuses (``ValueError``) to write
     anything an engine would load wrong; ``out_dir`` must be empty unless ``overwrite``.
     """
+    count("num_speculative_tokens", num_speculative_tokens)
+    if max_position_embeddings is not None:
+        count("max_position_embeddings", max_position_embeddings)
     kind = _format_kind(fmt)
     if head.head_kind != kind:
         raise ValueError(f"format '{fmt}' exports {kind} heads, got a {head.head_kind} head")
@@ -108,7 +112,7 @@ def export_head(
     options = {
         "dtype": dtype,
         "num_speculative_tokens": num_speculative_tokens,
-        "max_position_embeddings": max_position_embeddings or context,
+        "max_position_embeddings": context if max_position_embeddings is None else max_position_embeddings,
     }
     artifact = _BUILDERS[fmt](head, facts, options)
     raise_problems(validate_artifact(artifact.config, artifact.tensors, fmt), f"refusing to export as '{fmt}'")

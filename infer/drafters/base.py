@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from data.base.checks import count
 from infer.accept import sampling_probs
 from infer.tree import MEDUSA_DEFAULT_CHOICES, TreeBuffers, chain_parents, tree_from_parents
 
@@ -55,8 +56,9 @@ class DynamicTree:
     total_tokens: int = 60
 
     def __post_init__(self) -> None:
-        if self.depth < 1 or self.top_k < 1 or self.total_tokens < 2:
-            raise ValueError(f"DynamicTree needs depth >= 1, top_k >= 1, total_tokens >= 2; got {self}")
+        count("DynamicTree depth", self.depth)
+        count("DynamicTree top_k", self.top_k)
+        count("DynamicTree total_tokens", self.total_tokens, least=2)
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,7 @@ class Chain:
     length: int = 4
 
     def __post_init__(self) -> None:
-        if self.length < 1:
-            raise ValueError(f"Chain length must be >= 1, got {self.length}")
+        count("Chain length", self.length)
 
 
 TreeOption = StaticTree | DynamicTree | Chain

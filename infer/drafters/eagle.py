@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from data.base.checks import probability
 from heads.layers import HeadCache
 from infer.cache import StaticHeadCache
 from infer.drafters.base import Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_draft, root_only
@@ -27,7 +28,7 @@ class EagleDrafter(HeadDrafter):
     def __init__(self, head: nn.Module, target: nn.Module, tree: DynamicTree | Chain,
                  confidence: float | None = None) -> None:
         self.head = head
-        self.confidence = confidence  # greedy chains stop before a draft whose head probability is lower
+        self.confidence = probability("confidence", confidence)  # greedy chains stop before a draft whose head probability is lower
         self.option = tree
         if not isinstance(self.option, (DynamicTree, Chain)):
             raise TypeError(f"EAGLE heads draft a DynamicTree or a Chain, not {type(self.option).__name__}")

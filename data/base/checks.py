@@ -1,0 +1,26 @@
+"""Values checked where they enter (constructors, CLI and config parsing): one-line errors naming the
+value, never a silent default. ``0`` means 0: a count below its least value is refused, not replaced."""
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def count(name: str, value: object, least: int = 1) -> int:
+    """``value`` as an int >= ``least``; a float, bool or string is refused (2.5 drafts is no count)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return int(value)
+
+
+def probability(name: str, value: object, *, allow_none: bool = True) -> float | None:
+    """``value`` as a float in (0, 1] (None passes when ``allow_none``)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must lie in (0, 1], got {value}")
+    return float(value)

@@ -1,0 +1,114 @@
+"""Values are checked where they enter (issue 22, principles 2 and 6): drafter constructors, draft
+shapes, CLI and config parsing, export options, and the head files a head is loaded from."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import make_tiny_target
+from safetensors.torch import load_file, save_file
+
+from data.base.checks import count, probability
+from heads import AutoHead, build_head
+from heads.formats import export_head
+from infer.adaptive import AdaptiveLength
+from infer.drafters import Chain, DynamicTree, make_drafter
+from infer.lm_drafter import LMDrafter
+from infer.ngram import NgramDrafter
+from train.config import ConfigError, load_config
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_target("llama")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: NgramDrafter(length=2.5), "NgramDrafter length must be a whole number"),
+    (lambda: NgramDrafter(length=0), "NgramDrafter length must be >= 1, got 0"),
+    (lambda: NgramDrafter(branches=True), "NgramDrafter branches must be a whole number"),
+    (lambda: NgramDrafter(min_ngram=3, max_ngram=2), "min_ngram <= max_ngram"),
+    (lambda: AdaptiveLength(NgramDrafter(), initial=2.5), "AdaptiveLength initial must be a whole number"),
+    (lambda: AdaptiveLength(NgramDrafter(), initial=5, maximum=4), "initial <= maximum"),
+    (lambda: Chain(2.5), "Chain length must be a whole number"),
+    (lambda: Chain(0), "Chain length must be >= 1"),
+    (lambda: DynamicTree(depth=0), "DynamicTree depth must be >= 1, got 0"),
+    (lambda: DynamicTree(total_tokens=1), "DynamicTree total_tokens must be >= 2"),
+])
+def test_drafter_and_shape_constructors_refuse_bad_values(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_confidence_is_a_probability(target):
+    draft_lm = make_tiny_target("llama", num_layers=1, seed=1)
+    with pytest.raises(ValueError, match=r"LMDrafter confidence must lie in \(0, 1\], got 5.0"):
+        LMDrafter(draft_lm, target, Chain(2), confidence=5.0)
+    assert LMDrafter(draft_lm, target, Chain(2), confidence=0.4).confidence == 0.4
+    head = build_head("eagle3", target)
+    with pytest.raises(ValueError, match=r"confidence must lie in \(0, 1\], got 0"):
+        make_drafter(head, target, Chain(2), confidence=0)
+
+
+def test_adaptive_length_wraps_drafters_not_heads(target):
+    with pytest.raises(TypeError, match="AdaptiveLength wraps a drafter, got Eagle3Head"):
+        AdaptiveLength(build_head("eagle3", target))
+
+
+def test_checks_name_the_value():
+    assert count("n", 3) == 3 and probability("p", 1) == 1.0 and probability("p", None) is None
+    for bad in (float("nan"), "0.5", True, 0, 1.5):
+        with pytest.raises(ValueError, match="p must"):
+            probability("p", bad)
+
+
+@pytest.mark.parametrize("flag, value", [("--depth", "0"), ("--branch", "0"), ("--total-tokens", "1"),
+                                         ("--max-new-tokens", "0")])
+def test_generate_cli_refuses_zero_instead_of_defaulting(flag, value, capsys):
+    from infer.generate import parse_args
+
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--head", "h", "--prompt", "p", flag, value])
+    assert stop.value.code == 2
+    assert f"{flag} must be >=" in capsys.readouterr().err
+
+
+def test_export_refuses_zero_context_and_speculative_tokens(target, tmp_path):
+    head = build_head("eagle3", target)
+    with pytest.raises(ValueError, match="max_position_embeddings must be >= 1, got 0"):
+        export_head(head, tmp_path / "a", "vllm", target=target, max_position_embeddings=0)
+    with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1, got 0"):
+        export_head(head, tmp_path / "b", "speculators", target=target, num_speculative_tokens=0)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_yaml_booleans_for_mixed_precision(tmp_path):
+    assert load_config(None, ["train.mixed_precision=no"]).train.mixed_precision == "no"  # YAML: no -> false
+    (tmp_path / "c.yaml").write_text("train:\n  mixed_precision: no\n")
+    assert load_config(tmp_path / "c.yaml").train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match="quote it"):
+        load_config(None, ["train.mixed_precision=yes"])
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+def test_a_head_missing_a_tensor_is_refused(kind, target, tmp_path):
+    build_head(kind, target).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    dropped = sorted(weights)[-1]
+    del weights[dropped]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"missing: {dropped}"):
+        AutoHead.from_pretrained(tmp_path)
+
+
+def test_a_medusa_config_declaring_more_heads_than_the_file_is_refused(target, tmp_path):
+    build_head("medusa", target).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_heads"] += 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"do not match its config.json \(missing: .*heads\.\d"):
+        AutoHead.from_pretrained(tmp_path)
+    config["num_heads"] -= 2  # fewer heads than the file holds: tensors the config does not declare
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="not declared by its config"):
+        AutoHead.from_pretrained(tmp_path)
