@@ -13,18 +13,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from data.base.names import is_demo, looks_like_path
+from data.jsonfile import read_json
 
 
 class HubUnreachable(OSError):
     """The Hugging Face Hub could not be reached for a repo that is not in the local cache."""
 
 
-def resolve_target(target: str | os.PathLike) -> str:
+def resolve_target(target: str | os.PathLike, role: str = "target") -> str:
     """A path or Hub id ``from_pretrained`` can load.
 
     ``demo:<size>`` is the demo LM of that size (built and cached on first use, which takes minutes;
     the builder is the demo recipe in ``data.demo``). A local-looking path that does not exist, and a
-    directory without ``config.json``, raise ``FileNotFoundError`` naming it; anything else is a Hub id.
+    directory without ``config.json``, raise ``FileNotFoundError`` naming it; a draftsmith head's
+    directory raises ``ValueError``; anything else is a Hub id. ``role`` names the model in messages
+    ("target", "draft LM").
     """
     target = str(target)
     if is_demo(target):
@@ -34,13 +37,26 @@ def resolve_target(target: str | os.PathLike) -> str:
     path = Path(target).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"target {target}: the directory has no config.json (not a saved model)")
+            raise FileNotFoundError(f"{role} {target}: the directory has no config.json (not a saved model)")
+        _refuse_head(path, role)
         return str(path)
     if path.exists():
-        raise FileNotFoundError(f"target {target}: is a file; pass the model's directory")
+        raise FileNotFoundError(f"{role} {target}: is a file; pass the model's directory")
     if looks_like_path(target) or _local_parent(path):
-        raise FileNotFoundError(f"target {target}: no such directory")
+        raise FileNotFoundError(f"{role} {target}: no such directory")
     return target
+
+
+def _refuse_head(path: Path, role: str) -> None:
+    """A draftsmith head's folder where a language model is expected: say so, before transformers
+    answers with an unrecognized architecture."""
+    try:
+        model_type = read_json(path / "config.json")[0].get("model_type", "")
+    except (ValueError, AttributeError):
+        return  # not our business here: from_pretrained names a broken config
+    if isinstance(model_type, str) and model_type.startswith("draftsmith_"):
+        raise ValueError(f"{role} {path}: is a draftsmith {model_type.removeprefix('draftsmith_')} head, not a "
+                         "language model; pass it as the head (--head) and its target model as the target")
 
 
 def _local_parent(path: Path) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCardData
 
-from data.base.names import public_target_name
+from data.base.names import is_demo, public_target_name
 from heads.common import DraftHead
 from heads.eagle3 import engine_aux_layer_ids
 
@@ -173,25 +173,30 @@ def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[
             return []
         return ["```bash", f"python scripts/export.py --head {head_ref} --to {to} --out {serve_dir}", "```"]
 
+    served = target  # what an engine loads: a demo name is ours alone
+    if is_demo(target):
+        served = "TARGET_DIR"
+        lines += [f"(Engines load a directory: TARGET_DIR is {target}'s, printed by "
+                  f"`python -c \"from data.targets import resolve_target; print(resolve_target('{target}'))\"`.)", ""]
     if kind == "eagle3":
         lines += ["vLLM:", "", *export_step("vllm"), "```bash",
-                  f"vllm serve {target} --speculative-config "
+                  f"vllm serve {served} --speculative-config "
                   f"'{{\"method\": \"eagle3\", \"model\": \"{serve_dir}\", \"num_speculative_tokens\": 3}}'", "```", ""]
         if fmt != "speculators":
             lines += ["SGLang:", "", *export_step("sglang"), "```bash",
-                      f"python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
+                      f"python -m sglang.launch_server --model-path {served} --speculative-algorithm EAGLE3 "
                       f"--speculative-draft-model-path {serve_dir} --speculative-num-steps 5 "
                       "--speculative-eagle-topk 8 --speculative-num-draft-tokens 32", "```", "",
-                      "TensorRT-LLM (PyTorch backend): `trtllm-serve " + target + " --config spec.yaml` with", "",
+                      "TensorRT-LLM (PyTorch backend): `trtllm-serve " + served + " --config spec.yaml` with", "",
                       "```yaml", "speculative_config:", "  decoding_type: Eagle3", "  max_draft_len: 3",
                       f"  speculative_model: {serve_dir}", *_trtllm_layers(head), "```", ""]
     elif kind == "eagle":
         lines += ["vLLM:", "", *export_step("eagle-vllm"), "```bash",
-                  f"vllm serve {target} --speculative-config "
+                  f"vllm serve {served} --speculative-config "
                   f"'{{\"method\": \"eagle\", \"model\": \"{serve_dir}\", \"num_speculative_tokens\": 3}}'", "```", ""]
     else:
         lines += ["vLLM:", "", *export_step("medusa-vllm"), "```bash",
-                  f"vllm serve {target} --speculative-config '{{\"method\": \"medusa\", \"model\": \"{serve_dir}\", "
+                  f"vllm serve {served} --speculative-config '{{\"method\": \"medusa\", \"model\": \"{serve_dir}\", "
                   f"\"num_speculative_tokens\": {cfg.num_heads}}}'", "```", "",
                   "TGI (the target comes from `base_model_name_or_path`):", "", *export_step("medusa-tgi"),
                   "```bash", f"text-generation-launcher --model-id {serve_dir}", "```", ""]

@@ -114,7 +114,7 @@ def classic_drafter(args: argparse.Namespace, target):
         length = args.depth or (16 if args.adaptive else 8)
         drafter = NgramDrafter(max_ngram=3, length=length, branches=args.branch or 1)
     else:
-        model = AutoModelForCausalLM.from_pretrained(resolve_target(args.drafter[3:]), dtype=target.dtype).to(target.device)
+        model = AutoModelForCausalLM.from_pretrained(resolve_target(args.drafter[3:], role="draft LM"), dtype=target.dtype).to(target.device)
         length = args.depth or (16 if args.adaptive else 4)
         drafter = LMDrafter(model, target, Chain(length))
     return AdaptiveLength(drafter, initial=min(4, length), maximum=length) if args.adaptive else drafter
@@ -161,14 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
 
     torch.manual_seed(args.seed)
-    gen.generate(ids, max_new_tokens=4, **sampling)  # warm-up: first-call allocations, not decoding speed
+    # Warm-up: first-call allocations, not decoding speed; a compiled step warms up at the real size
+    # (the static cache's size is part of the compiled shape)
+    gen.generate(ids, max_new_tokens=args.max_new_tokens if gen.compile else 4, **sampling)
     torch.manual_seed(args.seed)
-    out = gen.generate(
-        ids, max_new_tokens=args.max_new_tokens, streamer=TextStreamer(gen.tokenizer, skip_prompt=True), **sampling
-    )
+    streamer = TextStreamer(gen.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    out = gen.generate(ids, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)
     s = gen.last_stats
     adaptive = ", adaptive length" if args.adaptive else ""
-    print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s: {s.tokens_per_s:.1f} tok/s, "
+    compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
+    print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "
           f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{adaptive})", file=sys.stderr)
     if not args.compare:
         return 0

@@ -63,3 +63,12 @@ def test_a_training_run_card_holds_no_local_path(tiny_files, tmp_path):
     card = (out / "README.md").read_text()
     assert str(tmp_path) not in card and "cache miss" not in card and "cache hit" not in card
     assert json.loads((out / "config.json").read_text())["target_name_or_path"]  # the head still knows it
+
+
+def test_engine_commands_never_name_a_demo_target():
+    head, _ = _head("x")
+    head.config.target_name_or_path = "demo:tiny"
+    card = model_card(head)
+    assert "from_pretrained('demo:tiny'" in card  # draftsmith loads demo names
+    assert "vllm serve TARGET_DIR" in card and "--model-path TARGET_DIR" in card  # engines load a directory
+    assert "vllm serve demo:" not in card and "resolve_target('demo:tiny')" in card

@@ -112,3 +112,17 @@ def test_a_medusa_config_declaring_more_heads_than_the_file_is_refused(target, t
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="not declared by its config"):
         AutoHead.from_pretrained(tmp_path)
+
+
+def test_a_head_where_a_language_model_is_expected(target, tmp_path):
+    from data.targets import resolve_target
+
+    build_head("eagle3", target).save_pretrained(tmp_path / "head")
+    with pytest.raises(ValueError, match=r"target .*head: is a draftsmith eagle3 head, not a language model"):
+        resolve_target(tmp_path / "head")
+    with pytest.raises(ValueError, match="draft LM .*: is a draftsmith eagle3 head"):
+        resolve_target(tmp_path / "head", role="draft LM")
+    with pytest.raises(FileNotFoundError, match="draft LM .*missing: no such directory"):
+        resolve_target(tmp_path / "missing", role="draft LM")
+    target.save_pretrained(tmp_path / "lm")
+    assert resolve_target(tmp_path / "lm") == str(tmp_path / "lm")
