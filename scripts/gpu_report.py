@@ -214,6 +214,7 @@ def train_head(args, pl: Plan, kind: str, data: Path | str, eval_data: Path, out
 
 
 def _has_cuda() -> bool:
+    """Whether torch sees a CUDA device (training then launches on it)."""
     import torch
 
     return torch.cuda.is_available()
@@ -268,6 +269,7 @@ def write_outputs(args, pl: Plan, bench_dir: Path, status: Status) -> dict:
 
 
 def _row_md(r: dict) -> str:
+    """One row of the report's short table."""
     vs = "" if r["vs_hf_static"] is None else f"{r['vs_hf_static']:.2f}×"
     return f"| {r['method']} | {r['tokens_per_s']:.1f} | {vs} | {r['tau']:.2f} | {'yes' if r['identical'] else 'NO'} |\n"
 
