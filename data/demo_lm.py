@@ -24,9 +24,9 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader, TensorDataset
-from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, PreTrainedTokenizerBase
 
+from data.base.progress import progress
 from data.corpus import corpus_fingerprint, relative_name, split_files, split_texts
 from data.tokenizer import IM_END, train_tokenizer
 
@@ -247,9 +247,8 @@ def train_lm(out_dir: str | Path, settings: LMSettings, *, tokenizer: PreTrained
     losses: list[float] = []
     tokens_seen = 0
     train_start = time.perf_counter()
-    # disable=None: no bar when stderr is not a terminal (a log file gets the summary line only)
-    bar = tqdm(total=settings.max_steps, desc="pretrain demo target",
-               disable=None if show_progress and accelerator.is_main_process else True)
+    # a bar on a terminal; a log file gets a line a minute
+    bar = progress(settings.max_steps, "pretrain demo target", enabled=show_progress and accelerator.is_main_process)
     model.train()
     while len(losses) < settings.max_steps:  # epochs over the packed blocks
         for (batch,) in loader:
