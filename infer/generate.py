@@ -27,7 +27,6 @@ from heads import AutoHead
 from infer.adaptive import AdaptiveLength
 from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, drafter_class, make_drafter
 from infer.generator import SpeculativeGenerator
-from infer.threads import choose_threads
 from data.cli import run
 from data.targets import resolve_target
 from data.base.device import default_device, sync
@@ -135,12 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = str(default_device(args.device))
-    if device == "cpu":
-        print(choose_threads(args.threads), file=sys.stderr)
     if args.drafter is not None:
         label = ("draft LM" if args.drafter.startswith("lm:") else "n-gram") + " drafter"
         gen = SpeculativeGenerator.from_pretrained(
-            args.target, lambda target: classic_drafter(args, target), device=device, dtype=dtype
+            args.target, lambda target: classic_drafter(args, target), device=device, dtype=dtype, threads=args.threads
         )
     else:
         head = AutoHead.from_pretrained(args.head)  # its kind decides the tree before the generator exists
@@ -154,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(tree, Chain):
                 raise SystemExit("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
             head, tree = adaptive_head(head), None
-        gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree)
+        gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree,
+                                                   threads=args.threads)
     if gen.tokenizer is None:
         raise SystemExit(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
     ids = encode(gen.tokenizer, args.prompt, args.chat).to(gen.device)

@@ -18,6 +18,7 @@ verified token costs, and a drafter with nothing to propose verifies the root al
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -39,6 +40,7 @@ from infer.accept import (
 from infer.cache import StaticKVCache, keep_accepted
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter
 from infer.target import TargetOutput, decoder_layers, static_forward
+from infer.threads import choose_threads
 from infer.tree import pad_tree
 from data.base.device import default_device, sync
 
@@ -227,14 +229,19 @@ class SpeculativeGenerator:
         head_path: str | nn.Module | Callable[[nn.Module], Drafter],
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
+        threads: int | None = None,
         **kwargs: Any,
     ) -> SpeculativeGenerator:
         """Load a target (HF id, directory or ``demo:<size>``) and a head (directory, HF id, or a loaded
         head) or a drafter (a callable building one from the loaded target: ``lambda t: NgramDrafter()``);
         ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to the target
-        checkpoint's own (the head follows the target).
+        checkpoint's own (the head follows the target). On CPU the thread count follows the one policy
+        of ``infer.threads.choose_threads`` (``threads`` or ``OMP_NUM_THREADS`` set it, else a short
+        probe); the line saying what was chosen goes to stderr.
         """
         device = default_device(device)
+        if device.type == "cpu":
+            print(choose_threads(threads), file=sys.stderr, flush=True)
         target_path = resolve_target(target_path)
         with hub_errors(target_path):
             target = AutoModelForCausalLM.from_pretrained(

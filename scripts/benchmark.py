@@ -47,6 +47,7 @@ from infer.bench.profile import profile_heads
 from infer.bench.prompts import load_prompts
 from infer.bench.report import summarise, write_report
 from infer.bench.timing import ForwardCounter, hardware
+from infer.threads import choose_threads
 
 __all__ = ["load_prompts", "main", "parse_args"]
 
@@ -76,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tree-sizes", default="1,2,4,8,16,32,48,64,96,128")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: OMP_NUM_THREADS, else 1 or all cores, whichever a short probe measures faster)")
     p.add_argument("--train-throughput", action="store_true", help="also measure head-training tokens/s")
     p.add_argument("--profile", action="store_true",
                    help="also time each phase of a speculative step per head method (an extra, untimed pass)")
@@ -95,9 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Run every method, write results.json, results.md and plots to ``--out``; returns the results."""
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = default_device(args.device)
+    if device.type == "cpu":  # the one thread policy (infer.threads): --threads, OMP_NUM_THREADS or a probe
+        print(choose_threads(args.threads), file=sys.stderr, flush=True)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
     target_path = resolve_target(args.target)  # results keep the name given (demo:smollm2), not the cache path

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny HF targets built in-process from configs (no downloads)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -81,10 +82,15 @@ def tiny_llama():
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     """Tiny models on 2 cores: one intra-op thread avoids OpenMP contention (10-50x faster here)."""
-    threads = torch.get_num_threads()
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # the thread policy (infer.threads) then keeps one thread, unprobed
     yield
     torch.set_num_threads(threads)
+    if env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
 
 
 @pytest.fixture(autouse=True)

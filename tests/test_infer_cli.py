@@ -137,3 +137,12 @@ def test_cli_needs_one_drafter(saved):
         main(["--target", str(saved / "target"), "--prompt", "w7", "--drafter", "ngram", "--head", str(saved / "head")])
     with pytest.raises(SystemExit):
         main(["--target", str(saved / "target"), "--prompt", "w7", "--drafter", "bigram"])
+
+
+def test_from_pretrained_follows_the_one_thread_policy(saved, capsys):
+    from infer import SpeculativeGenerator
+
+    SpeculativeGenerator.from_pretrained(str(saved / "target"), str(saved / "head"), device="cpu", threads=1)
+    assert "threads: 1 of" in capsys.readouterr().err and torch.get_num_threads() == 1
+    SpeculativeGenerator.from_pretrained(str(saved / "target"), str(saved / "head"), device="cpu")
+    assert "(OMP_NUM_THREADS)" in capsys.readouterr().err  # the suite sets it; otherwise a probe decides
