@@ -75,14 +75,18 @@ def check_head_source(head: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def hub_errors(repo_id: str | os.PathLike) -> Iterator[None]:
-    """Re-raise network failures of Hub calls as one ``HubUnreachable`` line naming ``repo_id``."""
+def hub_errors(repo_id: str | os.PathLike, upload: bool = False) -> Iterator[None]:
+    """Re-raise network failures of Hub calls as one ``HubUnreachable`` line naming ``repo_id``
+    (``upload``: the message of a push, not of a load)."""
     try:
         yield
     except Exception as err:  # noqa: BLE001  (re-raised unless it is a network failure)
         reason = _network_failure(err)
         if reason is None:
             raise
+        if upload:
+            raise HubUnreachable(f"{repo_id}: could not upload, the Hugging Face Hub is unreachable ({reason}); "
+                                 "nothing was pushed, check the network and try again") from err
         raise HubUnreachable(f"{repo_id}: not a local directory, and the Hugging Face Hub is unreachable "
                              f"({reason}) with the repo not in the local cache; check the path or the network") from err
 

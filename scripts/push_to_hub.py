@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     if not args.head.is_dir():
         raise FileNotFoundError(f"--head {args.head} is not a directory")
-    with hub_errors(args.repo_id):
+    with hub_errors(args.repo_id, upload=True):
         url = push_head_to_hub(args.head, args.repo_id, private=args.private, token=args.token, fmt=args.format,
                                revision=args.revision)
     print(f"uploaded {args.head} to {args.repo_id}: {url}")

@@ -100,6 +100,7 @@ def test_push_without_network_names_the_repo(dirs, monkeypatch, capsys):
     assert _script("push_to_hub").cli(["--head", str(dirs / "head"), "--repo-id", "user/my-head"]) == 2
     line = _one_error_line(capsys)
     assert "user/my-head" in line and "the Hugging Face Hub is unreachable" in line
+    assert "could not upload" in line and "nothing was pushed" in line and "local cache" not in line
 
 
 def test_a_head_on_an_unreachable_hub_names_the_repo(dirs, tmp_path, monkeypatch, capsys):
