@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import make_tiny_target
 from safetensors.torch import load_file, save_file
 
@@ -126,3 +127,12 @@ def test_a_head_where_a_language_model_is_expected(target, tmp_path):
         resolve_target(tmp_path / "missing", role="draft LM")
     target.save_pretrained(tmp_path / "lm")
     assert resolve_target(tmp_path / "lm") == str(tmp_path / "lm")
+
+
+def test_export_names_nan_weights(target, tmp_path):
+    head = build_head("eagle3", target)
+    with torch.no_grad():
+        head.fc.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or infinite weights in \['fc.weight'\]"):
+        export_head(head, tmp_path / "out", "vllm", target=target)
+    assert not (tmp_path / "out").exists()

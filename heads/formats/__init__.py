@@ -99,6 +99,10 @@ def export_head(
     defaults to the larger of the head's and the target's context. Refuses (``ValueError``) to write
     anything an engine would load wrong; ``out_dir`` must be empty unless ``overwrite``.
     """
+    bad = [name for name, t in head.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise ValueError(f"refusing to export: the head has NaN or infinite weights in {bad[:6]}"
+                         f"{' ...' if len(bad) > 6 else ''} (a diverged training run?)")
     count("num_speculative_tokens", num_speculative_tokens)
     if max_position_embeddings is not None:
         count("max_position_embeddings", max_position_embeddings)
