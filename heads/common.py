@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -122,6 +123,11 @@ class DraftHead(PreTrainedModel):
         holds one the config does not declare (transformers would fill the gap with random weights
         behind a warning table)."""
         wants_info = kwargs.pop("output_loading_info", False)
+        local = Path(str(path_or_repo)).expanduser()
+        if local.is_dir() and not list(local.glob("*.safetensors")) and list(local.glob("*.bin")):
+            raise ValueError(f"{path_or_repo}: holds only pickled weights ({', '.join(p.name for p in local.glob('*.bin'))}); "
+                             "draftsmith heads load from safetensors only (no pickle is ever unpickled)")
+        kwargs.setdefault("use_safetensors", True)
         head, info = super().from_pretrained(path_or_repo, *args, output_loading_info=True, **kwargs)
         problems = {what: sorted(info.get(key) or ()) for what, key in
                     (("missing", "missing_keys"), ("not declared by its config", "unexpected_keys"),

@@ -136,3 +136,10 @@ def test_export_names_nan_weights(target, tmp_path):
     with pytest.raises(ValueError, match=r"NaN or infinite weights in \['fc.weight'\]"):
         export_head(head, tmp_path / "out", "vllm", target=target)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_head_with_only_pickled_weights_is_refused_without_unpickling(target, tmp_path):
+    build_head("medusa", target).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").rename(tmp_path / "pytorch_model.bin")  # not even a pickle: never opened
+    with pytest.raises(ValueError, match="holds only pickled weights \\(pytorch_model.bin\\); draftsmith heads load"):
+        AutoHead.from_pretrained(tmp_path)
