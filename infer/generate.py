@@ -3,7 +3,7 @@
     python -m infer.generate --head H [--target T] --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
         [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--compare]
-    python -m infer.generate --target T --drafter lm:DIR | ngram [--depth D] [--branch K] [--adaptive] ...
+    python -m infer.generate --target T --drafter lm:DIR | ngram | layer-skip[:K] [--depth D] [--branch K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
 runs the target's own ``generate`` in the same process and prints the speedup and whether the
@@ -11,12 +11,15 @@ outputs match (they must, at temperature 0). ``--target`` defaults to the target
 trained for (its config's ``target_name_or_path``); ``demo:tiny`` names the demo target.
 ``--drafter lm:DIR`` drafts a chain of ``--depth`` (default 4) with a small LM sharing the target's
 tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by prompt lookup (``--depth`` tokens, default 8, from
-``--branch`` matches, default 1). ``--adaptive`` lets the draft length follow the acceptance.
+``--branch`` matches, default 1); ``--drafter layer-skip:K`` drafts a chain of ``--depth`` (default 4)
+with the target's own first K layers (self-speculation; default half the layers; ``infer.layer_skip``).
+``--adaptive`` lets the draft length follow the acceptance.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 import time
 
@@ -31,12 +34,15 @@ from data.cli import run
 from data.targets import resolve_target
 from data.base.device import default_device, sync
 
+LAYER_SKIP = re.compile(r"layer-skip(?::([1-9][0-9]*))?")  # --drafter layer-skip[:K]
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m infer.generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
     p.add_argument("--head", help="draft head: directory or HF id")
-    p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer) or ngram")
+    p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), ngram, or "
+                   "layer-skip[:K] (self-speculation: the target's first K layers draft; default half of them)")
     p.add_argument("--adaptive", action="store_true", help="draft length follows the acceptance (chains)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -64,8 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if (args.head is None) == (args.drafter is None):
         p.error("pass exactly one of --head and --drafter")
     if args.drafter is not None:
-        if not (args.drafter == "ngram" or args.drafter.startswith("lm:")):
-            p.error(f"--drafter must be lm:DIR or ngram, got {args.drafter!r}")
+        if not (args.drafter == "ngram" or args.drafter.startswith("lm:") or LAYER_SKIP.fullmatch(args.drafter)):
+            p.error(f"--drafter must be lm:DIR, ngram or layer-skip[:K], got {args.drafter!r}")
         if args.target is None:
             p.error("--drafter needs --target")
     return args
@@ -112,6 +118,12 @@ def classic_drafter(args: argparse.Namespace, target):
     if args.drafter == "ngram":
         length = args.depth or (16 if args.adaptive else 8)
         drafter = NgramDrafter(max_ngram=3, length=length, branches=args.branch or 1)
+    elif LAYER_SKIP.fullmatch(args.drafter):
+        from infer.layer_skip import LayerSkipDrafter
+
+        k = LAYER_SKIP.fullmatch(args.drafter).group(1)
+        length = args.depth or (16 if args.adaptive else 4)
+        drafter = LayerSkipDrafter(target, int(k) if k else None, Chain(length))
     else:
         model = AutoModelForCausalLM.from_pretrained(resolve_target(args.drafter[3:], role="draft LM"), dtype=target.dtype).to(target.device)
         length = args.depth or (16 if args.adaptive else 4)
@@ -135,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = str(default_device(args.device))
     if args.drafter is not None:
-        label = ("draft LM" if args.drafter.startswith("lm:") else "n-gram") + " drafter"
+        label = "draft LM drafter" if args.drafter.startswith("lm:") else f"{args.drafter} drafter"
         gen = SpeculativeGenerator.from_pretrained(
             args.target, lambda target: classic_drafter(args, target), device=device, dtype=dtype, threads=args.threads
         )

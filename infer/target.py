@@ -27,15 +27,15 @@ class TargetOutput:
     past_key_values: Cache | None
 
 
-def _causal_lm(model: nn.Module) -> nn.Module:
+def causal_lm_of(model: nn.Module) -> nn.Module:
     """Unwrap a PEFT wrapper; LoRA layers are injected in place, so they still run."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
 
 
-def _backbone(model: nn.Module) -> nn.Module:
+def backbone_of(model: nn.Module) -> nn.Module:
     """The decoder stack under the LM head (HF ``base_model``: e.g. ``LlamaModel``)."""
-    model = _causal_lm(model)
+    model = causal_lm_of(model)
     backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
     if backbone is None or backbone is model:
         raise ValueError(
@@ -48,10 +48,10 @@ def _backbone(model: nn.Module) -> nn.Module:
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The target's decoder layers, in order. Raises ValueError when the model has none."""
-    layers = getattr(_backbone(model), "layers", None)
+    layers = getattr(backbone_of(model), "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise ValueError(
-            f"{type(_causal_lm(model)).__name__} exposes no decoder layers at "
+            f"{type(causal_lm_of(model)).__name__} exposes no decoder layers at "
             "`<backbone>.layers`; only decoder-only *ForCausalLM models are supported"
         )
     return layers
@@ -93,7 +93,7 @@ def target_forward(
         for k in sorted(set(aux_layer_ids))
     ]
     try:
-        out = _backbone(model)(
+        out = backbone_of(model)(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -105,7 +105,7 @@ def target_forward(
             handle.remove()
 
     final_hidden = out.last_hidden_state  # (B, T, H_t)
-    logits = _causal_lm(model).get_output_embeddings()(final_hidden) if compute_logits else None
+    logits = causal_lm_of(model).get_output_embeddings()(final_hidden) if compute_logits else None
     aux = torch.cat([captured[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
     return TargetOutput(
         logits=logits,
@@ -133,7 +133,7 @@ def static_forward(
     cache.slots = slots
     dtype = model.get_input_embeddings().weight.dtype
     mask = static_tree_mask(slots, block, cache.attended, dtype)  # (1, 1, T, M or the eager window)
-    out = _backbone(model)(
+    out = backbone_of(model)(
         input_ids=input_ids,
         attention_mask=mask,
         position_ids=(slots[:1] + depths)[None],
@@ -143,7 +143,7 @@ def static_forward(
     )
     final_hidden = out.last_hidden_state  # (1, T, H_t)
     aux = torch.cat([out.hidden_states[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
-    logits = _causal_lm(model).get_output_embeddings()(final_hidden)
+    logits = causal_lm_of(model).get_output_embeddings()(final_hidden)
     return TargetOutput(logits=logits, final_hidden=final_hidden, aux_hidden=aux, past_key_values=cache)
 
 
@@ -154,4 +154,4 @@ def loaded_target_identity(model: nn.Module) -> dict:
         target_identity as identity,  # one definition, shared with heads
     )
 
-    return identity(_causal_lm(model))
+    return identity(causal_lm_of(model))

@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the device's, infer.generator.default_compile)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--adaptive", action="store_true", help="also run each head with an adaptive-length chain")
+    p.add_argument("--layer-skip", default="",
+                   help="comma-separated K: also self-speculate with the target's first K layers (a chain of 4)")
     p.add_argument("--tree-sizes", default="1,2,4,8,16,32,48,64,96,128")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
@@ -88,6 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--repeats and --num-prompts must be >= 1")
     args.compile = {None: None, "true": True, "false": False}.get(args.compile, args.compile)
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
+    try:
+        args.layer_skip = [int(k) for k in args.layer_skip.split(",") if k.strip()]
+    except ValueError:
+        p.error(f"--layer-skip takes comma-separated layer counts, got {args.layer_skip!r}")
     bad = [t for t in args.trees if not TREE_SPEC.match(t)]
     if bad or not args.trees:
         p.error(f"--trees: unknown tree(s) {bad}; use tree, default, chainN, dynD-K-N or medusaN")

@@ -49,13 +49,13 @@ def test_benchmark_measures_every_method(bench_dirs):
         "--target", str(root / "target"), "--heads", *heads, "--assistant", str(root / "assistant"),
         "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "8", "--ignore-eos",
         "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4,8", "--profile", "--out", str(out),
-        "--trees", "tree,chain2,dyn3-2-5,medusa4", "--adaptive",
+        "--trees", "tree,chain2,dyn3-2-5,medusa4", "--adaptive", "--layer-skip", "3",
     ])
     names = [r["method"] for r in result["rows"]]
-    assert names[:9] == ["vanilla", "hf-static", "hf-assisted", "draft-lm:chain4", "draft-lm:adaptive",
-                         "hf-prompt-lookup", "ngram:chain", "ngram:tree3", "ngram:adaptive"]
+    assert names[:10] == ["vanilla", "hf-static", "hf-assisted", "draft-lm:chain4", "draft-lm:adaptive",
+                          "hf-prompt-lookup", "ngram:chain", "ngram:tree3", "ngram:adaptive", "layer-skip:3"]
     # each head gets the trees that fit its kind: no dynamic tree for Medusa, no static one for EAGLE-3
-    assert names[9:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4", "medusa:medusa:adaptive",
+    assert names[10:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4", "medusa:medusa:adaptive",
                          "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5", "eagle3:eagle3:adaptive"]
     vanilla = result["rows"][0]
     assert vanilla["speedup"] == pytest.approx(1.0) and vanilla["tau"] == pytest.approx(1.0)

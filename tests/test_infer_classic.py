@@ -12,6 +12,7 @@ from test_infer_sampling import PROMPT, VOCAB as SMALL_VOCAB, exact_law, joint_p
 
 from infer import Chain, SpeculativeGenerator
 from infer.adaptive import AdaptiveLength
+from infer.layer_skip import LayerSkipDrafter, early_exit_view
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter, find_continuations, prefix_tree
 
@@ -48,6 +49,8 @@ def _drafters(arch: str, target):
         "ngram-tree": NgramDrafter(max_ngram=2, length=4, branches=3),
         "adaptive-lm": AdaptiveLength(LMDrafter(other, target, Chain(16)), initial=2),
         "adaptive-ngram": AdaptiveLength(NgramDrafter(length=16, branches=2), initial=3),
+        "layer-skip-1": LayerSkipDrafter(target, 1, Chain(3)),  # self-speculation: the target's first layer
+        "layer-skip-default": LayerSkipDrafter(target, tree=Chain(4)),
     }
 
 
@@ -208,3 +211,35 @@ def test_ngram_tree_sampling_follows_the_target_law(small_pair):
     samples, forwards = sample_triples(gen, 2000, temperature=1.0)
     assert joint_pvalue(samples, law) > 1e-3
     assert forwards < 2.99, forwards  # some lookups were accepted (3.0: none)
+
+
+# ------------------------------------------------------------------------------- layer skip
+
+
+@pytest.mark.parametrize("arch", ARCHES3)
+def test_early_exit_view_is_the_targets_first_layers(arch):
+    target = _target(arch, num_layers=4)
+    ids = _repetitive_prompt(random.Random(2), 9)
+    view = early_exit_view(target, 2)
+    assert len(view.model.layers) == 2 and len(target.model.layers) == 4  # the target keeps its layers
+    assert view.config.num_hidden_layers == 2 and target.config.num_hidden_layers == 4
+    assert view.lm_head.weight is target.lm_head.weight and view.model.layers[1] is target.model.layers[1]
+    with torch.no_grad():
+        states = target(ids, output_hidden_states=True).hidden_states  # [embeds, after layer 1, 2, ...]
+        expected = target.lm_head(target.model.norm(states[2]))  # stop after 2 layers, then norm and lm_head
+        torch.testing.assert_close(view(ids).logits, expected, atol=1e-5, rtol=1e-5)
+        full = target(ids).logits
+    assert not torch.allclose(full, expected, atol=1e-3)  # the view is not the whole target
+    with pytest.raises(ValueError, match="fewer than the target's 4 layers; got k=4"):
+        early_exit_view(target, 4)
+    with pytest.raises(ValueError, match="layer-skip layers must be >= 1, got 0"):
+        early_exit_view(target, 0)
+
+
+def test_layer_skip_sampling_follows_the_target_law(small_pair):
+    target, _ = small_pair
+    gen = SpeculativeGenerator(target, LayerSkipDrafter(target, 1, Chain(3)))
+    law = exact_law(target, 1.0, 0, 1.0)
+    samples, forwards = sample_triples(gen, 2000, temperature=1.0)
+    assert joint_pvalue(samples, law) > 1e-3
+    assert forwards < 2.99, forwards  # some drafts were accepted

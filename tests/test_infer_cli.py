@@ -122,7 +122,8 @@ def test_cli_prints_its_thread_count(saved, capsys):
 
 @pytest.mark.parametrize("extra", [["--drafter", "ngram"], ["--drafter", "ngram", "--branch", "3", "--adaptive"],
                                    ["--drafter", "LM"], ["--drafter", "LM", "--adaptive"],
-                                   ["--head", "HEAD", "--adaptive"]])
+                                   ["--head", "HEAD", "--adaptive"], ["--drafter", "layer-skip"],
+                                   ["--drafter", "layer-skip:1", "--adaptive"]])
 def test_cli_classic_drafters(saved, capsys, extra):
     make_tiny_target("llama", num_layers=2, seed=4).save_pretrained(saved / "draft-lm")
     extra = [e.replace("LM", f"lm:{saved / 'draft-lm'}").replace("HEAD", str(saved / "head")) for e in extra]
@@ -137,6 +138,8 @@ def test_cli_needs_one_drafter(saved):
         main(["--target", str(saved / "target"), "--prompt", "w7", "--drafter", "ngram", "--head", str(saved / "head")])
     with pytest.raises(SystemExit):
         main(["--target", str(saved / "target"), "--prompt", "w7", "--drafter", "bigram"])
+    with pytest.raises(SystemExit):
+        main(["--target", str(saved / "target"), "--prompt", "w7", "--drafter", "layer-skip:0"])
 
 
 def test_from_pretrained_follows_the_one_thread_policy(saved, capsys):

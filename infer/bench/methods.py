@@ -17,6 +17,7 @@ from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.adaptive import AdaptiveLength
 from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from infer.drafters import TreeOption, drafter_class, make_drafter
+from infer.layer_skip import LayerSkipDrafter
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from infer.tree import MEDUSA_DEFAULT_CHOICES
@@ -93,6 +94,8 @@ def build_methods(args, target, tokenizer) -> list[Method]:
         methods.append(ours("ngram:chain", "ngram", NgramDrafter(max_ngram=2, length=length)))
         methods.append(ours("ngram:tree3", "ngram", NgramDrafter(max_ngram=2, length=length, branches=3)))
         methods.append(ours("ngram:adaptive", "ngram", AdaptiveLength(NgramDrafter(max_ngram=2, length=length), initial=4, maximum=length)))
+    for k in getattr(args, "layer_skip", None) or ():  # self-speculation: the target's first k layers draft
+        methods.append(ours(f"layer-skip:{k}", "layer_skip", LayerSkipDrafter(target, k, Chain(4))))
     for head_dir in args.heads:
         head = AutoHead.from_pretrained(head_dir).eval()
         label = Path(head_dir).name
