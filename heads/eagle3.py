@@ -198,16 +198,14 @@ class Eagle3Head(DraftHead):
         self.t2d[ids.to(self.t2d.device)] = True
 
     @torch.no_grad()
-    def init_from_target(self, target: nn.Module) -> None:
+    def init_from_target(self, target: nn.Module, temper: float = 1.0) -> None:
         """Start ``lm_head`` as the target's lm_head rows of the draft vocabulary and ``norm`` as the
-        target's final norm, tempered (call after ``set_draft_vocab``). The head then ranks tokens with
-        the target's own output layer and only has to learn features that fit it; the weights stay
-        trainable and are exported like any others.
-
-        Tempered: the head's first features are not the target's, and the target's output layer turns
-        an arbitrary direction into confident, wrong logits (a first loss of 2-28x a random head's).
-        The norm's scale is divided so that the logits of a feature of RMS 1 spread no wider than a
-        random head's (``initializer_range``·sqrt(H)); which token ranks first is unchanged.
+        target's final norm times ``temper`` (call after ``set_draft_vocab``). The head then ranks
+        tokens with the target's own output layer and only has to learn features that fit it; the
+        weights stay trainable and are exported like any others. ``temper`` < 1 narrows the first
+        logits (which token ranks first is unchanged): training chooses it by measurement
+        (``train.objectives.eagle3``), since the target's output layer can turn the head's first,
+        arbitrary features into confident, wrong logits.
         """
         weight = target.get_output_embeddings().weight  # (V, H_t)
         expected = (self.config.vocab_size, self.config.hidden_size)
@@ -216,14 +214,11 @@ class Eagle3Head(DraftHead):
                 f"target lm_head has shape {tuple(weight.shape)}; this EAGLE-3 head's hidden_size and "
                 f"vocab_size need {expected} to start from it"
             )
+        if not 0 < temper <= 1:
+            raise ValueError(f"temper must lie in (0, 1], got {temper}")
         rows = self.draft_vocab_ids().to(weight.device)
         self.lm_head.weight.copy_(weight.index_select(0, rows).to(self.lm_head.weight))
-        scale = _rms_scale(target, self.config.hidden_size).float()
-        lm_head = self.lm_head.weight.float()
-        spread = (lm_head * scale).square().sum(-1).mean().sqrt()  # logit std for features of unit variance
-        random_spread = self.config.initializer_range * math.sqrt(self.config.hidden_size)
-        temper = min(1.0, random_spread / max(float(spread), 1e-12))
-        self.norm.weight.copy_((scale * temper).to(self.norm.weight))
+        self.norm.weight.copy_((_rms_scale(target, self.config.hidden_size) * temper).to(self.norm.weight))
 
     def draft_vocab_ids(self) -> Tensor:
         """Target ids of the draft vocabulary, (Vd,) sorted."""
