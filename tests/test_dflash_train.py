@@ -103,3 +103,18 @@ def test_objective_loss_falls_on_a_repeated_batch():
         losses.append(out.loss.item())
     assert out.step_losses.shape == (3,) and out.count.sum() > 0
     assert losses[-1] < 0.8 * losses[0] and all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+@pytest.mark.slow
+def test_accelerate_launch_two_processes(tiny_files, tmp_path):  # noqa: F811
+    """``accelerate launch train/train_head.py`` with head.kind=dflash on 2 CPU processes (DDP)."""
+    from test_train_script import launch_two_processes, tiny_dict
+
+    out = tmp_path / "ddp"
+    config = tiny_dict(tiny_files, out, head={"kind": "dflash", "block_size": 4, "num_layers": 2},
+                       train={"max_steps": 4, "micro_batch_size": 2, "grad_accum_steps": 2, "lr": 3e-3,
+                              "warmup_steps": 1, "eval_every": 2, "save_every": 2, "log_every": 2})
+    run = launch_two_processes(config, tmp_path)
+    assert "simulated tau" in run.stdout
+    head = AutoHead.from_pretrained(out)
+    assert head.head_kind == "dflash" and head.config.num_layers == 2 and head.config.block_size == 4
