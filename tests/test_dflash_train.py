@@ -118,3 +118,26 @@ def test_accelerate_launch_two_processes(tiny_files, tmp_path):  # noqa: F811
     assert "simulated tau" in run.stdout
     head = AutoHead.from_pretrained(out)
     assert head.head_kind == "dflash" and head.config.num_layers == 2 and head.config.block_size == 4
+
+
+def test_lk_loss_is_minus_log_expected_acceptance():
+    from train.losses import soft_loss
+
+    p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
+    logits = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.5, 1e-9]]))
+    value, count = soft_loss(logits, p, torch.tensor([True, True]), "lk")
+    torch.testing.assert_close(value, -torch.log(torch.tensor((0.5 + 0.5) / 2)))  # alphas 0.5 and 0.5
+    assert count == 2
+    value, _ = soft_loss(logits, p, torch.tensor([True, False]), "lk")
+    torch.testing.assert_close(value, -torch.log(torch.tensor(0.5)))
+    with pytest.raises(ConfigError, match="train.loss=lk applies only"):
+        load_config(None, ["head.kind=eagle", "train.loss=lk"])
+
+
+@pytest.mark.parametrize("kind, extra", [("dflash", ["head.block_size=4"]), ("eagle3", ["head.ttt_steps=2"])])
+def test_lk_loss_trains(tiny_files, tmp_path, kind, extra):  # noqa: F811
+    """train.loss=lk: the loop runs, the loss (-log acceptance) falls, acceptance rises."""
+    result = setup(tiny_config(tiny_files, tmp_path / kind, f"head.kind={kind}", "train.loss=lk",
+                               "train.lr=1e-2", *extra))
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert all(0 <= x < 100 for x in losses) and losses[-1] < losses[0], losses

@@ -1,6 +1,7 @@
 """DFlash: blocks ``[t_a, MASK, ...]`` at random anchors a, all blocks of a sequence in one head
 forward over context K/V built once per sequence; block position k (1..B-1) learns the target's
-next-token distribution at a+k-1 (its prediction of token a+k) by soft cross-entropy.
+next-token distribution at a+k-1 (its prediction of token a+k) by soft cross-entropy (``train.loss=lk``:
+LK^alpha, -log of the expected acceptance rate, instead).
 
 A block sees the context strictly before its anchor (the anchor token's own features are not known
 at inference: it is the token just emitted), every position of its own block, and no other block
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 from infer.target import target_forward
 from train.config import TrainConfig
 from train.features import Features
-from train.losses import LossOutput, decayed_sum, restrict_to_draft_vocab
+from train.losses import LossOutput, decayed_sum, restrict_to_draft_vocab, soft_loss
 from train.objectives.base import Objective, no_grad_embeds
 
 BLOCKS_PER_SEQUENCE = 64  # anchors drawn per sequence and step (SpecForge: up to 512 on GPUs)
@@ -73,6 +74,10 @@ def sequence_context(head: nn.Module, features: Features) -> list:
 
 
 class DFlashObjective(Objective):
+    def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
+        super().__init__(head, cfg)
+        self.loss = cfg.train.loss
+
     @staticmethod
     @torch.no_grad()
     def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
@@ -103,10 +108,8 @@ class DFlashObjective(Objective):
             mask = f.anchor_keep & inside & f.loss_mask.gather(1, safe).bool()  # (B, N)
             probs = f.targets.probs.gather(1, (safe - 1)[..., None].expand(-1, -1, f.targets.probs.shape[-1]))
             logits = lm_head(out[:, :, k]).float()  # (B, N, V)
-            ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), probs.flatten(0, 1), reduction="none")
-            m = mask.flatten().float()
-            n = m.sum()
-            losses.append((ce * m).sum() / n.clamp(min=1))
+            value, n = soft_loss(logits, probs, mask, self.loss)
+            losses.append(value)
             correct.append(((logits.argmax(-1) == f.top1.gather(1, safe - 1)) & mask).sum().float())
             count.append(n)
         return LossOutput(decayed_sum(losses, self.decay), torch.stack(losses).detach(), torch.stack(correct),
