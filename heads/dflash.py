@@ -72,6 +72,7 @@ class DFlashConfig(EagleConfig):
             raise ValueError(f"block_size={block_size}: a DFlash block needs the root and at least one mask (>= 2)")
         if num_layers < 1:
             raise ValueError(f"num_layers={num_layers}: a DFlash head needs at least one layer")
+        self.fc_bias = False  # the published fc has none
         self.block_size = int(block_size)
         self.num_layers = int(num_layers)
         layers = self.target_num_layers
