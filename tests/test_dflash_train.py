@@ -34,9 +34,10 @@ def test_block_mask_sees_context_before_its_anchor_and_its_own_block():
                        [1, 1, 1, 0, 0, 0, 1, 1]]
 
 
-def test_training_block_equals_the_inference_block():
+def test_training_block_equals_the_inference_block(monkeypatch):
     """Evaluation's parallel blocks (every position an anchor, as in training) == what the drafter
     proposes after observing tokens 0..i and rooting at token i+1."""
+    monkeypatch.setattr("train.objectives.dflash.EVAL_CHUNK", 5)  # several chunks, the last one short
     from infer import Chain
     from infer.drafters import Sampling, make_drafter
 

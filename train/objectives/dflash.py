@@ -22,7 +22,7 @@ from train.losses import LossOutput, decayed_sum, restrict_to_draft_vocab, soft_
 from train.objectives.base import Objective, no_grad_embeds
 
 BLOCKS_PER_SEQUENCE = 64  # anchors drawn per sequence and step (SpecForge: up to 512 on GPUs)
-EVAL_CHUNK = 128  # anchors per head forward at evaluation (every position is an anchor there)
+EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one): bounds (B, C, depth, V) logits
 
 
 def draw_anchors(loss_mask: Tensor, count: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
