@@ -1,6 +1,7 @@
 """Draft heads: what a head *is* (config + module). See docs/design.md for the contracts."""
 from heads.auto import HEAD_CLASSES, AutoHead, build_head
 from heads.common import DraftHead, DraftHeadConfig, target_identity
+from heads.dflash import DFlashConfig, DFlashHead
 from heads.eagle import EagleConfig, EagleHead
 from heads.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
 from heads.layers import HeadCache, HeadOutput
@@ -20,6 +21,8 @@ __all__ = [
     "Eagle3Config",
     "Eagle3Head",
     "default_aux_layer_ids",
+    "DFlashConfig",
+    "DFlashHead",
     "HeadCache",
     "HeadOutput",
 ]

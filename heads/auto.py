@@ -11,18 +11,20 @@ from safetensors import SafetensorError
 from transformers import PretrainedConfig, PreTrainedModel
 
 from heads.common import DraftHead, DraftHeadConfig
+from heads.dflash import DFlashConfig, DFlashHead
 from heads.eagle import EagleConfig, EagleHead
 from heads.eagle3 import Eagle3Config, Eagle3Head
 from heads.medusa import MedusaConfig, MedusaHead
 
-HEAD_CLASSES: dict[str, type[DraftHead]] = {"medusa": MedusaHead, "eagle": EagleHead, "eagle3": Eagle3Head}
+HEAD_CLASSES: dict[str, type[DraftHead]] = {"medusa": MedusaHead, "eagle": EagleHead, "eagle3": Eagle3Head,
+                                         "dflash": DFlashHead}
 _BY_MODEL_TYPE = {cls.config_class.model_type: cls for cls in HEAD_CLASSES.values()}
 # The public EAGLE-3 layout (EAGLE authors, SpecForge) is converted on load by heads.formats.
 PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3Speculator")
 
 
 def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options: Any) -> DraftHead:
-    """An untrained head of ``kind`` ("medusa", "eagle", "eagle3") shaped for ``target``.
+    """An untrained head of ``kind`` ("medusa", "eagle", "eagle3", "dflash") shaped for ``target``.
 
     ``target`` is a config or a model; with a model, Medusa's lm_heads start as copies of the
     target's. ``options`` set head config fields (e.g. ``num_heads=5``, ``draft_vocab_size=2048``,
@@ -94,4 +96,5 @@ __all__ = [
     "MedusaConfig",
     "EagleConfig",
     "Eagle3Config",
+    "DFlashConfig",
 ]

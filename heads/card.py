@@ -22,7 +22,7 @@ from heads.eagle3 import engine_aux_layer_ids
 METRICS_FILE = "metrics.jsonl"  # train.loop: one JSON record per line; evaluations carry "tau", "acc", ...
 TRAIN_CONFIG_FILE = "config.yaml"  # train.loop: the resolved TrainConfig
 TRAINING_FILES = (METRICS_FILE, TRAIN_CONFIG_FILE)  # uploaded with the head when present
-_TITLES = {"medusa": "Medusa", "eagle": "EAGLE (1/2)", "eagle3": "EAGLE-3"}
+_TITLES = {"medusa": "Medusa", "eagle": "EAGLE (1/2)", "eagle3": "EAGLE-3", "dflash": "DFlash"}
 
 
 @dataclass
@@ -102,6 +102,12 @@ def _input_lines(head: DraftHead, export_config: dict[str, Any] | None) -> list[
     if head.head_kind == "eagle":
         return ["- the target's final post-norm hidden state f_i and the target's embedding of token i+1 "
                 "(embedding first in the fc input); drafts with the target's own lm_head"]
+    if head.head_kind == "dflash":
+        ids = list(cfg.aux_layer_ids)
+        return [f"- context: the target's states **{ids}** as HF `output_hidden_states` indices (the output of "
+                f"target layers **{[i - 1 for i in ids]}**, DFlash's `target_layer_ids`), fused by fc + hidden_norm",
+                f"- blocks of {cfg.block_size} tokens (the last accepted token, then mask id {cfg.mask_token_id}); "
+                f"{cfg.num_layers} draft layer(s); drafts with the target's own embedding and lm_head"]
     ids = list(cfg.aux_layer_ids)
     lines = [
         f"- aux layers **{ids}** as HF `output_hidden_states` indices: the residual stream *entering* layer k "
@@ -194,7 +200,7 @@ def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[
         lines += ["vLLM:", "", *export_step("eagle-vllm"), "```bash",
                   f"vllm serve {served} --speculative-config "
                   f"'{{\"method\": \"eagle\", \"model\": \"{serve_dir}\", \"num_speculative_tokens\": 3}}'", "```", ""]
-    else:
+    elif kind == "medusa":
         lines += ["vLLM:", "", *export_step("medusa-vllm"), "```bash",
                   f"vllm serve {served} --speculative-config '{{\"method\": \"medusa\", \"model\": \"{serve_dir}\", "
                   f"\"num_speculative_tokens\": {cfg.num_heads}}}'", "```", "",

@@ -19,7 +19,7 @@ import yaml
 
 from data.base.names import DEMO_PREFIX
 
-HeadKind = Literal["medusa", "eagle", "eagle3"]
+HeadKind = Literal["medusa", "eagle", "eagle3", "dflash"]
 DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
 DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
 
@@ -39,25 +39,32 @@ def _doc(text: str, default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
 class HeadConfig:
     """What head to train. Shape options left at ``None`` take the head class's defaults."""
 
-    kind: HeadKind = _doc("draft head: medusa | eagle (EAGLE-1/2) | eagle3", "eagle3")
+    kind: HeadKind = _doc("draft head: medusa | eagle (EAGLE-1/2) | eagle3 | dflash", "eagle3")
     draft_vocab_size: int | None = _doc(
         "eagle3 only: size of the reduced draft vocabulary (most frequent training tokens); "
         "null = the target's full vocabulary", None)
     aux_layer_ids: list[int] | None = _doc(
-        "eagle3 only: HF hidden_states indices of the fused features; null = [2, L//2, L-3]", None)
+        "eagle3/dflash only: HF hidden_states indices of the fused features; null = eagle3: [2, L//2, L-3], "
+        "dflash: DFlash's build_target_layer_ids(L, num_layers) + 1", None)
     init_from_target: bool | None = _doc(
         "eagle3 only: start the head's norm and lm_head from the target's final norm and its lm_head "
         "rows of the draft vocabulary (null = true); false = random", None)
     ttt_steps: int | None = _doc(
         f"eagle3 only: training-time-test steps (null = {DEFAULT_TTT_STEPS})", None)
     num_heads: int | None = _doc("medusa only: number of heads K (null = the head's default)", None)
-    num_layers: int | None = _doc("medusa only: residual blocks per head (null = the head's default)", None)
+    num_layers: int | None = _doc(
+        "medusa/dflash only: residual blocks per head (medusa), draft decoder layers (dflash); null = the "
+        "head's default", None)
+    block_size: int | None = _doc("dflash only: tokens per block, root included (null = 16)", None)
+    mask_token_id: int | None = _doc(
+        "dflash only: target token id embedded at the masked block positions (null = vocab_size - 1)", None)
     intermediate_size: int | None = _doc(
-        "eagle/eagle3 only: MLP width of the draft layer (null = the target's)", None)
+        "eagle/eagle3/dflash only: MLP width of the draft layer (null = the target's)", None)
 
     def build_options(self) -> dict[str, Any]:
         """The keyword arguments for ``heads.build_head`` (only the options that were set)."""
-        names = ("draft_vocab_size", "aux_layer_ids", "num_heads", "num_layers", "intermediate_size")
+        names = ("draft_vocab_size", "aux_layer_ids", "num_heads", "num_layers", "intermediate_size", "block_size",
+                 "mask_token_id")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
@@ -94,7 +101,11 @@ class OptimConfig:
     warmup_steps: int = _doc("linear warm-up steps", 0)
     decay: Literal["cosine", "linear", "constant"] = _doc("schedule after warm-up", "cosine")
     max_grad_norm: float = _doc("clip gradients to this total norm", 0.5)
-    loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3)", 0.8)
+    loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3; dflash: block position "
+                             "k+1)", 0.8)
+    loss: Literal["ce", "lk"] = _doc(
+        "eagle3/dflash: ce = soft cross-entropy to the target's distribution; lk = LK^alpha (arXiv 2602.23881): "
+        "-log of the expected acceptance rate sum(min(p, q)) per draft step", "ce")
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(
@@ -316,12 +327,14 @@ def _plain(value: Any) -> Any:
 # head.* keys that only some head kinds read (train.feature_noise: eagle only, checked below)
 KIND_ONLY = {
     "draft_vocab_size": ("eagle3",),
-    "aux_layer_ids": ("eagle3",),
+    "aux_layer_ids": ("eagle3", "dflash"),
     "ttt_steps": ("eagle3",),
     "init_from_target": ("eagle3",),
     "num_heads": ("medusa",),
-    "num_layers": ("medusa",),
-    "intermediate_size": ("eagle", "eagle3"),
+    "num_layers": ("medusa", "dflash"),
+    "intermediate_size": ("eagle", "eagle3", "dflash"),
+    "block_size": ("dflash",),
+    "mask_token_id": ("dflash",),
 }
 
 
@@ -344,7 +357,8 @@ def _validate(cfg: TrainConfig) -> None:
     positive = {
         "head.draft_vocab_size": head.draft_vocab_size, "head.ttt_steps": head.ttt_steps,
         "head.num_heads": head.num_heads, "head.num_layers": head.num_layers,
-        "head.intermediate_size": head.intermediate_size, "data.max_length": data.max_length,
+        "head.intermediate_size": head.intermediate_size, "head.block_size": head.block_size,
+        "data.max_length": data.max_length,
         "data.eval_rows": data.eval_rows, "train.max_steps": opt.max_steps, "train.epochs": opt.epochs,
         "train.micro_batch_size": opt.micro_batch_size, "train.grad_accum_steps": opt.grad_accum_steps,
         "train.keep_last_checkpoints": opt.keep_last_checkpoints, "train.log_every": opt.log_every,
@@ -359,7 +373,7 @@ def _validate(cfg: TrainConfig) -> None:
         for key, value in values.items():
             if value is not None and value < least:
                 raise ConfigError(f"{key} must be >= {least}, got {value}")
-    if head.aux_layer_ids is not None:
+    if head.aux_layer_ids is not None and head.kind == "eagle3":
         from heads.eagle3 import check_aux_layer_ids  # the rule the heads and the engines enforce
 
         try:
@@ -374,6 +388,8 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.betas must lie in [0, 1), got {list(opt.betas)}")
     if not opt.max_grad_norm > 0:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {opt.max_grad_norm}")
+    if opt.loss == "lk" and head.kind not in ("eagle3", "dflash"):
+        raise ConfigError(f"train.loss=lk applies only to head.kind=eagle3/dflash (head.kind={head.kind})")
     if not 0 < opt.loss_decay <= 1:
         raise ConfigError(f"train.loss_decay must lie in (0, 1], got {opt.loss_decay}")
     if head.kind == "medusa" and head.num_heads is not None and opt.eval_depth is not None \

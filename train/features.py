@@ -14,9 +14,12 @@ class Features:
 
     input_ids: Tensor  # (B, T)
     loss_mask: Tensor  # (B, T) 1 = token is a training target
-    hidden: Tensor  # (B, T, H_t) final post-norm (medusa, eagle) or (B, T, n·H_t) aux (eagle3), fp32
+    hidden: Tensor  # (B, T, H_t) final post-norm (medusa, eagle) or (B, T, n·H_t) aux (eagle3, dflash), fp32
     embeds: Tensor | None = None  # (B, T, H_t) target input embeddings (eagle, eagle3), fp32
     logits: Tensor | None = None  # (B, T, V) full target logits: eagle only (its soft labels)
     targets: DraftTargets | None = None  # eagle3: (B, T, Vd) soft labels + target top-1
     top1: Tensor | None = None  # (B, T) target argmax, when logits were computed
     noise: Tensor | None = None  # (B, T, H_t) EAGLE-1 augmentation, added to the head's input only
+    anchors: Tensor | None = None  # (B, N) dflash: block start positions drawn for this step
+    anchor_keep: Tensor | None = None  # (B, N) bool dflash: which drawn anchors are real (rows differ in length)
+    mask_embed: Tensor | None = None  # (H_t,) dflash: the target's embedding of the head's mask token, fp32

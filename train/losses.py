@@ -67,6 +67,22 @@ def _masked_mean(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return (values * mask).sum() / count.clamp(min=1), count
 
 
+def soft_loss(logits: Tensor, probs: Tensor, mask: Tensor, loss: str = "ce") -> tuple[Tensor, Tensor]:
+    """(loss, count) of draft ``logits`` (..., V) against target ``probs`` (..., V) over ``mask`` (...).
+
+    ``"ce"``: the masked mean soft cross-entropy. ``"lk"``: LK^alpha (arXiv 2602.23881; SpecForge's
+    ``--lk-loss-type alpha``): ``-log`` of the masked mean expected acceptance rate
+    ``sum_v min(p_v, q_v)``, the chance that a draft sampled from q survives min(1, p/q).
+    """
+    if loss == "ce":
+        return _masked_mean(_soft_ce(logits, probs), mask)
+    if loss == "lk":
+        accept = torch.minimum(logits.float().softmax(-1), probs.float()).sum(-1)  # (...)
+        rate, count = _masked_mean(accept, mask)
+        return -torch.log(rate.clamp(min=1e-6)) * (count > 0), count
+    raise ValueError(f"unknown draft loss {loss!r}; expected 'ce' or 'lk'")
+
+
 def decayed_sum(step_losses: list[Tensor], decay: float) -> Tensor:
     """Σ_k decay^k · loss_k."""
     return sum(decay**k * loss for k, loss in enumerate(step_losses))
@@ -120,7 +136,8 @@ def eagle_loss(
     return LossOutput(loss, loss.detach()[None], correct.float()[None], n.float()[None])
 
 
-def ttt_step_loss(draft_logits: Tensor, targets: DraftTargets, loss_mask: Tensor, step: int) -> LossOutput:
+def ttt_step_loss(draft_logits: Tensor, targets: DraftTargets, loss_mask: Tensor, step: int,
+                  loss: str = "ce") -> LossOutput:
     """One EAGLE-3 training-time-test step: soft CE against the draft-vocab target distribution.
 
     draft_logits (B, T, Vd) of step ``step``; positions whose target top-1 falls outside the draft
@@ -131,6 +148,6 @@ def ttt_step_loss(draft_logits: Tensor, targets: DraftTargets, loss_mask: Tensor
     logits = draft_logits[:, pos]  # (B, n, Vd)
     probs = targets.probs[:, tgt]  # (B, n, Vd)
     mask = loss_mask[:, label].bool() & targets.in_vocab[:, tgt]
-    loss, n = _masked_mean(_soft_ce(logits, probs), mask)
+    value, n = soft_loss(logits, probs, mask, loss)
     correct = ((logits.argmax(-1) == probs.argmax(-1)) & mask).sum()
-    return LossOutput(loss, loss.detach()[None], correct.float()[None], n.float()[None])
+    return LossOutput(value, value.detach()[None], correct.float()[None], n.float()[None])

@@ -23,6 +23,7 @@ class Eagle3Objective(Objective):
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
         self.ttt_steps = cfg.head.ttt_steps
+        self.loss = cfg.train.loss
 
     @staticmethod
     @torch.no_grad()
@@ -35,7 +36,7 @@ class Eagle3Objective(Objective):
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         f = features
-        steps = [ttt_step_loss(self.head.compute_logits(out), f.targets, f.loss_mask, k)
+        steps = [ttt_step_loss(self.head.compute_logits(out), f.targets, f.loss_mask, k, self.loss)
                  for k, out in enumerate(unroll(self.head, self.head.project(f.hidden), f.embeds, self.ttt_steps))]
         return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
                           *(torch.cat([getattr(s, n) for s in steps]) for n in ("step_losses", "correct", "count")))

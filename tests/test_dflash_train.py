@@ -1,0 +1,148 @@
+"""DFlash training: anchors and the block mask, a short run of the real loop (loss falls, the head
+saves and reloads, evaluation drafts the block), and an exact resume."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny_target
+from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+
+from heads import AutoHead, build_head
+from train.config import ConfigError, load_config
+from train.features import Features
+from train.loop import setup
+from train.objectives import objective_class
+from train.objectives.dflash import block_mask, draw_anchors
+
+
+def test_anchors_have_a_trainable_first_label():
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0, 1, 0]])
+    anchors, keep = draw_anchors(loss_mask, 10, torch.Generator().manual_seed(0))
+    assert anchors.shape == keep.shape == (2, 4)
+    assert anchors[0].tolist() == [2, 3, 4, 5] and keep[0].all()
+    assert anchors[1][keep[1]].tolist() == [5] and keep[1].sum() == 1
+    few, _ = draw_anchors(loss_mask, 2, torch.Generator().manual_seed(0))
+    assert few.shape == (2, 2) and few[0, 1] > few[0, 0] and few[1, 0] == 5  # sorted, padding last
+
+
+def test_block_mask_sees_context_before_its_anchor_and_its_own_block():
+    mask = block_mask(torch.tensor([[1, 3]]), seq_len=4, block_size=2, dtype=torch.float32)
+    allowed = (mask[0, 0] == 0).int().tolist()
+    assert allowed == [[1, 0, 0, 0, 1, 1, 0, 0],  # block at anchor 1: context 0, its own 2 positions
+                       [1, 0, 0, 0, 1, 1, 0, 0],
+                       [1, 1, 1, 0, 0, 0, 1, 1],  # block at anchor 3: context 0..2
+                       [1, 1, 1, 0, 0, 0, 1, 1]]
+
+
+def test_training_block_equals_the_inference_block(monkeypatch):
+    """Evaluation's parallel blocks (every position an anchor, as in training) == what the drafter
+    proposes after observing tokens 0..i and rooting at token i+1."""
+    monkeypatch.setattr("train.objectives.dflash.EVAL_CHUNK", 5)  # several chunks, the last one short
+    from infer import Chain
+    from infer.drafters import Sampling, make_drafter
+
+    target = make_tiny_target("qwen3")
+    torch.manual_seed(0)
+    head = build_head("dflash", target, block_size=4, num_layers=2).eval()
+    objective = objective_class("dflash")
+    ids = torch.randint(3, 96, (1, 12))
+    features = objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
+    drafted = objective.draft_top1(head, features, 3, target.get_output_embeddings())  # (3, 1, 12)
+    drafter = make_drafter(head, target, Chain(3))
+    with torch.no_grad():
+        for i in range(11):
+            state = drafter.new_state()
+            drafter.observe(state, features.hidden[:, : i + 1], ids[:, 1: i + 2])
+            draft = drafter.propose(state, ids[0, i + 1], Sampling(), max_depth=3)
+            assert draft.tokens[1:].tolist() == drafted[:, 0, i].tolist(), i
+    assert len(set(drafted.flatten().tolist())) > 3  # not a constant draft
+
+
+def test_config_keys_belong_to_dflash():
+    cfg = load_config(None, ["head.kind=dflash", "head.block_size=8", "head.num_layers=2", "head.aux_layer_ids=[1,3]"])
+    assert cfg.head.build_options() == {"block_size": 8, "num_layers": 2, "aux_layer_ids": [1, 3]}
+    with pytest.raises(ConfigError, match="head.block_size"):
+        load_config(None, ["head.kind=eagle3", "head.block_size=8"])
+    with pytest.raises(ConfigError, match="head.block_size must be >= 1"):
+        load_config(None, ["head.kind=dflash", "head.block_size=0"])
+
+
+def test_dflash_trains_saves_reloads_and_resumes(tiny_files, tmp_path):  # noqa: F811
+    extra = ["head.kind=dflash", "head.block_size=4", "train.lr=1e-2"]
+    result = setup(tiny_config(tiny_files, tmp_path / "run", *extra))
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+    assert len(result.metrics["acc"]) == 3 and 1.0 <= result.metrics["tau"] <= 4
+    loaded = AutoHead.from_pretrained(result.output_dir)
+    assert type(loaded) is type(result.head) and loaded.config.block_size == 4
+    for (name, a), b in zip(result.head.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+
+    # exact resume: 6 steps, stop, resume to 12 == 12 straight
+    half = setup(tiny_config(tiny_files, tmp_path / "resumed", *extra, "train.save_every=6", "train.max_steps=6",
+                             "train.warmup_steps=2", "train.decay=constant"))
+    assert half.steps == 6
+    straight = setup(tiny_config(tiny_files, tmp_path / "straight", *extra, "train.decay=constant"))
+    resumed = setup(tiny_config(tiny_files, tmp_path / "resumed", *extra, "train.decay=constant",
+                                "resume_from=latest"))
+    for (name, a), b in zip(straight.head.state_dict().items(), resumed.head.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_objective_loss_falls_on_a_repeated_batch():
+    target = make_tiny_target("llama", initializer_range=0.3)  # peaked next-token laws: room below the start
+    torch.manual_seed(0)
+    head = build_head("dflash", target, block_size=4)
+    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash"]))
+    ids = torch.randint(3, 96, (2, 24))
+    features = objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
+    assert isinstance(features, Features) and features.mask_embed.shape == (32,)
+    objective.perturb(features, None, seed=1)
+    opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):
+        out = objective(features, target.get_output_embeddings())
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        losses.append(out.loss.item())
+    assert out.step_losses.shape == (3,) and out.count.sum() > 0
+    assert losses[-1] < 0.8 * losses[0] and all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+@pytest.mark.slow
+def test_accelerate_launch_two_processes(tiny_files, tmp_path):  # noqa: F811
+    """``accelerate launch train/train_head.py`` with head.kind=dflash on 2 CPU processes (DDP)."""
+    from test_train_script import launch_two_processes, tiny_dict
+
+    out = tmp_path / "ddp"
+    config = tiny_dict(tiny_files, out, head={"kind": "dflash", "block_size": 4, "num_layers": 2},
+                       train={"max_steps": 4, "micro_batch_size": 2, "grad_accum_steps": 2, "lr": 3e-3,
+                              "warmup_steps": 1, "eval_every": 2, "save_every": 2, "log_every": 2})
+    run = launch_two_processes(config, tmp_path)
+    assert "simulated tau" in run.stdout
+    head = AutoHead.from_pretrained(out)
+    assert head.head_kind == "dflash" and head.config.num_layers == 2 and head.config.block_size == 4
+
+
+def test_lk_loss_is_minus_log_expected_acceptance():
+    from train.losses import soft_loss
+
+    p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
+    logits = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.5, 1e-9]]))
+    value, count = soft_loss(logits, p, torch.tensor([True, True]), "lk")
+    torch.testing.assert_close(value, -torch.log(torch.tensor((0.5 + 0.5) / 2)))  # alphas 0.5 and 0.5
+    assert count == 2
+    value, _ = soft_loss(logits, p, torch.tensor([True, False]), "lk")
+    torch.testing.assert_close(value, -torch.log(torch.tensor(0.5)))
+    with pytest.raises(ConfigError, match="train.loss=lk applies only"):
+        load_config(None, ["head.kind=eagle", "train.loss=lk"])
+
+
+@pytest.mark.parametrize("kind, extra", [("dflash", ["head.block_size=4"]), ("eagle3", ["head.ttt_steps=2"])])
+def test_lk_loss_trains(tiny_files, tmp_path, kind, extra):  # noqa: F811
+    """train.loss=lk: the loop runs, the loss (-log acceptance) falls, acceptance rises."""
+    result = setup(tiny_config(tiny_files, tmp_path / kind, f"head.kind={kind}", "train.loss=lk",
+                               "train.lr=1e-2", *extra))
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert all(0 <= x < 100 for x in losses) and losses[-1] < losses[0], losses
