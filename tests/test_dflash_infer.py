@@ -148,6 +148,7 @@ def test_trained_head_is_lossless_with_long_runs(successor_target):
     assert sum(taus) / len(taus) > 1.5, taus
 
 
+@pytest.mark.slow  # as tests/test_infer_sampling.py's
 @pytest.mark.parametrize("compile", [False, "eager"])
 def test_first_tokens_follow_the_target_law(small_target, compile):  # noqa: F811
     sampling = {"temperature": 0.9, "top_k": 6}

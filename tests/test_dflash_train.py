@@ -146,3 +146,13 @@ def test_lk_loss_trains(tiny_files, tmp_path, kind, extra):  # noqa: F811
                                "train.lr=1e-2", *extra))
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert all(0 <= x < 100 for x in losses) and losses[-1] < losses[0], losses
+
+
+def test_bad_head_options_are_one_line_errors_naming_the_value():
+    target = make_tiny_target("llama")  # 6 layers, vocab 96
+    for options, message in [({"block_size": 1}, "block_size=1"), ({"num_layers": 0}, "num_layers=0"),
+                             ({"mask_token_id": 96}, "mask_token_id=96"), ({"aux_layer_ids": [2, 6]}, r"\[6\]")]:
+        with pytest.raises(ValueError, match=message) as err:
+            build_head("dflash", target, **options)
+        assert "\n" not in str(err.value)
+    assert build_head("dflash", target, num_layers=3).feature_layer_ids == (2, 3, 4)  # layers 1, 2, 3 + 1
