@@ -81,9 +81,9 @@ def _check_batch(gen: Any, input_ids: Tensor, attention_mask: Tensor, max_new_to
     if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else attention_mask
         raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}")
-    mask = attention_mask.to(torch.long)
-    if not torch.equal(mask, attention_mask.to(torch.float).round().long()) or int(mask.min()) < 0 or int(mask.max()) > 1:
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise ValueError("attention_mask must hold only 0 and 1")
+    mask = attention_mask.to(torch.long)
     if not bool((mask[:, 1:] >= mask[:, :-1]).all()):
         raise ValueError("attention_mask must be left-padded (zeros, then ones in every row); pad on the left")
     lengths = mask.sum(-1)
