@@ -91,6 +91,14 @@ def test_batched_greedy_matches_hf_row_by_row(arch, batch, init):
             assert stats.tau > 1.5, stats.tau
 
 
+def test_eager_attention_takes_the_batched_mask():
+    target = _target("qwen2", attn_implementation="eager")
+    rows = _rows(target, random.Random(5))
+    ids, mask = _left_pad(rows)
+    out = SpeculativeGenerator(target, NgramDrafter(length=3)).generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW)
+    _assert_rows_match(target, rows, out, None)
+
+
 def test_padded_single_row_and_finished_rows_are_no_ops():
     """A padded row alone gives what it gives unpadded; a row whose budget is 1 finishes at the
     prefill and rides along without disturbing the others."""
