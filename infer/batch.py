@@ -16,6 +16,7 @@ refused in one line. The target runs eagerly (``compile`` is not applied to the 
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -117,6 +118,7 @@ def generate_batch(gen: Any, input_ids: Tensor, attention_mask: Tensor, max_new_
     Returns (B, prompt_len + max_new_tokens) on ``input_ids``' device: the prompts as given, then
     each row's new tokens (those ``target.generate`` gives that row alone), the pad id after its
     EOS or budget. Fills ``gen.last_stats`` (``steps`` counts row-steps, ``target_forwards`` forwards)."""
+    start_time = time.perf_counter()
     lengths = _check_batch(gen, input_ids, attention_mask, max_new_tokens)
     eos_list = gen._eos_ids(eos_token_id).tolist()
     pad_id = _pad_id(gen, eos_list)
@@ -193,6 +195,7 @@ def generate_batch(gen: Any, input_ids: Tensor, attention_mask: Tensor, max_new_
     for b in range(batch):
         out[b, prompt:prompt + len(emitted[b])] = torch.tensor(emitted[b], dtype=torch.long)
     stats.new_tokens = sum(len(e) for e in emitted)
+    stats.wall_time = time.perf_counter() - start_time
     gen.last_stats = stats
     return out.to(input_ids.device)
 

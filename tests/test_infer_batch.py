@@ -56,14 +56,18 @@ def _left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _assert_rows_match(target, rows, out, eos):
+def _assert_rows_match(target, rows, out, eos) -> int:
+    """Each row of ``out`` is its prompt's HF continuation, then padding; returns the new tokens."""
     width = max(len(r) for r in rows)
     assert out.shape == (len(rows), width + MAX_NEW)
+    total = 0
     for b, row in enumerate(rows):
         ref = _hf(target, torch.tensor([row]), MAX_NEW, eos)[0, len(row):]  # stops at EOS, as one row
         got = out[b, width:]
         assert torch.equal(got[: ref.numel()], ref), (b, got.tolist(), ref.tolist())
         assert (got[ref.numel():] == PAD).all(), (b, got.tolist())  # padded after EOS / budget
+        total += ref.numel()
+    return total
 
 
 @pytest.mark.parametrize("init", [0.3, 0.02])
@@ -82,11 +86,12 @@ def test_batched_greedy_matches_hf_row_by_row(arch, batch, init):
         else:
             out = gen.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, eos_token_id=eos)
         assert torch.equal(out[:, : ids.shape[1]], ids)
-        _assert_rows_match(target, rows, out, eos)
+        new_tokens = _assert_rows_match(target, rows, out, eos)
         if eos is not None:
             assert out[0, ids.shape[1] + 5:].eq(PAD).all()  # the first row did stop early
         stats = gen.last_stats
         assert stats.target_forwards <= MAX_NEW  # one forward per step for all rows
+        assert stats.new_tokens == new_tokens and stats.wall_time > 0
         if eos is None and init < 0.1:  # a cycling target: drafts are accepted, steps gain more than one token
             assert stats.tau > 1.5, stats.tau
 
