@@ -116,7 +116,8 @@ def test_hf_engine_resume_skips_written_rows_and_repairs_a_cut_line(target_dir, 
     run(*args, "--resume")
     rows = read(out)
     assert rows[:2] == first and sorted(r["source_index"] for r in rows) == [0, 1, 3, 4, 5]
-    assert "already there 2" in capsys.readouterr().out
+    report = capsys.readouterr().out
+    assert "already there 2" in report and "removed a cut last line (25 bytes)" in report  # and says so
     with pytest.raises(ValueError, match="generated with .*max_new_tokens': 6.*use another --out"):
         run("--target", target_dir, "--data", data_file, "--out", out, "--max-new-tokens", 7, "--resume")
 
@@ -249,7 +250,7 @@ def test_a_server_that_never_answers_ends_within_the_timeouts(target_dir, data_f
     assert code == 2 and time.monotonic() - start < 5
     assert "2 conversations in a row failed (--max-failures 2)" in err and "within --timeout 0.3 s" in err
     start = time.monotonic()
-    code = run_cli(*common, "--timeout", 30, "--retries", 3, "--deadline", 0.8)
+    code = run_cli(*common, "--timeout", 30, "--retries", 3, "--deadline", 0.8, "--concurrency", 4)  # 4 in flight
     assert code == 2 and time.monotonic() - start < 5
     assert "--deadline 0.8 s reached" in capsys.readouterr().err
 
