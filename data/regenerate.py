@@ -14,12 +14,12 @@ cannot be regenerated are counted per reason and skipped. ``scripts/regenerate.p
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -33,7 +33,8 @@ from data.base.device import default_device
 NOT_A_CONVERSATION = "not_a_conversation"  # a plain-text row
 PROMPT_TOO_LONG = "prompt_too_long"  # the first prompt leaves no room to answer within max_length
 EMPTY_ANSWER = "empty_answer"  # the target answered the first turn with nothing
-SERVER_ERROR = "server_error"  # the server refused the first turn (HTTP 4xx, or 5xx after retries)
+SERVER_ERROR = "server_error"  # the server refused the first turn (HTTP 4xx, 5xx or no answer after retries)
+BAD_REPLY = "bad_reply"  # the server answered the first turn with something that is not a chat completion
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Stats:
     conversations_cut: int = 0  # stopped before their last assistant turn (context or server limit)
     skipped: Counter = field(default_factory=Counter)
     first_errors: dict[str, str] = field(default_factory=dict)  # reason -> "row N: detail" of its first row
+    cut_line_bytes: int = 0  # --resume: bytes of a crash-cut last line removed from --out
 
     def skip(self, index: int, reason: str, detail: str) -> None:
         self.skipped[reason] += 1
@@ -90,9 +92,16 @@ class Stats:
                  f"skipped {sum(self.skipped.values())}",
                  f"assistant turns {self.turns}, new tokens {self.new_tokens}, "
                  f"cut at max_new_tokens {self.turns_at_max_new_tokens}, conversations cut short {self.conversations_cut}"]
+        if self.cut_line_bytes:
+            lines.append(f"  removed a cut last line ({self.cut_line_bytes} bytes) from the resumed file; its row is generated again")
         lines += [f"  skipped {reason}: {n} (first: {self.first_errors[reason]})"
                   for reason, n in sorted(self.skipped.items())]
         return "\n".join(lines)
+
+
+class RegenerationStopped(OSError):
+    """The whole run stopped early (server unreachable, too many failures in a row, --deadline); an
+    OSError so that ``data.cli.run`` ends it in one line with exit code 2. Rows written are kept."""
 
 
 class TurnError(Exception):
@@ -126,18 +135,28 @@ class JsonlAppender:
         os.close(self._fd)
 
 
-def existing_rows(path: Path, settings: Settings) -> set[int]:
-    """Source indices already in ``path`` (for ``--resume``), after cutting off a partial last line.
+ROW_PREFIX = b'{"id": '  # how every line this module writes begins (json.dumps of a row, "id" first)
 
-    Raises ValueError when the file was written with other settings.
+
+def existing_rows(path: Path, settings: Settings) -> set[int]:
+    """Source indices already in ``path`` (for ``--resume``); a cut last line is removed (see ``read_existing``)."""
+    return read_existing(path, settings)[0]
+
+
+def read_existing(path: Path, settings: Settings) -> tuple[set[int], int]:
+    """(source indices already in ``path``, bytes of a cut last line removed) for ``--resume``.
+
+    Every complete line is checked first: a line that is not a regenerated row, or one generated with
+    other settings, raises ValueError and the file is left as it is. Only then is a cut last line (a
+    write cut by a crash, beginning like one of our rows) removed; a cut line that does not look like
+    ours is refused too: the file is never cut unless it is ours.
     """
+    if not path.exists():
+        return set(), 0
     if not path.is_file():
-        return set()
+        raise IsADirectoryError(f"--out {path} is a directory, not a JSONL file; name a file")
     raw = path.read_bytes()
     end = raw.rfind(b"\n") + 1
-    if end < len(raw):  # a write cut by a crash: drop it, the row is generated again
-        with open(path, "r+b") as f:
-            f.truncate(end)
     done = set()
     wanted = _comparable(asdict(settings))
     for line_no, line in enumerate(raw[:end].splitlines(), 1):
@@ -146,14 +165,23 @@ def existing_rows(path: Path, settings: Settings) -> set[int]:
         try:
             row = json.loads(line)
             index, provenance = row["source_index"], row["provenance"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            if not isinstance(index, int) or not isinstance(provenance, dict):
+                raise TypeError("source_index must be an int and provenance a dict")
+        except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{path}:{line_no}: not a regenerated row ({err}); --resume needs a file "
-                             "written by scripts/regenerate.py") from err
+                             "written by scripts/regenerate.py (nothing was changed)") from err
         if _comparable(provenance) != wanted:
             raise ValueError(f"{path}:{line_no} was generated with {provenance}, not {asdict(settings)}; "
                              "use another --out or the same settings")
         done.add(index)
-    return done
+    cut = len(raw) - end
+    if cut:
+        if not raw[end:].startswith(ROW_PREFIX):
+            raise ValueError(f"{path}: the last line is cut and does not begin like a regenerated row; "
+                             "not a file written by scripts/regenerate.py, left as it is")
+        with open(path, "r+b") as f:  # a write cut by a crash, in a file of ours: its row is generated again
+            f.truncate(end)
+    return done, cut
 
 
 def _comparable(provenance: dict) -> dict:
@@ -182,21 +210,31 @@ def plan_conversations(rows: Iterable, skip: set[int], stats: Stats) -> Iterator
 
 
 def regenerate(rows: list, out: Path, engine, settings: Settings, *, resume: bool = False,
-               progress: bool = True) -> Stats:
-    """Regenerate ``rows`` into ``out`` with ``engine`` (``HFEngine`` / ``OpenAIEngine``)."""
+               progress: bool = True, max_failures: int | None = None) -> Stats:
+    """Regenerate ``rows`` into ``out`` with ``engine`` (``HFEngine`` / ``OpenAIEngine``).
+
+    ``max_failures``: stop (``RegenerationStopped``) once that many conversations in a row ended
+    with a server error or a bad reply; None never stops.
+    """
     from tqdm.auto import tqdm
 
+    if out.is_dir():
+        raise IsADirectoryError(f"--out {out} is a directory; name a JSONL file")
     if out.exists() and out.stat().st_size and not resume:
         raise FileExistsError(f"{out} exists; pass --resume to continue it or choose another --out")
     stats = Stats()
-    done = existing_rows(out, settings) if resume else set()
+    done, stats.cut_line_bytes = read_existing(out, settings) if resume else (set(), 0)
     stats.rows_resumed = len(done)
+    failures_in_a_row = 0
     conversations = list(plan_conversations(rows, done, stats))
     writer = JsonlAppender(out)
     bar = tqdm(total=len(conversations), desc="regenerate", unit="conv", disable=not progress)
     start = time.perf_counter()
 
     def finish(conv: Conversation, error: TurnError | None) -> None:
+        nonlocal failures_in_a_row
+        failed = error is not None and error.reason in (SERVER_ERROR, BAD_REPLY)
+        failures_in_a_row = failures_in_a_row + 1 if failed else 0
         if error is not None and not conv.done:
             stats.skip(conv.index, error.reason, error.detail)
         else:
@@ -206,9 +244,15 @@ def regenerate(rows: list, out: Path, engine, settings: Settings, *, resume: boo
             stats.rows_written += 1
         bar.update(1)
         bar.set_postfix_str(f"{stats.new_tokens / (time.perf_counter() - start):.0f} tok/s", refresh=False)
+        if max_failures is not None and failures_in_a_row >= max_failures:
+            raise RegenerationStopped(f"stopped: {failures_in_a_row} conversations in a row failed "
+                                      f"(--max-failures {max_failures}); last: row {conv.index}: {error.detail}")
 
     try:
         engine.run(conversations, settings, stats, finish)
+    except RegenerationStopped as err:
+        raise RegenerationStopped(f"{err}; {out}: {stats.rows_written} rows written this run are kept, "
+                                  "--resume continues").with_traceback(None) from None
     finally:
         bar.close()
         writer.close()
@@ -297,19 +341,52 @@ class HFEngine:
         return answers
 
 
+def check_base_url(url: str) -> str:
+    """``url`` if it is an http(s) URL with a host, else ValueError naming it."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--base-url {url!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1")
+    try:
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError as err:
+        raise ValueError(f"--base-url {url!r}: {err}") from None
+    return url
+
+
 class OpenAIEngine:
     """Chat completions from an OpenAI-compatible server (``POST {base_url}/chat/completions``):
-    ``concurrency`` conversations in flight, each turn retried on connection errors, 429 and 5xx."""
+    ``concurrency`` conversations in flight, each turn retried on network errors, 429 and 5xx.
+
+    Time is bounded: ``connect_timeout`` seconds to connect, ``timeout`` seconds for each read of
+    the reply, ``retries`` retries per turn, and ``deadline`` seconds for the whole run (None: no
+    limit). A server that cannot be connected to after the retries stops the run
+    (``RegenerationStopped``), as does the deadline; a reply that is not a chat completion
+    (cut, not JSON, content not a string) fails its turn (``BAD_REPLY``) without a retry.
+    """
 
     def __init__(self, base_url: str, model: str, *, concurrency: int = 32, retries: int = 4,
-                 timeout: float = 600.0, api_key: str | None = None):
+                 timeout: float = 120.0, connect_timeout: float = 10.0, deadline: float | None = None,
+                 api_key: str | None = None):
+        check_base_url(base_url)
+        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout), ("deadline", deadline)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value}")
         self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.concurrency, self.retries, self.timeout = model, concurrency, retries, timeout
+        parts = urllib.parse.urlsplit(self.url)
+        self._https, self._host, self._port = parts.scheme == "https", parts.hostname, parts.port
+        self._path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.model, self.concurrency, self.retries = model, concurrency, retries
+        self.timeout, self.connect_timeout, self.deadline = timeout, connect_timeout, deadline
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY")
         self._lock = threading.Lock()  # stats and finish() are called from the worker threads
+        self._stop = threading.Event()
+        self._end = float("inf")
 
     def run(self, conversations: list[Conversation], settings: Settings, stats: Stats,
             finish: Callable[[Conversation, TurnError | None], None]) -> None:
+        self._stop.clear()
+        self._end = time.monotonic() + self.deadline if self.deadline is not None else float("inf")
+
         def work(conv: Conversation) -> tuple[Conversation, TurnError | None]:
             while (prompt := conv.next_prompt()) is not None:
                 try:
@@ -326,7 +403,8 @@ class OpenAIEngine:
             return conv, None
 
         pending = iter(conversations)
-        with ThreadPoolExecutor(self.concurrency) as pool:
+        pool = ThreadPoolExecutor(self.concurrency)
+        try:
             running = {pool.submit(work, c) for c in _take(pending, self.concurrency)}
             while running:
                 finished, running = wait(running, return_when=FIRST_COMPLETED)
@@ -334,6 +412,36 @@ class OpenAIEngine:
                     with self._lock:
                         finish(*future.result())
                 running |= {pool.submit(work, c) for c in _take(pending, len(finished))}
+        except BaseException:
+            self._stop.set()  # requests in flight end within their timeouts; no new one starts
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _left(self) -> float:
+        """Seconds left before the deadline; RegenerationStopped when none (or when the run stopped)."""
+        if self._stop.is_set():
+            raise TurnError(SERVER_ERROR, "the run stopped")
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise RegenerationStopped(f"stopped: --deadline {self.deadline:g} s reached")
+        return left
+
+    def _post(self, body: bytes, headers: dict) -> tuple[int, bytes]:
+        """(HTTP status, body) of one POST; ``_Unreachable`` when no connection could be made."""
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=min(self.connect_timeout, self._left()))
+        try:
+            try:
+                conn.connect()
+            except OSError as err:
+                raise _Unreachable(f"cannot connect to {self.url}: {err or type(err).__name__}") from None
+            conn.sock.settimeout(min(self.timeout, self._left()))
+            conn.request("POST", self._path, body=body, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
 
     def complete(self, messages: Messages, settings: Settings) -> tuple[str, int, bool]:
         """(answer, completion tokens, whether it ended by itself) of one request."""
@@ -342,26 +450,53 @@ class OpenAIEngine:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        unreachable = False
         for attempt in range(self.retries + 1):
-            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    reply = json.loads(response.read())
-                choice = reply["choices"][0]
-                usage = reply.get("usage") or {}
-                return (choice["message"]["content"] or "", int(usage.get("completion_tokens", 0)),
-                        choice.get("finish_reason") != "length")
-            except urllib.error.HTTPError as err:
-                detail = f"HTTP {err.code} from {self.url}: {err.read()[:300].decode('utf-8', 'replace')}"
-                if err.code != 429 and err.code < 500:
-                    raise TurnError(SERVER_ERROR, detail) from None  # the request itself is refused
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
-                detail = f"{self.url} unreachable: {err}"
-            except (KeyError, IndexError, TypeError, json.JSONDecodeError) as err:
-                raise TurnError(SERVER_ERROR, f"unexpected reply from {self.url}: {err!r}") from None
+                status, data = self._post(body, headers)
+            except RegenerationStopped:
+                raise
+            except _Unreachable as err:
+                detail, unreachable = str(err), True
+            except (TimeoutError, OSError) as err:  # connected, then no (whole) answer in time
+                detail, unreachable = f"no answer from {self.url} within --timeout {self.timeout:g} s: " \
+                                      f"{err or type(err).__name__}", False
+            except http.client.HTTPException as err:  # a cut or malformed HTTP reply
+                raise TurnError(BAD_REPLY, f"bad reply from {self.url}: {err!r}") from None
+            else:
+                if status == 200:
+                    return _parse_completion(data, self.url)
+                detail, unreachable = f"HTTP {status} from {self.url}: {data[:300].decode('utf-8', 'replace')}", False
+                if status != 429 and status < 500:
+                    raise TurnError(SERVER_ERROR, detail)  # the request itself is refused
             if attempt < self.retries:
-                time.sleep(min(30.0, 0.5 * 2 ** attempt))
+                time.sleep(min(30.0, 0.5 * 2 ** attempt, self._left()))
+        if unreachable:
+            raise RegenerationStopped(f"stopped: {detail} (after {self.retries} retries); is the server running?")
         raise TurnError(SERVER_ERROR, f"{detail} (after {self.retries} retries)")
+
+
+class _Unreachable(Exception):
+    """No connection to the server (refused, no route, connect timeout)."""
+
+
+def _parse_completion(data: bytes, url: str) -> tuple[str, int, bool]:
+    """(content, completion tokens, ended by itself) of a chat-completion body; TurnError(BAD_REPLY) if it is not one."""
+    try:
+        reply = json.loads(data)
+        choice = reply["choices"][0]
+        content = choice["message"]["content"]
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise TypeError(f"content is {type(content).__name__} {content!r:.50}, not a string")
+        tokens = (reply.get("usage") or {}).get("completion_tokens", 0)
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise TypeError(f"usage.completion_tokens is {tokens!r:.50}, not a count")
+        return content, tokens, choice.get("finish_reason") != "length"
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+        raise TurnError(BAD_REPLY, f"unexpected reply from {url}: {type(err).__name__}: {str(err)[:200]}; "
+                                   f"body starts {data[:80]!r}") from None
 
 
 def _take(it: Iterator, n: int) -> list:

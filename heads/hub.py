@@ -12,7 +12,7 @@ from huggingface_hub import HfApi
 from heads.auto import AutoHead
 from heads.card import TRAINING_FILES, model_card, training_info
 from heads.common import DraftHead
-from heads.formats import FORMAT_KINDS, export_head
+from heads.formats import EXPORT_MARKER, FORMAT_KINDS, export_head
 
 
 def push_head_to_hub(
@@ -46,6 +46,7 @@ def push_head_to_hub(
             _check_reload(head, stage)
         else:
             export_head(head, stage, fmt)
+            (stage / EXPORT_MARKER).unlink()  # marks a local folder as ours to replace; not for the Hub
             export_config = json.loads((stage / "config.json").read_text())
         for name in TRAINING_FILES:
             if head_dir is not None and (head_dir / name).is_file():

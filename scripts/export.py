@@ -39,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="speculators format: proposal length vLLM uses by default")
     parser.add_argument("--max-position-embeddings", type=int,
                         help="context to declare (default: the larger of the head's and the target's)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier draftsmith export at --out (never any other folder)")
     return parser.parse_args(argv)
 
 

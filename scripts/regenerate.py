@@ -2,6 +2,7 @@
 
     python scripts/regenerate.py --target T --data D --out OUT.jsonl [--engine hf|openai]
         [--base-url URL] [--max-new-tokens N] [--temperature T] [--resume]
+        [--connect-timeout S] [--timeout S] [--deadline S] [--retries N] [--max-failures N]
 
 ``--data`` takes what ``data.train`` takes (a .json/.jsonl/.parquet file, ``demo:sharegpt``);
 ``--target`` a directory, hub id or ``demo:smollm2``. ``--engine hf`` generates in batches on
@@ -9,6 +10,13 @@ the local device. ``--engine openai`` sends each turn to an OpenAI-compatible se
 regenerate 500k conversations on many GPUs, e.g. ``vllm serve DIR --port 8000`` then
 ``--base-url http://127.0.0.1:8000/v1`` (``--model`` defaults to ``--target``). Train on the output
 with ``data.train=OUT.jsonl``.
+
+Time against a server is bounded: ``--connect-timeout`` (10 s) to connect, ``--timeout`` (120 s)
+for each read of a reply, ``--retries`` (at most 20) per turn, ``--deadline`` seconds for the whole
+run. A server that cannot be reached, ``--max-failures`` conversations failing in a row, or the
+deadline stop the run with exit code 2; the rows written so far are kept and ``--resume`` continues.
+``--out`` is never the ``--data`` file nor a directory; ``--resume`` only continues (and only cuts a
+crash-cut last line of) a file whose lines are all rows regenerated with the same settings.
 """
 from __future__ import annotations
 
@@ -16,7 +24,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from data.regenerate import HFEngine, OpenAIEngine, Settings, regenerate
+from data.cli import run
+from data.regenerate import HFEngine, OpenAIEngine, Settings, check_base_url, regenerate
+
+MAX_RETRIES = 20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,7 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="hf engine: conversations per generate call")
     p.add_argument("--device", help="hf engine: torch device (default: cuda if available)")
     p.add_argument("--concurrency", type=int, default=32, help="openai engine: conversations in flight")
-    p.add_argument("--retries", type=int, default=4, help="openai engine: retries per request (429, 5xx, network)")
+    p.add_argument("--retries", type=int, default=4,
+                   help=f"openai engine: retries per request (429, 5xx, network), at most {MAX_RETRIES}")
+    p.add_argument("--connect-timeout", type=float, default=10.0, help="openai engine: seconds to connect")
+    p.add_argument("--timeout", type=float, default=120.0, help="openai engine: seconds for each read of a reply")
+    p.add_argument("--deadline", type=float, help="openai engine: seconds for the whole run (default: no limit)")
+    p.add_argument("--max-failures", type=int, default=10,
+                   help="stop when this many conversations in a row fail on the server (0: never stop)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.engine == "openai" and not args.base_url:
@@ -49,8 +66,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("max_new_tokens", "max_length", "batch_size", "concurrency"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.temperature < 0 or args.retries < 0 or (args.limit is not None and args.limit < 0):
-        p.error("--temperature, --retries and --limit must be >= 0")
+    if args.temperature < 0 or args.retries < 0 or args.max_failures < 0 or (args.limit is not None and args.limit < 0):
+        p.error("--temperature, --retries, --max-failures and --limit must be >= 0")
+    if args.retries > MAX_RETRIES:
+        p.error(f"--retries {args.retries}: at most {MAX_RETRIES}")
+    for name in ("connect_timeout", "timeout", "deadline"):
+        value = getattr(args, name)
+        if value is not None and not (0 < value < float("inf")):
+            p.error(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value}")
+    if args.base_url:
+        try:
+            check_base_url(args.base_url)
+        except ValueError as err:
+            p.error(str(err))
+    data = Path(args.data)
+    if data.exists() and args.out.resolve() == data.resolve():
+        p.error(f"--out {args.out} is the --data file; name another file (the source is never overwritten)")
+    if args.out.is_dir():
+        p.error(f"--out {args.out} is a directory; name a JSONL file")
     return args
 
 
@@ -70,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         engine = HFEngine(resolve_target(args.target), batch_size=args.batch_size, device=args.device)
     else:
         engine = OpenAIEngine(args.base_url, args.model or args.target, concurrency=args.concurrency,
-                              retries=args.retries)
-    stats = regenerate(rows, args.out, engine, settings, resume=args.resume, progress=not args.no_progress)
+                              retries=args.retries, timeout=args.timeout, connect_timeout=args.connect_timeout,
+                              deadline=args.deadline)
+    stats = regenerate(rows, args.out, engine, settings, resume=args.resume, progress=not args.no_progress,
+                       max_failures=args.max_failures or None)
     print(f"{args.out}:\n{stats}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

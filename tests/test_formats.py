@@ -16,6 +16,7 @@ from transformers import LlamaConfig
 from conftest import make_tiny_target
 from heads import AutoHead, Eagle3Head, build_head, default_aux_layer_ids
 from heads.formats import (
+    EXPORT_MARKER,
     FORMATS,
     aux_layer_ids_from_config,
     export_head,
@@ -83,7 +84,7 @@ def _midlayer_spec(prefix: str, attn_in: int) -> dict[str, tuple]:
 def test_eagle3_export_matches_reference_layout(tmp_path, target, eagle3_reduced, eagle3_custom, fmt, reduced):
     head = eagle3_reduced if reduced else eagle3_custom
     out = export_head(head, tmp_path / "out", fmt, target=target)
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [EXPORT_MARKER, "README.md", "config.json", "model.safetensors"]
     tensors = _tensors(out / "model.safetensors")
     layer = "layers.0." if fmt == "speculators" else "midlayer."  # speculators' Eagle3DraftModel: layers[0]
     expected = {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (VD if reduced else V, H),
@@ -188,7 +189,8 @@ def test_medusa_vllm_and_tgi_layouts(tmp_path, target):
     assert not [k for k in config if "num" in k and k not in ("num_heads", "num_hidden_layers")]
 
     tgi = export_head(head, tmp_path / "tgi", "medusa-tgi", target=target)
-    assert sorted(p.name for p in tgi.iterdir()) == ["README.md", "config.json", "medusa_lm_head.safetensors"]
+    assert sorted(p.name for p in tgi.iterdir()) == [EXPORT_MARKER, "README.md", "config.json",
+                                                     "medusa_lm_head.safetensors"]
     tensors = _tensors(tgi / "medusa_lm_head.safetensors")
     expected = {f"{i}.{j}.linear.{p}": state[f"blocks.{i}.layers.{j}.{p}"]
                 for i in range(3) for j in range(2) for p in ("weight", "bias")}
@@ -269,8 +271,36 @@ def test_nameless_target_and_full_directory(tmp_path, eagle3_reduced):
     (tmp_path / "full" / "keep.txt").write_text("x")
     with pytest.raises(FileExistsError, match="overwrite"):
         export_head(eagle3_reduced, tmp_path / "full", "vllm")
-    export_head(eagle3_reduced, tmp_path / "full", "vllm", overwrite=True)
-    assert not (tmp_path / "full" / "keep.txt").exists()
+    with pytest.raises(ValueError, match=r"refusing to replace .*full: it is not an export written by draftsmith.*keep.txt"):
+        export_head(eagle3_reduced, tmp_path / "full", "vllm", overwrite=True)  # someone's folder: never deleted
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
+    (tmp_path / "empty").mkdir()
+    export_head(eagle3_reduced, tmp_path / "empty", "vllm")  # an empty folder is fine
+    assert (tmp_path / "empty" / EXPORT_MARKER).is_file()
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+def test_overwrite_never_replaces_a_file_or_the_target(tmp_path, target, eagle3_reduced):
+    """``export --target T --out T --overwrite`` is refused and T is intact; so is a file at --out."""
+    from scripts import export
+
+    head_dir, target_dir = tmp_path / "head", tmp_path / "target"
+    eagle3_reduced.save_pretrained(head_dir)
+    target.save_pretrained(target_dir)
+    (target_dir / "README.md").write_text("the user's own card")
+    before = _snapshot(tmp_path)
+    argv = ["--head", str(head_dir), "--to", "vllm", "--target", str(target_dir), "--out", str(target_dir), "--overwrite"]
+    assert export.cli(argv) == 2
+    assert _snapshot(tmp_path) == before
+    with pytest.raises(ValueError, match="refusing to replace .*not an export written by draftsmith.*config.json"):
+        export_head(eagle3_reduced, target_dir, "vllm", overwrite=True)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is a file, not a directory"):
+        export_head(eagle3_reduced, tmp_path / "notes.txt", "vllm", overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def _rewrite(directory: Path, weights: str, edit_tensors=None, edit_config=None) -> None:

@@ -3,8 +3,14 @@ OpenAI-compatible HTTP server on 127.0.0.1 serving the same target."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +18,11 @@ from conftest import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from data.cli import run as cli_run
 from data.regenerate import Conversation
 from scripts.regenerate import main
 
+ROOT = Path(__file__).resolve().parents[1]
 SERVER_MAX_TOKENS = 200  # the server refuses longer prompts with HTTP 400, as vLLM does
 
 
@@ -108,7 +116,8 @@ def test_hf_engine_resume_skips_written_rows_and_repairs_a_cut_line(target_dir, 
     run(*args, "--resume")
     rows = read(out)
     assert rows[:2] == first and sorted(r["source_index"] for r in rows) == [0, 1, 3, 4, 5]
-    assert "already there 2" in capsys.readouterr().out
+    report = capsys.readouterr().out
+    assert "already there 2" in report and "removed a cut last line (25 bytes)" in report  # and says so
     with pytest.raises(ValueError, match="generated with .*max_new_tokens': 6.*use another --out"):
         run("--target", target_dir, "--data", data_file, "--out", out, "--max-new-tokens", 7, "--resume")
 
@@ -198,12 +207,174 @@ def test_openai_engine_against_a_real_server_matches_the_hf_engine(target_dir, d
     assert api[1]["provenance"]["engine"] == "openai"
 
 
-def test_openai_engine_reports_an_unreachable_server(target_dir, data_file, tmp_path, capsys):
+def run_cli(*args):
+    """Through data.cli.run, as ``python scripts/regenerate.py`` and ``draftsmith regenerate`` do."""
+    return cli_run(main, [*map(str, args), "--no-progress"])
+
+
+def test_openai_engine_stops_on_an_unreachable_server(target_dir, data_file, tmp_path, capsys):
+    """Not exit 0 with every row 'skipped': the run stops, one line, exit code 2."""
     out = tmp_path / "out.jsonl"
-    run("--target", target_dir, "--data", data_file, "--out", out, "--engine", "openai",
-        "--base-url", "http://127.0.0.1:9/v1", "--retries", 0, "--limit", 1)
-    assert "skipped server_error: 1" in capsys.readouterr().out
+    start = time.monotonic()
+    code = run_cli("--target", target_dir, "--data", data_file, "--out", out, "--engine", "openai",
+                   "--base-url", f"http://127.0.0.1:{closed_port()}/v1", "--retries", 1, "--limit", 4)
+    err = capsys.readouterr().err
+    assert code == 2 and time.monotonic() - start < 10
+    assert err.startswith("error: stopped: cannot connect to http://127.0.0.1:") and err.count("\n") == 1
+    assert "is the server running?" in err and "--resume continues" in err
     assert out.read_text() == ""
+
+
+def closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def silent_server():
+    """Accepts connections (the kernel's backlog) and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+def test_a_server_that_never_answers_ends_within_the_timeouts(target_dir, data_file, silent_server, tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    common = ("--target", target_dir, "--data", data_file, "--out", out, "--engine", "openai",
+              "--base-url", silent_server, "--concurrency", 1, "--connect-timeout", 1)
+    start = time.monotonic()
+    code = run_cli(*common, "--timeout", 0.3, "--retries", 0, "--max-failures", 2)
+    err = capsys.readouterr().err
+    assert code == 2 and time.monotonic() - start < 5
+    assert "2 conversations in a row failed (--max-failures 2)" in err and "within --timeout 0.3 s" in err
+    start = time.monotonic()
+    code = run_cli(*common, "--timeout", 30, "--retries", 3, "--deadline", 0.8, "--concurrency", 4)  # 4 in flight
+    assert code == 2 and time.monotonic() - start < 5
+    assert "--deadline 0.8 s reached" in capsys.readouterr().err
+
+
+class ScriptedServer(ThreadingHTTPServer):
+    """Answers POSTs with the raw replies in ``script`` (status, body bytes, declared length), in turn."""
+
+    daemon_threads = True
+
+    def __init__(self, script):
+        super().__init__(("127.0.0.1", 0), ScriptedHandler)
+        self.script, self.requests = script, 0
+
+
+class ScriptedHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        server = self.server
+        status, body, length = server.script[server.requests % len(server.script)]
+        server.requests += 1
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(length if length is not None else len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def start(script):
+        srv = ScriptedServer(script)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}/v1"
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def completion(content):
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": content},
+                                    "finish_reason": "stop"}]}).encode()
+
+
+def test_bad_replies_fail_their_turn_with_one_clear_error(target_dir, data_file, scripted, tmp_path, capsys):
+    """A cut body, content 42, not JSON: each a bad_reply skip with its reason, never a traceback."""
+    url = scripted([(200, completion("ok")[:20], 200),  # declares 200 bytes, sends 20, closes
+                    (200, completion(42), None),
+                    (200, b"<html>Bad gateway</html>", None)])
+    out = tmp_path / "out.jsonl"
+    code = run_cli("--target", target_dir, "--data", data_file, "--out", out, "--engine", "openai",
+                   "--base-url", url, "--concurrency", 1, "--limit", 4, "--timeout", 2)
+    report = capsys.readouterr().out
+    assert code == 0 and "skipped bad_reply: 3" in report
+    assert out.read_text() == ""
+    start = run_cli("--target", target_dir, "--data", data_file, "--out", tmp_path / "b.jsonl", "--engine", "openai",
+                    "--base-url", scripted([(200, completion(42), None)]), "--limit", 1)
+    assert start == 0 and "content is int 42, not a string" in capsys.readouterr().out
+
+
+def test_a_server_answering_500_stops_after_max_failures(target_dir, data_file, scripted, tmp_path, capsys):
+    url = scripted([(500, b'{"error": "boom"}', None)])
+    out = tmp_path / "out.jsonl"
+    code = run_cli("--target", target_dir, "--data", data_file, "--out", out, "--engine", "openai",
+                   "--base-url", url, "--concurrency", 1, "--retries", 1, "--max-failures", 2)
+    err = capsys.readouterr().err
+    assert code == 2 and "2 conversations in a row failed" in err and "HTTP 500" in err and "after 1 retries" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--base-url", "notaurl", "--engine", "openai"), "is not an http(s) URL"),
+    (("--base-url", "http://127.0.0.1:8000/v1", "--engine", "openai", "--retries", 1000), "at most 20"),
+    (("--base-url", "http://127.0.0.1:8000/v1", "--engine", "openai", "--timeout", 0), "--timeout must be"),
+    (("--base-url", "http://127.0.0.1:8000/v1", "--engine", "openai", "--deadline", "nan"), "--deadline must be"),
+])
+def test_bad_values_are_refused_at_parse_time(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_:
+        run("--target", "t", "--data", "d.json", "--out", tmp_path / "o.jsonl", *args)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_out_is_never_the_data_file_nor_a_directory(data_file, tmp_path, capsys):
+    before = data_file.read_bytes()
+    for out in (data_file, data_file.parent / "." / data_file.name):
+        with pytest.raises(SystemExit):
+            run("--target", "t", "--data", data_file, "--out", out, "--resume")
+        assert "is the --data file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run("--target", "t", "--data", data_file, "--out", tmp_path)
+    assert "is a directory" in capsys.readouterr().err
+    assert data_file.read_bytes() == before
+
+
+def test_resume_never_cuts_a_file_that_is_not_ours(target_dir, data_file, tmp_path, capsys):
+    """The lines are checked before anything is cut: someone's notes without a final newline stay whole."""
+    out = tmp_path / "notes.jsonl"
+    out.write_bytes(b'{"note": "mine"}\nan unfinished last line')
+    before = out.read_bytes()
+    assert run_cli("--target", target_dir, "--data", data_file, "--out", out, "--resume") == 2
+    assert "not a regenerated row" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    out.write_bytes(b"just one line, no newline")  # no complete line: the cut line must look like ours
+    assert run_cli("--target", target_dir, "--data", data_file, "--out", out, "--resume") == 2
+    assert "does not begin like a regenerated row" in capsys.readouterr().err
+    assert out.read_bytes() == b"just one line, no newline"
+
+
+def test_the_script_ends_a_user_mistake_in_one_line(target_dir, data_file, tmp_path):
+    out = tmp_path / "notes.jsonl"
+    out.write_text("mine\n")
+    done = subprocess.run([sys.executable, "scripts/regenerate.py", "--target", str(target_dir), "--data", str(data_file),
+                           "--out", str(out), "--resume", "--no-progress", "--limit", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
 
 
 def test_conversation_plan_keeps_prompts_and_regenerated_history():

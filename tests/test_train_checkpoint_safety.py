@@ -13,7 +13,7 @@ from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from train.checkpoint import CheckpointError
 from train.checkpoint import CHECKPOINTS
 from train.loop import setup
-from train.resume import latest_checkpoint
+from train.resume import latest_checkpoint, mark_run
 
 FAST = ["head.kind=medusa", "train.max_steps=4", "train.save_every=2", "train.eval_every=0", "data.eval=null",
         "train.warmup_steps=0", "train.keep_last_checkpoints=3"]
@@ -73,6 +73,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_fi
     newest = latest_checkpoint(out)
     assert newest.name == "step-0000004"
     _truncate(newest / victim)
+    mark_run(out)  # as if the run died after writing it: no completion record
     with pytest.raises(CheckpointError, match=rf"step-0000004/{victim}"):
         setup(tiny_config(tiny_files, out, *FAST, f"resume_from={newest}"))  # an explicit path: no fallback
     with caplog.at_level(logging.WARNING, logger="draftsmith.train"):

@@ -16,7 +16,7 @@ from train.checkpoint import CheckpointError
 from train.checkpoint import CHECKPOINTS
 from train.divergence import DivergenceGuard, TrainingDiverged
 from train.loop import setup
-from train.resume import latest_checkpoint
+from train.resume import latest_checkpoint, mark_run
 
 
 @pytest.mark.parametrize("kind, extra", [
@@ -32,7 +32,8 @@ def test_resume_latest_gives_the_same_weights(tiny_files, tmp_path, kind, extra)
     reference = {k: v.clone() for k, v in full.head.state_dict().items()}
     assert latest_checkpoint(out).name == "step-0000008"
 
-    shutil.rmtree(out / CHECKPOINTS / "step-0000008")  # as if the run died after step 7
+    shutil.rmtree(out / CHECKPOINTS / "step-0000008")  # as if the run died after step 7 ...
+    mark_run(out)  # ... before it finished: no completion record
     resumed = setup(tiny_config(tiny_files, out, *args, "resume_from=latest"))
     assert resumed.steps == 8
     weights = resumed.head.state_dict()

@@ -37,6 +37,7 @@ from data.base.paths import share_readable
 CHECKPOINTS = "checkpoints"
 BEST = "best"  # output_dir/best: the head with the best simulated τ so far
 METRICS_FILE = "metrics.jsonl"  # output_dir/metrics.jsonl: one JSON record per log or eval step
+RUN_MARKER = ".draftsmith-run"  # written first into a run's output_dir: the folder is ours to write and replace
 COMPLETE = "COMPLETE"  # written last into a checkpoint directory
 HEAD_CONFIG = "head_config.json"
 MODEL_FILE = "model.safetensors"

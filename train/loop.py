@@ -31,32 +31,19 @@ from heads import build_head
 from infer.target import decoder_layers, loaded_target_identity
 from infer.threads import choose_threads
 from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
-from train.config import ConfigError, TrainConfig, load_config
+from train.config import TrainConfig, load_config
 from train.evaluate import eval_and_keep_best
 from train.examples import collate, load_examples, run_cache_dir
 from train.fit import fit
 from train.metrics_log import MetricsLog
 from train.objectives import HeadSetup, objective_class
-from train.resume import TrainState, latest_checkpoint, resume
+from train.output_dir import check_output_dir
+from train.resume import TrainState, mark_run, resume, resume_settings
 from train.run_card import run_card
 
 logger = logging.getLogger("draftsmith.train")
 
 _DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def check_output_dir(cfg: TrainConfig) -> None:
-    """A fresh run (no ``resume_from``) must not replace an earlier run's results unless asked to."""
-    output_dir = Path(cfg.output_dir)
-    if cfg.resume_from is not None or cfg.overwrite_output_dir or not output_dir.is_dir():
-        return
-    earlier = [name for name in (CHECKPOINTS, BEST, METRICS_FILE, "model.safetensors") if (output_dir / name).exists()]
-    if earlier:
-        steps = latest_checkpoint(output_dir)
-        where = f" (latest checkpoint {steps.name})" if steps else ""
-        raise ConfigError(f"output_dir={output_dir} holds an earlier run ({', '.join(earlier)}){where}: pass "
-                          "resume_from=latest to continue it, overwrite_output_dir=true to replace it, or choose "
-                          "another output_dir")
 
 
 # ---------------------------------------------------------------- setup -> main -> fit
@@ -228,14 +215,17 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     if cfg.resume_from is not None:
         resumed = resume(accelerator, cfg, output_dir, accelerator.unwrap_model(objective).head, optimizer,
                          scheduler, state)
-        logger.info("resumed from %s at step %d", resumed, state.step)
+        logger.info("resumed from %s at step %d (kept from the checkpoint: head, optimizer, scheduler, RNG, data "
+                    "position; unchanged: %s)", resumed, state.step, ", ".join(state.settings or ["(not recorded)"]))
     elif accelerator.is_main_process:  # a fresh run must not mix with an earlier run's checkpoints
         for stale in (output_dir / CHECKPOINTS, output_dir / BEST):
             if stale.exists():  # only reached with overwrite_output_dir=true (check_output_dir)
                 logger.warning("overwrite_output_dir=true: removing %s of an earlier run", stale)
                 shutil.rmtree(stale)
+    state.settings = resume_settings(cfg)  # recorded in every checkpoint: what a resume must not change
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
+        mark_run(output_dir)  # first: the folder is ours from now on (train.output_dir)
         (output_dir / "config.yaml").write_text(cfg.to_yaml())
     accelerator.wait_for_everyone()
     accelerator.init_trackers(cfg.log.wandb_project, config=_flat(cfg.to_dict()),
@@ -259,6 +249,9 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
         (output_dir / "README.md").write_text(run_card(head, output_dir, run.train_summary, final, state,
                                                          run.vocab_report))
         logger.info("head saved to %s", output_dir)
+        if state.step >= max_steps:  # finished, not stopped by train.max_minutes: resume_from=latest has nothing to do
+            mark_run(output_dir, complete={"step": state.step, "train.max_steps": cfg.train.max_steps,
+                                           "train.epochs": cfg.train.epochs})
     accelerator.wait_for_everyone()
     return TrainResult(head, output_dir, final, best_dir, state.best_tau, state.step, tokens_per_second, history)
 

@@ -1,5 +1,15 @@
 """Where a run stands: ``TrainState`` (the loop position saved with every checkpoint), saving a
-checkpoint, and resuming from one (``resume_from``)."""
+checkpoint, and resuming from one (``resume_from``).
+
+What a resume takes from the checkpoint: the head's weights and config (head.*, and the target it was
+built for: ``check_resumable``), the optimizer state with its hyper-parameters, the scheduler
+state, the RNG states and the loop position (step, epoch, micro-batch). The settings that this state
+fixes are ``RESUME_FIXED``, recorded in every checkpoint; a resume whose config changes one of them
+is refused, naming the keys and both values (continuing would silently keep the checkpoint's value
+while config.yaml recorded the new one). Everything else is taken from the new config, and applied:
+train.max_steps / epochs / max_minutes, the schedule's shape (warmup_steps, decay), max_grad_norm,
+loss_decay, feature_noise, mixed_precision, evaluation, saving and logging.
+"""
 from __future__ import annotations
 
 import json
@@ -13,9 +23,84 @@ from torch import nn
 
 from train import checkpoint
 from train.checkpoint import CHECKPOINTS
-from train.config import TrainConfig
+from train.config import ConfigError, TrainConfig
 
 logger = logging.getLogger("draftsmith.train")
+
+# Settings a checkpoint fixes: the optimizer's hyper-parameters (restored with its state) and what
+# the saved data position means (data order, batch shapes); head.* is checked by check_resumable.
+RESUME_FIXED = ("seed", "data.train", "data.max_length", "data.overlong", "train.micro_batch_size",
+                "train.grad_accum_steps", "train.lr", "train.betas", "train.weight_decay")
+
+
+class RunComplete(Exception):
+    """``resume_from=latest`` on a run that already finished: nothing to train, evaluate or save."""
+
+
+def resume_settings(cfg: TrainConfig | dict) -> dict:
+    """The ``RESUME_FIXED`` values of ``cfg`` (a config or its ``to_dict()``), JSON-plain."""
+    tree = cfg if isinstance(cfg, dict) else cfg.to_dict()
+    values = {}
+    for key in RESUME_FIXED:
+        node = tree
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        values[key] = node
+    return json.loads(json.dumps(values))
+
+
+def check_settings(saved: dict | None, cfg: TrainConfig, checkpoint_path: Path, output_dir: Path) -> None:
+    """Refuse (ConfigError) a resume whose config changes a setting the checkpoint fixes.
+
+    ``saved`` is the checkpoint's record; checkpoints from before it are compared with the
+    config.yaml of ``output_dir`` (the run that wrote them), when there is one.
+    """
+    if not saved:
+        recorded = output_dir / "config.yaml"
+        if not recorded.is_file():
+            logger.warning("%s records no settings and %s is missing: cannot check that %s are unchanged",
+                           checkpoint_path, recorded, ", ".join(RESUME_FIXED))
+            return
+        import yaml
+
+        saved = resume_settings(yaml.safe_load(recorded.read_text()) or {})
+    now = resume_settings(cfg)
+    changed = [f"{key}={saved.get(key)!r} in the checkpoint, {now[key]!r} now"
+               for key in RESUME_FIXED if key in saved and saved[key] != now[key]]
+    if changed:
+        raise ConfigError(f"resume_from={cfg.resume_from}: {checkpoint_path} was trained with other settings than "
+                          f"this config ({'; '.join(changed)}); a resume keeps the checkpoint's: drop the change "
+                          "to continue, or start fresh with overwrite_output_dir=true (or another output_dir)")
+
+
+def check_not_complete(cfg: TrainConfig, output_dir: Path) -> None:
+    """``RunComplete`` when ``resume_from=latest`` names a run that finished (``mark_complete``) at
+    the steps this config asks for."""
+    if cfg.resume_from != "latest":
+        return
+    try:
+        record = json.loads((output_dir / checkpoint.RUN_MARKER).read_text())
+    except (OSError, ValueError):
+        return
+    done = record.get("complete") if isinstance(record, dict) else None
+    if not isinstance(done, dict) or not isinstance(done.get("step"), int):
+        return
+    if cfg.train.max_steps is not None:
+        complete = done["step"] >= cfg.train.max_steps
+    else:
+        complete = done.get("train.max_steps") is None and done.get("train.epochs") == cfg.train.epochs
+    if complete:
+        raise RunComplete(f"output_dir={output_dir}: the run is complete (step {done['step']}, head saved in "
+                          f"{output_dir}); nothing to resume. To train further raise train.max_steps, or start "
+                          "fresh with overwrite_output_dir=true")
+
+
+def mark_run(output_dir: Path, *, complete: dict | None = None) -> None:
+    """Write ``RUN_MARKER`` (first, into a new run's folder; again when the run completes)."""
+    record = {"written_by": "draftsmith train: overwrite_output_dir=true may replace this folder"}
+    if complete is not None:
+        record["complete"] = complete
+    (output_dir / checkpoint.RUN_MARKER).write_text(json.dumps(record, indent=1) + "\n")
 
 
 @dataclass
@@ -29,6 +114,7 @@ class TrainState:
     best_tau: float = -math.inf
     best_step: int = -1
     guard: dict = field(default_factory=dict)  # DivergenceGuard.state_dict()
+    settings: dict = field(default_factory=dict)  # resume_settings(cfg) of the run: what a resume must not change
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -78,6 +164,7 @@ def resume(accelerator: Accelerator, cfg: TrainConfig, output_dir: Path, head: n
             logger.warning("cannot resume from %s: %s; falling back to %s", path, err, candidates[number + 1])
             continue
         check_resumable(loaded, head)
+        check_settings(loaded.state.get("settings"), cfg, path, output_dir)
         checkpoint.apply(loaded, head=head, optimizer=optimizer, scheduler=scheduler)
         state.load_state_dict(loaded.state)
         return path

@@ -29,6 +29,7 @@ def cli(argv: list[str] | None = None) -> int:
     from train.config import ConfigError
     from train.divergence import TrainingDiverged
     from train.loop import parse_args, setup
+    from train.resume import RunComplete
     from train.metrics import format_acceptance
 
     quiet_libraries()
@@ -38,6 +39,9 @@ def cli(argv: list[str] | None = None) -> int:
         return _fail(f"config error: {one_line(err)}", 2)
     try:
         result = setup(cfg)
+    except RunComplete as err:  # resume_from=latest on a finished run: say so, train and save nothing
+        print(one_line(err), flush=True)
+        return 0
     except TrainingDiverged as err:  # before USER_ERRORS: it is a FloatingPointError, not a ValueError
         return _fail(f"error: {one_line(err)}", 1)
     except USER_ERRORS as err:

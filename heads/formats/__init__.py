@@ -81,6 +81,9 @@ FORMAT_KINDS = {
 FORMATS = tuple(FORMAT_KINDS)
 
 
+EXPORT_MARKER = ".draftsmith-export"  # written first into every export: --overwrite may replace only such a folder
+
+
 def export_head(
     head: DraftHead,
     out_dir: str | Path,
@@ -97,7 +100,9 @@ def export_head(
     ``target`` (optional) is checked against the head and fills in target facts the head lacks.
     ``dtype`` casts the floating-point weights (default: as they are). ``max_position_embeddings``
     defaults to the larger of the head's and the target's context. Refuses (``ValueError``) to write
-    anything an engine would load wrong; ``out_dir`` must be empty unless ``overwrite``.
+    anything an engine would load wrong; ``out_dir`` must be absent or empty, or with ``overwrite`` an
+    earlier draftsmith export (``EXPORT_MARKER``, written first into every export): a file, a training
+    run, a head, a target or anyone's own folder is never replaced.
     """
     bad = [name for name, t in head.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
@@ -123,11 +128,20 @@ def export_head(
 
     out = Path(out_dir)
     _check_destination(out, head)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file, not a directory; choose another --out (a file is never replaced)")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
+        if not (out / EXPORT_MARKER).is_file():
+            names = sorted(p.name for p in out.iterdir())
+            raise ValueError(f"refusing to replace {out}: it is not an export written by draftsmith (no {EXPORT_MARKER}; "
+                             f"holds {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}); --overwrite replaces "
+                             "only draftsmith's own exports: choose another --out or empty it yourself")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        (staging / EXPORT_MARKER).write_text(f"a draftsmith export ({fmt}): --overwrite may replace this folder\n")
         _write(artifact, staging)
         _write_card(head, staging, fmt, artifact.config)
         validate_export(staging, fmt)
@@ -136,10 +150,10 @@ def export_head(
         if changed:
             raise ValueError(f"{staging / artifact.weights_file}: tensors {changed} changed on disk")
         share_readable(staging)  # mkdtemp is 0700, save_file 0600
-        if out.is_dir():
+        if out.is_dir() and (out / EXPORT_MARKER).is_file():  # ours (checked above)
             shutil.rmtree(out)
-        elif out.exists():
-            out.unlink()
+        elif out.is_dir():
+            out.rmdir()  # empty (checked above); fails rather than delete anything that appeared since
         staging.rename(out)
     finally:
         if staging.exists():
