@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from data.base.names import is_demo, looks_like_path
+from data.base.names import HEAD_MODEL_TYPE_PREFIX, is_demo, is_head_model_type, looks_like_path
 from data.jsonfile import read_json
 
 
@@ -54,8 +54,8 @@ def _refuse_head(path: Path, role: str) -> None:
         model_type = read_json(path / "config.json")[0].get("model_type", "")
     except (ValueError, AttributeError):
         return  # not our business here: from_pretrained names a broken config
-    if isinstance(model_type, str) and model_type.startswith("draftsmith_"):
-        raise ValueError(f"{role} {path}: is a draftsmith {model_type.removeprefix('draftsmith_')} head, not a "
+    if is_head_model_type(model_type):
+        raise ValueError(f"{role} {path}: is a draftsmith {model_type.removeprefix(HEAD_MODEL_TYPE_PREFIX)} head, not a "
                          "language model; pass it as the head (--head) and its target model as the target")
 
 

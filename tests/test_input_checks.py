@@ -143,3 +143,12 @@ def test_a_head_with_only_pickled_weights_is_refused_without_unpickling(target, 
     (tmp_path / "model.safetensors").rename(tmp_path / "pytorch_model.bin")  # not even a pickle: never opened
     with pytest.raises(ValueError, match="holds only pickled weights \\(pytorch_model.bin\\); draftsmith heads load"):
         AutoHead.from_pretrained(tmp_path)
+
+
+def test_every_head_kind_is_recognised_as_a_head_by_its_model_type():
+    from data.base.names import is_head_model_type
+    from heads import HEAD_CLASSES
+
+    for kind, cls in HEAD_CLASSES.items():  # output-dir safety, export refusal and targets read the prefix
+        assert is_head_model_type(cls.config_class.model_type), kind
+    assert not is_head_model_type("llama") and not is_head_model_type(None)

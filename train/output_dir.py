@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from data.base.names import is_head_model_type
 from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE, RUN_MARKER
 from train.config import ConfigError, TrainConfig
 from train.resume import check_not_complete, latest_checkpoint
-
-_HEAD_MODEL_TYPES = ("draftsmith_medusa", "draftsmith_eagle", "draftsmith_eagle3")
 
 
 def is_our_run(output_dir: Path) -> bool:
@@ -39,10 +38,10 @@ def check_output_dir(cfg: TrainConfig) -> None:
         return
     config = output_dir / "config.json"
     model_type = _model_type(config) if config.is_file() else None
-    if not is_our_run(output_dir) or (config.is_file() and model_type not in _HEAD_MODEL_TYPES):
+    if not is_our_run(output_dir) or (config.is_file() and not is_head_model_type(model_type)):
         names = sorted(p.name for p in output_dir.iterdir())
         what = (f"a model that is not a draftsmith head (config.json model_type={model_type})"
-                if config.is_file() and model_type not in _HEAD_MODEL_TYPES else
+                if config.is_file() and not is_head_model_type(model_type) else
                 f"files that no draftsmith run wrote ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})")
         raise ConfigError(f"output_dir={output_dir} holds {what}; draftsmith never writes into it, not even with "
                           "overwrite_output_dir=true or resume_from: choose a new or empty output_dir")

@@ -37,3 +37,11 @@ def public_target_name(name_or_path: str | None) -> str | None:
     if match := _DEMO_DIR.fullmatch(name):
         return f"{DEMO_PREFIX}{match.group(1)}"
     return None
+
+
+HEAD_MODEL_TYPE_PREFIX = "draftsmith_"  # every draftsmith head's config.json model_type starts with it
+
+
+def is_head_model_type(model_type: object) -> bool:
+    """Whether a config.json ``model_type`` names a draftsmith head (of any kind, present or future)."""
+    return isinstance(model_type, str) and model_type.startswith(HEAD_MODEL_TYPE_PREFIX)

@@ -39,7 +39,7 @@ from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
 from data.base.checks import count
-from data.base.names import public_target_name
+from data.base.names import is_head_model_type, public_target_name
 from data.base.paths import share_readable
 from heads.card import model_card
 from heads.common import DraftHead, target_identity
@@ -165,9 +165,6 @@ def export_head(
 _RUN_MARKERS = ("checkpoints", "best", "metrics.jsonl", "config.yaml")
 
 
-_HEAD_MODEL_TYPES = ("draftsmith_medusa", "draftsmith_eagle", "draftsmith_eagle3")
-
-
 def _check_destination(out: Path, head: DraftHead) -> None:
     """Refuse an ``out`` that is, contains or lies inside the directory the head was loaded from, or that
     holds a training run or a draftsmith head: replacing it would lose the trained head."""
@@ -188,7 +185,7 @@ def _check_destination(out: Path, head: DraftHead) -> None:
             model_type = json.loads(config.read_text()).get("model_type")
         except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
             model_type = None
-        if model_type in _HEAD_MODEL_TYPES:
+        if is_head_model_type(model_type):
             found.append(f"a draftsmith head (config.json model_type={model_type})")
     if found:
         raise ValueError(f"refusing to write the export to {out}: it holds {', '.join(found)} of a training run or "
