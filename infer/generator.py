@@ -37,7 +37,6 @@ from infer.accept import (
     tree_sample_accept,
     typical_accept,
 )
-from infer.batch import generate_batch
 from infer.cache import StaticKVCache, keep_accepted
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter
 from infer.target import TargetOutput, decoder_layers, static_forward
@@ -265,7 +264,7 @@ class SpeculativeGenerator:
         if not isinstance(input_ids, Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
             raise ValueError("input_ids must be a LongTensor of shape (1, prompt_len)")
         if input_ids.shape[0] != 1:
-            raise ValueError(f"batch size must be 1 here, got {input_ids.shape[0]} (batches go through infer.batch)")
+            raise ValueError(f"batch size must be 1, got {input_ids.shape[0]}")
         if input_ids.shape[1] == 0:
             raise ValueError("the prompt is empty: pass at least one token (e.g. BOS)")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -421,18 +420,6 @@ class SpeculativeGenerator:
         if streamer is not None:
             streamer.put(tokens.cpu())
 
-    def _generate_batch(self, input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int,
-                        sampling: Sampling, eos_token_id: int | list[int] | None, streamer: Any) -> Tensor:
-        check_sampling_params(sampling.temperature, sampling.top_k, sampling.top_p)
-        if not sampling.greedy:
-            raise ValueError(f"batched decoding is greedy only for now: temperature={sampling.temperature} with "
-                             f"batch size {input_ids.shape[0]} is not supported yet (use temperature=0 or one row)")
-        if streamer is not None:
-            raise ValueError(f"a streamer takes one row; batch size {input_ids.shape[0]} cannot stream")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        return generate_batch(self, input_ids, attention_mask, max_new_tokens, eos_token_id)
-
     # ------------------------------------------------------------------------------- loop
 
     @torch.inference_mode()
@@ -445,7 +432,6 @@ class SpeculativeGenerator:
         top_k: int = 0,
         eos_token_id: int | list[int] | None = None,
         streamer: Any = None,
-        attention_mask: Tensor | None = None,
     ) -> Tensor:
         """Generate like ``target.generate`` (greedy when temperature == 0, otherwise sampling with
         HF's temperature -> top-k -> top-p). Returns (1, prompt_len + new) on ``input_ids``' device.
@@ -454,15 +440,8 @@ class SpeculativeGenerator:
         the same values to both when comparing). ``eos_token_id=None`` uses the target's
         generation config, as HF does. ``streamer`` gets HF's ``put``/``end`` calls: the prompt
         first, then each accepted run.
-
-        A batch (B > 1, or a row with padding in ``attention_mask``) goes to ``infer.batch``: greedy
-        and n-gram drafts only, left padding, (B, prompt_len + max_new_tokens) with the pad id after
-        each row's EOS or budget.
         """
         sampling = Sampling(float(temperature), top_k, float(top_p))
-        if isinstance(input_ids, Tensor) and input_ids.dim() == 2 and (
-                input_ids.shape[0] > 1 or (attention_mask is not None and not bool(attention_mask.all()))):
-            return self._generate_batch(input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, streamer)
         self._check(input_ids, max_new_tokens, sampling)
         start = time.perf_counter()
         stats = GenerationStats()
