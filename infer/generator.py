@@ -36,6 +36,7 @@ from infer.accept import (
     tree_sample_accept,
     typical_accept,
 )
+from infer.batch import generate_batch
 from infer.cache import StaticKVCache, keep_accepted
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter
 from infer.target import TargetOutput, decoder_layers, static_forward
@@ -131,7 +132,7 @@ def default_compile(device: torch.device | str) -> bool:
 
 
 class SpeculativeGenerator:
-    """Lossless tree speculative decoding with a draft head (batch size 1).
+    """Lossless tree speculative decoding with a draft head (a batch of left-padded rows, B >= 1).
 
     Args:
         target: a Hugging Face causal LM (sdpa or eager attention).
@@ -255,9 +256,9 @@ class SpeculativeGenerator:
     def _check(self, input_ids: Tensor, max_new_tokens: int, sampling: Sampling) -> None:
         check_sampling_params(sampling.temperature, sampling.top_k, sampling.top_p)
         if not isinstance(input_ids, Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
-            raise ValueError("input_ids must be a LongTensor of shape (1, prompt_len)")
-        if input_ids.shape[0] != 1:
-            raise ValueError(f"batch size must be 1, got {input_ids.shape[0]}")
+            raise ValueError("input_ids must be a LongTensor of shape (batch, prompt_len)")
+        if input_ids.shape[0] == 0:
+            raise ValueError("input_ids has batch size 0: pass at least one prompt")
         if input_ids.shape[1] == 0:
             raise ValueError("the prompt is empty: pass at least one token (e.g. BOS)")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -281,6 +282,35 @@ class SpeculativeGenerator:
                 f"prompt + max_new_tokens = {total} exceeds the target's sliding window ({window}); "
                 "tree verification supports full attention only"
             )
+
+    def _check_batch(self, input_ids: Tensor, attention_mask: Tensor | None, streamer: Any) -> Tensor:
+        """The batch's (B, P) attention mask on the device; refuses what the batched path cannot do."""
+        if streamer is not None:
+            raise ValueError(f"streamer needs batch size 1 (as HF's streamers), got {input_ids.shape[0]}")
+        if self.compile:
+            raise ValueError("compile=True verifies one shape for batch size 1; a batch (B > 1 or an "
+                             "attention_mask) runs eager: build the generator with compile=False")
+        if self.acceptance == "typical":
+            raise ValueError("acceptance='typical' is for batch size 1; a batch decodes with acceptance='exact'")
+        if attention_mask is None:
+            return torch.ones_like(input_ids, device=self.device)
+        if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+            raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}")
+        mask = attention_mask.to(self.device).long()
+        if bool(((mask != 0) & (mask != 1)).any()):  # sync
+            raise ValueError("attention_mask must hold 0 (pad) and 1 (token) only")
+        if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask[:, -1] == 0).any()):  # sync
+            raise ValueError("attention_mask is not left-padded: pad every row on the left "
+                             "(tokenizer.padding_side='left'), its last column holding a real token")
+        return mask
+
+    def _pad_id(self, pad_token_id: int | None, eos: Tensor) -> int:
+        if pad_token_id is None:
+            pad_token_id = getattr(getattr(self.target, "generation_config", None), "pad_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = int(eos[0]) if eos.numel() else 0
+        return int(pad_token_id)
 
     def _eos_ids(self, eos_token_id: int | list[int] | None) -> Tensor:
         if eos_token_id is None:  # as HF generate: the model's generation config decides
@@ -344,7 +374,7 @@ class SpeculativeGenerator:
         """The prompt's forward (1, P) into the (reused) static buffer, sized for ``max_new_tokens``
         more plus the tree budget; the cache is ``out.past_key_values``."""
         budget = self.required_budget if self.compile else self.budget or 1
-        cache = self._reserve_static_cache(ids.shape[1] + max_new_tokens + budget)
+        cache = self._reserve_static_cache(ids.shape[1] + max_new_tokens + budget, ids.shape[0])
         length = ids.shape[1]
         positions = torch.arange(length, device=self.device)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()
@@ -353,11 +383,13 @@ class SpeculativeGenerator:
         cache.length = length
         return out
 
-    def _reserve_static_cache(self, needed: int) -> StaticKVCache:
-        """The static buffer, allocated again only when a call needs more slots than it has
-        (sizes rounded up to a power of two >= 256, so a compiled step sees few cache shapes)."""
+    def _reserve_static_cache(self, needed: int, batch: int = 1) -> StaticKVCache:
+        """The static buffer, allocated again only when a call needs more slots than it has or
+        another batch size (sizes rounded up to a power of two >= 256, so a compiled step sees few
+        cache shapes)."""
         cache = self._static_cache
-        if cache is None or cache.max_len < needed:
+        stale = cache is not None and cache.buffer is not None and cache.buffer.shape[2] != batch
+        if cache is None or cache.max_len < needed or stale:
             size = max(256, 1 << (needed - 1).bit_length())
             cache = StaticKVCache(len(decoder_layers(self.target)), size)
             self._static_cache = cache
@@ -419,15 +451,23 @@ class SpeculativeGenerator:
     def generate(
         self,
         input_ids: Tensor,
+        attention_mask: Tensor | None = None,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_p: float = 1.0,
         top_k: int = 0,
         eos_token_id: int | list[int] | None = None,
         streamer: Any = None,
+        pad_token_id: int | None = None,
     ) -> Tensor:
         """Generate like ``target.generate`` (greedy when temperature == 0, otherwise sampling with
-        HF's temperature -> top-k -> top-p). Returns (1, prompt_len + new) on ``input_ids``' device.
+        HF's temperature -> top-k -> top-p). Returns (B, prompt_len + new) on ``input_ids``' device.
+
+        A batch (B > 1, or any ``attention_mask``) is LEFT-padded as for HF's batched ``generate``
+        (``attention_mask`` 0 on pad columns; None = no padding): every row is decoded on its own
+        positions, cache slots, EOS and budget (``infer.batch``), and the output is padded with
+        ``pad_token_id`` (None: the target's generation config, else the first EOS, else 0) after a
+        row's end, up to the longest row.
 
         ``top_k=0`` disables top-k (HF's ``generate`` applies top_k=50 unless told otherwise: pass
         the same values to both when comparing). ``eos_token_id=None`` uses the target's
@@ -442,6 +482,12 @@ class SpeculativeGenerator:
         clock.start()
         eos = self._eos_ids(eos_token_id)
         ids = input_ids.to(self.device)
+        if input_ids.shape[0] > 1 or attention_mask is not None:
+            mask = self._check_batch(input_ids, attention_mask, streamer)
+            out = generate_batch(self, ids, mask, max_new_tokens, sampling, eos, self._pad_id(pad_token_id, eos), stats)
+            stats.wall_time = time.perf_counter() - start
+            self.last_stats = stats
+            return out.to(input_ids.device)
         if streamer is not None:
             streamer.put(ids.cpu())
 
