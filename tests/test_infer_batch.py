@@ -220,3 +220,31 @@ def test_batch_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="typical"):
         SpeculativeGenerator(model, NgramDrafter(), acceptance="typical").generate(ids, attention_mask=mask,
                                                                                    temperature=0.7)
+
+
+# ----------------------------------------------------------------------------- sampling per row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["stub-full-tree", "eagle-chain"])
+def test_padded_rows_sample_the_target_law(name):
+    """Sampling per row: rows holding the sampling test's prompt behind left padding, batched with a
+    longer prompt, draw their first three tokens from the target's exact law (chi-square)."""
+    from test_infer_sampling import CONFIGS, PROMPT, FullWidthDrafter, exact_law, joint_pvalue
+    from test_infer_sampling import VOCAB as SMALL_VOCAB
+
+    model = make_tiny_target("llama", vocab_size=SMALL_VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1,
+                             intermediate_size=32, initializer_range=0.5, seed=3)
+    model.generation_config.eos_token_id = None
+    kind, tree, sampling = CONFIGS[name]
+    torch.manual_seed(1)
+    gen = SpeculativeGenerator(model, FullWidthDrafter() if kind is None else build_head(kind, model), tree=tree)
+    prompt = PROMPT[0].tolist()
+    ids, mask = _left_pad([prompt, [7, 2, 6, 4, 3], prompt])
+    torch.manual_seed(0)
+    samples = []
+    for _ in range(1000):
+        out = gen.generate(ids, attention_mask=mask, max_new_tokens=3, **sampling)[:, ids.shape[1]:]
+        samples += [out[0], out[2]]
+    law = exact_law(model, sampling.get("temperature", 1.0), sampling.get("top_k", 0), sampling.get("top_p", 1.0))
+    assert joint_pvalue(torch.stack(samples), law) > 1e-3
