@@ -213,13 +213,11 @@ def test_batch_bad_inputs_raise_clear_errors():
         gen.generate(ids, attention_mask=mask[:, 1:], max_new_tokens=4)
     with pytest.raises(ValueError, match="0 \\(pad\\) and 1"):
         gen.generate(ids, attention_mask=mask * 2, max_new_tokens=4)
-    with pytest.raises(ValueError, match="streamer"):
-        gen.generate(ids, attention_mask=mask, max_new_tokens=4, streamer=object())
     with pytest.raises(ValueError, match="batch size 0"):
         gen.generate(ids[:0], max_new_tokens=4)
-    with pytest.raises(ValueError, match="typical"):
-        SpeculativeGenerator(model, NgramDrafter(), acceptance="typical").generate(ids, attention_mask=mask,
-                                                                                   temperature=0.7)
+    one = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="streamer needs batch size 1"):
+        gen.generate(one.repeat(2, 1), max_new_tokens=4, streamer=object())
 
 
 # ----------------------------------------------------------------------------- sampling per row
@@ -248,3 +246,17 @@ def test_padded_rows_sample_the_target_law(name):
         samples += [out[0], out[2]]
     law = exact_law(model, sampling.get("temperature", 1.0), sampling.get("top_k", 0), sampling.get("top_p", 1.0))
     assert joint_pvalue(torch.stack(samples), law) > 1e-3
+
+
+def test_compiled_batch_pads_every_row_to_the_budget():
+    """compile: one [B, budget] shape over the whole buffer (traced with dynamo's eager backend)."""
+    model = _target("llama")
+    rng = random.Random(9)
+    prompts = _prompts(rng, [4, 10, 7])
+    max_new = 20
+    eos = int(_alone(model, prompts[1], max_new)[6])
+    gen = SpeculativeGenerator(model, _oracle(model, prompts, max_new, depth=4, seed=9), compile="eager")
+    ids, mask = _left_pad(prompts)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
+    assert torch.equal(out, _expected(model, prompts, max_new, eos))
+    assert gen.last_stats.verified_tokens == gen.last_stats.steps * 3 * gen.drafter.max_nodes
