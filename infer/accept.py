@@ -1,6 +1,6 @@
 """Acceptance rules: which drafted tokens the target keeps, and the bonus token after them.
 
-All rules return an ``Accepted`` batch; generation uses B = 1, the statistical tests run many
+All rules return an ``Accepted`` batch; generation calls them once per row, the statistical tests run many
 independent trials at once through the same functions.
 
 Lossless rules (the emitted tokens are distributed exactly as the target's own decoding):

@@ -31,7 +31,7 @@ class StaticKVCache:
     generator reads (``get_seq_length``), so stock HF attention (sdpa, eager) runs on it unchanged.
     ``update`` writes the T new keys/values at ``slots`` (T,) and returns the layer's whole buffer
     (B, H_kv, max_len, D): the caller's 4D mask must block every slot that holds no valid entry
-    (``infer.tree.static_tree_mask``). The buffer is allocated at the first ``update`` (the
+    (``infer.batch.verify_mask``). The buffer is allocated at the first ``update`` (the
     prefill), from the key's batch, heads, head dim, dtype and device, and every layer must share
     them.
     """
@@ -58,7 +58,7 @@ class StaticKVCache:
             self.buffer = key.new_zeros(shape)
             if not torch.compiler.is_compiling():
                 torch._dynamo.mark_static_address(self.buffer)  # fixed address: CUDA graphs replay on it
-        if self.slots is None or self.slots.shape[0] != key.shape[-2]:
+        if self.slots is None or self.slots.shape[-1] != key.shape[-2]:
             raise RuntimeError(f"StaticKVCache.slots must name {key.shape[-2]} write positions before the forward")
         if key.shape[:2] + key.shape[-1:] != self.buffer.shape[2:4] + self.buffer.shape[-1:]:
             raise ValueError(
@@ -67,8 +67,13 @@ class StaticKVCache:
                 "layers differ in KV shape are not supported"
             )
         keys, values = self.buffer[layer_idx, 0], self.buffer[layer_idx, 1]  # views: (B, H_kv, M, D)
-        keys.index_copy_(2, self.slots, key.to(keys.dtype))
-        values.index_copy_(2, self.slots, value.to(values.dtype))
+        if self.slots.dim() == 2:  # (B, T): each row writes at its own slots (a batch of ragged rows)
+            index = self.slots[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
+            keys.scatter_(2, index, key.to(keys.dtype))
+            values.scatter_(2, index, value.to(values.dtype))
+        else:
+            keys.index_copy_(2, self.slots, key.to(keys.dtype))
+            values.index_copy_(2, self.slots, value.to(values.dtype))
         if self.window is not None:
             return keys[:, :, : self.window], values[:, :, : self.window]  # views, no copy
         return keys, values
@@ -101,6 +106,21 @@ class StaticKVCache:
             # index_select copies before index_copy_ writes: overlapping src/dst are safe.
             self.buffer.index_copy_(4, dst, self.buffer.index_select(4, src))
         self.length = prefix_len + src.shape[0]
+
+
+    def compact_rows(self, lengths: Tensor, nodes: Tensor) -> None:
+        """Per row b: keep ``[0, lengths[b])`` then the entries at ``lengths[b] + nodes[b]`` (B, A),
+        padded with -1 past a row's accepted nodes. One fixed-size gather and scatter for every row
+        and layer: a padded column copies a row's own node 0 past its kept entries, where nothing
+        valid lives (the row's next verify overwrites it). ``length`` is left to the caller, which
+        holds each row's length."""
+        if self.buffer is None or not nodes.numel():
+            return
+        src = lengths[:, None] + nodes.clamp(min=0)  # (B, A)
+        dst = lengths[:, None] + torch.arange(nodes.shape[1], device=nodes.device)[None]
+        shape = (*self.buffer.shape[:2], -1, self.buffer.shape[3], -1, self.buffer.shape[-1])
+        gather = src[None, None, :, None, :, None].expand(shape)
+        self.buffer.scatter_(4, dst[None, None, :, None, :, None].expand(shape), self.buffer.gather(4, gather))
 
 
 def keep_accepted(cache: DynamicCache | HeadCache | StaticHeadCache | StaticKVCache, prefix_len: int, nodes: Tensor) -> None:

@@ -15,6 +15,10 @@ one switch: compiled (``torch.compile``; on CUDA with CUDA graphs, mode "reduce-
 draft is padded to N with dummy nodes no real node sees, so the verify step has one shape and runs
 as one graph; eager (the CPU default), each draft is verified at its own size (on a CPU every
 verified token costs, and a drafter with nothing to propose verifies the root alone).
+
+A batch of B left-padded prompts runs the same loop (batch size 1 is one row): each row has its own
+cache slots, positions, drafter state, EOS and budget; one [B, N] verify per step serves every row,
+drafts padded to the step's largest (eager) or the budget (compiled); see ``infer.batch``.
 """
 from __future__ import annotations
 
@@ -37,9 +41,10 @@ from infer.accept import (
     tree_sample_accept,
     typical_accept,
 )
-from infer.cache import StaticKVCache, keep_accepted
-from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter
-from infer.target import TargetOutput, decoder_layers, static_forward
+from infer.batch import masked_forward, prefill_mask, verify_mask
+from infer.cache import StaticKVCache
+from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter, root_only
+from infer.target import TargetOutput, decoder_layers
 from infer.threads import choose_threads
 from infer.tree import pad_tree
 from data.base.device import default_device, sync
@@ -77,9 +82,9 @@ class GenerationStats:
 
 @dataclass
 class DecodeState:
-    """Everything one generation carries from step to step."""
+    """Everything one row of a generation carries from step to step."""
 
-    cache: StaticKVCache  # target KV of all emitted tokens except the root
+    cache: StaticKVCache  # target KV of all emitted tokens except the root (shared by the batch's rows)
     draft: Any  # the drafter's own state (head cache, last head output, ...)
     root: Tensor  # 0-d long: last emitted token
     emitted: list[Tensor] = field(default_factory=list)  # chunks of new tokens
@@ -133,7 +138,7 @@ def default_compile(device: torch.device | str) -> bool:
 
 
 class SpeculativeGenerator:
-    """Lossless tree speculative decoding with a draft head (batch size 1).
+    """Lossless tree speculative decoding with a draft head (a batch of left-padded rows, B >= 1).
 
     Args:
         target: a Hugging Face causal LM (sdpa or eager attention).
@@ -209,7 +214,7 @@ class SpeculativeGenerator:
     @staticmethod
     def _make_verify_fn(compile: bool | str, device: torch.device):
         if not compile:
-            return static_forward
+            return masked_forward
         # Every generator compiles the same function, and dynamo's per-function limit of 8 graphs
         # is shared by all of them (targets x tree budgets x cache sizes): past it dynamo would
         # silently run eagerly. Raise it; each entry is one (model, budget, cache size).
@@ -217,10 +222,10 @@ class SpeculativeGenerator:
         if limit is not None and limit < 64:
             torch._dynamo.config.recompile_limit = 64
         if isinstance(compile, str):
-            return torch.compile(static_forward, backend=compile, dynamic=False)
+            return torch.compile(masked_forward, backend=compile, dynamic=False)
         # CUDA graphs remove the per-kernel launch cost that dominates small-batch decoding.
         mode = "reduce-overhead" if device.type == "cuda" else None
-        return torch.compile(static_forward, mode=mode, dynamic=False)
+        return torch.compile(masked_forward, mode=mode, dynamic=False)
 
     @classmethod
     def from_pretrained(
@@ -262,9 +267,9 @@ class SpeculativeGenerator:
     def _check(self, input_ids: Tensor, max_new_tokens: int, sampling: Sampling) -> None:
         check_sampling_params(sampling.temperature, sampling.top_k, sampling.top_p)
         if not isinstance(input_ids, Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
-            raise ValueError("input_ids must be a LongTensor of shape (1, prompt_len)")
-        if input_ids.shape[0] != 1:
-            raise ValueError(f"batch size must be 1, got {input_ids.shape[0]}")
+            raise ValueError("input_ids must be a LongTensor of shape (batch, prompt_len)")
+        if input_ids.shape[0] == 0:
+            raise ValueError("input_ids has batch size 0: pass at least one prompt")
         if input_ids.shape[1] == 0:
             raise ValueError("the prompt is empty: pass at least one token (e.g. BOS)")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -289,6 +294,30 @@ class SpeculativeGenerator:
                 "tree verification supports full attention only"
             )
 
+    def _check_batch(self, input_ids: Tensor, attention_mask: Tensor | None, streamer: Any) -> Tensor:
+        """The batch's (B, P) attention mask on the device (ones when None)."""
+        if streamer is not None and input_ids.shape[0] > 1:
+            raise ValueError(f"streamer needs batch size 1 (as HF's streamers), got {input_ids.shape[0]}")
+        if attention_mask is None:
+            return torch.ones_like(input_ids, device=self.device)
+        if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+            raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}")
+        mask = attention_mask.to(self.device).long()
+        if bool(((mask != 0) & (mask != 1)).any()):  # sync
+            raise ValueError("attention_mask must hold 0 (pad) and 1 (token) only")
+        if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask[:, -1] == 0).any()):  # sync
+            raise ValueError("attention_mask is not left-padded: pad every row on the left "
+                             "(tokenizer.padding_side='left'), its last column holding a real token")
+        return mask
+
+    def _pad_id(self, pad_token_id: int | None, eos: Tensor) -> int:
+        if pad_token_id is None:
+            pad_token_id = getattr(getattr(self.target, "generation_config", None), "pad_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = int(eos[0]) if eos.numel() else 0
+        return int(pad_token_id)
+
     def _eos_ids(self, eos_token_id: int | list[int] | None) -> Tensor:
         if eos_token_id is None:  # as HF generate: the model's generation config decides
             gen_config = getattr(self.target, "generation_config", None)
@@ -309,62 +338,78 @@ class SpeculativeGenerator:
 
     def verify(self, cache: StaticKVCache, draft: Draft,
                stats: GenerationStats | None = None) -> tuple[int, TargetOutput]:
-        """One target forward over all of ``draft``'s tree nodes after what ``cache`` holds; returns
-        (prefix length, output). The nodes' KV stays in the slots after the prefix until
-        ``keep_accepted`` compacts it (the next verify at the same prefix simply overwrites them).
-        Public for benchmarks that time t(N); ``generate`` calls it once per step."""
+        """One target forward over all of ``draft``'s tree nodes after what ``cache`` holds (one row);
+        returns (prefix length, output). Public for benchmarks that time t(N): the step ``generate``
+        runs, for one row."""
         stats = stats if stats is not None else GenerationStats()
         prefix = cache.get_seq_length()
-        return prefix, self._static_verify(cache, prefix, draft, stats)
-
-    def _static_verify(self, cache: StaticKVCache, prefix: int, draft: Draft, stats: GenerationStats) -> TargetOutput:
-        """Verify ``draft`` over the static cache: compiled, padded to the tree budget (the logits and
-        features of dummy nodes are cut off before anyone reads them); eager, at its own size."""
+        lengths = torch.full((1,), prefix, dtype=torch.long, device=self.device)
+        out = self._verify_rows(cache, [draft], lengths, torch.zeros_like(lengths), stats)
         n = draft.tokens.shape[0]
+        aux = out.aux_hidden[:, :n] if out.aux_hidden is not None else None
+        return prefix, TargetOutput(out.logits[:, :n], out.final_hidden[:, :n], aux, cache)
+
+    def _verify_rows(self, cache: StaticKVCache, drafts: list[Draft], lengths: Tensor, pads: Tensor,
+                     stats: GenerationStats) -> TargetOutput:
+        """One [B, N] target forward: row b's draft at its own slots ``lengths[b]``.., positions
+        ``lengths[b] - pads[b]``.. and mask (its ``pads[b]`` left-pad columns hidden, its tree after
+        its prefix). Compiled: every draft padded to the tree budget over the whole buffer (one
+        shape); eager: to the step's largest draft over the used slots. Dummy nodes see only the
+        prefix and themselves; no real node sees them and nobody reads their outputs."""
         if self.compile:
-            tokens, depths, block = pad_tree(draft.tokens, draft.tree.depths, draft.tree.mask, self.required_budget)
-            slots = self._arange_budget + prefix  # (N,) no host read: prefix is a host int
+            n, width = self.required_budget, cache.max_len
+            cache.window = None
         else:
-            tokens, depths, block = draft.tokens, draft.tree.depths, draft.tree.mask
-            cache.grow(prefix + n)  # a drafter without max_nodes may draft past the room reserved
-            slots = torch.arange(prefix, prefix + n, device=self.device)
-        cache.window = None if self.compile else prefix + n  # eager: attend over the used slots only
-        shape = (tokens.shape[0], cache.max_len)
+            n = max(d.tokens.shape[0] for d in drafts)
+            width = cache.length + n  # cache.length: the longest row's (a host int)
+            cache.grow(width)  # a drafter without max_nodes may draft past the room reserved
+            cache.window = width  # eager: attend over the used slots only
+        padded = [pad_tree(d.tokens, d.tree.depths, d.tree.mask, n) for d in drafts]
+        tokens = torch.stack([t for t, _, _ in padded])  # (B, N)
+        depths = torch.stack([d for _, d, _ in padded])
+        blocks = torch.stack([m for _, _, m in padded])  # (B, N, N)
+        slots = lengths[:, None] + self._arange(n)[None]
+        mask = verify_mask(lengths, pads, blocks, width, self.dtype)
+        positions = (lengths - pads)[:, None] + depths
+        stats.verified_tokens += tokens.numel()
+        shape = (*tokens.shape, cache.max_len)
         first = shape not in self._compiled_shapes and bool(self.compile)
         if first:
             self._sync()
             start = time.perf_counter()
         if self.compile and self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # last step's outputs may be overwritten now
-        out = self._verify_fn(self.target, tokens[None], slots, block, depths, cache, self.drafter.aux_layer_ids)
+        out = self._verify_fn(self.target, tokens, slots, mask, positions, cache, self.drafter.aux_layer_ids)
         if first:
             self._sync()
             stats.compile_time += time.perf_counter() - start
             self._compiled_shapes.add(shape)
-        aux = out.aux_hidden[:, :n] if out.aux_hidden is not None else None
-        return TargetOutput(out.logits[:, :n], out.final_hidden[:, :n], aux, cache)
+        return out
 
     def _sync(self) -> None:
         sync(self.device)  # sync: only around compilation, to time it
 
-    def prefill(self, ids: Tensor, max_new_tokens: int) -> TargetOutput:
-        """The prompt's forward (1, P) into the (reused) static buffer, sized for ``max_new_tokens``
-        more plus the tree budget; the cache is ``out.past_key_values``."""
+    def prefill(self, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | None = None) -> TargetOutput:
+        """The prompts' forward (B, P), left-padded per ``attention_mask`` (None: no padding), into the
+        (reused) static buffer, sized for ``max_new_tokens`` more plus the tree budget; the cache is
+        ``out.past_key_values``. Positions are ``attention_mask.cumsum - 1``."""
         budget = self.required_budget if self.compile else self.budget or 1
-        cache = self._reserve_static_cache(ids.shape[1] + max_new_tokens + budget)
-        length = ids.shape[1]
-        positions = torch.arange(length, device=self.device)
-        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()
-        cache.window = length  # the prefill is eager: it attends over the prompt's slots only
-        out = static_forward(self.target, ids, positions, causal, positions, cache, self.drafter.aux_layer_ids)
-        cache.length = length
+        cache = self._reserve_static_cache(ids.shape[1] + max_new_tokens + budget, ids.shape[0])
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask
+        cache.window = ids.shape[1]  # the prefill is eager: it attends over the prompt's slots only
+        positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        out = masked_forward(self.target, ids, torch.arange(ids.shape[1], device=self.device), prefill_mask(mask, self.dtype),
+                             positions, cache, self.drafter.aux_layer_ids)
+        cache.length = ids.shape[1]
         return out
 
-    def _reserve_static_cache(self, needed: int) -> StaticKVCache:
-        """The static buffer, allocated again only when a call needs more slots than it has
-        (sizes rounded up to a power of two >= 256, so a compiled step sees few cache shapes)."""
+    def _reserve_static_cache(self, needed: int, batch: int = 1) -> StaticKVCache:
+        """The static buffer, allocated again only when a call needs more slots than it has or
+        another batch size (sizes rounded up to a power of two >= 256, so a compiled step sees few
+        cache shapes)."""
         cache = self._static_cache
-        if cache is None or cache.max_len < needed:
+        stale = cache is not None and cache.buffer is not None and cache.buffer.shape[2] != batch
+        if cache is None or cache.max_len < needed or stale:
             size = max(256, 1 << (needed - 1).bit_length())
             cache = StaticKVCache(len(decoder_layers(self.target)), size)
             self._static_cache = cache
@@ -388,11 +433,11 @@ class SpeculativeGenerator:
             )
         return self.budget
 
-    @property
-    def _arange_budget(self) -> Tensor:
+    def _arange(self, n: int) -> Tensor:
+        """arange(n) on the device, kept while n repeats (a verify's slot offsets)."""
         cached = self._arange_cache
-        if cached is None or cached.shape[0] != self.required_budget:
-            cached = self._arange_cache = torch.arange(self.required_budget, device=self.device)
+        if cached is None or cached.shape[0] != n:
+            cached = self._arange_cache = torch.arange(n, device=self.device)
         return cached
 
     def _accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
@@ -426,73 +471,119 @@ class SpeculativeGenerator:
     def generate(
         self,
         input_ids: Tensor,
+        attention_mask: Tensor | None = None,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_p: float = 1.0,
         top_k: int = 0,
         eos_token_id: int | list[int] | None = None,
         streamer: Any = None,
+        pad_token_id: int | None = None,
     ) -> Tensor:
         """Generate like ``target.generate`` (greedy when temperature == 0, otherwise sampling with
-        HF's temperature -> top-k -> top-p). Returns (1, prompt_len + new) on ``input_ids``' device.
+        HF's temperature -> top-k -> top-p). Returns (B, prompt_len + new) on ``input_ids``' device.
+
+        A batch is LEFT-padded as for HF's batched ``generate`` (``attention_mask`` 0 on pad
+        columns; None = no padding): every row is decoded on its own cache slots, positions, EOS and
+        budget, each as it would be alone (batch size 1 is the same loop with one row), and the
+        output runs to the longest row, a row padded with ``pad_token_id`` after its end (None: the
+        target's generation config, else the first EOS, else 0).
 
         ``top_k=0`` disables top-k (HF's ``generate`` applies top_k=50 unless told otherwise: pass
         the same values to both when comparing). ``eos_token_id=None`` uses the target's
-        generation config, as HF does. ``streamer`` gets HF's ``put``/``end`` calls: the prompt
-        first, then each accepted run.
+        generation config, as HF does. ``streamer`` (batch size 1, as HF's) gets HF's ``put``/``end``
+        calls: the prompt first, then each accepted run.
+
+        One step for all rows: each row's drafter state proposes its draft; one [B, N] verify
+        (``_verify_rows``); each row accepts on its own and advances by its own accepted length
+        (a finished row verifies its last token alone, a masked no-op nobody reads); the accepted
+        paths of all rows are compacted at once (``StaticKVCache.compact_rows``).
         """
         sampling = Sampling(float(temperature), top_k, float(top_p))
         self._check(input_ids, max_new_tokens, sampling)
+        mask = self._check_batch(input_ids, attention_mask, streamer)
         start = time.perf_counter()
         stats = GenerationStats()
         clock = _PhaseClock(self.device, self.profile)
         clock.start()
         eos = self._eos_ids(eos_token_id)
         ids = input_ids.to(self.device)
+        bsz, plen = ids.shape
         if streamer is not None:
             streamer.put(ids.cpu())
 
-        out = self.prefill(ids, max_new_tokens)
+        out = self.prefill(ids, max_new_tokens, mask)
+        cache = out.past_key_values
         stats.target_forwards += 1
-        first = self._next_token(out.logits[0, -1], sampling)
-        state = DecodeState(cache=out.past_key_values, draft=self.drafter.new_state(), root=first)
-        self.drafter.reserve(state.draft, ids.shape[1] + max_new_tokens)  # the drafter's own buffers
-        self.drafter.begin(state.draft, ids)  # drafters that read the prompt's ids
-        kept, stop = self._trim(first.reshape(1), eos, max_new_tokens)
-        self._emit(state, kept, streamer)
-        if not stop:
-            self.drafter.observe(state.draft, self._features(out), torch.cat([ids[:, 1:], kept[None]], dim=1))
+        features = self._features(out)
+        pads = (mask == 0).sum(dim=1)  # (B,) left-pad columns per row
+        lengths = torch.full((bsz,), plen, dtype=torch.long, device=self.device)  # valid slots per row
+        host_lengths = [plen] * bsz  # the same, on the host
+        rows: list[DecodeState] = []
+        done = [False] * bsz
+        for b in range(bsz):
+            pad = int(pads[b]) if attention_mask is not None else 0  # sync
+            first = self._next_token(out.logits[b, -1], sampling)
+            row = DecodeState(cache=cache, draft=self.drafter.new_state(), root=first)
+            self.drafter.reserve(row.draft, plen - pad + max_new_tokens)  # the drafter's own buffers
+            self.drafter.begin(row.draft, ids[b: b + 1, pad:])  # drafters that read the prompt's ids
+            kept, done[b] = self._trim(first.reshape(1), eos, max_new_tokens)
+            self._emit(row, kept, streamer)
+            if not done[b]:
+                self.drafter.observe(row.draft, features[b: b + 1, pad:], torch.cat([ids[b, pad + 1:], kept])[None])
+            rows.append(row)
         clock.mark("prefill")
 
-        while not stop:
-            remaining = max_new_tokens - state.num_new
-            # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
-            draft = self.drafter.propose(state.draft, state.root, sampling, max_depth=remaining - 1)
+        while not all(done):
+            drafts: list[Draft] = []
+            for b, row in enumerate(rows):
+                if done[b]:
+                    drafts.append(root_only(row.root))  # a masked no-op: never read
+                    continue
+                # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
+                remaining = max_new_tokens - row.num_new
+                drafts.append(self.drafter.propose(row.draft, row.root, sampling, max_depth=remaining - 1))
             clock.mark("draft")
-            prefix, out = self.verify(state.cache, draft, stats)
-            stats.verified_tokens += self.required_budget if self.compile else draft.tokens.numel()
-            clock.mark("verify")
-            accepted = self._accept(out.logits[0], draft, sampling)
-            nodes = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first
-            new = torch.cat([draft.tokens[nodes[1:]], accepted.bonus])  # (A,)
-            clock.mark("accept")
-            keep_accepted(state.cache, prefix, nodes)
-            clock.mark("compact")
+            out = self._verify_rows(cache, drafts, lengths, pads, stats)
+            features = self._features(out)
             stats.target_forwards += 1
             stats.steps += 1
-            kept, stop = self._trim(new, eos, remaining)
-            stats.step_tokens += kept.numel()
-            self._emit(state, kept, streamer)
-            clock.mark("emit")
-            if not stop:
-                self.drafter.observe(state.draft, self._features(out)[:, nodes], new[None])
-                state.root = new[-1]
-                clock.mark("observe")
+            clock.mark("verify")
+            nodes = torch.full((bsz, out.logits.shape[1]), -1, dtype=torch.long, device=self.device)
+            accepted_len = [0] * bsz
+            for b, row in enumerate(rows):
+                if done[b]:
+                    continue
+                draft = drafts[b]
+                accepted = self._accept(out.logits[b, : draft.tokens.shape[0]], draft, sampling)
+                path = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first
+                new = torch.cat([draft.tokens[path[1:]], accepted.bonus])  # (A,)
+                nodes[b, : path.numel()] = path
+                accepted_len[b] = path.numel()
+                clock.mark("accept")
+                kept, done[b] = self._trim(new, eos, max_new_tokens - row.num_new)
+                stats.step_tokens += kept.numel()
+                self._emit(row, kept, streamer)
+                clock.mark("emit")
+                if not done[b]:
+                    self.drafter.observe(row.draft, features[b: b + 1, path], new[None])
+                    row.root = new[-1]
+                    clock.mark("observe")
+            cache.compact_rows(lengths, nodes[:, : max(accepted_len)])
+            host_lengths = [n + a for n, a in zip(host_lengths, accepted_len)]
+            lengths = torch.tensor(host_lengths, device=self.device)
+            cache.length = max(host_lengths)
+            clock.mark("compact")
 
         if streamer is not None:
             streamer.end()
-        stats.new_tokens = state.num_new
+        stats.new_tokens = sum(row.num_new for row in rows)
+        width = max(row.num_new for row in rows)
+        pad_id = self._pad_id(pad_token_id, eos)
+        new = torch.full((bsz, width), pad_id, dtype=input_ids.dtype, device=self.device)
+        for b, row in enumerate(rows):
+            new[b, : row.num_new] = torch.cat(row.emitted)
         stats.wall_time = time.perf_counter() - start
         stats.phase_times = clock.times
         self.last_stats = stats
-        return torch.cat([input_ids, torch.cat(state.emitted)[None].to(input_ids.device)], dim=1)
+        return torch.cat([input_ids, new.to(input_ids.device)], dim=1)

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache
 
-from infer.tree import static_tree_mask
 
 
 @dataclass
@@ -113,38 +111,6 @@ def target_forward(
         aux_hidden=aux,
         past_key_values=out.past_key_values if use_cache else None,
     )
-
-
-def static_forward(
-    model: nn.Module,
-    input_ids: Tensor,  # (1, T)
-    slots: Tensor,  # (T,) contiguous cache slots the T tokens are written to
-    block: Tensor,  # (T, T) bool: which of the T new tokens each one sees (tree or causal mask)
-    depths: Tensor,  # (T,) position of each token relative to slots[0]
-    cache: Any,  # infer.cache.StaticKVCache
-    aux_layer_ids: tuple[int, ...] = (),
-) -> TargetOutput:
-    """One target forward over a ``StaticKVCache`` (a prefill or a tree verification).
-
-    Fixed shapes for a fixed T, no host syncs and no hooks (aux features come from HF's
-    ``output_hidden_states``, whose index k is the state entering layer k, as ``target_forward``'s
-    hooks capture), so ``torch.compile`` can trace it as one graph and CUDA graphs can replay it.
-    """
-    cache.slots = slots
-    dtype = model.get_input_embeddings().weight.dtype
-    mask = static_tree_mask(slots, block, cache.attended, dtype)  # (1, 1, T, M or the eager window)
-    out = backbone_of(model)(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=(slots[:1] + depths)[None],
-        past_key_values=cache,
-        use_cache=True,
-        output_hidden_states=bool(aux_layer_ids),
-    )
-    final_hidden = out.last_hidden_state  # (1, T, H_t)
-    aux = torch.cat([out.hidden_states[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
-    logits = causal_lm_of(model).get_output_embeddings()(final_hidden)
-    return TargetOutput(logits=logits, final_hidden=final_hidden, aux_hidden=aux, past_key_values=cache)
 
 
 def loaded_target_identity(model: nn.Module) -> dict:

@@ -187,23 +187,6 @@ def select_tree(candidates: Candidates, num_drafts: int) -> tuple[Tensor, list[i
     return chosen, [-1] + [position[p] for p in parent_cand]
 
 
-def static_tree_mask(slots: Tensor, block: Tensor, max_len: int, dtype: torch.dtype) -> Tensor:
-    """Additive mask (1, 1, T, max_len) over a ``StaticKVCache`` buffer for T queries written at the
-    contiguous slots ``slots[0] .. slots[0] + T - 1``: every query sees the slots before
-    ``slots[0]`` (the valid prefix); among the T new slots query i sees slot j when ``block[i, j]``
-    (the (T, T) tree mask, or a causal mask for a prefill); slots after them are blocked.
-
-    Built from device tensors only (``slots[0]`` is never read on the host): no sync, and one
-    shape per (T, max_len), so a compiled step reuses one graph.
-    """
-    t = block.shape[0]
-    col = torch.arange(max_len, device=block.device)  # (M,)
-    rel = col - slots[:1]  # (M,) slot index relative to the first new slot
-    inside = (rel >= 0) & (rel < t)
-    allowed = (rel < 0)[None] | (block[:, rel.clamp(0, t - 1)] & inside[None])  # (T, M)
-    return additive_mask(allowed, dtype)
-
-
 def pad_tree(tokens: Tensor, depths: Tensor, mask: Tensor, budget: int) -> tuple[Tensor, Tensor, Tensor]:
     """Pad a tree of n nodes to ``budget`` nodes so every verify has one shape.
 

@@ -2,7 +2,7 @@
 
     python scripts/benchmark.py --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
         [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--trees tree,chain4]
-        [--adaptive] [--profile] [--train-throughput] [--out DIR]
+        [--adaptive] [--profile] [--train-throughput] [--batch-sizes 1,4] [--out DIR]
 
 Methods: vanilla greedy ``generate`` (eager, DynamicCache); ``hf-static``: HF ``generate`` with
 ``cache_implementation="static"`` (HF compiles it on CUDA: the vanilla baseline that counts on a
@@ -25,6 +25,10 @@ acceptance τ verifying N tokens per step can at best be τ·t(1)/t(N) times fas
 (drafting for free). efficiency = t(N) / measured seconds per step says how much of that we keep
 (every column is defined in ``infer.bench.report.COLUMNS`` and under the table).
 
+``--batch-sizes 1,4`` adds batch speculation: per batch size, the first B prompts left-padded into
+one batch, HF's batched ``generate(cache_implementation="static")`` against every speculative
+method whose verify runs eager (``infer.bench.batch``), tokens/s over all rows.
+
 ``--profile`` adds where a speculative step's time goes per head method (draft, observe, verify,
 accept, compact, emit). ``--train-throughput`` adds head-training tokens/s against the target's
 forward-only tokens/s. Writes results.json, results.md and PNG plots to --out.
@@ -41,6 +45,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.base.device import default_device
 from data.targets import resolve_target
+from infer.bench.batch import time_batches
 from infer.bench.cost import step_costs
 from infer.bench.methods import TREE_SPEC, build_methods, time_methods
 from infer.bench.profile import profile_heads
@@ -84,8 +89,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-throughput", action="store_true", help="also measure head-training tokens/s")
     p.add_argument("--profile", action="store_true",
                    help="also time each phase of a speculative step per head method (an extra, untimed pass)")
+    p.add_argument("--batch-sizes", default=None,
+                   help="comma-separated batch sizes, e.g. 1,4: batch speculation against HF's batched static generate")
     p.add_argument("--out", default="bench-out")
     args = p.parse_args(argv)
+    try:
+        args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else []
+    except ValueError:
+        p.error(f"--batch-sizes: comma-separated ints expected, got {args.batch_sizes!r}")
+    if any(b < 1 for b in args.batch_sizes):
+        p.error(f"--batch-sizes: every batch size must be >= 1, got {args.batch_sizes}")
     if args.repeats < 1 or args.num_prompts < 1:
         p.error("--repeats and --num-prompts must be >= 1")
     args.compile = {None: None, "true": True, "false": False}.get(args.compile, args.compile)
@@ -129,6 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
               "runs": {m.name: m.runs for m in methods}}
     if args.profile:
         result["profile"] = profile_heads(methods, prompts, args, device)
+    if args.batch_sizes:
+        result["batch"] = time_batches(methods, prompts, args.batch_sizes, args, target, tokenizer)
     if args.train_throughput:
         from train.loop import parse_args as train_args
         from train.throughput import measure_throughput

@@ -154,3 +154,22 @@ def test_prompts_file_with_messages_rows():
     expected = tokenizer.apply_chat_template([{"role": "user", "content": "hello there"}],
                                              add_generation_prompt=True, tokenize=True)
     assert prompts[0] == list(expected["input_ids"])
+
+
+def test_benchmark_batch_sizes_compare_with_hf_batched_static(bench_dirs):
+    """--batch-sizes: our batch speculation next to HF's batched static-cache generate, per batch size;
+    every row's greedy output identical to HF's."""
+    root, heads, prompts = bench_dirs
+    out = root / "out-batch"
+    result = _load_script().main([
+        "--target", str(root / "target"), "--heads", heads[1], "--prompts", str(prompts), "--num-prompts", "2",
+        "--max-new-tokens", "8", "--ignore-eos", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1",
+        "--trees", "chain2", "--compile", "false", "--batch-sizes", "1,4", "--out", str(out),
+    ])
+    batch = result["batch"]
+    assert [(r["batch_size"], r["method"]) for r in batch] == [
+        (b, m) for b in (1, 4) for m in ("hf-static", "ngram:chain", "ngram:tree3", "ngram:adaptive", "eagle3:chain2")]
+    for r in batch:
+        assert r["identical"], r
+        assert r["new_tokens"] == 8 * r["batch_size"] and r["tokens_per_s"] > 0
+    assert "## Batches" in (out / "results.md").read_text()

@@ -16,8 +16,9 @@ from infer import Chain, DynamicTree, SpeculativeGenerator
 from infer.cache import StaticHeadCache, StaticKVCache, keep_accepted
 from infer.drafters import Drafter, default_branching_tree, default_tree
 from infer.generator import default_compile
-from infer.target import static_forward, target_forward
-from infer.tree import pad_tree, static_tree_mask, tree_attention_mask, tree_from_parents
+from infer.batch import static_forward, verify_mask
+from infer.target import target_forward
+from infer.tree import pad_tree, tree_attention_mask, tree_from_parents
 
 KINDS = ("medusa", "eagle", "eagle3")
 # compile=False runs the static path eagerly; "aot_eager" traces it with dynamo + AOTAutograd
@@ -183,10 +184,15 @@ def test_static_forward_features_equal_hooked_features():
 
 def test_static_mask_is_the_tree_mask_over_the_buffer():
     tree = tree_from_parents([-1, 0, 0, 1, 2])
-    mask = static_tree_mask(torch.arange(7, 12), tree.mask, 16, torch.float32)  # prefix of 7, 16 slots
-    assert mask.shape == (1, 1, 5, 16)
-    torch.testing.assert_close(mask[..., :12], tree_attention_mask(tree.mask, 7, torch.float32))
-    assert bool((mask[..., 12:] == torch.finfo(torch.float32).min).all())  # unused slots blocked
+    # two rows: a prefix of 7 slots (no padding), and one of 9 slots behind 3 left-pad columns; 16 slots
+    mask = verify_mask(torch.tensor([7, 9]), torch.tensor([0, 3]), tree.mask.expand(2, -1, -1), 16, torch.float32)
+    low = torch.finfo(torch.float32).min
+    assert mask.shape == (2, 1, 5, 16)
+    torch.testing.assert_close(mask[:1, :, :, :12], tree_attention_mask(tree.mask, 7, torch.float32))
+    assert bool((mask[0, ..., 12:] == low).all())  # unused slots blocked
+    assert bool((mask[1, ..., :3] == low).all())  # the row's left padding blocked
+    torch.testing.assert_close(mask[1:, :, :, 3:14], tree_attention_mask(tree.mask, 6, torch.float32))
+    assert bool((mask[1, ..., 14:] == low).all())
 
 
 def test_pad_tree_hides_dummy_nodes():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from infer.bench.batch import batch_markdown
 from infer.bench.cost import bound as cost_bound
 from infer.bench.methods import Method
 from infer.bench.profile import plot_profile, profile_markdown
@@ -172,6 +173,7 @@ def write_report(out: Path, result: dict) -> None:
     (out / "results.json").write_text(json.dumps(result, indent=1))
     rows, costs = result["rows"], result["verification_cost_s"]
     table = markdown(rows, costs, result["meta"]) + throughput_markdown(result.get("train_throughput"))
+    table += batch_markdown(result.get("batch"))
     if result.get("profile"):
         table += "\n" + profile_markdown(result["profile"])
         plot_profile(result["profile"], out)

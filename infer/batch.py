@@ -1,0 +1,75 @@
+"""The batch pieces of the decode step (``SpeculativeGenerator.generate`` runs one loop for B >= 1 rows).
+
+Per-row state on fixed shapes (the vLLM/SGLang way):
+- the target's ``StaticKVCache`` holds (B, ..., max_len) slots; the prompt fills slots [0, P) of every
+  row (left padding first), and row b's accepted tokens follow at its own length ``lengths[b]``;
+- positions come from ``attention_mask.cumsum - 1`` for the prompt and from each row's own counter
+  after it (``lengths - pads``);
+- one [B, N] verify per step: every row's draft padded to N nodes with dummy nodes no real node sees
+  (``infer.tree.pad_tree``), written at the row's own slots (a scatter, ``StaticKVCache.update``),
+  under a per-row additive mask (``verify_mask``: the row's left-pad columns blocked, its valid
+  prefix visible, its tree after it);
+- accepted paths are compacted for every row at once (``StaticKVCache.compact_rows``, one
+  fixed-size gather); rejected slots are simply overwritten by the next verify.
+
+Drafters keep their one-row interface: each row has its own drafter state.
+"""
+from __future__ import annotations
+
+
+import torch
+from torch import Tensor, nn
+
+from heads.layers import additive_mask
+from infer.cache import StaticKVCache
+from infer.target import TargetOutput, backbone_of, causal_lm_of
+
+
+def masked_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, mask: Tensor, positions: Tensor,
+                   cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = ()) -> TargetOutput:
+    """One target forward over ``cache`` for a batch: input_ids (B, T) written at ``slots`` ((T,)
+    shared, or (B, T) per row), under the additive ``mask`` (B, 1, T, cache.attended) at
+    ``positions`` (B, T)."""
+    cache.slots = slots
+    out = backbone_of(model)(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                           past_key_values=cache, use_cache=True, output_hidden_states=bool(aux_layer_ids))
+    final_hidden = out.last_hidden_state
+    aux = torch.cat([out.hidden_states[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
+    logits = causal_lm_of(model).get_output_embeddings()(final_hidden)
+    return TargetOutput(logits=logits, final_hidden=final_hidden, aux_hidden=aux, past_key_values=cache)
+
+
+def prefill_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, 1, P, P) additive mask of a left-padded prompt: causal over each row's real tokens; a pad
+    query sees itself only (its output is never read)."""
+    p = attention_mask.shape[1]
+    causal = torch.ones(p, p, dtype=torch.bool, device=attention_mask.device).tril_()
+    allowed = (causal[None] & attention_mask.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool,
+                                                                              device=attention_mask.device)
+    return additive_mask(allowed, dtype)[0, 0][:, None]
+
+
+def verify_mask(lengths: Tensor, pads: Tensor, blocks: Tensor, width: int, dtype: torch.dtype) -> Tensor:
+    """(B, 1, N, width) additive mask of a [B, N] verify: row b's queries see its slots [pads[b],
+    lengths[b]) and, among the N slots written at lengths[b], those ``blocks[b]`` (N, N) allows."""
+    n = blocks.shape[-1]
+    col = torch.arange(width, device=lengths.device)[None]  # (1, W)
+    rel = col - lengths[:, None]  # (B, W) slot relative to the row's first new slot
+    prefix = (col >= pads[:, None]) & (rel < 0)  # (B, W)
+    inside = (rel >= 0) & (rel < n)
+    tree = blocks.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(-1, n, -1)) & inside[:, None, :]  # (B, N, W)
+    return additive_mask(prefix[:, None, :] | tree, dtype)[0, 0][:, None]
+
+
+def static_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, block: Tensor, depths: Tensor,
+                   cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = ()) -> TargetOutput:
+    """``masked_forward`` for one row without padding: input_ids (1, T) written at the contiguous
+    slots (T,) after the valid prefix [0, slots[0]), seeing each other per ``block`` (T, T) (a tree or
+    causal mask), at positions ``slots[0] + depths``."""
+    start = slots[:1]
+    mask = verify_mask(start, torch.zeros_like(start), block[None], cache.attended,
+                       model.get_input_embeddings().weight.dtype)
+    return masked_forward(model, input_ids, slots, mask, (start + depths)[None], cache, aux_layer_ids)
+
+
+__all__ = ["masked_forward", "prefill_mask", "static_forward", "verify_mask"]
