@@ -153,8 +153,7 @@ def regenerate_rows(args, pl: Plan, target_path: str, out: Path) -> dict:
     from data.pipeline import load_rows
     from data.regenerate import HFEngine, Settings, existing_rows, regenerate
 
-    rows = load_rows(args.data)
-    rows = rows[: pl.conversations] if isinstance(rows, list) else rows.select(range(min(pl.conversations, len(rows))))
+    rows = _first(load_rows(args.data), pl.conversations)
     settings = Settings(target=args.target, engine="hf", max_new_tokens=pl.regen_max_new_tokens,
                         max_length=pl.max_length)
     engine = HFEngine(target_path, batch_size=pl.regen_batch_size, device=args.device)
@@ -163,13 +162,17 @@ def regenerate_rows(args, pl: Plan, target_path: str, out: Path) -> dict:
     end = 0
     while end < len(rows) and time.monotonic() < deadline:
         end = min(len(rows), end + chunk)
-        regenerate(rows[:end] if isinstance(rows, list) else rows.select(range(end)), out, engine, settings,
-                   resume=True, progress=False)
+        regenerate(_first(rows, end), out, engine, settings, resume=True, progress=False)
         print(f"gpu_report: regenerated {len(existing_rows(out, settings))} of the first {end} rows", flush=True)
     del engine
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {"rows": len(existing_rows(out, settings)), "source_rows": end}
+
+
+def _first(rows, n: int):
+    """The first ``n`` rows of a list or a ``datasets.Dataset``."""
+    return rows[:n] if isinstance(rows, list) else rows.select(range(min(n, len(rows))))
 
 
 def train_config(args, kind: str) -> Path:
