@@ -12,14 +12,16 @@ same ones. Position k's loss is weighted ``train.loss_decay ** (k - 1)`` (SpecFo
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor, nn
 
-from infer.target import target_forward
 from train.config import TrainConfig
 from train.features import Features
-from train.losses import LossOutput, decayed_sum, restrict_to_draft_vocab, soft_loss
+from train.losses import LossOutput, decayed_sum, soft_loss
 from train.objectives.base import Objective, no_grad_embeds
+from train.objectives.eagle3 import Eagle3Objective
 
 BLOCKS_PER_SEQUENCE = 64  # anchors drawn per sequence and step (SpecForge: up to 512 on GPUs)
 EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one): bounds (B, C, depth, V) logits
@@ -81,12 +83,11 @@ class DFlashObjective(Objective):
     @staticmethod
     @torch.no_grad()
     def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
-        ids = batch["input_ids"]
-        out = target_forward(target, ids, aux_layer_ids=head.feature_layer_ids, compute_logits=True)
-        targets = restrict_to_draft_vocab(out.logits, None)  # full logits dropped here
-        mask_id = torch.tensor([head.config.mask_token_id], device=ids.device)
-        return Features(ids, batch["loss_mask"], out.aux_hidden.float(), no_grad_embeds(target, ids),
-                        targets=targets, top1=targets.top1, mask_embed=no_grad_embeds(target, mask_id)[0])
+        """EAGLE-3's (the aux layers' hidden states, the embeddings, the target's own next-token law)
+        and the mask token's embedding, which fills every block position after the anchor."""
+        features = Eagle3Objective.features(target, batch, head)
+        mask_id = torch.tensor([head.config.mask_token_id], device=features.input_ids.device)
+        return dataclasses.replace(features, mask_embed=no_grad_embeds(target, mask_id)[0])
 
     def perturb(self, features: Features, cfg: TrainConfig, seed: int) -> None:
         """Draw this step's anchors (from ``seed``: a resumed run draws the same)."""
