@@ -69,6 +69,21 @@ def make_tiny_target(
     return model.to(dtype).eval()
 
 
+def make_successor_target(vocab_size: int = 96):
+    """A tiny Llama whose greedy continuation is mostly learnable: its lm_head maps each token's
+    embedding to a fixed successor, and attention and MLP stay as a small perturbation."""
+    model = make_tiny_target("llama", vocab_size=vocab_size, initializer_range=0.3)
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        successor = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(0))
+        embed = model.get_input_embeddings().weight
+        model.get_output_embeddings().weight.copy_(embed[torch.argsort(successor)])  # logit of succ(t) ~ |e_t|^2
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.05)
+            layer.mlp.down_proj.weight.mul_(0.05)
+    return model
+
+
 @pytest.fixture(params=ARCHES)
 def arch(request):
     return request.param

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from conftest import ARCHES, make_tiny_target
+from conftest import ARCHES, make_successor_target, make_tiny_target
 from test_infer_sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from heads import AutoHead, build_head
@@ -98,16 +98,9 @@ def test_save_reload_drafts_the_same(tmp_path):
 
 @pytest.fixture(scope="module")
 def successor_target():
-    """test_infer_trained's target: a tiny Llama whose greedy continuation is mostly learnable."""
-    model = make_tiny_target("llama", initializer_range=0.3)
-    model.generation_config.eos_token_id = None
+    """test_infer_trained's target (conftest.make_successor_target) and its greedy continuations."""
+    model = make_successor_target(VOCAB)
     with torch.no_grad():
-        successor = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))
-        embed = model.get_input_embeddings().weight
-        model.get_output_embeddings().weight.copy_(embed[torch.argsort(successor)])
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.mul_(0.05)
-            layer.mlp.down_proj.weight.mul_(0.05)
         torch.manual_seed(0)
         prompts = torch.randint(3, VOCAB, (128, 4))
         seqs = model.generate(prompts, do_sample=False, max_new_tokens=28, pad_token_id=0,

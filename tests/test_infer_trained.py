@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_target
+from conftest import make_successor_target
 
 from heads import build_head
 from infer import Chain, SpeculativeGenerator
@@ -22,15 +22,8 @@ VOCAB = 96
 
 @pytest.fixture(scope="module")
 def target_and_data():
-    model = make_tiny_target("llama", initializer_range=0.3)
-    model.generation_config.eos_token_id = None
+    model = make_successor_target(VOCAB)
     with torch.no_grad():
-        successor = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))
-        embed = model.get_input_embeddings().weight
-        model.get_output_embeddings().weight.copy_(embed[torch.argsort(successor)])  # logit of succ(t) ~ |e_t|^2
-        for layer in model.model.layers:  # keep attention and MLP, but as a perturbation
-            layer.self_attn.o_proj.weight.mul_(0.05)
-            layer.mlp.down_proj.weight.mul_(0.05)
         torch.manual_seed(0)
         prompts = torch.randint(3, VOCAB, (256, 4))
         seqs = model.generate(prompts, do_sample=False, max_new_tokens=40, pad_token_id=0,
