@@ -22,6 +22,7 @@ drafts padded to the step's largest (eager) or the budget (compiled); see ``infe
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -223,9 +224,13 @@ class SpeculativeGenerator:
             torch._dynamo.config.recompile_limit = 64
         if isinstance(compile, str):
             return torch.compile(masked_forward, backend=compile, dynamic=False)
-        # CUDA graphs remove the per-kernel launch cost that dominates small-batch decoding.
-        mode = "reduce-overhead" if device.type == "cuda" else None
-        return torch.compile(masked_forward, mode=mode, dynamic=False)
+        if device.type == "cuda":  # CUDA graphs remove the per-kernel launch cost of small-batch decoding
+            return torch.compile(masked_forward, mode="reduce-overhead", dynamic=False)
+        # With ATen pinned to its default kernels (ATEN_CPU_CAPABILITY=default) inductor's vectorised
+        # C++ fails to compile (its at::vec types are not there); scalar code then, as on a CPU
+        # without a vector instruction set.
+        scalar = os.environ.get("ATEN_CPU_CAPABILITY") == "default"
+        return torch.compile(masked_forward, dynamic=False, options={"cpp.simdlen": 1} if scalar else None)
 
     @classmethod
     def from_pretrained(
