@@ -98,8 +98,9 @@ def tiny_llama():
 def _one_thread():
     """Tiny models on 2 cores: one intra-op thread avoids OpenMP contention (10-50x faster here)."""
     threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"  # the thread policy (infer.threads) then keeps one thread, unprobed
+    wanted = os.environ.get("DRAFTSMITH_TEST_THREADS", "1")  # e.g. 2: check tolerances at another count
+    torch.set_num_threads(int(wanted))
+    os.environ["OMP_NUM_THREADS"] = wanted  # the thread policy (infer.threads) then keeps it, unprobed
     yield
     torch.set_num_threads(threads)
     if env is None:
