@@ -112,3 +112,23 @@ def test_divergence_guard_rules():
     restored = DivergenceGuard()
     restored.load_state_dict(guard.state_dict())
     assert "loss" in restored.check_step(10, loss=60.0, grad_norm=2.0)
+
+
+def test_resume_survives_a_cut_metrics_log_and_keeps_it(tiny_files, tmp_path, caplog):
+    """A crash mid-write leaves metrics.jsonl with a cut last line: the resume names the file and the
+    line, keeps the damaged file beside it, and the new log holds every step exactly once."""
+    args = ["head.kind=medusa", "train.max_steps=6", "train.save_every=3", "train.eval_every=100"]
+    out = tmp_path / "run"
+    setup(tiny_config(tiny_files, out, *args))
+    shutil.rmtree(out / CHECKPOINTS / "step-0000006")
+    mark_run(out)
+    log = out / "metrics.jsonl"
+    first_steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    damaged = log.read_text() + '{"step": 7, "lo'  # the crash cut this record
+    log.write_text(damaged)
+    with caplog.at_level("WARNING", logger="draftsmith.train"):
+        setup(tiny_config(tiny_files, out, *args, "resume_from=latest"))
+    assert re.search(r"metrics\.jsonl: line\(s\) \d+ are not metrics records", caplog.text)
+    assert (out / "metrics.jsonl.damaged").read_text() == damaged
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps == first_steps  # each step's records once, as the uninterrupted run wrote them
