@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from data.base.paths import claim_report_dir
 from infer.bench.report import scale_markdown
 from infer.bench.scale import run_scale
 from infer.bench.shapes import SHAPES
@@ -67,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     """Run the benchmark, print its table, write results.json and results.md to ``--out``."""
     args = parse_args(argv)
+    if args.out:
+        claim_report_dir(args.out)  # before the benchmark: a folder of someone else's files is refused now
     if args.threads:
         torch.set_num_threads(args.threads)
     result = run_scale(args)
@@ -74,7 +77,6 @@ def main(argv=None) -> dict:
     print(text)
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(result, indent=1))
         (out / "results.md").write_text(text)
     return result

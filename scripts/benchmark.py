@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.base.device import default_device
+from data.base.paths import claim_report_dir
 from data.targets import resolve_target
 from infer.bench.batch import time_batches
 from infer.bench.cost import step_costs
@@ -116,6 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Run every method, write results.json, results.md and plots to ``--out``; returns the results."""
     args = parse_args(argv)
+    claim_report_dir(args.out)  # before minutes of timing: a folder of someone else's files is refused now
     device = default_device(args.device)
     if device.type == "cpu":  # the one thread policy (infer.threads): --threads, OMP_NUM_THREADS or a probe
         print(choose_threads(args.threads), file=sys.stderr, flush=True)

@@ -40,6 +40,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from data.base.paths import claim_report_dir
+
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("eagle3", "eagle", "medusa")
 TREES = "tree,chain3,chain5,chain7"
@@ -259,7 +261,6 @@ def write_outputs(args, pl: Plan, bench_dir: Path, status: Status) -> dict:
               "budget_min": args.budget_min, "plan": asdict(pl), "phases": status.data["done"],
               "command": " ".join(["python", "scripts/gpu_report.py", *sys.argv[1:]]),
               "meta": bench["meta"], "rows": rows, "verification_cost_s": bench["verification_cost_s"]}
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     table = "| method | tokens/s | vs hf-static | τ | identical |\n|---|---:|---:|---:|:-:|\n" + "".join(map(_row_md, rows))
     phases = "".join(f"- {name}: {json.dumps(info)}\n" for name, info in status.data["done"].items())
@@ -281,7 +282,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Run (or continue) every phase; returns the report written to ``--out``."""
     args = parse_args(argv)
     pl = plan(args.budget_min, len(args.kinds), args.smoke)
-    args.work.mkdir(parents=True, exist_ok=True)
+    claim_report_dir(args.out)  # both folders are checked before any phase runs
+    claim_report_dir(args.work)
     (args.work / "plan.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                      "plan": asdict(pl)}, indent=1))
     status = Status(args.work / "status.json")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from data.base.paths import claim_report_dir
 from infer.bench.batch import batch_markdown
 from infer.bench.cost import bound as cost_bound
 from infer.bench.methods import Method
@@ -169,7 +170,7 @@ def throughput_markdown(throughput: dict | None) -> str:
 
 def write_report(out: Path, result: dict) -> None:
     """results.json, results.md and the plots of ``scripts/benchmark.py`` into ``out``; prints the table."""
-    out.mkdir(parents=True, exist_ok=True)
+    claim_report_dir(out)
     (out / "results.json").write_text(json.dumps(result, indent=1))
     rows, costs = result["rows"], result["verification_cost_s"]
     table = markdown(rows, costs, result["meta"]) + throughput_markdown(result.get("train_throughput"))
