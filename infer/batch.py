@@ -9,6 +9,10 @@ Per-row state on fixed shapes (the vLLM/SGLang way):
   (``infer.tree.pad_tree``), written at the row's own slots (a scatter, ``StaticKVCache.update``),
   under a per-row additive mask (``verify_mask``: the row's left-pad columns blocked, its valid
   prefix visible, its tree after it);
+- a target with sliding-window layers gets, beside that mask, the same mask with every key more than
+  ``window - 1`` positions behind its query blocked (``attention_masks``): a dict per layer type where
+  the model mixes sliding and full layers, the windowed mask alone where every layer slides; the cache
+  keeps every entry, so nothing is evicted and generation runs past the window;
 - accepted paths are compacted for every row at once (``StaticKVCache.compact_rows``, one
   fixed-size gather); rejected slots are simply overwritten by the next verify.
 
@@ -25,11 +29,12 @@ from infer.cache import StaticKVCache
 from infer.target import TargetOutput, backbone_of, causal_lm_of
 
 
-def masked_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, mask: Tensor, positions: Tensor,
-                   cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = ()) -> TargetOutput:
+def masked_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, mask: Tensor | dict[str, Tensor],
+                   positions: Tensor, cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = ()) -> TargetOutput:
     """One target forward over ``cache`` for a batch: input_ids (B, T) written at ``slots`` ((T,)
     shared, or (B, T) per row), under the additive ``mask`` (B, 1, T, cache.attended) at
-    ``positions`` (B, T)."""
+    ``positions`` (B, T); a dict of such masks per layer type for a target that mixes sliding and
+    full layers (``attention_masks``)."""
     cache.slots = slots
     out = backbone_of(model)(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                            past_key_values=cache, use_cache=True, output_hidden_states=bool(aux_layer_ids))
@@ -61,6 +66,40 @@ def verify_mask(lengths: Tensor, pads: Tensor, blocks: Tensor, width: int, dtype
     return additive_mask(prefix[:, None, :] | tree, dtype)[0, 0][:, None]
 
 
+def sliding_window(config) -> int | None:
+    """The sliding window the target's attention really uses (HF's rule: a query at position q sees
+    keys at k > q - window), or None when every layer attends to the whole context."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return None if getattr(config, "use_sliding_window", True) is False else window
+
+
+def verify_key_positions(lengths: Tensor, pads: Tensor, positions: Tensor, width: int) -> Tensor:
+    """(B, width) the position of the entry in each slot a [B, N] verify attends: ``slot - pads[b]``
+    in row b's prefix, the new nodes' own ``positions`` (B, N) from ``lengths[b]`` on."""
+    col = torch.arange(width, device=lengths.device)[None]
+    rel = col - lengths[:, None]
+    return torch.where(rel < 0, col - pads[:, None], positions.gather(1, rel.clamp(0, positions.shape[1] - 1)))
+
+
+def attention_masks(config, mask: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor | dict[str, Tensor]:
+    """What the target's layers take for the additive ``mask`` (B, 1, T, W) whose queries sit at
+    ``query_positions`` (B, T) and keys at ``key_positions`` (B, W): ``mask`` itself without sliding
+    layers; with them, the same mask with keys ``window`` or more positions behind the query blocked,
+    per layer type (``{"full_attention": ..., "sliding_attention": ...}``) where the model has layer
+    types, alone where every layer slides (Mistral). A query always sees itself: no row is empty."""
+    window = sliding_window(config)
+    if window is None:
+        return mask
+    far = (query_positions[:, :, None] - key_positions[:, None, :]) >= window  # (B, T, W)
+    windowed = mask.masked_fill(far[:, None], torch.finfo(mask.dtype).min)
+    if getattr(config, "layer_types", None) is None:
+        return windowed
+    return {"full_attention": mask, "sliding_attention": windowed}
+
+
 def static_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, block: Tensor, depths: Tensor,
                    cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = ()) -> TargetOutput:
     """``masked_forward`` for one row without padding: input_ids (1, T) written at the contiguous
@@ -72,4 +111,5 @@ def static_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, block: Te
     return masked_forward(model, input_ids, slots, mask, (start + depths)[None], cache, aux_layer_ids)
 
 
-__all__ = ["masked_forward", "prefill_mask", "static_forward", "verify_mask"]
+__all__ = ["attention_masks", "masked_forward", "prefill_mask", "sliding_window", "static_forward", "verify_key_positions",
+           "verify_mask"]

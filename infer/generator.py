@@ -42,7 +42,7 @@ from infer.accept import (
     tree_sample_accept,
     typical_accept,
 )
-from infer.batch import masked_forward, prefill_mask, verify_mask
+from infer.batch import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter, root_only
 from infer.target import TargetOutput, decoder_layers
@@ -119,15 +119,6 @@ class _PhaseClock:
 
 def _text_config(model: nn.Module):
     return model.config.get_text_config()
-
-
-def _sliding_window(config) -> int | None:
-    """The sliding window the target really uses, or None."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return window if "sliding_attention" in layer_types else None
-    return None if getattr(config, "use_sliding_window", True) is False else window
 
 
 def default_compile(device: torch.device | str) -> bool:
@@ -292,12 +283,6 @@ class SpeculativeGenerator:
                 f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
                 f"target's context of {context} tokens"
             )
-        window = _sliding_window(config)
-        if window is not None and total > window:
-            raise ValueError(
-                f"prompt + max_new_tokens = {total} exceeds the target's sliding window ({window}); "
-                "tree verification supports full attention only"
-            )
 
     def _check_batch(self, input_ids: Tensor, attention_mask: Tensor | None, streamer: Any) -> Tensor:
         """The batch's (B, P) attention mask on the device (ones when None)."""
@@ -374,8 +359,9 @@ class SpeculativeGenerator:
         depths = torch.stack([d for _, d, _ in padded])
         blocks = torch.stack([m for _, _, m in padded])  # (B, N, N)
         slots = lengths[:, None] + self._arange(n)[None]
-        mask = verify_mask(lengths, pads, blocks, width, self.dtype)
         positions = (lengths - pads)[:, None] + depths
+        mask = attention_masks(_text_config(self.target), verify_mask(lengths, pads, blocks, width, self.dtype), positions,
+                               verify_key_positions(lengths, pads, positions, width))
         stats.verified_tokens += tokens.numel()
         shape = (*tokens.shape, cache.max_len)
         first = shape not in self._compiled_shapes and bool(self.compile)
@@ -403,7 +389,8 @@ class SpeculativeGenerator:
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask
         cache.window = ids.shape[1]  # the prefill is eager: it attends over the prompt's slots only
         positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        out = masked_forward(self.target, ids, torch.arange(ids.shape[1], device=self.device), prefill_mask(mask, self.dtype),
+        masks = attention_masks(_text_config(self.target), prefill_mask(mask, self.dtype), positions, positions)
+        out = masked_forward(self.target, ids, torch.arange(ids.shape[1], device=self.device), masks,
                              positions, cache, self.drafter.aux_layer_ids)
         cache.length = ids.shape[1]
         return out
