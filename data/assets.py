@@ -256,25 +256,25 @@ def _converted_intact(out: Path) -> bool:
 
 
 def gguf_to_hf(gguf: Path, out: Path) -> None:
-    """Dequantise a GGUF Llama into a plain ``save_pretrained`` directory at ``out``.
+    """Dequantise a GGUF model into a plain ``save_pretrained`` directory at ``out``: any architecture
+    transformers' GGUF loader reads (Llama, Mistral, Qwen2, Qwen3, ...), with its own config and class.
 
     transformers refuses to save a GGUF-loaded model (its config carries ``quantization_config``),
-    so the dequantised state dict is copied into a fresh ``LlamaForCausalLM(config)``.
+    so the dequantised state dict is copied into a fresh model of the loaded class and config.
     """
     import importlib.util
 
     if importlib.util.find_spec("gguf") is None:
         raise ImportError(f"reading {gguf.name} needs the gguf package: pip install -e \".[real]\" "
                           "(or pip install gguf)")
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = loaded.config.to_dict()
     config.pop("quantization_config", None)
     config.pop("_name_or_path", None)
-    config = LlamaConfig.from_dict(config)
-    model = LlamaForCausalLM(config)
+    model = type(loaded)(type(loaded.config).from_dict(config))
     model.load_state_dict(loaded.state_dict(), strict=True)  # raises on any missing or extra tensor
     model.generation_config = loaded.generation_config
     model.save_pretrained(out)

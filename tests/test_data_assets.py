@@ -174,14 +174,16 @@ def _byte_alphabet() -> list[str]:
     return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
-def write_tiny_gguf(path, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64):
-    """A 2-layer llama GGUF (f32) with a byte-level tokenizer and a ChatML template, like SmolLM2's."""
+def write_tiny_gguf(path, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64, arch="llama"):
+    """A 2-layer GGUF (f32) of ``arch`` (llama as SmolLM2's; qwen2 adds q/k/v biases, qwen3 q/k norms
+    and its head_dim of 128, which transformers' GGUF loader assumes: it reads no key_length for it)
+    with a byte-level tokenizer and a ChatML template."""
     import numpy as np
 
     gguf = pytest.importorskip("gguf")
     rng = np.random.default_rng(0)
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", *_byte_alphabet(), "hi"]
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(128)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
@@ -190,7 +192,8 @@ def write_tiny_gguf(path, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64):
     w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(1e5)
-    w.add_rope_dimension_count(hidden // heads)
+    head_dim = 128 if arch == "qwen3" else hidden // heads
+    w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -208,13 +211,19 @@ def write_tiny_gguf(path, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64):
 
     w.add_tensor("token_embd.weight", t(len(tokens), hidden))
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
-    kv = hidden * kv_heads // heads
+    q, kv = heads * head_dim, kv_heads * head_dim
     for i in range(layers):
-        for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
-                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
+        for name, shape in [("attn_q", (q, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                            ("attn_output", (hidden, q)), ("ffn_gate", (ffn, hidden)),
                             ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))]:
             w.add_tensor(f"blk.{i}.{name}.weight", t(*shape))
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        if arch == "qwen2":
+            for name, size in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)]:
+                w.add_tensor(f"blk.{i}.{name}.bias", t(size))
+        if arch == "qwen3":
+            for name in ("attn_q_norm", "attn_k_norm"):
+                w.add_tensor(f"blk.{i}.{name}.weight", 1 + t(head_dim))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -222,14 +231,16 @@ def write_tiny_gguf(path, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64):
     w.close()
 
 
-def test_gguf_to_hf_saves_a_plain_model_with_the_same_logits(tmp_path):
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_gguf_to_hf_saves_a_plain_model_with_the_same_logits(tmp_path, arch):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    write_tiny_gguf(tmp_path / "tiny.gguf")
+    write_tiny_gguf(tmp_path / "tiny.gguf", arch=arch)
     assets.gguf_to_hf(tmp_path / "tiny.gguf", tmp_path / "hf")
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf")
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert saved.config.model_type == arch and type(saved) is type(loaded)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert "quantization_config" not in saved.config.to_dict() and saved.config.tie_word_embeddings
     assert tokenizer.eos_token == "<|im_end|>" and saved.generation_config.eos_token_id == 2
