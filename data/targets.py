@@ -70,6 +70,8 @@ def check_head_source(head: str | os.PathLike) -> None:
     if path.is_dir() and not (path / "config.json").is_file():
         raise FileNotFoundError(f"head {head}: the directory has no config.json (not a saved head; a training "
                                 "run's output_dir holds one once training finished)")
+    if path.exists() and not path.is_dir():
+        raise FileNotFoundError(f"head {head}: is a file; pass the head's directory")
     if not path.exists() and (looks_like_path(str(head)) or _local_parent(path)):
         raise FileNotFoundError(f"head {head}: no such directory")
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from data.base.checks import cli_count, cli_counts
 from data.base.paths import claim_report_dir
 from infer.bench.report import scale_markdown
 from infer.bench.scale import run_scale
@@ -38,30 +39,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The options (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama3.1-8b")
-    p.add_argument("--num-prompts", type=int, default=2)
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--chain", type=int, default=5, help="oracle chain length (τ ≤ chain + 1)")
-    p.add_argument("--tree", type=int, default=60, help="nodes of the oracle tree")
-    p.add_argument("--sizes", default="1", help="extra N for the t(N) sweep (each compiles once)")
-    p.add_argument("--cost-repeats", type=int, default=30)
-    p.add_argument("--fixpoint-rounds", type=int, default=4)
+    p.add_argument("--num-prompts", type=cli_count(), default=2)
+    p.add_argument("--prompt-tokens", type=cli_count(), default=128)
+    p.add_argument("--max-new-tokens", type=cli_count(), default=256)
+    p.add_argument("--repeats", type=cli_count(), default=2)
+    p.add_argument("--chain", type=cli_count(), default=5, help="oracle chain length (τ ≤ chain + 1)")
+    p.add_argument("--tree", type=cli_count(2), default=60, help="nodes of the oracle tree")
+    p.add_argument("--sizes", type=cli_counts(), default="1", help="extra N for the t(N) sweep (each compiles once)")
+    p.add_argument("--cost-repeats", type=cli_count(), default=30)
+    p.add_argument("--fixpoint-rounds", type=cli_count(), default=4)
     p.add_argument("--decode", choices=("compiled", "eager"), default="compiled")
     p.add_argument("--head-draft", action="store_true", help="also time a real EAGLE-3 head's drafts")
-    p.add_argument("--draft-vocab", type=int, default=32000)
+    p.add_argument("--draft-vocab", type=cli_count(), default=32000)
     p.add_argument("--skip-hf-eager", action="store_true")
     p.add_argument("--compare-decodes", action="store_true",
                    help="only time the oracle chain eager and compiled, round-robin")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=cli_count(), default=None, help="torch CPU threads")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="directory for results.json and results.md")
     args = p.parse_args(argv)
-    args.sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()} | {1})
-    if args.chain < 1 or args.tree <= args.chain:
-        p.error("--chain must be >= 1 and --tree larger than --chain")
+    args.sizes = sorted(set(args.sizes) | {1})
+    if args.tree <= args.chain:
+        p.error("--tree must be larger than --chain")
     return args
 
 

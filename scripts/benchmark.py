@@ -43,6 +43,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from data.base.checks import cli_count, cli_counts
 from data.base.device import default_device
 from data.base.paths import claim_report_dir
 from data.targets import resolve_target
@@ -65,12 +66,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", nargs="*", default=[], help="trained head directories")
     p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation")
     p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows, or demo:mtbench")
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length for held-out corpus prompts")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-prompts", type=cli_count(), default=8)
+    p.add_argument("--prompt-tokens", type=cli_count(), default=128, help="prompt length for held-out corpus prompts")
+    p.add_argument("--max-new-tokens", type=cli_count(), default=128)
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_new_tokens")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=cli_count(), default=3)
+    p.add_argument("--warmup", type=cli_count(0), default=1)
     p.add_argument("--trees", default="tree,chain4",
                    help="comma-separated trees per head: tree, default, chainN, dynD-K-N, medusaN")
     p.add_argument("--no-prompt-lookup", action="store_true", help="skip HF prompt-lookup decoding")
@@ -78,36 +79,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", default=None,
                    help="compile the heads' verify step: true, false or a torch.compile backend such as aot_eager "
                         "(default: the device's, infer.generator.default_compile)")
-    p.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    p.add_argument("--prompt-lookup-tokens", type=cli_count(), default=10)
     p.add_argument("--adaptive", action="store_true", help="also run each head with an adaptive-length chain")
-    p.add_argument("--layer-skip", default="",
+    p.add_argument("--layer-skip", type=cli_counts(), default=[],
                    help="comma-separated K: also self-speculate with the target's first K layers (a chain of 4)")
-    p.add_argument("--tree-sizes", default="1,2,4,8,16,32,48,64,96,128")
+    p.add_argument("--tree-sizes", type=cli_counts(), default="1,2,4,8,16,32,48,64,96,128")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=cli_count(), default=None,
                    help="torch CPU threads (default: OMP_NUM_THREADS, else 1 or all cores, whichever a short probe measures faster)")
     p.add_argument("--train-throughput", action="store_true", help="also measure head-training tokens/s")
     p.add_argument("--profile", action="store_true",
                    help="also time each phase of a speculative step per head method (an extra, untimed pass)")
-    p.add_argument("--batch-sizes", default=None,
+    p.add_argument("--batch-sizes", type=cli_counts(), default=[],
                    help="comma-separated batch sizes, e.g. 1,4: batch speculation against HF's batched static generate")
     p.add_argument("--out", default="bench-out")
     args = p.parse_args(argv)
-    try:
-        args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else []
-    except ValueError:
-        p.error(f"--batch-sizes: comma-separated ints expected, got {args.batch_sizes!r}")
-    if any(b < 1 for b in args.batch_sizes):
-        p.error(f"--batch-sizes: every batch size must be >= 1, got {args.batch_sizes}")
-    if args.repeats < 1 or args.num_prompts < 1:
-        p.error("--repeats and --num-prompts must be >= 1")
     args.compile = {None: None, "true": True, "false": False}.get(args.compile, args.compile)
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
-    try:
-        args.layer_skip = [int(k) for k in args.layer_skip.split(",") if k.strip()]
-    except ValueError:
-        p.error(f"--layer-skip takes comma-separated layer counts, got {args.layer_skip!r}")
     bad = [t for t in args.trees if not TREE_SPEC.match(t)]
     if bad or not args.trees:
         p.error(f"--trees: unknown tree(s) {bad}; use tree, default, chainN, dynD-K-N or medusaN")
@@ -127,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     prompts = load_prompts(args, tokenizer)
-    sizes = sorted({int(s) for s in args.tree_sizes.split(",")} | {1})
+    sizes = sorted(set(args.tree_sizes) | {1})
     counter = ForwardCounter(target)
     methods = build_methods(args, target, tokenizer)
     generators = [m.generator for m in methods if m.generator is not None]

@@ -63,6 +63,24 @@ def test_checks_name_the_value():
             probability("p", bad)
 
 
+@pytest.mark.parametrize("script, argv, message", [
+    ("bench_scale", ["--sizes", "0,-1"], "argument --sizes: comma-separated whole numbers >= 1 expected, got '0,-1'"),
+    ("bench_scale", ["--num-prompts", "0"], "argument --num-prompts: a whole number >= 1 expected, got '0'"),
+    ("bench_scale", ["--threads", "0"], "argument --threads: a whole number >= 1 expected"),
+    ("benchmark", ["--target", "t", "--batch-sizes", "4,0"], "argument --batch-sizes: comma-separated whole"),
+    ("benchmark", ["--target", "t", "--tree-sizes", "8,x"], "argument --tree-sizes: comma-separated whole"),
+    ("benchmark", ["--target", "t", "--max-new-tokens", "2.5"], "argument --max-new-tokens: a whole number >= 1"),
+    ("benchmark", ["--target", "t", "--warmup", "-1"], "argument --warmup: a whole number >= 0 expected"),
+])
+def test_benchmark_clis_refuse_bad_counts(script, argv, message, capsys):
+    """Counts are checked as they are parsed (0 and negative sizes ran, or failed minutes later)."""
+    import importlib
+
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(f"scripts.{script}").parse_args(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag, value", [("--depth", "0"), ("--branch", "0"), ("--total-tokens", "1"),
                                          ("--max-new-tokens", "0")])
 def test_generate_cli_refuses_zero_instead_of_defaulting(flag, value, capsys):
@@ -152,3 +170,13 @@ def test_every_head_kind_is_recognised_as_a_head_by_its_model_type():
     for kind, cls in HEAD_CLASSES.items():  # output-dir safety, export refusal and targets read the prefix
         assert is_head_model_type(cls.config_class.model_type), kind
     assert not is_head_model_type("llama") and not is_head_model_type(None)
+
+
+def test_a_file_given_as_the_head_is_named(tmp_path):
+    """Was transformers' "the config file at 'notes.txt' is not a valid JSON file"."""
+    from data.targets import check_head_source
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    with pytest.raises(FileNotFoundError, match=r"head .*notes\.txt: is a file; pass the head's directory"):
+        check_head_source(notes)

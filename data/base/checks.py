@@ -2,6 +2,7 @@
 value, never a silent default. ``0`` means 0: a count below its least value is refused, not replaced."""
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 
@@ -24,3 +25,30 @@ def probability(name: str, value: object, *, allow_none: bool = True) -> float |
     if not 0 < value <= 1:
         raise ValueError(f"{name} must lie in (0, 1], got {value}")
     return float(value)
+
+
+def cli_count(least: int = 1):
+    """An argparse ``type``: a whole number >= ``least`` (argparse names the option in its error)."""
+    def parse(text: str) -> int:
+        try:
+            return count("the value", int(text), least)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a whole number >= {least} expected, got {text!r}") from None
+    parse.__name__ = f"count >= {least}"
+    return parse
+
+
+def cli_counts(least: int = 1):
+    """An argparse ``type``: comma-separated whole numbers, each >= ``least`` (e.g. ``1,4,16``)."""
+    one = cli_count(least)
+
+    def parse(text: str) -> list[int]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"comma-separated whole numbers >= {least} expected, got {text!r}")
+        try:
+            return [one(item) for item in items]
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"comma-separated whole numbers >= {least} expected, got {text!r}") from None
+    parse.__name__ = f"counts >= {least}"
+    return parse
