@@ -6,6 +6,10 @@ only). The decoder layer attends over ``concat(input_layernorm(embed(tok)), hidd
 the un-normed output is fed back as the next step's hidden state, and draft logits are
 ``lm_head(norm(out))`` over ``draft_vocab_size`` tokens, mapped to target ids by ``d2t`` offsets.
 Parameter names match the public EAGLE-3 layout (``midlayer.*``) so export is a pure rename-free copy.
+
+EAGLE-3.1's two flags (docs/design.md): ``fc_norm`` adds an RMSNorm per aux layer, applied to its
+chunk before ``fc`` (tensors ``fc_norm.{i}.weight``); ``norm_output`` feeds ``norm(out)`` forward
+instead of ``out`` (the logits are ``lm_head`` of that same post-norm state; no new tensors).
 """
 from __future__ import annotations
 
@@ -65,13 +69,20 @@ class Eagle3Config(EagleConfig):
             layer k); default ``[2, L//2, L-3]`` of the target's L layers.
         draft_vocab_size: size of the draft vocabulary; ``None`` or the target's vocab size
             means the full vocabulary (then no ``d2t``/``t2d`` buffers exist).
+        fc_norm: EAGLE-3.1: an RMSNorm per aux layer on its chunk before ``fc``.
+        norm_output: EAGLE-3.1: the next step (and lm_head) read ``norm(out)``, not ``out``.
     """
 
     model_type = "draftsmith_eagle3"
     head_kind = "eagle3"
 
-    def __init__(self, aux_layer_ids: list[int] | None = None, draft_vocab_size: int | None = None, **kwargs):
+    def __init__(self, aux_layer_ids: list[int] | None = None, draft_vocab_size: int | None = None,
+                 fc_norm: bool = False, norm_output: bool = False, **kwargs):
         super().__init__(**kwargs)
+        for name, value in (("fc_norm", fc_norm), ("norm_output", norm_output)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
+        self.fc_norm, self.norm_output = fc_norm, norm_output
         layers = self.target_num_layers
         self.aux_layer_ids = list(aux_layer_ids) if aux_layer_ids else (default_aux_layer_ids(layers) if layers else [])
         self.draft_vocab_size = int(draft_vocab_size or self.vocab_size)
@@ -136,6 +147,8 @@ class Eagle3Head(DraftHead):
         if not config.aux_layer_ids:
             raise ValueError("Eagle3Config.aux_layer_ids is empty; set it or target_num_layers")
         self.fc = nn.Linear(len(config.aux_layer_ids) * target_width, config.hidden_size, bias=False)
+        if config.fc_norm:  # EAGLE-3.1: one norm per fused layer, before fc
+            self.fc_norm = nn.ModuleList(RMSNorm(target_width, config.rms_norm_eps) for _ in config.aux_layer_ids)
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
@@ -154,6 +167,9 @@ class Eagle3Head(DraftHead):
 
     def project(self, aux_hidden: Tensor) -> Tensor:
         """Fuse the target's aux features (B, T, n·H_t) into the head's width (B, T, H)."""
+        if self.config.fc_norm:
+            chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)
+            aux_hidden = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(aux_hidden)
 
     def forward(
@@ -166,11 +182,13 @@ class Eagle3Head(DraftHead):
     ) -> HeadOutput:
         cos, sin = self.rotary(position_ids, hidden_states.dtype)
         out = self.midlayer(hidden_states, inputs_embeds, cos, sin, attention_mask, past_key_values)
-        return HeadOutput(hidden_states=out, past_key_values=past_key_values)  # un-normed
+        if self.config.norm_output:  # EAGLE-3.1: the next step reads the post-norm state
+            out = self.norm(out)
+        return HeadOutput(hidden_states=out, past_key_values=past_key_values)  # un-normed unless norm_output
 
     def compute_logits(self, hidden_states: Tensor) -> Tensor:
-        """Draft-vocabulary logits (B, T, Vd)."""
-        return self.lm_head(self.norm(hidden_states))
+        """Draft-vocabulary logits (B, T, Vd) of a ``forward`` output (normed there under norm_output)."""
+        return self.lm_head(hidden_states if self.config.norm_output else self.norm(hidden_states))
 
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:
         """Map draft-vocabulary ids to target ids (identity for a full vocabulary)."""

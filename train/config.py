@@ -60,11 +60,15 @@ class HeadConfig:
         "dflash only: target token id embedded at the masked block positions (null = vocab_size - 1)", None)
     intermediate_size: int | None = _doc(
         "eagle/eagle3/dflash only: MLP width of the draft layer (null = the target's)", None)
+    fc_norm: bool | None = _doc(
+        "eagle3 only: EAGLE-3.1's RMSNorm per aux layer before fc (null = false)", None)
+    norm_output: bool | None = _doc(
+        "eagle3 only: EAGLE-3.1: the next draft step reads the post-norm hidden state (null = false)", None)
 
     def build_options(self) -> dict[str, Any]:
         """The keyword arguments for ``heads.build_head`` (only the options that were set)."""
         names = ("draft_vocab_size", "aux_layer_ids", "num_heads", "num_layers", "intermediate_size", "block_size",
-                 "mask_token_id")
+                 "mask_token_id", "fc_norm", "norm_output")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
@@ -335,6 +339,8 @@ KIND_ONLY = {
     "intermediate_size": ("eagle", "eagle3", "dflash"),
     "block_size": ("dflash",),
     "mask_token_id": ("dflash",),
+    "fc_norm": ("eagle3",),
+    "norm_output": ("eagle3",),
 }
 
 

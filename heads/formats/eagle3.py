@@ -27,6 +27,12 @@ from heads.formats.validation import (
 )
 
 
+def eagle31_flags(cfg) -> dict[str, bool]:
+    """EAGLE-3.1's flags as vLLM (LlamaForCausalLMEagle3) and speculators read them; both false for
+    EAGLE-3, written explicitly so no reader's default decides."""
+    return {"fc_norm": bool(cfg.fc_norm), "norm_output": bool(cfg.norm_output)}
+
+
 def _eagle3_tensors(head: Eagle3Head, options: dict[str, Any]) -> dict[str, Tensor]:
     cfg = head.config
     if len(cfg.aux_layer_ids) != ENGINE_AUX_LAYERS:
@@ -48,6 +54,7 @@ def _eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size or cfg.hidden_size,
         "norm_before_residual": False,  # the residual is the un-normed hidden state
+        **eagle31_flags(cfg),
         "torch_dtype": dtype,
         "dtype": dtype,
     }
@@ -80,6 +87,9 @@ def _eagle3_problems(layer: dict[str, Any], top: dict[str, Any], tensors: dict[s
             problems.append(f"config {key}=true: {why} and would drop the biases silently")
     if top.get("norm_before_residual"):
         problems.append("norm_before_residual=true describes another head (draftsmith keeps the un-normed residual)")
+    if top.get("norm_before_fc"):
+        problems.append("norm_before_fc=true (one norm over the concatenated features) describes another head; "
+                        "EAGLE-3.1's per-layer norms are fc_norm")
     problems += rope_problems(layer)
     shape = ints(layer, ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                           "head_dim", "max_position_embeddings", "vocab_size"), problems)
@@ -107,6 +117,8 @@ def _eagle3_problems(layer: dict[str, Any], top: dict[str, Any], tensors: dict[s
     }
     if vd < v:
         spec.update({"d2t": ((vd,), "int64"), "t2d": ((v,), "bool")})
+    if top.get("fc_norm"):  # EAGLE-3.1: one norm per fused target layer, before fc
+        spec.update({f"fc_norm.{i}.weight": ((sizes["target_hidden_size"],), "float") for i in range(ENGINE_AUX_LAYERS)})
     problems += tensor_problems(tensors, spec, top.get("torch_dtype"))
     problems += draft_vocab_problems(tensors.get("d2t"), tensors.get("t2d"), vd, v)
     return problems

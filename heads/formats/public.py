@@ -83,6 +83,8 @@ def import_eagle3(
         vocab_size=vocab,
         draft_vocab_size=config.get("draft_vocab_size") or vocab,
         aux_layer_ids=ids,
+        fc_norm=bool(config.get("fc_norm", False)),
+        norm_output=bool(config.get("norm_output", False)),
         **{f"target_{k}": v for k, v in facts.items()},
     )
     head = Eagle3Head(head_config)
@@ -121,7 +123,7 @@ def _refuse_variants(layer: dict[str, Any], top: dict[str, Any], directory: Path
                          "head needs its own embedding, and draftsmith heads use the target's")
     if layer.get("tie_word_embeddings"):
         raise ValueError(f"{directory}: tie_word_embeddings=true (lm_head = embedding) is not an EAGLE-3 draft head")
-    for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+    for key in ("norm_before_residual", "norm_before_fc"):  # EAGLE-3.1's fc_norm and norm_output are read
         if top.get(key) or layer.get(key):
             raise ValueError(f"{directory}: {key}=true is a variant draftsmith heads do not implement")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from heads.eagle3 import Eagle3Head
-from heads.formats.eagle3 import _eagle3_tensors
+from heads.formats.eagle3 import _eagle3_tensors, eagle31_flags
 from heads.formats.validation import Artifact, PROVENANCE_KEY, dtype_name, expect, llama_layer_config, provenance_record
 
 
@@ -37,6 +37,7 @@ def _speculators_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict
         "target_hidden_size": cfg.target_hidden_size or cfg.hidden_size,
         "norm_before_residual": False,  # explicit: vLLM's speculators path defaults it to True
         "norm_before_fc": False,
+        **eagle31_flags(cfg),
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "speculators_config": {
             "algorithm": "eagle3",
