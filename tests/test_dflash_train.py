@@ -135,14 +135,38 @@ def test_lk_loss_is_minus_log_expected_acceptance():
     assert count == 2
     value, _ = soft_loss(logits, p, torch.tensor([True, False]), "lk")
     torch.testing.assert_close(value, -torch.log(torch.tensor(0.5)))
-    with pytest.raises(ConfigError, match="train.loss=lk applies only"):
-        load_config(None, ["head.kind=eagle", "train.loss=lk"])
+    with pytest.raises(ConfigError, match="train.loss=lk applies only to head.kind=eagle3/dflash/eagle"):
+        load_config(None, ["head.kind=medusa", "train.loss=lk"])
 
 
-@pytest.mark.parametrize("kind, extra", [("dflash", ["head.block_size=4"]), ("eagle3", ["head.ttt_steps=2"])])
-def test_lk_loss_trains(tiny_files, tmp_path, kind, extra):  # noqa: F811
-    """train.loss=lk: the loop runs, the loss (-log acceptance) falls, acceptance rises."""
-    result = setup(tiny_config(tiny_files, tmp_path / kind, f"head.kind={kind}", "train.loss=lk",
+def test_lk_lambda_mixes_ce_and_acceptance_by_the_acceptance_rate():
+    """LK^lambda = w * CE + (1 - w) * (1 - rate), w = exp(-rate) with the rate detached (SpecForge's
+    kl_scale = kl_decay = 1): checked by hand, and its gradient is the mix of both terms' gradients."""
+    from train.losses import soft_loss
+
+    p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
+    logits = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.5, 1e-9]])).requires_grad_()
+    mask = torch.tensor([True, True])
+    value, count = soft_loss(logits, p, mask, "lk-lambda")
+    rate = torch.tensor(0.5)  # both rows accept with probability 0.5
+    ce = -(p * torch.log_softmax(logits.detach(), -1)).sum(-1).mean()
+    weight = torch.exp(-rate)
+    torch.testing.assert_close(value, weight * ce + (1 - weight) * (1 - rate))
+    value.backward()
+    lk_grad = torch.autograd.grad(1 - soft_loss(logits, p, mask, "lk")[0].neg().exp(), logits)[0]
+    ce_grad = torch.autograd.grad(soft_loss(logits, p, mask, "ce")[0], logits)[0]
+    torch.testing.assert_close(logits.grad, weight * ce_grad + (1 - weight) * lk_grad)
+    with pytest.raises(ValueError, match="unknown draft loss 'kl'"):
+        soft_loss(logits, p, mask, "kl")
+
+
+@pytest.mark.parametrize("kind, loss, extra", [
+    ("dflash", "lk", ["head.block_size=4"]), ("eagle3", "lk", ["head.ttt_steps=2"]),
+    ("eagle3", "lk-lambda", ["head.ttt_steps=2"]), ("eagle", "lk", []), ("eagle", "lk-lambda", []),
+])
+def test_lk_loss_trains(tiny_files, tmp_path, kind, loss, extra):  # noqa: F811
+    """train.loss=lk / lk-lambda: the loop runs and the loss falls (eagle: SmoothL1 + 0.1 x the LK term)."""
+    result = setup(tiny_config(tiny_files, tmp_path / kind, f"head.kind={kind}", f"train.loss={loss}",
                                "train.lr=1e-2", *extra))
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert all(0 <= x < 100 for x in losses) and losses[-1] < losses[0], losses

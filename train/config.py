@@ -107,9 +107,10 @@ class OptimConfig:
     max_grad_norm: float = _doc("clip gradients to this total norm", 0.5)
     loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3; dflash: block position "
                              "k+1)", 0.8)
-    loss: Literal["ce", "lk"] = _doc(
-        "eagle3/dflash: ce = soft cross-entropy to the target's distribution; lk = LK^alpha (arXiv 2602.23881): "
-        "-log of the expected acceptance rate sum(min(p, q)) per draft step", "ce")
+    loss: Literal["ce", "lk", "lk-lambda"] = _doc(
+        "eagle3/dflash/eagle: ce = soft cross-entropy to the target's distribution (eagle: its classification "
+        "term); lk = LK^alpha (arXiv 2602.23881): -log of the expected acceptance rate sum(min(p, q)) per draft "
+        "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-rate)", "ce")
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(
@@ -394,8 +395,9 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.betas must lie in [0, 1), got {list(opt.betas)}")
     if not opt.max_grad_norm > 0:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {opt.max_grad_norm}")
-    if opt.loss == "lk" and head.kind not in ("eagle3", "dflash"):
-        raise ConfigError(f"train.loss=lk applies only to head.kind=eagle3/dflash (head.kind={head.kind})")
+    if opt.loss != "ce" and head.kind not in ("eagle3", "dflash", "eagle"):
+        raise ConfigError(f"train.loss={opt.loss} applies only to head.kind=eagle3/dflash/eagle (head.kind="
+                          f"{head.kind}: Medusa-1 trains on the data's tokens, not the target's distribution)")
     if not 0 < opt.loss_decay <= 1:
         raise ConfigError(f"train.loss_decay must lie in (0, 1], got {opt.loss_decay}")
     if head.kind == "medusa" and head.num_heads is not None and opt.eval_depth is not None \

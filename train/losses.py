@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 EAGLE_CE_WEIGHT = 0.1  # EAGLE-1: SmoothL1 + 0.1 * soft CE (docs/recipes.md)
+# LK^lambda's KL weight w = LK_KL_SCALE * exp(-LK_KL_DECAY * acceptance): SpecForge's kl_scale/kl_decay defaults
+LK_KL_SCALE, LK_KL_DECAY = 1.0, 1.0
+DRAFT_LOSSES = ("ce", "lk", "lk-lambda")
 
 
 class LossOutput(NamedTuple):
@@ -73,14 +76,21 @@ def soft_loss(logits: Tensor, probs: Tensor, mask: Tensor, loss: str = "ce") -> 
     ``"ce"``: the masked mean soft cross-entropy. ``"lk"``: LK^alpha (arXiv 2602.23881; SpecForge's
     ``--lk-loss-type alpha``): ``-log`` of the masked mean expected acceptance rate
     ``sum_v min(p_v, q_v)``, the chance that a draft sampled from q survives min(1, p/q).
+    ``"lk-lambda"``: LK^lambda, the hybrid with the KL term (SpecForge's ``--lk-loss-type lambda``):
+    ``w * CE + (1 - w) * (1 - rate)`` with ``w = LK_KL_SCALE * exp(-LK_KL_DECAY * rate)`` (rate
+    detached): the CE term leads while acceptance is low, the acceptance term once it is high.
     """
     if loss == "ce":
         return _masked_mean(_soft_ce(logits, probs), mask)
+    if loss not in DRAFT_LOSSES:
+        raise ValueError(f"unknown draft loss {loss!r}; expected one of {', '.join(DRAFT_LOSSES)}")
+    accept = torch.minimum(logits.float().softmax(-1), probs.float()).sum(-1)  # (...)
+    rate, count = _masked_mean(accept, mask)
     if loss == "lk":
-        accept = torch.minimum(logits.float().softmax(-1), probs.float()).sum(-1)  # (...)
-        rate, count = _masked_mean(accept, mask)
         return -torch.log(rate.clamp(min=1e-6)) * (count > 0), count
-    raise ValueError(f"unknown draft loss {loss!r}; expected 'ce' or 'lk'")
+    ce, _ = _masked_mean(_soft_ce(logits, probs), mask)
+    weight = LK_KL_SCALE * torch.exp(-LK_KL_DECAY * rate.detach())
+    return (weight * ce + (1 - weight) * (1 - rate)) * (count > 0), count
 
 
 def decayed_sum(step_losses: list[Tensor], decay: float) -> Tensor:
@@ -116,8 +126,10 @@ def eagle_loss(
     target_logits: Tensor,
     loss_mask: Tensor,
     ce_weight: float = EAGLE_CE_WEIGHT,
+    loss: str = "ce",
 ) -> LossOutput:
-    """EAGLE-1: SmoothL1(f̂, f) + ce_weight · CE_soft(lm_head(f̂), softmax(lm_head(f))).
+    """EAGLE-1: SmoothL1(f̂, f) + ce_weight · CE_soft(lm_head(f̂), softmax(lm_head(f))); ``loss`` other
+    than ``"ce"`` replaces the soft CE by that ``soft_loss`` (LK^alpha, LK^lambda).
 
     pred_hidden (B, T, H) at position i is f̂_{i+1}; pred_logits (B, T, V) = target lm_head of it.
     target_hidden (B, T, H) = f and target_logits (B, T, V) = lm_head(f), both at positions j.
@@ -128,12 +140,11 @@ def eagle_loss(
     regression = F.smooth_l1_loss(pred_hidden[:, pos].float(), target_hidden[:, tgt].float(),
                                   reduction="none").mean(-1)  # (B, n)
     pred, target = pred_logits[:, pos], target_logits[:, tgt]
-    ce = _soft_ce(pred, target.float().softmax(-1))  # (B, n)
     l1, n = _masked_mean(regression, mask)
-    soft, _ = _masked_mean(ce, mask)
-    loss = l1 + ce_weight * soft
+    soft, _ = soft_loss(pred, target.float().softmax(-1), mask, loss)
+    total = l1 + ce_weight * soft
     correct = ((pred.argmax(-1) == target.argmax(-1)) & mask).sum()
-    return LossOutput(loss, loss.detach()[None], correct.float()[None], n.float()[None])
+    return LossOutput(total, total.detach()[None], correct.float()[None], n.float()[None])
 
 
 def ttt_step_loss(draft_logits: Tensor, targets: DraftTargets, loss_mask: Tensor, step: int,

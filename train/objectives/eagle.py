@@ -14,6 +14,10 @@ from train.unroll import shift_left, unroll
 
 
 class EagleObjective(Objective):
+    def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
+        super().__init__(head, cfg)
+        self.loss = cfg.train.loss
+
     @staticmethod
     @torch.no_grad()
     def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
@@ -27,7 +31,7 @@ class EagleObjective(Objective):
         x = f.hidden if f.noise is None else f.hidden + f.noise
         positions = torch.arange(f.hidden.shape[1], device=f.hidden.device).expand(f.hidden.shape[:2])
         out = self.head(hidden_states=x, inputs_embeds=shift_left(f.embeds, 1), position_ids=positions).hidden_states
-        return eagle_loss(out, lm_head(out), f.hidden, f.logits, f.loss_mask)
+        return eagle_loss(out, lm_head(out), f.hidden, f.logits, f.loss_mask, loss=self.loss)
 
     @staticmethod
     @torch.no_grad()
