@@ -140,8 +140,8 @@ def test_lk_loss_is_minus_log_expected_acceptance():
 
 
 def test_lk_lambda_mixes_ce_and_acceptance_by_the_acceptance_rate():
-    """LK^lambda = w * CE + (1 - w) * (1 - rate), w = exp(-rate) with the rate detached (SpecForge's
-    kl_scale = kl_decay = 1): checked by hand, and its gradient is the mix of both terms' gradients."""
+    """LK^lambda = w * CE + (1 - w) * (1 - rate), w = exp(-3 rate) with the rate detached (SpecForge's
+    script defaults kl_scale 1, kl_decay 3): checked by hand, and its gradient mixes both terms' gradients."""
     from train.losses import soft_loss
 
     p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
@@ -150,7 +150,7 @@ def test_lk_lambda_mixes_ce_and_acceptance_by_the_acceptance_rate():
     value, count = soft_loss(logits, p, mask, "lk-lambda")
     rate = torch.tensor(0.5)  # both rows accept with probability 0.5
     ce = -(p * torch.log_softmax(logits.detach(), -1)).sum(-1).mean()
-    weight = torch.exp(-rate)
+    weight = torch.exp(-3 * rate)
     torch.testing.assert_close(value, weight * ce + (1 - weight) * (1 - rate))
     value.backward()
     lk_grad = torch.autograd.grad(1 - soft_loss(logits, p, mask, "lk")[0].neg().exp(), logits)[0]

@@ -110,7 +110,7 @@ class OptimConfig:
     loss: Literal["ce", "lk", "lk-lambda"] = _doc(
         "eagle3/dflash/eagle: ce = soft cross-entropy to the target's distribution (eagle: its classification "
         "term); lk = LK^alpha (arXiv 2602.23881): -log of the expected acceptance rate sum(min(p, q)) per draft "
-        "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-rate)", "ce")
+        "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-3*rate)", "ce")
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(

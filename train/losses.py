@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 EAGLE_CE_WEIGHT = 0.1  # EAGLE-1: SmoothL1 + 0.1 * soft CE (docs/recipes.md)
-# LK^lambda's KL weight w = LK_KL_SCALE * exp(-LK_KL_DECAY * acceptance): SpecForge's kl_scale/kl_decay defaults
-LK_KL_SCALE, LK_KL_DECAY = 1.0, 1.0
+# LK^lambda's KL weight w = LK_KL_SCALE * exp(-LK_KL_DECAY * acceptance): the defaults of SpecForge's
+# training script (--kl-scale 1.0, --kl-decay 3.0; docs/dflash.md)
+LK_KL_SCALE, LK_KL_DECAY = 1.0, 3.0
 DRAFT_LOSSES = ("ce", "lk", "lk-lambda")
 
 
