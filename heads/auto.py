@@ -11,7 +11,7 @@ from safetensors import SafetensorError
 from transformers import PretrainedConfig, PreTrainedModel
 
 from heads.common import DraftHead, DraftHeadConfig
-from heads.dflash import DFlashConfig, DFlashHead
+from heads.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead
 from heads.eagle import EagleConfig, EagleHead
 from heads.eagle3 import Eagle3Config, Eagle3Head
 from heads.medusa import MedusaConfig, MedusaHead
@@ -77,10 +77,15 @@ class AutoHead:
             from heads.formats import import_eagle3
 
             return import_eagle3(path_or_repo, **kwargs)
+        if DFLASH_ARCHITECTURE in (config_dict.get("architectures") or []):
+            from heads.formats import import_dflash
+
+            return import_dflash(path_or_repo, **kwargs)
         raise ValueError(
             f"{path_or_repo}: config.json has model_type={model_type!r} and architectures="
             f"{config_dict.get('architectures')}, which is not a draftsmith head "
-            f"({sorted(_BY_MODEL_TYPE)}) nor a public EAGLE-3 checkpoint ({list(PUBLIC_EAGLE3_ARCHITECTURES)})"
+            f"({sorted(_BY_MODEL_TYPE)}) nor a public EAGLE-3 ({list(PUBLIC_EAGLE3_ARCHITECTURES)}) or DFlash "
+            f"({DFLASH_ARCHITECTURE}) checkpoint"
         )
 
 

@@ -25,6 +25,7 @@ from heads.common import DraftHead
 from heads.eagle import EagleConfig, layer_kwargs_from_target
 from heads.layers import MLP, RMSNorm, Rotary, rotate_half
 
+DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's published drafters; heads.formats.dflash writes and reads it
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters (z-lab *-DFlash-b16) and SpecForge's default
 DEFAULT_NUM_LAYERS = 1  # small: the CPU demo drafts with one layer (the published drafters use 5 to 8)
 

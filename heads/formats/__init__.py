@@ -8,6 +8,7 @@
 | `eagle-vllm`    | eagle  | model.safetensors          | vLLM eagle                                        |
 | `medusa-vllm`   | medusa | model.safetensors          | vLLM medusa                                       |
 | `medusa-tgi`    | medusa | medusa_lm_head.safetensors | TGI, TensorRT-LLM's Medusa converter              |
+| `dflash`        | dflash | model.safetensors          | SGLang DFLASH, z-lab's `DFlashDraftModel`         |
 
 `vllm` and `sglang` name the same directory: one export serves all three EAGLE-3 engines.
 
@@ -22,7 +23,8 @@ invariants, config fields) before it is moved into place. README.md ("Serve with
 TensorRT-LLM") lists the engine loader code each format was checked against.
 
 One module per engine family: ``eagle3`` (vLLM / SGLang / TensorRT-LLM), ``speculators``, ``eagle``
-(vLLM EAGLE-1/2), ``medusa`` (vLLM and TGI), ``public`` (importing public EAGLE-3 checkpoints), all on
+(vLLM EAGLE-1/2), ``medusa`` (vLLM and TGI), ``dflash`` (z-lab's layout, exported and imported),
+``public`` (importing public EAGLE-3 checkpoints), all on
 the shared checks in ``validation``. This module holds the registry and the export driver.
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ from data.base.names import is_head_model_type, public_target_name
 from data.base.paths import share_readable
 from heads.card import model_card
 from heads.common import DraftHead, target_identity
+from heads.formats.dflash import DFLASH_ARCHITECTURE, _dflash_artifact, _dflash_problems, import_dflash
 from heads.formats.eagle import _eagle_artifact, _eagle_problems
 from heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
 from heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
@@ -64,7 +67,7 @@ from heads.formats.validation import (
 __all__ = [
     "EAGLE3_ARCHITECTURE", "ENGINE_AUX_LAYERS", "FORMATS", "FORMAT_KINDS", "FORMAT_VERSION", "HF_CONVENTION",
     "PROVENANCE_KEY", "SPECULATORS_LAYER_PREFIX", "Artifact", "aux_layer_ids_from_config", "draft_vocab_problems",
-    "export_head", "import_eagle3", "validate_artifact", "validate_export",
+    "export_head", "import_eagle3", "validate_artifact", "validate_export", "DFLASH_ARCHITECTURE", "import_dflash",
 ]
 
 
@@ -75,6 +78,7 @@ FORMAT_KINDS = {
     "eagle-vllm": "eagle",
     "medusa-vllm": "medusa",
     "medusa-tgi": "medusa",
+    "dflash": "dflash",
 }
 
 
@@ -214,6 +218,7 @@ _BUILDERS = {
     "eagle-vllm": _eagle_artifact,
     "medusa-vllm": _medusa_vllm_artifact,
     "medusa-tgi": _medusa_tgi_artifact,
+    "dflash": _dflash_artifact,
 }
 
 
@@ -250,4 +255,6 @@ def validate_artifact(config: dict[str, Any], tensors: dict[str, Tensor], fmt: s
         return _eagle_problems(config, tensors)
     if fmt == "medusa-vllm":
         return _medusa_vllm_problems(config, tensors)
+    if fmt == "dflash":
+        return _dflash_problems(config, tensors)
     return _medusa_tgi_problems(config, tensors)

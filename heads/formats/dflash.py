@@ -1,0 +1,159 @@
+"""DFlash heads in z-lab's ``DFlashDraftModel`` layout (format ``dflash``), read by SGLang's
+``--speculative-algorithm DFLASH`` and z-lab's own code; and public z-lab DFlash checkpoints imported.
+
+The layout (docs/dflash.md, "Export"): a Qwen3-style config (``model_type: qwen3``, the draft's own
+``num_hidden_layers``) with ``architectures: ["DFlashDraftModel"]``, ``block_size``, ``num_target_layers``
+and ``dflash_config: {target_layer_ids, mask_token_id}``, where ``target_layer_ids`` counts the *output*
+of target layer k (draftsmith's HF indices minus 1); tensors ``fc``, ``hidden_norm``, ``layers.{i}.*``
+(with per-head ``q_norm``/``k_norm``) and ``norm``, the names draftsmith's head already uses. The draft has
+no embedding and no lm_head: both are the target's.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from heads.common import DraftHead
+from heads.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead, build_target_layer_ids
+from heads.formats.public import _resolve_directory, _rope_config_from
+from heads.formats.validation import (
+    Artifact,
+    PROVENANCE_KEY,
+    context_problems,
+    dtype_name,
+    expect,
+    float_tensors,
+    ints,
+    layer_spec,
+    llama_layer_config,
+    provenance_record,
+    read_json_object,
+    read_tensors,
+    rope_problems,
+    tensor_problems,
+    _rope_fields,
+)
+
+
+def _dflash_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
+    cfg = head.config
+    target_width = cfg.target_hidden_size or cfg.hidden_size
+    if target_width != cfg.hidden_size:
+        raise ValueError(f"hidden_size={cfg.hidden_size} differs from the target's {target_width}: DFlashDraftModel "
+                         "sizes its fc for len(target_layer_ids) x its own hidden_size")
+    if not facts["num_layers"]:
+        raise ValueError("the dflash format records num_target_layers; the head names no target layer count "
+                         "(pass target= / --target)")
+    tensors = float_tensors(head.state_dict(), options["dtype"])
+    dtype = dtype_name(tensors)
+    layers = cfg.num_layers
+    config = {
+        "architectures": [DFLASH_ARCHITECTURE],
+        **llama_layer_config(head, options),
+        "model_type": "qwen3",  # z-lab's DFlashDraftModel is a Qwen3PreTrainedModel (q_norm / k_norm per head)
+        "num_hidden_layers": layers,
+        "layer_types": ["full_attention"] * layers,  # z-lab's attention reads layer_types[layer_idx]
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "block_size": cfg.block_size,
+        "num_target_layers": facts["num_layers"],
+        "dflash_config": {"target_layer_ids": [i - 1 for i in cfg.aux_layer_ids], "mask_token_id": cfg.mask_token_id},
+        "torch_dtype": dtype,
+        "dtype": dtype,
+        PROVENANCE_KEY: provenance_record(head, "dflash", facts),
+    }
+    return Artifact(config, tensors)
+
+
+def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
+    problems: list[str] = []
+    expect(config, "architectures", [DFLASH_ARCHITECTURE], problems)
+    expect(config, "model_type", "qwen3", problems, "DFlashDraftModel builds Qwen3 layers")
+    expect(config, "tie_word_embeddings", False, problems)
+    expect(config, "hidden_act", "silu", problems, "the Qwen3 MLP")
+    if config.get("mlp_bias"):
+        problems.append("config mlp_bias=true: the Qwen3 MLP has no biases and would drop them")
+    problems += rope_problems(config)
+    shape = ints(config, ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                           "head_dim", "max_position_embeddings", "vocab_size", "num_hidden_layers", "block_size",
+                           "num_target_layers"), problems)
+    problems += context_problems(shape, config.get(PROVENANCE_KEY) or {})
+    dflash = config.get("dflash_config")
+    if not isinstance(dflash, dict):
+        return problems + ["dflash_config is missing (it names target_layer_ids and mask_token_id)"]
+    ids, mask = dflash.get("target_layer_ids"), dflash.get("mask_token_id")
+    if not shape:
+        return problems
+    if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        problems.append(f"dflash_config.target_layer_ids={ids!r} must be a non-empty list of layer ids")
+        ids = None
+    elif any(not 0 <= i < shape["num_target_layers"] for i in ids):
+        problems.append(f"dflash_config.target_layer_ids={ids} must lie in 0..{shape['num_target_layers'] - 1}")
+    if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < shape["vocab_size"]:
+        problems.append(f"dflash_config.mask_token_id={mask!r} must be a token id in 0..{shape['vocab_size'] - 1}")
+    if shape["block_size"] < 2:
+        problems.append(f"block_size={shape['block_size']}: a block needs the root and one mask")
+    if ids is None:
+        return problems
+    h, d = shape["hidden_size"], shape["head_dim"]
+    spec = {"fc.weight": ((h, len(ids) * h), "float"), "hidden_norm.weight": ((h,), "float"),
+            "norm.weight": ((h,), "float")}
+    for i in range(shape["num_hidden_layers"]):
+        prefix = f"layers.{i}."
+        spec.update(layer_spec(prefix, shape, h, bool(config.get("attention_bias")), False))
+        spec.update({f"{prefix}input_layernorm.weight": ((h,), "float"),
+                     f"{prefix}self_attn.q_norm.weight": ((d,), "float"),
+                     f"{prefix}self_attn.k_norm.weight": ((d,), "float")})
+    problems += tensor_problems(tensors, spec, config.get("torch_dtype"))
+    return problems
+
+
+def import_dflash(path_or_repo: str | Path, *, dtype: torch.dtype | None = None, **hub_kwargs: Any) -> DFlashHead:
+    """A ``DFlashHead`` from a ``DFlashDraftModel`` directory or Hub id (z-lab's published drafters, our
+    exports). Its config must name ``dflash_config.mask_token_id`` (SGLang's alternative, a mask token
+    *string* looked up in the tokenizer, is refused: a head stores ids). Every tensor is checked as for
+    an export. ``hub_kwargs`` as ``import_eagle3``'s."""
+    directory = _resolve_directory(path_or_repo, hub_kwargs)
+    config = read_json_object(directory / "config.json")
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no *.safetensors weights (pickled weights are never read)")
+    tensors: dict[str, Tensor] = {}
+    for file in files:
+        tensors.update(read_tensors(file))
+    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    if dflash.get("mask_token_id") is None:
+        raise ValueError(f"{directory}/config.json: dflash_config names no mask_token_id (a mask token string "
+                         f"{dflash.get('mask_token')!r} needs the tokenizer); add the id to dflash_config")
+    layers, target_layers = config.get("num_hidden_layers"), config.get("num_target_layers")
+    if "target_layer_ids" not in dflash and isinstance(target_layers, int) and isinstance(layers, int):
+        dflash = {**dflash, "target_layer_ids": build_target_layer_ids(target_layers, layers)}  # z-lab's default
+    rope = _rope_config_from(config, directory)  # z-lab's configs write rope_theta only: read as ours would be
+    problems = _dflash_problems({**config, "dflash_config": dflash, **_rope_fields(rope)}, tensors)
+    if problems:
+        raise ValueError(f"{directory} is not a DFlashDraftModel draftsmith can load:\n  - " + "\n  - ".join(problems))
+    head_config = DFlashConfig(
+        hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"],
+        num_attention_heads=config["num_attention_heads"], num_key_value_heads=config["num_key_value_heads"],
+        head_dim=config["head_dim"], hidden_act="silu", rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=config["max_position_embeddings"], rope_config=rope,
+        attention_bias=bool(config.get("attention_bias", False)), vocab_size=config["vocab_size"],
+        block_size=config["block_size"], num_layers=layers,
+        aux_layer_ids=[i + 1 for i in dflash["target_layer_ids"]], mask_token_id=dflash["mask_token_id"],
+        target_hidden_size=config["hidden_size"], target_num_layers=target_layers, target_vocab_size=config["vocab_size"],
+        **_recorded_target(config),
+    )
+    head = DFlashHead(head_config)
+    head.load_state_dict(tensors, strict=True)  # names and shapes were checked above
+    floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    return head.to(dtype or (floats.pop() if len(floats) == 1 else torch.float32)).eval()
+
+
+def _recorded_target(config: dict[str, Any]) -> dict[str, Any]:
+    """The target identity our own exports record (public checkpoints record none)."""
+    target = (config.get(PROVENANCE_KEY) or {}).get("target") or {}
+    return {f"target_{k}": target[k] for k in ("name_or_path", "architecture", "model_type",
+                                               "max_position_embeddings") if target.get(k)}
