@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -93,8 +94,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also time each phase of a speculative step per head method (an extra, untimed pass)")
     p.add_argument("--batch-sizes", type=cli_counts(), default=[],
                    help="comma-separated batch sizes, e.g. 1,4: batch speculation against HF's batched static generate")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="start no new prompt after this many minutes (every method keeps the same prompts; "
+                        "the report counts the prompts timed)")
     p.add_argument("--out", default="bench-out")
     args = p.parse_args(argv)
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        p.error(f"--max-minutes must be > 0, got {args.max_minutes}")
     args.compile = {None: None, "true": True, "false": False}.get(args.compile, args.compile)
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
     bad = [t for t in args.trees if not TREE_SPEC.match(t)]
@@ -106,6 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Run every method, write results.json, results.md and plots to ``--out``; returns the results."""
     args = parse_args(argv)
+    deadline = time.monotonic() + 60 * args.max_minutes if args.max_minutes else None
     claim_report_dir(args.out)  # before minutes of timing: a folder of someone else's files is refused now
     device = default_device(args.device)
     if device.type == "cpu":  # the one thread policy (infer.threads): --threads, OMP_NUM_THREADS or a probe
@@ -122,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
     generators = [m.generator for m in methods if m.generator is not None]
     counter.enabled(False)  # t(N) runs on the generators' own step (a hook could be traced into a graph)
     costs = step_costs(target, prompts[0], sizes, args, generators)
-    time_methods(methods, prompts, args, target, counter)
+    timed = time_methods(methods, prompts, args, target, counter, deadline)
+    prompts = prompts[:timed]
     rows = summarise(methods, costs)
     meta = {
         "target": args.target, "heads": args.heads, "assistant": args.assistant, "hardware": hardware(device),

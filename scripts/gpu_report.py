@@ -61,6 +61,7 @@ class Plan:
     num_prompts: int
     max_new_tokens: int  # per benchmark prompt
     repeats: int
+    bench_minutes: float  # the benchmark starts no new prompt after these (scripts/benchmark.py --max-minutes)
 
 
 def plan(budget_min: float, kinds: int, smoke: bool) -> Plan:
@@ -73,14 +74,15 @@ def plan(budget_min: float, kinds: int, smoke: bool) -> Plan:
     if smoke:
         return Plan(conversations=4, regen_minutes=budget_min, regen_batch_size=4, regen_max_new_tokens=8,
                     max_length=256, train_minutes=budget_min, train_max_steps=2, num_prompts=2,
-                    max_new_tokens=8, repeats=1)
+                    max_new_tokens=8, repeats=1, bench_minutes=budget_min)
     regen, bench = 0.15 * budget_min, 0.45 * budget_min
     train = max(1.0, (budget_min - regen - bench - 2.5 * kinds) / kinds)
     compile_min = (3 + 4 * kinds) * 50 / 60  # the n-gram drafters and every head's four draft shapes
     return Plan(conversations=int(regen * 28 * 4), regen_minutes=regen, regen_batch_size=512,
                 regen_max_new_tokens=512, max_length=1536, train_minutes=train,
                 train_max_steps=max(10, int(train * 175)),
-                num_prompts=max(4, min(80, int((bench - compile_min) * 60 / 35))), max_new_tokens=128, repeats=1)
+                num_prompts=max(4, min(80, int((bench - compile_min) * 60 / 35))), max_new_tokens=128, repeats=1,
+                bench_minutes=bench)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -244,7 +246,8 @@ def benchmark(args, pl: Plan, heads: list[str], out: Path) -> dict:
 
     argv = ["--target", args.target, "--prompts", args.prompts, "--num-prompts", str(pl.num_prompts),
             "--max-new-tokens", str(pl.max_new_tokens), "--repeats", str(pl.repeats), "--warmup", "1",
-            "--trees", TREES, "--tree-sizes", "1,2,4,8,16,32,64", "--out", str(out), "--heads", *heads]
+            "--trees", TREES, "--tree-sizes", "1,2,4,8,16,32,64", "--max-minutes", f"{pl.bench_minutes:.2f}",
+            "--out", str(out), "--heads", *heads]
     if args.device:
         argv += ["--device", args.device]
     if args.smoke:

@@ -173,3 +173,21 @@ def test_benchmark_batch_sizes_compare_with_hf_batched_static(bench_dirs):
         assert r["identical"], r
         assert r["new_tokens"] == 8 * r["batch_size"] and r["tokens_per_s"] > 0
     assert "## Batches" in (out / "results.md").read_text()
+
+
+def test_max_minutes_stops_between_prompts_with_the_same_prompts_for_every_method(bench_dirs, capsys):
+    """--max-minutes: past the deadline no new prompt starts; every method keeps the prompts timed so
+    far (at least one), and the report counts those (the GPU report's benchmark phase uses it)."""
+    root, heads, prompts = bench_dirs
+    result = _load_script().main([
+        "--target", str(root / "target"), "--heads", heads[0], "--prompts", str(prompts), "--num-prompts", "2",
+        "--max-new-tokens", "6", "--ignore-eos", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1",
+        "--no-prompt-lookup", "--no-hf-static", "--trees", "chain2", "--max-minutes", "0.0001",
+        "--out", str(root / "out-deadline"),
+    ])
+    assert result["meta"]["num_prompts"] == 1
+    assert all(len(runs) == 1 for runs in result["runs"].values())
+    assert all(row["identical"] for row in result["rows"])
+    assert "time is up after 1 of 2 prompts" in capsys.readouterr().out  # the prompts file holds two
+    with pytest.raises(SystemExit):
+        _load_script().parse_args(["--target", "t", "--max-minutes", "0"])

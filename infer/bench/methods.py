@@ -115,8 +115,11 @@ def build_methods(args, target, tokenizer) -> list[Method]:
     return methods
 
 
-def time_methods(methods: list[Method], prompts, args, target, counter: ForwardCounter) -> None:
-    """Time every method on every prompt, methods interleaved per prompt; fills ``method.runs``."""
+def time_methods(methods: list[Method], prompts, args, target, counter: ForwardCounter,
+                 deadline: float | None = None) -> int:
+    """Time every method on every prompt, methods interleaved per prompt; fills ``method.runs``.
+    Past ``deadline`` (``time.monotonic()``) no new prompt starts, so every method keeps the same
+    prompts; returns how many were timed (at least one)."""
     device = target.device
     total = len(methods) * len(prompts) * (args.warmup + args.repeats)
     bar = tqdm(total=total, desc="benchmark", unit="gen")
@@ -156,4 +159,9 @@ def time_methods(methods: list[Method], prompts, args, target, counter: ForwardC
                 "peak_mem_mb": peak_memory_mib(device),
                 "tokens": new,
             })
+        if deadline is not None and time.monotonic() > deadline and p_idx + 1 < len(prompts):
+            bar.close()
+            print(f"benchmark: time is up after {p_idx + 1} of {len(prompts)} prompts (--max-minutes)", flush=True)
+            return p_idx + 1
     bar.close()
+    return len(prompts)
