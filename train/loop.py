@@ -39,6 +39,7 @@ from train.metrics_log import MetricsLog
 from train.objectives import HeadSetup, objective_class
 from train.output_dir import check_output_dir
 from train.resume import TrainState, mark_run, resume, resume_settings
+from train.target_sharding import shard_target
 from train.run_card import run_card
 
 logger = logging.getLogger("draftsmith.train")
@@ -151,8 +152,11 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
     if cfg.target.startswith("demo:"):  # the head, card and exports name it "demo:<size>", not its cache path
         target.config._name_or_path = cfg.target
-    target.requires_grad_(False).eval().to(accelerator.device)
+    target.requires_grad_(False).eval()
     decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
+    if cfg.train.target_sharding == "fsdp":  # before .to(device): the device never holds the whole target
+        shard_target(target, accelerator)
+    target.to(accelerator.device)
     identity = loaded_target_identity(target)
     vocab_size = identity["vocab_size"]
     if len(tokenizer) > vocab_size:

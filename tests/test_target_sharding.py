@@ -1,0 +1,57 @@
+"""train.target_sharding=fsdp: the frozen target's decoder layers sharded over 2 CPU processes (FSDP2 on
+gloo) train the head to the same losses and held-out metrics as a whole target in every process."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from accelerate import Accelerator
+from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from test_train_script import launch_two_processes, tiny_dict
+
+from train.config import ConfigError
+from train.target_sharding import is_sharded, shard_target
+
+
+def test_target_sharding_key_is_checked(tiny_files, tmp_path):
+    assert tiny_config(tiny_files, tmp_path / "a").train.target_sharding == "none"
+    assert tiny_config(tiny_files, tmp_path / "b", "train.target_sharding=fsdp").train.target_sharding == "fsdp"
+    with pytest.raises(ConfigError, match="train.target_sharding: must be one of none, fsdp"):
+        tiny_config(tiny_files, tmp_path / "c", "train.target_sharding=zero3")
+
+
+def test_one_process_keeps_the_target_whole():
+    from conftest import make_tiny_target
+
+    target = make_tiny_target("llama")
+    assert shard_target(target, Accelerator(cpu=True)) is False and not is_sharded(target)
+
+
+def _records(out) -> tuple[list[dict], list[dict]]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "loss" in r], [r for r in records if "tau" in r]
+
+
+@pytest.mark.slow
+def test_sharded_target_trains_like_a_whole_one(tiny_files, tmp_path):
+    # eval_rows=5 over 2 processes: shards of 3 and 2 rows, 2 and 1 batches of 2 -> the second process
+    # must pad its target passes (pad_target_passes) or the first one waits forever in an all-gather
+    runs = {}
+    for port, sharding in ((29541, "none"), (29542, "fsdp")):
+        out = tmp_path / sharding
+        config = tiny_dict(tiny_files, out, head={"kind": "eagle3", "draft_vocab_size": 128, "ttt_steps": 2},
+                           data={"eval_rows": 5},
+                           train={"max_steps": 4, "micro_batch_size": 2, "grad_accum_steps": 1, "lr": 3e-3,
+                                  "warmup_steps": 1, "eval_every": 2, "save_every": 0, "log_every": 1,
+                                  "target_sharding": sharding})
+        run = launch_two_processes(config, tmp_path, port=port)
+        runs[sharding] = _records(out)
+        if sharding == "fsdp":
+            assert "decoder layers sharded over 2 processes" in run.stderr
+    (whole_train, whole_eval), (sharded_train, sharded_eval) = runs["none"], runs["fsdp"]
+    assert [r["step"] for r in sharded_train] == [1, 2, 3, 4] and len(sharded_eval) == len(whole_eval) == 2
+    assert len({r["loss"] for r in whole_train}) > 1  # the head trains: the losses below are not all one number
+    for whole, sharded in zip(whole_train + whole_eval, sharded_train + sharded_eval):
+        for key in ("loss", "tau"):
+            if key in whole:
+                assert sharded[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-6), (key, whole, sharded)
