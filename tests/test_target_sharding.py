@@ -3,13 +3,15 @@ gloo) train the head to the same losses and held-out metrics as a whole target i
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 from accelerate import Accelerator
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from test_train_script import launch_two_processes, tiny_dict
 
-from train.config import ConfigError
+from train.config import ConfigError, load_config
 from train.target_sharding import is_sharded, shard_target
 
 
@@ -55,3 +57,34 @@ def test_sharded_target_trains_like_a_whole_one(tiny_files, tmp_path):
         for key in ("loss", "tau"):
             if key in whole:
                 assert sharded[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-6), (key, whole, sharded)
+
+
+def test_the_unsharded_parts_move_without_touching_the_layers():
+    from conftest import make_tiny_target
+
+    from infer.target import decoder_layers
+    from train.target_sharding import _move_unsharded
+
+    target = make_tiny_target("llama", tie_word_embeddings=True)
+    assert target.get_output_embeddings().weight is target.get_input_embeddings().weight
+    _move_unsharded(target, decoder_layers(target), torch.device("meta"))
+    assert all(p.device.type == "cpu" for p in decoder_layers(target).parameters())
+    rest = [p for n, p in target.named_parameters() if ".layers." not in n]
+    assert rest and all(p.device.type == "meta" and not p.requires_grad for p in rest)
+    assert target.get_output_embeddings().weight is target.get_input_embeddings().weight  # still tied
+
+
+@pytest.mark.parametrize("name, processes, machines", [("fsdp-8gpu.yaml", 8, 1), ("fsdp-2node.yaml", 16, 2)])
+def test_accelerate_configs_load_and_start_with_their_command(name, processes, machines):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    path = Path(__file__).resolve().parent.parent / "configs" / "accelerate" / name
+    loaded = load_config_from_file(str(path))
+    assert (loaded.distributed_type, loaded.num_processes, loaded.num_machines) == (
+        DistributedType.MULTI_GPU, processes, machines)
+    first = path.read_text().splitlines()[0]
+    assert first.startswith(f"# accelerate launch --config_file configs/accelerate/{name}") and "train_head.py" in first
+    trained = first.split("--config ")[1].split()[0]
+    cfg = load_config(Path(__file__).resolve().parent.parent / trained)
+    assert cfg.train.target_sharding == "fsdp"

@@ -154,9 +154,9 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
         target.config._name_or_path = cfg.target
     target.requires_grad_(False).eval()
     decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
-    if cfg.train.target_sharding == "fsdp":  # before .to(device): the device never holds the whole target
-        shard_target(target, accelerator)
-    target.to(accelerator.device)
+    # sharded before it moves: the device never holds the whole target (shard_target moves it)
+    if not (cfg.train.target_sharding == "fsdp" and shard_target(target, accelerator)):
+        target.to(accelerator.device)
     identity = loaded_target_identity(target)
     vocab_size = identity["vocab_size"]
     if len(tokenizer) > vocab_size:

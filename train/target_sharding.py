@@ -38,6 +38,7 @@ def shard_target(target: nn.Module, accelerator: Accelerator) -> bool:
     layers = decoder_layers(target)
     for layer in layers:  # layer by layer: a full layer (not the full target) is on the device at a time
         fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    _move_unsharded(target, layers, accelerator.device)
     logger.info("target: %d decoder layers sharded over %d processes (FSDP2)", len(layers), accelerator.num_processes)
     return True
 
@@ -49,6 +50,24 @@ def passes_short(accelerator: Accelerator, target: nn.Module, mine: int) -> int:
         return 0
     most = accelerator.reduce(torch.tensor(mine, device=accelerator.device), reduction="max")
     return int(most) - mine  # note: a host-device sync, once per evaluation
+
+
+def _move_unsharded(target: nn.Module, layers: nn.Module, device: torch.device) -> None:
+    """Move the parameters and buffers outside ``layers`` (embeddings, final norm, lm_head, rotary
+    tables) to ``device``. Not ``target.to(device)``: ``Module.to`` must not touch FSDP's sharded
+    parameters (swapping them out breaks FSDP's bookkeeping)."""
+    inside = {id(m) for m in layers.modules()}
+    moved: dict[int, nn.Parameter] = {}  # tied weights (embeddings = lm_head) stay one parameter
+    for module in target.modules():
+        if id(module) in inside:
+            continue
+        for name, param in module.named_parameters(recurse=False):
+            if param.device != device:
+                if id(param) not in moved:
+                    moved[id(param)] = nn.Parameter(param.to(device), requires_grad=False)
+                setattr(module, name, moved[id(param)])
+        for name, buffer in module.named_buffers(recurse=False):
+            module._buffers[name] = buffer.to(device)
 
 
 @torch.no_grad()
