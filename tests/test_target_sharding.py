@@ -34,14 +34,20 @@ def _records(out) -> tuple[list[dict], list[dict]]:
     return [r for r in records if "loss" in r], [r for r in records if "tau" in r]
 
 
+HEADS = {"eagle3": {"kind": "eagle3", "draft_vocab_size": 128, "ttt_steps": 2},  # reads aux layers, embeddings
+         "dflash": {"kind": "dflash", "block_size": 4, "num_layers": 1}}  # and the mask token's embedding
+
+
 @pytest.mark.slow
-def test_sharded_target_trains_like_a_whole_one(tiny_files, tmp_path):
+@pytest.mark.parametrize("kind", HEADS)
+def test_sharded_target_trains_like_a_whole_one(tiny_files, tmp_path, kind):
     # eval_rows=5 over 2 processes: shards of 3 and 2 rows, 2 and 1 batches of 2 -> the second process
     # must pad its target passes (pad_target_passes) or the first one waits forever in an all-gather
     runs = {}
-    for port, sharding in ((29541, "none"), (29542, "fsdp")):
+    base = 29541 + 2 * list(HEADS).index(kind)
+    for port, sharding in ((base, "none"), (base + 1, "fsdp")):
         out = tmp_path / sharding
-        config = tiny_dict(tiny_files, out, head={"kind": "eagle3", "draft_vocab_size": 128, "ttt_steps": 2},
+        config = tiny_dict(tiny_files, out, head=HEADS[kind],
                            data={"eval_rows": 5},
                            train={"max_steps": 4, "micro_batch_size": 2, "grad_accum_steps": 1, "lr": 3e-3,
                                   "warmup_steps": 1, "eval_every": 2, "save_every": 0, "log_every": 1,
