@@ -115,3 +115,12 @@ def test_the_script_prints_the_70b_plan():
                           "8"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert "per-GPU memory" in run.stdout and "/ 8 shards" in run.stdout and "fits" in run.stdout
+
+
+def test_a_demo_target_is_planned_only_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))  # an empty cache: nothing is built or fetched
+    with pytest.raises(ValueError, match="target demo:tiny: not in the cache yet"):
+        target_config("demo:tiny")
+    with pytest.raises(ValueError, match="plan.py downloads nothing"):
+        target_config("demo:smollm2")
+    assert not any(tmp_path.iterdir())

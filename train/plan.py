@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+from data.base.names import DEMO_PREFIX, is_demo
 from data.feature_bytes import feature_disk_bytes
 from data.targets import resolve_target
 from heads import build_head
@@ -54,7 +55,18 @@ def target_config(target: str) -> PretrainedConfig:
     if target in KNOWN_TARGETS:
         shape = dict(KNOWN_TARGETS[target])
         return AutoConfig.for_model(shape.pop("model_type"), **shape)
-    if target.startswith("demo:") or Path(target).expanduser().is_dir():
+    if is_demo(target):  # only a demo LM already in the cache: planning neither builds nor fetches one
+        from data.demo import demo_target_dir
+
+        size = target.removeprefix(DEMO_PREFIX)
+        if size == "smollm2":
+            raise ValueError(f"target {target}: pass the model's directory (plan.py downloads nothing)")
+        directory = demo_target_dir(size)
+        if not (directory / "config.json").is_file():
+            raise ValueError(f"target {target}: not in the cache yet; build it first (python "
+                             f"scripts/make_demo_target.py --size {size}) or pass the model's directory")
+        return AutoConfig.from_pretrained(directory)
+    if Path(target).expanduser().is_dir():
         return AutoConfig.from_pretrained(resolve_target(target))
     raise ValueError(f"target {target!r}: not a local directory and not one of the known Hub shapes "
                      f"({', '.join(KNOWN_TARGETS)}); pass the directory holding its config.json (plan.py "
