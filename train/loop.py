@@ -39,8 +39,8 @@ from train.metrics_log import MetricsLog
 from train.objectives import HeadSetup, objective_class
 from train.output_dir import check_output_dir
 from train.resume import TrainState, mark_run, resume, resume_settings
-from train.target_sharding import shard_target
 from train.run_card import run_card
+from train.target_sharding import shard_target
 
 logger = logging.getLogger("draftsmith.train")
 

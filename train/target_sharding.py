@@ -2,9 +2,9 @@
 
 torch FSDP2 ``fully_shard`` on each decoder layer of the target, called directly inside the
 ``accelerate launch``-ed process; the trained head stays under accelerate's DDP exactly as with a
-whole target. Each process keeps 1/N of every decoder layer and all-gathers one layer at a time
-during the target pass (``reshard_after_forward=True``: the full layer is freed right after its
-forward). The target is frozen and only ever run under ``no_grad``, so FSDP keeps no gradients and no
+whole target. Each process keeps 1/N of every decoder layer; in the target pass each layer is
+all-gathered just before its forward and freed right after it (``reshard_after_forward=True``), so
+about two full layers exist at a time (the one running, the next one arriving). The target is frozen and only ever run under ``no_grad``, so FSDP keeps no gradients and no
 optimizer state for it. The input embedding, final norm and lm_head stay whole on every process:
 the objectives read them outside the target's forward (``no_grad_embeds``, the lm_head passed to the
 loss, ``init_from_target``). Why not accelerate's FSDP plugin: docs/scaling.md.
