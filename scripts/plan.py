@@ -7,13 +7,15 @@ Per GPU: the frozen target (whole, or its FSDP shard with ``train.target_shardin
 with its gradients and AdamW state, and the activations of one micro-batch at ``data.max_length``,
 each printed with its arithmetic; when the total exceeds ``--gpu-memory-gib``, which setting to
 change. ``--tokens-per-s`` (training tokens/s of one process on the same hardware) gives the step
-time; ``--rows`` the disk of offline features. ``--measure`` also trains a few steps here in one
-process and prints the measured peak next to the plan for one process (docs/scaling.md). The
+time; ``--rows`` the disk of offline features. ``--measure`` also trains a few steps here and prints
+the measured peak next to the plan for this launch's processes: one with ``python``, each of N under
+``accelerate launch --num_processes N scripts/plan.py ...`` (docs/scaling.md). The
 target is read from its local config.json or a built-in table of Hub shapes: nothing is downloaded.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from data.cli import run
@@ -42,14 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     plan = make_plan(cfg, config, args.gpus, args.nodes, gpu_memory_gib=args.gpu_memory_gib,
                      tokens_per_s=args.tokens_per_s, rows=args.rows, feature_dtype=args.feature_dtype)
     print(format_plan(cfg, plan, args.gpus, args.nodes), flush=True)
-    if args.measure:
-        single = make_plan(cfg, config, 1, 1)
+    if args.measure:  # under `accelerate launch --num_processes N` every process measures its own peak
+        world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        here = make_plan(cfg, config, world, 1)
         measured = measure_peak(cfg)
-        print(f"\nmeasured here, one process: peak {measured['peak_bytes'] / GIB:.3f} GiB ({measured['what']}) "
-              f"vs planned {single.total / GIB:.3f} GiB for one process "
-              f"({', '.join(f'{k} {v / GIB:.3f}' for k, v in single.parts.items())}): "
-              f"planned/measured = {single.total / measured['peak_bytes']:.2f}; "
-              f"training {measured['train_tokens_per_s']:.0f} tokens/s")
+        print(f"\nmeasured here, process {rank} of {world}: peak {measured['peak_bytes'] / GIB:.3f} GiB "
+              f"({measured['what']}) vs planned {here.total / GIB:.3f} GiB for {world} process(es) "
+              f"({', '.join(f'{k} {v / GIB:.3f}' for k, v in here.parts.items())}): "
+              f"planned/measured = {here.total / measured['peak_bytes']:.2f}; "
+              f"training {measured['train_tokens_per_s']:.0f} tokens/s", flush=True)
     return 0
 
 
