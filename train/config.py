@@ -115,6 +115,10 @@ class OptimConfig:
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(
         "head autocast precision; the frozen target is loaded in the same dtype (fp32 for no)", "no")
+    target_sharding: Literal["none", "fsdp"] = _doc(
+        "the frozen target across training processes: none = every process holds it whole; fsdp = each "
+        "decoder layer sharded over all processes (torch FSDP2), gathered one layer at a time in the target "
+        "pass; embeddings, final norm and lm_head stay whole (docs/scaling.md)", "none")
     eval_every: int = _doc("evaluate on held-out data every N steps (0 = only at the end)", 100)
     eval_depth: int | None = _doc(
         "draft steps simulated at evaluation; null = ttt_steps (eagle3), num_heads (medusa), "

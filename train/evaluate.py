@@ -16,6 +16,7 @@ from train.config import TrainConfig
 from train.metrics import AcceptanceMeter, format_acceptance, step_correctness
 from train.objectives import objective_class
 from train.resume import TrainState
+from train.target_sharding import pad_target_passes, passes_short
 
 logger = logging.getLogger("draftsmith.train")
 
@@ -32,6 +33,7 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
     lm_head = target.get_output_embeddings()
     t2d = getattr(head, "t2d", None)
     objective = objective_class(cfg.head.kind)
+    short = passes_short(accelerator, target, len(loader))  # held-out shards may differ by a batch
     for batch in loader:
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         with accelerator.autocast():
@@ -41,6 +43,7 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
         masked = features.loss_mask[:, 1:].bool()  # target top-1 at j predicts token j+1
         in_vocab = t2d[features.top1[:, :-1]] if t2d is not None else torch.ones_like(masked)
         covered += torch.stack([(in_vocab & masked).sum(), masked.sum()]).to(covered)
+    pad_target_passes(target, short)
     meter.state = accelerator.reduce(meter.state, reduction="sum")
     covered = accelerator.reduce(covered, reduction="sum")
     head.train(was_training)

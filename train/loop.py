@@ -40,6 +40,7 @@ from train.objectives import HeadSetup, objective_class
 from train.output_dir import check_output_dir
 from train.resume import TrainState, mark_run, resume, resume_settings
 from train.run_card import run_card
+from train.target_sharding import shard_target
 
 logger = logging.getLogger("draftsmith.train")
 
@@ -151,8 +152,11 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
     if cfg.target.startswith("demo:"):  # the head, card and exports name it "demo:<size>", not its cache path
         target.config._name_or_path = cfg.target
-    target.requires_grad_(False).eval().to(accelerator.device)
+    target.requires_grad_(False).eval()
     decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
+    # sharded before it moves: the device never holds the whole target (shard_target moves it)
+    if not (cfg.train.target_sharding == "fsdp" and shard_target(target, accelerator)):
+        target.to(accelerator.device)
     identity = loaded_target_identity(target)
     vocab_size = identity["vocab_size"]
     if len(tokenizer) > vocab_size:
