@@ -167,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = str(default_device(args.device))
     if args.drafter is not None:
-        label = "draft LM drafter" if args.drafter.startswith("lm:") else f"{args.drafter} drafter"
+        label = f"{args.drafter} drafter"
+        if args.drafter.startswith("lm:"):
+            label = "draft LM + n-gram drafter" if args.drafter.endswith(HIERARCHICAL) else "draft LM drafter"
         gen = SpeculativeGenerator.from_pretrained(
             args.target, lambda target: classic_drafter(args, target), device=device, dtype=dtype, threads=args.threads
         )
