@@ -18,8 +18,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
-from heads.common import DraftHead, DraftHeadConfig, rope_config_from_target, text_config
-from heads.eagle3 import _rms_scale
+from heads.common import DraftHead, DraftHeadConfig, final_norm_scale, rope_config_from_target, text_config
 from heads.layers import Attention, HeadCache, HeadOutput, RMSNorm, Rotary
 
 
@@ -111,7 +110,9 @@ class EarlyExitHead(DraftHead):
     @torch.no_grad()
     def init_from_target_model(self, target: PreTrainedModel) -> None:
         """``norm`` starts as the target's final norm (so a fresh head is layer skip at ``exit_layer``)."""
-        self.norm.weight.copy_(_rms_scale(target, self.config.hidden_size).to(self.norm.weight))
+        scale = final_norm_scale(target, self.config.hidden_size, "an early-exit head decodes through the target's "
+                                 "final RMS norm and lm_head; use another head kind for this target")
+        self.norm.weight.copy_(scale.to(self.norm.weight))
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:

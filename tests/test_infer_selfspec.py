@@ -108,6 +108,9 @@ def test_early_exit_head_checks_its_layer():
             build_head("early-exit", target, exit_layer=k)
     with pytest.raises(ValueError, match="feature layers"):
         build_head("early-exit", target, exit_layer=5).check_target(_target("llama", num_layers=4))
+    target.model.norm = torch.nn.LayerNorm(32)  # no per-channel scale for the head's norm to start from
+    with pytest.raises(ValueError, match="not an RMS norm of the head's width; an early-exit head decodes"):
+        build_head("early-exit", target)
 
 
 class CycleLM(torch.nn.Module):
