@@ -4,6 +4,7 @@ from heads.common import DraftHead, DraftHeadConfig, target_identity
 from heads.dflash import DFlashConfig, DFlashHead
 from heads.eagle import EagleConfig, EagleHead
 from heads.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
+from heads.early_exit import EarlyExitConfig, EarlyExitHead
 from heads.layers import HeadCache, HeadOutput
 from heads.medusa import MedusaConfig, MedusaHead
 
@@ -23,6 +24,8 @@ __all__ = [
     "default_aux_layer_ids",
     "DFlashConfig",
     "DFlashHead",
+    "EarlyExitConfig",
+    "EarlyExitHead",
     "HeadCache",
     "HeadOutput",
 ]

@@ -14,17 +14,18 @@ from heads.common import DraftHead, DraftHeadConfig
 from heads.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead
 from heads.eagle import EagleConfig, EagleHead
 from heads.eagle3 import Eagle3Config, Eagle3Head
+from heads.early_exit import EarlyExitConfig, EarlyExitHead
 from heads.medusa import MedusaConfig, MedusaHead
 
 HEAD_CLASSES: dict[str, type[DraftHead]] = {"medusa": MedusaHead, "eagle": EagleHead, "eagle3": Eagle3Head,
-                                         "dflash": DFlashHead}
+                                         "dflash": DFlashHead, "early-exit": EarlyExitHead}
 _BY_MODEL_TYPE = {cls.config_class.model_type: cls for cls in HEAD_CLASSES.values()}
 # The public EAGLE-3 layout (EAGLE authors, SpecForge) is converted on load by heads.formats.
 PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3Speculator")
 
 
 def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options: Any) -> DraftHead:
-    """An untrained head of ``kind`` ("medusa", "eagle", "eagle3", "dflash") shaped for ``target``.
+    """An untrained head of ``kind`` ("medusa", "eagle", "eagle3", "dflash", "early-exit") shaped for ``target``.
 
     ``target`` is a config or a model; with a model, Medusa's lm_heads start as copies of the
     target's. ``options`` set head config fields (e.g. ``num_heads=5``, ``draft_vocab_size=2048``,
@@ -102,4 +103,5 @@ __all__ = [
     "EagleConfig",
     "Eagle3Config",
     "DFlashConfig",
+    "EarlyExitConfig",
 ]

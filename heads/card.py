@@ -22,7 +22,8 @@ from heads.eagle3 import engine_aux_layer_ids
 METRICS_FILE = "metrics.jsonl"  # train.loop: one JSON record per line; evaluations carry "tau", "acc", ...
 TRAIN_CONFIG_FILE = "config.yaml"  # train.loop: the resolved TrainConfig
 TRAINING_FILES = (METRICS_FILE, TRAIN_CONFIG_FILE)  # uploaded with the head when present
-_TITLES = {"medusa": "Medusa", "eagle": "EAGLE (1/2)", "eagle3": "EAGLE-3", "dflash": "DFlash"}
+_TITLES = {"medusa": "Medusa", "eagle": "EAGLE (1/2)", "eagle3": "EAGLE-3", "dflash": "DFlash",
+           "early-exit": "early exit (Kangaroo)"}
 
 
 @dataclass
@@ -102,6 +103,9 @@ def _input_lines(head: DraftHead, export_config: dict[str, Any] | None) -> list[
     if head.head_kind == "eagle":
         return ["- the target's final post-norm hidden state f_i and the target's embedding of token i+1 "
                 "(embedding first in the fc input); drafts with the target's own lm_head"]
+    if head.head_kind == "early-exit":
+        return [f"- the target's state after its first **{cfg.exit_layer}** layers (HF `hidden_states[{cfg.exit_layer}]`); "
+                "one attention layer and a norm (Kangaroo's adapter); drafts with the target's own lm_head"]
     if head.head_kind == "dflash":
         ids = list(cfg.aux_layer_ids)
         return [f"- context: the target's states **{ids}** as HF `output_hidden_states` indices (the output of "

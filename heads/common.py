@@ -1,11 +1,13 @@
 """What every draft head shares: the target's identity, and the check that a head fits a target."""
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
@@ -60,6 +62,27 @@ def rope_config_from_target(target: PretrainedConfig | PreTrainedModel) -> dict[
     rope.setdefault("rope_type", rope.pop("type", "default"))
     rope["rope_theta"] = float(rope.get("rope_theta", 10000.0))
     return rope
+
+
+def final_norm_scale(target: nn.Module, width: int, otherwise: str) -> Tensor:
+    """The per-channel scale (H,) of the target's final norm, read by probing it (so Gemma's ``1 + w``
+    and plain RMSNorm read alike): an RMS norm maps sqrt(H)·e_i (RMS 1) to sqrt(H)·w_i·e_i. A head
+    starting from it says in ``otherwise`` what to do when the target has no such norm."""
+    backbone = getattr(target, getattr(target, "base_model_prefix", ""), None)
+    final_norm = getattr(backbone, "norm", None)
+    if not isinstance(final_norm, nn.Module):
+        raise ValueError(f"{type(target).__name__} has no final norm at `<backbone>.norm` to start the head from; "
+                         + otherwise)
+    like = next(final_norm.parameters(), None)
+    if like is None:  # a norm without a learned scale
+        like = target.get_output_embeddings().weight
+    probe = torch.eye(width, device=like.device, dtype=like.dtype) * math.sqrt(width)
+    out = final_norm(probe).float() / math.sqrt(width)  # (H, H): diag(w) for an RMS norm
+    scale = out.diagonal()
+    if out.shape != (width, width) or (out - torch.diag(scale)).abs().max() > 1e-3 * max(1.0, scale.abs().max()):
+        raise ValueError(f"the final norm of {type(target).__name__} ({type(final_norm).__name__}) is not an RMS norm "
+                         "of the head's width; " + otherwise)
+    return scale
 
 
 class DraftHeadConfig(PretrainedConfig):

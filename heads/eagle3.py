@@ -13,12 +13,10 @@ instead of ``out`` (the logits are ``lm_head`` of that same post-norm state; no 
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
-from heads.common import DraftHead
+from heads.common import DraftHead, final_norm_scale
 from heads.eagle import EagleConfig, EagleHead
 from heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
 
@@ -95,27 +93,6 @@ class Eagle3Config(EagleConfig):
     @property
     def reduced_vocab(self) -> bool:
         return self.draft_vocab_size < self.vocab_size
-
-
-def _rms_scale(target: nn.Module, width: int) -> Tensor:
-    """The per-channel scale of the target's final norm, read by probing it (so Gemma's ``1 + w``
-    and plain RMSNorm read alike): an RMS norm maps sqrt(H)·e_i (RMS 1) to sqrt(H)·w_i·e_i."""
-    backbone = getattr(target, getattr(target, "base_model_prefix", ""), None)
-    final_norm = getattr(backbone, "norm", None)
-    if not isinstance(final_norm, nn.Module):
-        raise ValueError(f"{type(target).__name__} has no final norm at `<backbone>.norm` to start the EAGLE-3 head from; "
-                         "start it from random weights instead (head.init_from_target=false)")
-    like = next(final_norm.parameters(), None)
-    if like is None:  # a norm without a learned scale
-        like = target.get_output_embeddings().weight
-    probe = torch.eye(width, device=like.device, dtype=like.dtype) * math.sqrt(width)
-    out = final_norm(probe).float() / math.sqrt(width)  # (H, H): diag(w) for an RMS norm
-    scale = out.diagonal()
-    if out.shape != (width, width) or (out - torch.diag(scale)).abs().max() > 1e-3 * max(1.0, scale.abs().max()):
-        raise ValueError(f"the final norm of {type(target).__name__} ({type(final_norm).__name__}) is not an RMS norm "
-                         "of the head's width; start the EAGLE-3 head from random weights instead "
-                         "(head.init_from_target=false)")
-    return scale
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -236,7 +213,8 @@ class Eagle3Head(DraftHead):
             raise ValueError(f"temper must lie in (0, 1], got {temper}")
         rows = self.draft_vocab_ids().to(weight.device)
         self.lm_head.weight.copy_(weight.index_select(0, rows).to(self.lm_head.weight))
-        self.norm.weight.copy_((_rms_scale(target, self.config.hidden_size) * temper).to(self.norm.weight))
+        self.norm.weight.copy_((final_norm_scale(target, self.config.hidden_size, "start the EAGLE-3 head from random weights instead "
+                                               "(head.init_from_target=false)") * temper).to(self.norm.weight))
 
     def draft_vocab_ids(self) -> Tensor:
         """Target ids of the draft vocabulary, (Vd,) sorted."""

@@ -3,7 +3,7 @@
     python -m infer.generate --head H [--target T] --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
         [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--compare]
-    python -m infer.generate --target T --drafter lm:DIR | ngram | layer-skip[:K] [--depth D] [--branch K] [--adaptive] ...
+    python -m infer.generate --target T --drafter lm:DIR | lm:DIR+ngram | ngram | layer-skip[:K] [--depth D] [--branch K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
 runs the target's own ``generate`` in the same process and prints the speedup and whether the
@@ -12,7 +12,10 @@ trained for (its config's ``target_name_or_path``); ``demo:tiny`` names the demo
 ``--drafter lm:DIR`` drafts a chain of ``--depth`` (default 4) with a small LM sharing the target's
 tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by prompt lookup (``--depth`` tokens, default 8, from
 ``--branch`` matches, default 1); ``--drafter layer-skip:K`` drafts a chain of ``--depth`` (default 4)
-with the target's own first K layers (self-speculation; default half the layers; ``infer.layer_skip``).
+with the target's own first K layers (self-speculation; ``infer.layer_skip``); without K, the K that
+``scripts/calibrate_layer_skip.py`` measured fastest for this target, device and dtype, else half the
+layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
+(``infer.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold).
 ``--adaptive`` lets the draft length follow the acceptance.
 """
 from __future__ import annotations
@@ -35,14 +38,16 @@ from data.targets import resolve_target
 from data.base.device import default_device, sync
 
 LAYER_SKIP = re.compile(r"layer-skip(?::([1-9][0-9]*))?")  # --drafter layer-skip[:K]
+HIERARCHICAL = "+ngram"  # --drafter lm:DIR+ngram
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m infer.generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
     p.add_argument("--head", help="draft head: directory or HF id")
-    p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), ngram, or "
-                   "layer-skip[:K] (self-speculation: the target's first K layers draft; default half of them)")
+    p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), lm:DIR+ngram "
+                   "(its own drafts guessed by prompt lookup), ngram, or layer-skip[:K] (self-speculation: the "
+                   "target's first K layers draft; default the calibrated K, else half of them)")
     p.add_argument("--adaptive", action="store_true", help="draft length follows the acceptance (chains)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -71,7 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("pass exactly one of --head and --drafter")
     if args.drafter is not None:
         if not (args.drafter == "ngram" or args.drafter.startswith("lm:") or LAYER_SKIP.fullmatch(args.drafter)):
-            p.error(f"--drafter must be lm:DIR, ngram or layer-skip[:K], got {args.drafter!r}")
+            p.error(f"--drafter must be lm:DIR, lm:DIR+ngram, ngram or layer-skip[:K], got {args.drafter!r}")
+        if args.drafter in ("lm:", "lm:" + HIERARCHICAL):
+            p.error(f"--drafter {args.drafter} names no draft LM directory")
         if args.target is None:
             p.error("--drafter needs --target")
     return args
@@ -82,6 +89,8 @@ def tree_option(kind: str, device: str, args: argparse.Namespace):
     shape = {"depth": args.depth, "top_k": args.branch, "total_tokens": args.total_tokens}
     given = {k: v for k, v in shape.items() if v is not None}
     tree = {"default": default_tree, "tree": default_branching_tree}.get(args.tree, lambda *_: Chain())(kind, device)
+    if tree is None:
+        raise SystemExit(f"--tree {args.tree}: {kind} heads draft chains only; pass --tree chain (or default)")
     if isinstance(tree, Chain):
         if args.branch is not None or args.total_tokens is not None:
             raise SystemExit("--branch/--total-tokens shape EAGLE dynamic trees; this is a chain (pass --tree tree)")
@@ -124,10 +133,21 @@ def classic_drafter(args: argparse.Namespace, target):
         k = LAYER_SKIP.fullmatch(args.drafter).group(1)
         length = args.depth or (16 if args.adaptive else 4)
         drafter = LayerSkipDrafter(target, int(k) if k else None, Chain(length))
+        if not k:
+            how = "calibrated" if drafter.calibrated else \
+                "no calibration for this target (scripts/calibrate_layer_skip.py); half its layers"
+            print(f"layer skip: k={drafter.layers} ({how})", file=sys.stderr)
     else:
-        model = AutoModelForCausalLM.from_pretrained(resolve_target(args.drafter[3:], role="draft LM"), dtype=target.dtype).to(target.device)
+        hierarchical = args.drafter.endswith(HIERARCHICAL)
+        name = args.drafter[3:].removesuffix(HIERARCHICAL)
+        model = AutoModelForCausalLM.from_pretrained(resolve_target(name, role="draft LM"), dtype=target.dtype).to(target.device)
         length = args.depth or (16 if args.adaptive else 4)
-        drafter = LMDrafter(model, target, Chain(length))
+        if hierarchical:
+            from infer.hierarchical import HierarchicalDrafter
+
+            drafter = HierarchicalDrafter(model, target, NgramDrafter(max_ngram=3, length=length), Chain(length))
+        else:
+            drafter = LMDrafter(model, target, Chain(length))
     return AdaptiveLength(drafter, initial=min(4, length), maximum=length) if args.adaptive else drafter
 
 
@@ -147,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = str(default_device(args.device))
     if args.drafter is not None:
-        label = "draft LM drafter" if args.drafter.startswith("lm:") else f"{args.drafter} drafter"
+        label = f"{args.drafter} drafter"
+        if args.drafter.startswith("lm:"):
+            label = "draft LM + n-gram drafter" if args.drafter.endswith(HIERARCHICAL) else "draft LM drafter"
         gen = SpeculativeGenerator.from_pretrained(
             args.target, lambda target: classic_drafter(args, target), device=device, dtype=dtype, threads=args.threads
         )

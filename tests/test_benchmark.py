@@ -32,7 +32,7 @@ def bench_dirs(tmp_path_factory):
     target.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
     heads = []
-    for kind in ("medusa", "eagle3"):
+    for kind in ("medusa", "eagle3", "early-exit"):
         build_head(kind, target).save_pretrained(root / kind)
         heads.append(str(root / kind))
     assistant = make_tiny_target("llama", vocab_size=len(tokenizer), num_layers=1, seed=1)
@@ -52,11 +52,14 @@ def test_benchmark_measures_every_method(bench_dirs):
         "--trees", "tree,chain2,dyn3-2-5,medusa4", "--adaptive", "--layer-skip", "3",
     ])
     names = [r["method"] for r in result["rows"]]
-    assert names[:10] == ["vanilla", "hf-static", "hf-assisted", "draft-lm:chain4", "draft-lm:adaptive",
-                          "hf-prompt-lookup", "ngram:chain", "ngram:tree3", "ngram:adaptive", "layer-skip:3"]
-    # each head gets the trees that fit its kind: no dynamic tree for Medusa, no static one for EAGLE-3
-    assert names[10:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4", "medusa:medusa:adaptive",
-                         "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5", "eagle3:eagle3:adaptive"]
+    assert names[:11] == ["vanilla", "hf-static", "hf-assisted", "draft-lm:chain4", "draft-lm:adaptive",
+                          "draft-lm+ngram:chain4", "hf-prompt-lookup", "ngram:chain", "ngram:tree3", "ngram:adaptive",
+                          "layer-skip:3"]
+    # each head gets the trees that fit its kind: no dynamic tree for Medusa, no static one for EAGLE-3,
+    # chains only for early exit
+    assert names[11:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4", "medusa:medusa:adaptive",
+                         "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5", "eagle3:eagle3:adaptive",
+                         "early-exit:early-exit:chain2", "early-exit:early-exit:adaptive"]
     vanilla = result["rows"][0]
     assert vanilla["speedup"] == pytest.approx(1.0) and vanilla["tau"] == pytest.approx(1.0)
     assert vanilla["bound"] == pytest.approx(1.0)

@@ -41,7 +41,7 @@ def test_realistic_configs_use_the_reference_recipe():
 
 
 @pytest.mark.parametrize("name, kind", [("demo.yaml", "eagle3"), ("demo-eagle.yaml", "eagle"), ("demo-medusa.yaml", "medusa"),
-                                        ("demo-dflash.yaml", "dflash")])
+                                        ("demo-dflash.yaml", "dflash"), ("demo-early-exit.yaml", "early-exit")])
 def test_demo_configs_share_data_and_budget(name, kind):
     cfg = load_config(CONFIGS[0].parent / name)
     demo = load_config(CONFIGS[0].parent / "demo.yaml")

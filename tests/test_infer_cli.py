@@ -123,7 +123,8 @@ def test_cli_prints_its_thread_count(saved, capsys):
 @pytest.mark.parametrize("extra", [["--drafter", "ngram"], ["--drafter", "ngram", "--branch", "3", "--adaptive"],
                                    ["--drafter", "LM"], ["--drafter", "LM", "--adaptive"],
                                    ["--head", "HEAD", "--adaptive"], ["--drafter", "layer-skip"],
-                                   ["--drafter", "layer-skip:1", "--adaptive"]])
+                                   ["--drafter", "layer-skip:1", "--adaptive"], ["--drafter", "LM+ngram"],
+                                   ["--drafter", "LM+ngram", "--adaptive", "--depth", "6"]])
 def test_cli_classic_drafters(saved, capsys, extra):
     make_tiny_target("llama", num_layers=2, seed=4).save_pretrained(saved / "draft-lm")
     extra = [e.replace("LM", f"lm:{saved / 'draft-lm'}").replace("HEAD", str(saved / "head")) for e in extra]
@@ -131,6 +132,32 @@ def test_cli_classic_drafters(saved, capsys, extra):
                  "--compare", "--device", "cpu", *extra])
     assert code == 0
     assert "outputs identical: yes" in capsys.readouterr().err
+
+
+def test_cli_early_exit_head_and_calibrated_layer_skip(saved, capsys, monkeypatch, tmp_path):
+    """An early-exit head decodes from the CLI (a chain; --tree tree is refused with a line saying so);
+    --drafter layer-skip says which k it took: half the layers, then the calibrated one."""
+    from transformers import AutoModelForCausalLM
+
+    from infer.layer_skip import calibration_path
+
+    target = AutoModelForCausalLM.from_pretrained(saved / "target")
+    torch.manual_seed(0)
+    build_head("early-exit", target, exit_layer=2).save_pretrained(saved / "early-exit")
+    base = ["--target", str(saved / "target"), "--prompt", "w7 w8 w9 w7 w8", "--max-new-tokens", "12", "--device", "cpu"]
+    assert main([*base, "--head", str(saved / "early-exit"), "--compare"]) == 0
+    assert "outputs identical: yes" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="early-exit heads draft chains only"):
+        main([*base, "--head", str(saved / "early-exit"), "--tree", "tree"])
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
+    assert main([*base, "--drafter", "layer-skip"]) == 0
+    assert "layer skip: k=3 (no calibration for this target" in capsys.readouterr().err
+    path = calibration_path(target)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"best_layers": 5}')
+    assert main([*base, "--drafter", "layer-skip", "--compare"]) == 0
+    err = capsys.readouterr().err
+    assert "layer skip: k=5 (calibrated)" in err and "outputs identical: yes" in err
 
 
 def test_cli_needs_one_drafter(saved):

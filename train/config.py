@@ -19,7 +19,7 @@ import yaml
 
 from data.base.names import DEMO_PREFIX
 
-HeadKind = Literal["medusa", "eagle", "eagle3", "dflash"]
+HeadKind = Literal["medusa", "eagle", "eagle3", "dflash", "early-exit"]
 DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
 DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
 
@@ -39,7 +39,7 @@ def _doc(text: str, default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
 class HeadConfig:
     """What head to train. Shape options left at ``None`` take the head class's defaults."""
 
-    kind: HeadKind = _doc("draft head: medusa | eagle (EAGLE-1/2) | eagle3 | dflash", "eagle3")
+    kind: HeadKind = _doc("draft head: medusa | eagle (EAGLE-1/2) | eagle3 | dflash | early-exit (Kangaroo)", "eagle3")
     draft_vocab_size: int | None = _doc(
         "eagle3 only: size of the reduced draft vocabulary (most frequent training tokens); "
         "null = the target's full vocabulary", None)
@@ -64,11 +64,14 @@ class HeadConfig:
         "eagle3 only: EAGLE-3.1's RMSNorm per aux layer before fc (null = false)", None)
     norm_output: bool | None = _doc(
         "eagle3 only: EAGLE-3.1: the next draft step reads the post-norm hidden state (null = false)", None)
+    exit_layer: int | None = _doc(
+        "early-exit only: the target layers the shallow sub-network runs before the adapter, 1..L-1 "
+        "(null = half the target's layers, rounded up)", None)
 
     def build_options(self) -> dict[str, Any]:
         """The keyword arguments for ``heads.build_head`` (only the options that were set)."""
         names = ("draft_vocab_size", "aux_layer_ids", "num_heads", "num_layers", "intermediate_size", "block_size",
-                 "mask_token_id", "fc_norm", "norm_output")
+                 "mask_token_id", "fc_norm", "norm_output", "exit_layer")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
@@ -346,6 +349,7 @@ KIND_ONLY = {
     "mask_token_id": ("dflash",),
     "fc_norm": ("eagle3",),
     "norm_output": ("eagle3",),
+    "exit_layer": ("early-exit",),
 }
 
 
@@ -369,6 +373,7 @@ def _validate(cfg: TrainConfig) -> None:
         "head.draft_vocab_size": head.draft_vocab_size, "head.ttt_steps": head.ttt_steps,
         "head.num_heads": head.num_heads, "head.num_layers": head.num_layers,
         "head.intermediate_size": head.intermediate_size, "head.block_size": head.block_size,
+        "head.exit_layer": head.exit_layer,
         "data.max_length": data.max_length,
         "data.eval_rows": data.eval_rows, "train.max_steps": opt.max_steps, "train.epochs": opt.epochs,
         "train.micro_batch_size": opt.micro_batch_size, "train.grad_accum_steps": opt.grad_accum_steps,

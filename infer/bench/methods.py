@@ -17,6 +17,7 @@ from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.adaptive import AdaptiveLength
 from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from infer.drafters import TreeOption, drafter_class, make_drafter
+from infer.hierarchical import HierarchicalDrafter
 from infer.layer_skip import LayerSkipDrafter
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
@@ -87,6 +88,9 @@ def build_methods(args, target, tokenizer) -> list[Method]:
         methods.append(ours("draft-lm:chain4", "draft_lm", LMDrafter(assistant, target, Chain(4))))
         methods.append(ours("draft-lm:adaptive", "draft_lm", AdaptiveLength(
             LMDrafter(assistant, target, Chain(20), confidence=0.4), initial=4, maximum=20)))
+        # Hierarchical: the same chain of 4, the assistant's own drafts guessed by prompt lookup.
+        methods.append(ours("draft-lm+ngram:chain4", "draft_lm", HierarchicalDrafter(
+            assistant, target, NgramDrafter(max_ngram=3, length=4), Chain(4))))
     if not args.no_prompt_lookup:
         methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
         # HF's prompt lookup: n-grams of 2 down to 1, prompt_lookup_num_tokens drafts, first match.

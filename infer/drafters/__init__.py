@@ -23,12 +23,12 @@ from infer.drafters.base import (
 
 
 def drafter_class(kind: str) -> type[HeadDrafter]:
-    """The drafter class of head kind ``kind`` (module ``infer.drafters.<kind>``)."""
+    """The drafter class of head kind ``kind`` (module ``infer.drafters.<kind>``, ``-`` read as ``_``)."""
     from heads import HEAD_CLASSES
 
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEAD_CLASSES)}")
-    return importlib.import_module(f"infer.drafters.{kind}").DRAFTER
+    return importlib.import_module(f"infer.drafters.{kind.replace('-', '_')}").DRAFTER
 
 
 def default_branching_tree(kind: str, device: torch.device | str) -> StaticTree | DynamicTree:

@@ -8,12 +8,12 @@ from train.objectives.base import HeadSetup, Objective
 
 
 def objective_class(kind: str) -> type[Objective]:
-    """The training objective of head kind ``kind`` (module ``train.objectives.<kind>``)."""
+    """The training objective of head kind ``kind`` (module ``train.objectives.<kind>``, ``-`` read as ``_``)."""
     from heads import HEAD_CLASSES
 
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEAD_CLASSES)}")
-    return importlib.import_module(f"train.objectives.{kind}").OBJECTIVE
+    return importlib.import_module(f"train.objectives.{kind.replace('-', '_')}").OBJECTIVE
 
 
 __all__ = ["HeadSetup", "Objective", "objective_class"]

@@ -1,0 +1,63 @@
+"""Early exit (Kangaroo, arXiv 2404.18911): the adapter on the target's layer-k state learns the
+target's final next-token distribution (soft cross-entropy through the target's frozen lm_head).
+
+Kangaroo trains its adapter with the target frozen against the target's own output distribution;
+one target forward per batch gives both the layer-k states (the adapter's input) and the final
+logits (its labels).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from infer.drafters.early_exit import DEFAULT_CHAIN
+from infer.target import target_forward
+from train.config import TrainConfig
+from train.features import Features
+from train.losses import LossOutput, soft_loss, step_slices
+from train.objectives.base import Objective
+from train.unroll import shift_left
+
+
+def positions(hidden: Tensor) -> Tensor:
+    """The plain position ids (B, T) of a training sequence."""
+    return torch.arange(hidden.shape[1], device=hidden.device).expand(hidden.shape[:2])
+
+
+class EarlyExitObjective(Objective):
+    @staticmethod
+    @torch.no_grad()
+    def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
+        ids = batch["input_ids"]
+        out = target_forward(target, ids, aux_layer_ids=head.feature_layer_ids, compute_logits=True)
+        return Features(ids, batch["loss_mask"], out.aux_hidden.float(), logits=out.logits,
+                        top1=out.logits.argmax(-1))
+
+    def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
+        """The adapter's logits at position j against the target's at j (token j+1 is the label);
+        trained where ``loss_mask`` marks token j+1 (``train.losses.step_slices`` step 0: j = i+1)."""
+        f = features
+        out = self.head(hidden_states=f.hidden, position_ids=positions(f.hidden)).hidden_states
+        _, j, label = step_slices(f.hidden.shape[1], 0)
+        logits = lm_head(out[:, j])  # (B, n, V)
+        target = f.logits[:, j]
+        mask = f.loss_mask[:, label].bool()
+        value, n = soft_loss(logits, target.float().softmax(-1), mask)
+        correct = ((logits.argmax(-1) == target.argmax(-1)) & mask).sum()
+        return LossOutput(value, value.detach()[None], correct.float()[None], n.float()[None])
+
+    @staticmethod
+    @torch.no_grad()
+    def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
+        """Step k at position i is the adapter's argmax at position i+1+k, teacher-forced: what the
+        drafter proposes there when its earlier drafts were the data's tokens (``train.metrics``)."""
+        out = head(hidden_states=features.hidden, position_ids=positions(features.hidden)).hidden_states
+        top1 = lm_head(out).argmax(-1)  # (B, T): the draft of token t+1 read at t
+        return torch.stack([shift_left(top1, 1 + k) for k in range(depth)])
+
+    @staticmethod
+    def eval_depth(head: nn.Module, cfg: TrainConfig) -> int:
+        return cfg.train.eval_depth or DEFAULT_CHAIN.length  # the drafter's default chain
+
+
+OBJECTIVE = EarlyExitObjective
