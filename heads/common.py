@@ -9,6 +9,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
+from data.base.names import ADAPTER_BASE_KEY
 from data.base.paths import share_readable
 from heads.layers import RMSNorm
 
@@ -39,6 +40,8 @@ def target_identity(target: PretrainedConfig | PreTrainedModel) -> dict[str, Any
         "num_layers": int(config.num_hidden_layers),
         "vocab_size": int(config.vocab_size),
         "max_position_embeddings": int(getattr(config, "max_position_embeddings", 0) or 0),
+        # a PEFT adapter target (merged by data.targets.load_target): name_or_path is the adapter, this its base
+        "base_name_or_path": getattr(config, ADAPTER_BASE_KEY, "") or "",
     }
 
 
@@ -71,6 +74,8 @@ class DraftHeadConfig(PretrainedConfig):
         target_model_type: e.g. ``"llama"``.
         target_hidden_size, target_num_layers, target_vocab_size: checked on every use.
         target_max_position_embeddings: the target's context length.
+        target_base_name_or_path: when the target is a PEFT adapter (``target_name_or_path``), the base
+            model it was merged into; empty otherwise.
     """
 
     head_kind: str = ""
@@ -84,6 +89,7 @@ class DraftHeadConfig(PretrainedConfig):
         target_num_layers: int = 0,
         target_vocab_size: int = 0,
         target_max_position_embeddings: int = 0,
+        target_base_name_or_path: str = "",
         **kwargs,
     ):
         self.target_name_or_path = target_name_or_path
@@ -93,6 +99,7 @@ class DraftHeadConfig(PretrainedConfig):
         self.target_num_layers = target_num_layers
         self.target_vocab_size = target_vocab_size
         self.target_max_position_embeddings = target_max_position_embeddings
+        self.target_base_name_or_path = target_base_name_or_path
         super().__init__(**kwargs)
 
     @classmethod

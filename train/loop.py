@@ -24,9 +24,9 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import ProjectConfiguration, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
+from transformers import get_scheduler
 
-from data.targets import hub_errors, resolve_target
+from data.targets import load_target, load_target_tokenizer, resolve_target
 from heads import build_head
 from infer.target import decoder_layers, loaded_target_identity
 from infer.threads import choose_threads
@@ -146,9 +146,8 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     """Load the frozen target and its tokenizer, the data, and a fresh head (draft vocab chosen)."""
     set_seed(cfg.seed)
     kind = cfg.head.kind
-    with hub_errors(target_path):
-        tokenizer = AutoTokenizer.from_pretrained(target_path)
-        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
+    tokenizer = load_target_tokenizer(target_path)
+    target = load_target(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
     if cfg.target.startswith("demo:"):  # the head, card and exports name it "demo:<size>", not its cache path
         target.config._name_or_path = cfg.target
     target.requires_grad_(False).eval().to(accelerator.device)

@@ -1,0 +1,130 @@
+"""A PEFT adapter directory as the target: loaded on its base with peft and merged; speculative
+decoding with it is token-identical to the merged model's own greedy decoding and samples its law.
+
+The adapters are random LoRA adapters built in-process: peft starts lora_B at zero (the adapter
+would change nothing), so B is randomised and every test also checks that the adapter moved the
+model away from its base."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_tiny_target
+from peft import LoraConfig, get_peft_model
+from test_infer_sampling import VOCAB, exact_law, joint_pvalue, sample_triples
+from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+
+from data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
+from heads import AutoHead, build_head
+from heads.card import model_card
+from infer import SpeculativeGenerator, StaticTree
+from train.loop import setup
+
+ADAPTED_ARCHES = ("llama", "qwen2", "mistral")
+
+
+def save_adapter(base, root, *, scale: float = 0.5, seed: int = 0):
+    """Save ``base`` to ``root/base`` and a random LoRA adapter on it to ``root/adapter``; return the
+    adapter's directory and the (unmerged) peft model, the independent reference."""
+    base_dir, adapter_dir = root / "base", root / "adapter"
+    base.save_pretrained(base_dir)
+    base = type(base).from_pretrained(base_dir).eval()  # name_or_path = base_dir, as saved models have
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, scale)
+    model.save_pretrained(adapter_dir)
+    assert json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base_dir)
+    return adapter_dir, model.eval()
+
+
+@pytest.mark.parametrize("arch", ADAPTED_ARCHES)
+def test_adapter_target_decodes_as_the_merged_model(tmp_path, arch):
+    base = make_tiny_target(arch)
+    base.generation_config.eos_token_id = None
+    base_out = base.generate(torch.tensor([[1, 7, 3, 9]]), max_new_tokens=24, do_sample=False)
+    adapter_dir, reference = save_adapter(base, tmp_path)
+
+    merged = load_target(resolve_target(str(adapter_dir)))
+    ids = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # merging is exact up to rounding: same logits as base + adapter unmerged
+        torch.testing.assert_close(merged(ids).logits, reference(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    assert merged.config._name_or_path == str(adapter_dir)
+    assert merged.config.adapter_base_name_or_path == str(tmp_path / "base")
+
+    torch.manual_seed(0)
+    head = build_head("medusa", merged, num_heads=3)
+    gen = SpeculativeGenerator.from_pretrained(str(adapter_dir), head, device="cpu", threads=1,
+                                               tree=StaticTree(((0,), (1,), (0, 0), (0, 0, 0))))
+    gen.target.generation_config.eos_token_id = None
+    prompt = torch.tensor([[1, 7, 3, 9]])
+    out = gen.generate(prompt, max_new_tokens=24)
+    want = merged.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    assert torch.equal(out, want)
+    assert not torch.equal(want, base_out), "the adapter did not change the base's greedy output"
+    assert head.config.target_name_or_path == str(adapter_dir)
+    assert head.config.target_base_name_or_path == str(tmp_path / "base")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ADAPTED_ARCHES)
+def test_adapter_target_samples_the_merged_models_law(tmp_path, arch):
+    base = make_tiny_target(arch, vocab_size=VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1,
+                            intermediate_size=32, initializer_range=0.5, seed=3)
+    adapter_dir, reference = save_adapter(base, tmp_path, scale=1.0)
+    torch.manual_seed(1)
+    gen = SpeculativeGenerator.from_pretrained(str(adapter_dir), lambda t: build_head("medusa", t, num_heads=2),
+                                               device="cpu", threads=1, tree=StaticTree(((0,), (1,), (0, 0))))
+    gen.target.generation_config.eos_token_id = None
+    sampling = {"temperature": 0.8}
+    law = exact_law(reference, 0.8, 0, 1.0)  # the unmerged peft model's law: independent of the merge
+    base_law = exact_law(base, 0.8, 0, 1.0)
+    assert (law - base_law).abs().sum() > 0.2, "the adapter barely changed the law; the test could not fail"
+    samples, _ = sample_triples(gen, 1500, **sampling)
+    assert joint_pvalue(samples, law) > 1e-3
+    assert joint_pvalue(samples, base_law) < 1e-6  # and the base's law is told apart
+
+
+def test_pickled_adapter_is_refused(tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "x/y"}))
+    (adapter / "adapter_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(ValueError, match=r"adapter_model.bin \(a pickle"):
+        resolve_target(str(adapter))
+    (adapter / "adapter_model.bin").unlink()
+    with pytest.raises(ValueError, match="no adapter_model.safetensors"):
+        resolve_target(str(adapter))
+
+
+def test_adapter_without_base_name_is_refused(tmp_path):
+    adapter_dir, _ = save_adapter(make_tiny_target("llama"), tmp_path)
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = None
+    (adapter_dir / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="no base_model_name_or_path"):
+        load_target(str(adapter_dir))
+
+
+def test_training_on_an_adapter_target_names_base_and_adapter(tiny_files, tmp_path):
+    base = load_target(str(tiny_files["target"]))
+    adapter_dir, _ = save_adapter(base, tmp_path / "peft", scale=0.05)
+    load_target_tokenizer(str(tiny_files["target"])).save_pretrained(tmp_path / "peft/base")
+    assert not (adapter_dir / "tokenizer_config.json").exists()
+    assert len(load_target_tokenizer(str(adapter_dir))) == 300  # the adapter ships none: its base's
+    config = load_target_config(str(adapter_dir))
+    assert config._name_or_path == str(adapter_dir) and config.adapter_base_name_or_path == str(tmp_path / "peft/base")
+
+    cfg = tiny_config(tiny_files, tmp_path / "run", f"target={adapter_dir}", "head.kind=medusa", "head.num_heads=2",
+                      "train.max_steps=6", "train.eval_every=6", "train.log_every=3", "train.lr=1e-2")
+    result = setup(cfg)
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    head = AutoHead.from_pretrained(result.output_dir)
+    assert head.config.target_name_or_path == str(adapter_dir)
+    assert head.config.target_base_name_or_path == str(tmp_path / "peft/base")
+    card = model_card(head)
+    assert "| base model |" in card and "PEFT adapter" in card
