@@ -30,6 +30,7 @@ from data.targets import load_target, load_target_tokenizer, resolve_target
 from heads import build_head
 from infer.target import decoder_layers, loaded_target_identity
 from infer.threads import choose_threads
+from train.backbone import LORA_ADAPTER, save_merged_target
 from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
 from train.config import TrainConfig, load_config
 from train.evaluate import eval_and_keep_best
@@ -196,7 +197,8 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
         eval_loader = DataLoader(shard, batch_size=cfg.train.micro_batch_size,
                                  collate_fn=lambda rows: collate(rows, pad_id))
     objective = objective_class(cfg.head.kind)(head, cfg)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.train.lr, betas=cfg.train.betas,
+    objective.attach_backbone(target)  # Medusa-2: LoRA on the target, trained with the head
+    optimizer = torch.optim.AdamW(objective.param_groups(), lr=cfg.train.lr, betas=cfg.train.betas,
                                   weight_decay=cfg.train.weight_decay)
     objective, optimizer, train_loader = accelerator.prepare(objective, optimizer, train_loader)
     per_epoch = len(train_loader) // cfg.train.grad_accum_steps
@@ -213,7 +215,7 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     resumed = None
     if cfg.resume_from is not None:
         resumed = resume(accelerator, cfg, output_dir, accelerator.unwrap_model(objective).head, optimizer,
-                         scheduler, state)
+                         scheduler, state, backbone=accelerator.unwrap_model(objective).backbone)
         logger.info("resumed from %s at step %d (kept from the checkpoint: head, optimizer, scheduler, RNG, data "
                     "position; unchanged: %s)", resumed, state.step, ", ".join(state.settings or ["(not recorded)"]))
     elif accelerator.is_main_process:  # a fresh run must not mix with an earlier run's checkpoints
@@ -244,6 +246,11 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     accelerator.wait_for_everyone()
     best_dir = output_dir / BEST if (output_dir / BEST).is_dir() and eval_loader is not None else None
     if accelerator.is_main_process:
+        backbone = accelerator.unwrap_model(objective).backbone
+        if backbone is not None:  # Medusa-2: the heads draft for the merged target, saved beside them
+            merged = save_merged_target(backbone, run.tokenizer, output_dir, target.config._name_or_path)
+            head.config.target_name_or_path, head.config.target_base_name_or_path = str(merged), cfg.target
+            logger.info("merged target saved to %s (adapter: %s)", merged, output_dir / LORA_ADAPTER)
         head.save_pretrained(output_dir)
         (output_dir / "README.md").write_text(run_card(head, output_dir, run.train_summary, final, state,
                                                          run.vocab_report))
