@@ -20,6 +20,7 @@ from heads import AutoHead, build_head
 from heads.card import model_card
 from infer import SpeculativeGenerator, StaticTree
 from train.loop import setup
+from train.warm_start import warm_start
 
 ADAPTED_ARCHES = ("llama", "qwen2", "mistral")
 
@@ -128,3 +129,28 @@ def test_training_on_an_adapter_target_names_base_and_adapter(tiny_files, tmp_pa
     assert head.config.target_base_name_or_path == str(tmp_path / "peft/base")
     card = model_card(head)
     assert "| base model |" in card and "PEFT adapter" in card
+
+
+def test_init_from_warm_starts_a_head_trained_on_the_base(tiny_files, tmp_path):
+    medusa = ["head.kind=medusa", "head.num_heads=2", "train.lr=1e-2", "train.eval_every=0", "train.log_every=1"]
+    trained = setup(tiny_config(tiny_files, tmp_path / "base-run", *medusa, "train.max_steps=12"))
+    adapter_dir, _ = save_adapter(load_target(str(tiny_files["target"])), tmp_path / "peft", scale=0.05)
+    load_target_tokenizer(str(tiny_files["target"])).save_pretrained(tmp_path / "peft/base")
+
+    def first_loss(name: str, *extra: str) -> float:
+        run = setup(tiny_config(tiny_files, tmp_path / name, *medusa, f"target={adapter_dir}", "train.max_steps=1",
+                                *extra))
+        return run.history[0]["loss"]
+
+    cold, warm = first_loss("cold"), first_loss("warm", f"train.init_from={trained.output_dir}")
+    assert warm < cold - 0.5, (warm, cold)  # the trained head already predicts most of what the adapted target does
+    warmed = AutoHead.from_pretrained(tmp_path / "warm")
+    assert warmed.config.target_name_or_path == str(adapter_dir)  # this run's target, not the base's
+
+    fresh = build_head("medusa", load_target(str(adapter_dir)), num_heads=2)
+    warm_start(fresh, str(trained.output_dir))
+    assert all(torch.equal(v, trained.head.state_dict()[k].cpu()) for k, v in fresh.state_dict().items())
+    with pytest.raises(ValueError, match="num_heads: 2 \\(init_from\\) vs 3 \\(this run\\)"):
+        warm_start(build_head("medusa", load_target(str(adapter_dir)), num_heads=3), str(trained.output_dir))
+    with pytest.raises(ValueError, match="a medusa head; this run trains head.kind=eagle"):
+        warm_start(build_head("eagle", load_target(str(adapter_dir))), str(trained.output_dir))

@@ -126,6 +126,9 @@ class OptimConfig:
     heads_coefficient: float = _doc(
         "Medusa-2: weight lambda_0 of the heads' loss next to the backbone's self-distillation loss "
         "(KL to the frozen original target)", 0.2)
+    init_from: str | None = _doc(
+        "warm start: a trained head's directory (same kind and shape, e.g. trained on the base model of an "
+        "adapter target) whose weights the new head starts from; null = a fresh head", None)
 
 
 @dataclass

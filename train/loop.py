@@ -41,6 +41,7 @@ from train.objectives import HeadSetup, objective_class
 from train.output_dir import check_output_dir
 from train.resume import TrainState, mark_run, resume, resume_settings
 from train.run_card import run_card
+from train.warm_start import warm_start
 
 logger = logging.getLogger("draftsmith.train")
 
@@ -179,6 +180,9 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     vocab_report = objective.prepare_head(head, HeadSetup(
         accelerator, cfg, target, train_set, data_key=Path(train_summary.cache_path).name, vocab_size=vocab_size,
         cache_dir=run_cache_dir(cfg)))
+    if cfg.train.init_from is not None:  # a warm start replaces the fresh weights (kept: this run's target identity)
+        warm_start(head, cfg.train.init_from)
+        logger.info("head initialised from %s", cfg.train.init_from)
     depth = objective.eval_depth(head, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Run(target, tokenizer, identity, head, train_set, train_summary, eval_set, vocab_report, depth, pad_id)
