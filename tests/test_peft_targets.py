@@ -154,3 +154,31 @@ def test_init_from_warm_starts_a_head_trained_on_the_base(tiny_files, tmp_path):
         warm_start(build_head("medusa", load_target(str(adapter_dir)), num_heads=3), str(trained.output_dir))
     with pytest.raises(ValueError, match="a medusa head; this run trains head.kind=eagle"):
         warm_start(build_head("eagle", load_target(str(adapter_dir))), str(trained.output_dir))
+
+
+def test_adapter_by_hub_id_takes_the_same_path(tmp_path, monkeypatch):
+    """A Hub id (here from an offline Hub cache) is an adapter when its repo has adapter_config.json;
+    its base is a Hub id too. A repo with only a pickled adapter is refused."""
+    from test_hub import _install_in_offline_cache
+
+    adapter_dir, reference = save_adapter(make_tiny_target("qwen2"), tmp_path)
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "user/tiny-base"
+    files = {"adapter_config.json": json.dumps(config).encode(),
+             "adapter_model.safetensors": (adapter_dir / "adapter_model.safetensors").read_bytes()}
+    cache = tmp_path / "cache"
+    _install_in_offline_cache(monkeypatch, cache, "user/tiny-lora", files)
+    _install_in_offline_cache(monkeypatch, cache, "user/tiny-base",
+                              {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()})
+    _install_in_offline_cache(monkeypatch, cache, "user/pickled-lora",
+                              {"adapter_config.json": files["adapter_config.json"], "adapter_model.bin": b"x"})
+
+    merged = load_target(resolve_target("user/tiny-lora"))
+    ids = torch.randint(3, 96, (1, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, reference(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    assert (merged.config._name_or_path, merged.config.adapter_base_name_or_path) == ("user/tiny-lora", "user/tiny-base")
+    assert load_target_config("user/tiny-lora").adapter_base_name_or_path == "user/tiny-base"
+    assert not hasattr(load_target("user/tiny-base").config, "adapter_base_name_or_path")  # a model, not an adapter
+    with pytest.raises(ValueError, match=r"adapter_model.bin \(a pickle"):
+        load_target("user/pickled-lora")
