@@ -96,13 +96,13 @@ def model_card(
 
 
 def _adapter_lines(cfg) -> list[str]:
-    """A PEFT adapter target: the row naming its base (the head drafts for base + adapter, merged)."""
+    """A target derived from another (a PEFT adapter, Medusa-2's merged target): the row naming its base."""
     base = getattr(cfg, "target_base_name_or_path", "")
     if not base:
         return []
     shown = public_target_name(base)
-    return [f"| base model | {f'`{shown}`' if shown else 'a local model'} (the target is a PEFT adapter on it, "
-            "merged before decoding) |"]
+    return [f"| base model | {f'`{shown}`' if shown else 'a local model'} (the target is derived from it: a PEFT "
+            "adapter on it, merged before decoding, or a Medusa-2 run's fine-tune of it) |"]
 
 
 def _input_lines(head: DraftHead, export_config: dict[str, Any] | None) -> list[str]:

@@ -74,8 +74,8 @@ class DraftHeadConfig(PretrainedConfig):
         target_model_type: e.g. ``"llama"``.
         target_hidden_size, target_num_layers, target_vocab_size: checked on every use.
         target_max_position_embeddings: the target's context length.
-        target_base_name_or_path: when the target is a PEFT adapter (``target_name_or_path``), the base
-            model it was merged into; empty otherwise.
+        target_base_name_or_path: the model the target derives from: a PEFT adapter's base (the
+            adapter is ``target_name_or_path``), or a Medusa-2 run's original target; empty otherwise.
     """
 
     head_kind: str = ""

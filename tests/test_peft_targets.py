@@ -182,3 +182,19 @@ def test_adapter_by_hub_id_takes_the_same_path(tmp_path, monkeypatch):
     assert not hasattr(load_target("user/tiny-base").config, "adapter_base_name_or_path")  # a model, not an adapter
     with pytest.raises(ValueError, match=r"adapter_model.bin \(a pickle"):
         load_target("user/pickled-lora")
+
+
+def test_export_checks_a_head_against_an_adapter_target(tmp_path):
+    from scripts.export import main as export
+
+    adapter_dir, _ = save_adapter(make_tiny_target("llama"), tmp_path)
+    head = build_head("medusa", load_target(str(adapter_dir)), num_heads=2)
+    head.save_pretrained(tmp_path / "head")
+    out = export(["--head", str(tmp_path / "head"), "--to", "medusa-vllm", "--out", str(tmp_path / "export"),
+                  "--target", str(adapter_dir)])
+    assert "| base model |" in (out / "README.md").read_text()
+    small = make_tiny_target("llama", hidden_size=16, num_heads=2, num_kv_heads=1)
+    other_dir, _ = save_adapter(small, tmp_path / "other")
+    with pytest.raises(ValueError, match="hidden_size=32 \\(head\\) vs hidden_size=16 \\(target\\)"):
+        export(["--head", str(tmp_path / "head"), "--to", "medusa-vllm", "--out", str(tmp_path / "export2"),
+                "--target", str(other_dir)])
