@@ -108,8 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
                    "tau_lost": round(lost, 4), "refresh": lost >= args.threshold, "threshold": args.threshold})
     advice = (f"refresh: retrain warm-started, target={args.target} train.init_from={args.head}"
               if report["refresh"] else "no refresh needed")
-    print(f"greedy agreement {report['greedy_agreement']:.3f}; the head loses {100 * lost:.1f}% of its τ "
-          f"(threshold {100 * args.threshold:.0f}%): {advice}")
+    change = f"loses {100 * lost:.1f}% of its τ" if lost >= 0 else f"gains {-100 * lost:.1f}% τ"
+    print(f"greedy agreement {report['greedy_agreement']:.3f}; the head {change} on the new target "
+          f"(refresh from a {100 * args.threshold:.0f}% loss): {advice}")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return report

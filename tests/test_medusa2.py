@@ -63,6 +63,8 @@ def test_medusa2_resume_continues_the_adapters_exactly(tiny_files, tmp_path):
     mark_run(out)
     assert latest_checkpoint(out).name == "step-0000003"
     assert (latest_checkpoint(out) / "backbone.safetensors").is_file()
+    with pytest.raises(ConfigError, match="train.backbone_lr=0.001 in the checkpoint, 0.002 now"):
+        setup(tiny_config(tiny_files, out, *args, "train.backbone_lr=2e-3", "resume_from=latest"))
     setup(tiny_config(tiny_files, out, *args, "resume_from=latest"))
     resumed = load_target(str(out / MERGED_TARGET)).state_dict()
     assert all(torch.equal(reference[k], resumed[k]) for k in reference), "resumed adapters differ"
