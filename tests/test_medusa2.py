@@ -3,9 +3,11 @@ head's target, decoding with it is lossless, and a resume continues the adapters
 from __future__ import annotations
 
 import shutil
+from functools import partial
 
 import pytest
 import torch
+from conftest import has_cuda
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from data.targets import load_target
@@ -67,9 +69,11 @@ def test_medusa2_resume_continues_the_adapters_exactly(tiny_files, tmp_path):
         setup(tiny_config(tiny_files, out, *args, "train.backbone_lr=2e-3", "resume_from=latest"))
     setup(tiny_config(tiny_files, out, *args, "resume_from=latest"))
     resumed = load_target(str(out / MERGED_TARGET)).state_dict()
-    assert all(torch.equal(reference[k], resumed[k]) for k in reference), "resumed adapters differ"
+    # on CUDA the backward through the target's attention may sum in another order from run to run
+    same = torch.equal if not has_cuda() else partial(torch.allclose, rtol=1e-4, atol=1e-6)
+    assert all(same(reference[k], resumed[k]) for k in reference), "resumed adapters differ"
     head = AutoHead.from_pretrained(out).state_dict()
-    assert all(torch.equal(head_reference[k], head[k]) for k in head_reference)
+    assert all(same(head_reference[k], head[k]) for k in head_reference)
 
 
 def test_the_original_is_the_target_with_its_adapters_off(tiny_files):
