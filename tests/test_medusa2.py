@@ -53,6 +53,12 @@ def test_medusa2_saves_a_merged_target_that_decodes_losslessly(tiny_files, tmp_p
     gen.target.generation_config.eos_token_id = None
     assert torch.equal(gen.generate(prompt, max_new_tokens=24), want)
 
+    # replaced by a Medusa-1 run: no merged target of the earlier run is left beside its head
+    setup(tiny_config(tiny_files, tmp_path / "run", "head.kind=medusa", "head.num_heads=2", "train.max_steps=2",
+                      "train.eval_every=0", "overwrite_output_dir=true"))
+    assert not (out / MERGED_TARGET).exists() and not (out / LORA_ADAPTER).exists()
+    assert AutoHead.from_pretrained(out).config.target_name_or_path == str(tiny_files["target"])
+
 
 def test_medusa2_resume_continues_the_adapters_exactly(tiny_files, tmp_path):
     args = [*MEDUSA2, "train.grad_accum_steps=2", "train.max_steps=6", "train.save_every=3", "train.eval_every=3"]

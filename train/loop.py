@@ -30,7 +30,7 @@ from data.targets import load_target, load_target_tokenizer, resolve_target
 from heads import build_head
 from infer.target import decoder_layers, loaded_target_identity
 from infer.threads import choose_threads
-from train.backbone import LORA_ADAPTER, save_merged_target
+from train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
 from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
 from train.config import TrainConfig, load_config
 from train.evaluate import eval_and_keep_best
@@ -223,7 +223,7 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
         logger.info("resumed from %s at step %d (kept from the checkpoint: head, optimizer, scheduler, RNG, data "
                     "position; unchanged: %s)", resumed, state.step, ", ".join(state.settings or ["(not recorded)"]))
     elif accelerator.is_main_process:  # a fresh run must not mix with an earlier run's checkpoints
-        for stale in (output_dir / CHECKPOINTS, output_dir / BEST):
+        for stale in (output_dir / CHECKPOINTS, output_dir / BEST, output_dir / MERGED_TARGET, output_dir / LORA_ADAPTER):
             if stale.exists():  # only reached with overwrite_output_dir=true (check_output_dir)
                 logger.warning("overwrite_output_dir=true: removing %s of an earlier run", stale)
                 shutil.rmtree(stale)
