@@ -268,14 +268,14 @@ class HFEngine:
 
     def __init__(self, target_path: str, *, batch_size: int = 16, device: str | None = None, dtype=None):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from data.targets import load_target, load_target_tokenizer
 
         self.device = default_device(device)
         dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(target_path, padding_side="left")
+        self.tokenizer = load_target_tokenizer(target_path, padding_side="left")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype).to(self.device).eval()
+        self.model = load_target(target_path, dtype=dtype).to(self.device).eval()
         self.batch_size = batch_size
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}

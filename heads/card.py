@@ -85,6 +85,7 @@ def model_card(
         "## Target", "",
         "| field | value |", "|---|---|",
         f"| name_or_path | {f'`{target}`' if target else 'a local model (its path is not recorded here)'} |",
+        *_adapter_lines(cfg),
         *(f"| {field} | `{getattr(cfg, 'target_' + field) or 'unknown'}` |" for field in
           ("architecture", "model_type", "hidden_size", "num_layers", "vocab_size", "max_position_embeddings")),
         "", "## What the head reads", "", *_input_lines(head, export_config), "",
@@ -93,6 +94,16 @@ def model_card(
         lines += ["## Training", "", *_training_lines(training), ""]
     lines += ["## Usage", "", *_usage_lines(head, repo_id, fmt), ""]
     return "\n".join(lines)
+
+
+def _adapter_lines(cfg) -> list[str]:
+    """A target derived from another (a PEFT adapter, Medusa-2's merged target): the row naming its base."""
+    base = getattr(cfg, "target_base_name_or_path", "")
+    if not base:
+        return []
+    shown = public_target_name(base)
+    return [f"| base model | {f'`{shown}`' if shown else 'a local model'} (the target is derived from it: a PEFT "
+            "adapter on it, merged before decoding, or a Medusa-2 run's fine-tune of it) |"]
 
 
 def _input_lines(head: DraftHead, export_config: dict[str, Any] | None) -> list[str]:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
+from data.base.names import ADAPTER_BASE_KEY
 from data.base.paths import share_readable
 from heads.layers import RMSNorm
 
@@ -41,6 +42,8 @@ def target_identity(target: PretrainedConfig | PreTrainedModel) -> dict[str, Any
         "num_layers": int(config.num_hidden_layers),
         "vocab_size": int(config.vocab_size),
         "max_position_embeddings": int(getattr(config, "max_position_embeddings", 0) or 0),
+        # a PEFT adapter target (merged by data.targets.load_target): name_or_path is the adapter, this its base
+        "base_name_or_path": getattr(config, ADAPTER_BASE_KEY, "") or "",
     }
 
 
@@ -94,6 +97,8 @@ class DraftHeadConfig(PretrainedConfig):
         target_model_type: e.g. ``"llama"``.
         target_hidden_size, target_num_layers, target_vocab_size: checked on every use.
         target_max_position_embeddings: the target's context length.
+        target_base_name_or_path: the model the target derives from: a PEFT adapter's base (the
+            adapter is ``target_name_or_path``), or a Medusa-2 run's original target; empty otherwise.
     """
 
     head_kind: str = ""
@@ -107,6 +112,7 @@ class DraftHeadConfig(PretrainedConfig):
         target_num_layers: int = 0,
         target_vocab_size: int = 0,
         target_max_position_embeddings: int = 0,
+        target_base_name_or_path: str = "",
         **kwargs,
     ):
         self.target_name_or_path = target_name_or_path
@@ -116,6 +122,7 @@ class DraftHeadConfig(PretrainedConfig):
         self.target_num_layers = target_num_layers
         self.target_vocab_size = target_vocab_size
         self.target_max_position_embeddings = target_max_position_embeddings
+        self.target_base_name_or_path = target_base_name_or_path
         super().__init__(**kwargs)
 
     @classmethod

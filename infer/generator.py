@@ -30,9 +30,8 @@ from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from data.targets import hub_errors, resolve_target
+from data.targets import load_target, load_target_tokenizer, resolve_target
 from heads import AutoHead
 from infer.accept import (
     Accepted,
@@ -244,16 +243,13 @@ class SpeculativeGenerator:
         if device.type == "cpu":
             print(choose_threads(threads), file=sys.stderr, flush=True)
         target_path = resolve_target(target_path)
-        with hub_errors(target_path):
-            target = AutoModelForCausalLM.from_pretrained(
-                target_path, dtype=dtype or "auto", attn_implementation="sdpa"
-            ).to(device).eval()
+        target = load_target(target_path, dtype=dtype or "auto", attn_implementation="sdpa").to(device).eval()
         if callable(head_path) and not isinstance(head_path, nn.Module):
             head = head_path(target)  # a drafter built for the loaded target
         else:
             head = (head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)).eval()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(target_path)
+            tokenizer = load_target_tokenizer(target_path)
         except (OSError, ValueError):  # a bare checkpoint without tokenizer files still generates from ids
             tokenizer = None
         return cls(target, head, tokenizer=tokenizer, **kwargs)

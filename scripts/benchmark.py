@@ -42,12 +42,11 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.base.checks import cli_count, cli_counts
 from data.base.device import default_device
 from data.base.paths import claim_report_dir
-from data.targets import resolve_target
+from data.targets import load_target, load_target_tokenizer, resolve_target
 from infer.bench.batch import time_batches
 from infer.bench.cost import step_costs
 from infer.bench.methods import TREE_SPEC, build_methods, time_methods
@@ -120,8 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
     target_path = resolve_target(args.target)  # results keep the name given (demo:smollm2), not the cache path
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    target = load_target(target_path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    tokenizer = load_target_tokenizer(target_path)
     prompts = load_prompts(args, tokenizer)
     sizes = sorted(set(args.tree_sizes) | {1})
     counter = ForwardCounter(target)

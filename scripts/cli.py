@@ -11,6 +11,7 @@
     draftsmith make-demo --size tiny
     draftsmith calibrate --target DIR --heads DIR ...  # scripts/draft_calibration.py
     draftsmith plan --config F --gpus 8                # scripts/plan.py
+    draftsmith drift --head DIR --target NEW           # scripts/drift.py
 
 ``draftsmith COMMAND --help`` shows that command's options. The commands are the existing entry points
 (the table below), which keep working on their own; user mistakes end in one line and exit code 2.
@@ -34,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "make-demo": ("scripts.make_demo_target", "main", "build (or reuse) the offline demo target"),
     "calibrate": ("scripts.draft_calibration", "main", "a head's draft confidence against its acceptance"),
     "plan": ("scripts.plan", "main", "what a training config costs per GPU before launch (memory, tokens, disk)"),
+    "drift": ("scripts.drift", "cli", "the τ a head loses when its target changes, and whether to retrain it"),
 }
 
 

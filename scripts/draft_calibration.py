@@ -17,7 +17,6 @@ import statistics
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from heads import AutoHead
 from infer import Chain, SpeculativeGenerator
@@ -63,11 +62,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--max-new-tokens", type=int, default=96)
     args = p.parse_args(argv)
-    from data.targets import resolve_target  # demo:<size>, demo:smollm2
+    from data.targets import load_target, load_target_tokenizer, resolve_target  # demo:<size>, adapters
 
     target_path = resolve_target(args.target)
-    target = AutoModelForCausalLM.from_pretrained(target_path, attn_implementation="sdpa").eval()
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    target = load_target(target_path, attn_implementation="sdpa").eval()
+    tokenizer = load_target_tokenizer(target_path)
     from data.corpus import continuation_prompts
 
     prompts = continuation_prompts(tokenizer, args.num_prompts, args.prompt_tokens, args.max_new_tokens)

@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
 
 from data.cli import run
-from data.targets import hub_errors, resolve_target
+from data.targets import load_target_config, resolve_target
 from heads import AutoHead
 from heads.formats import FORMATS, export_head
 
@@ -51,8 +50,7 @@ def main(argv: list[str] | None = None) -> Path:
     target = None
     if args.target:
         target_path = resolve_target(args.target)
-        with hub_errors(args.target):
-            target = AutoConfig.from_pretrained(target_path)
+        target = load_target_config(target_path)
     out = export_head(
         head,
         args.out,

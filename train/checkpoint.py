@@ -7,6 +7,7 @@ directory here holds only:
 | file                          | what                                                        |
 |-------------------------------|-------------------------------------------------------------|
 | ``model.safetensors``         | the head's weights                                           |
+| ``backbone.safetensors``      | only in Medusa-2 runs: the LoRA adapters trained on the target |
 | ``optimizer.safetensors``     | optimizer tensors; param groups and scalars as JSON metadata |
 | ``scheduler.json``            | the LR scheduler's state dict                                |
 | ``rng_state_<rank>.safetensors`` | torch/CUDA/numpy generators; Python's ``random`` as JSON metadata |
@@ -33,6 +34,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from data.base.paths import share_readable
+from train.backbone import lora_parameters
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"  # output_dir/best: the head with the best simulated τ so far
@@ -42,6 +44,7 @@ COMPLETE = "COMPLETE"  # written last into a checkpoint directory
 HEAD_CONFIG = "head_config.json"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
+BACKBONE_FILE = "backbone.safetensors"
 SCHEDULER_FILE = "scheduler.json"
 FORMAT = "draftsmith-checkpoint"
 FORMAT_VERSION = 2  # 1 was accelerate's save_state (pickles)
@@ -65,7 +68,7 @@ def checkpoint_steps(output_dir: Path) -> list[Path]:
 
 
 def save(path: Path, *, head: nn.Module, optimizer, scheduler, loop_state: dict, rank: int, is_main: bool,
-         barrier) -> None:
+         barrier, backbone: nn.Module | None = None) -> None:
     """Write one checkpoint to ``path`` (every process calls this; ``barrier`` = wait_for_everyone).
 
     Each process writes its own RNG state; the main process writes the rest and, after every process
@@ -75,6 +78,9 @@ def save(path: Path, *, head: nn.Module, optimizer, scheduler, loop_state: dict,
     _save_rng(path / rng_file(rank))
     if is_main:
         save_model(head, str(path / MODEL_FILE))  # handles tied weights
+        if backbone is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in lora_parameters(backbone).items()},
+                      str(path / BACKBONE_FILE))
         _save_optimizer(optimizer.state_dict(), path / OPTIMIZER_FILE)
         (path / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict()))
         (path / HEAD_CONFIG).write_text(head.config.to_json_string())
@@ -144,6 +150,7 @@ class Checkpoint:
     optimizer: dict
     scheduler: dict
     rng: tuple[dict[str, torch.Tensor], dict[str, str]]
+    backbone: dict[str, torch.Tensor] | None = None  # Medusa-2's LoRA tensors
 
 
 def read(path: Path, rank: int) -> Checkpoint:
@@ -173,17 +180,19 @@ def read(path: Path, rank: int) -> Checkpoint:
             raise CheckpointError(f"{file}: content changed since it was saved (sha256 mismatch)")
     optimizer, optimizer_meta = _tensors(path / OPTIMIZER_FILE)
     rng = _tensors(path / rng_file(rank))
+    backbone = _tensors(path / BACKBONE_FILE)[0] if BACKBONE_FILE in files else None
     return Checkpoint(path, manifest["state"], _json(path / HEAD_CONFIG), _tensors(path / MODEL_FILE)[0],
                       _optimizer_state(optimizer, optimizer_meta, path / OPTIMIZER_FILE),
-                      _json(path / SCHEDULER_FILE), rng)
+                      _json(path / SCHEDULER_FILE), rng, backbone)
 
 
-def apply(checkpoint: Checkpoint, *, head: nn.Module, optimizer, scheduler) -> None:
-    """Load a checkpoint read by ``read`` into the head, optimizer, scheduler and RNGs."""
+def apply(checkpoint: Checkpoint, *, head: nn.Module, optimizer, scheduler, backbone: nn.Module | None = None) -> None:
+    """Load a checkpoint read by ``read`` into the head (and trained backbone), optimizer, scheduler and RNGs."""
     file = checkpoint.path / MODEL_FILE
     missing, unexpected = load_model(head, str(file), strict=False)
     if missing or unexpected:
         raise CheckpointError(f"{file}: tensors missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    _apply_backbone(checkpoint, backbone)
     optimizer.load_state_dict(checkpoint.optimizer)
     scheduler.load_state_dict(checkpoint.scheduler)
     tensors, metadata = checkpoint.rng
@@ -196,6 +205,26 @@ def apply(checkpoint: Checkpoint, *, head: nn.Module, optimizer, scheduler) -> N
     np.random.set_state((name, tensors["numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
     version, internal, gauss = json.loads(metadata["python"])
     random.setstate((version, tuple(internal), gauss))
+
+
+def _apply_backbone(checkpoint: Checkpoint, backbone: nn.Module | None) -> None:
+    """Copy the checkpoint's LoRA tensors into ``backbone``: both or neither, with the same names and shapes."""
+    file = checkpoint.path / BACKBONE_FILE
+    if (backbone is None) != (checkpoint.backbone is None):
+        have = "has" if checkpoint.backbone is not None else "has no"
+        run = "trains" if backbone is not None else "does not train"
+        raise CheckpointError(f"{checkpoint.path}: the checkpoint {have} {BACKBONE_FILE} but this run {run} a "
+                              "backbone (train.backbone_lora_rank must match the run that wrote it)")
+    if backbone is None:
+        return
+    params = lora_parameters(backbone)
+    saved = checkpoint.backbone
+    if params.keys() != saved.keys() or any(params[k].shape != saved[k].shape for k in params):
+        raise CheckpointError(f"{file}: LoRA tensors do not fit this run's adapters (another "
+                              "train.backbone_lora_rank or target?)")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(saved[name])
 
 
 def _json(path: Path) -> Any:

@@ -129,6 +129,18 @@ class OptimConfig:
     save_every: int = _doc("save a full training checkpoint every N steps (0 = never)", 500)
     keep_last_checkpoints: int = _doc("checkpoints kept on disk (oldest deleted first)", 2)
     log_every: int = _doc("log training loss/accuracy every N steps", 10)
+    # Medusa-2 (arXiv 2401.10774): LoRA on the target, trained with the heads (train/backbone.py)
+    backbone_lora_rank: int = _doc(
+        "medusa only: rank of LoRA adapters on the target's linear layers, trained jointly with the heads "
+        "(Medusa-2; the merged target is saved to output_dir/target); 0 = frozen target (Medusa-1)", 0)
+    backbone_lr: float | None = _doc(
+        "peak lr of the backbone LoRA; null = train.lr / 4 (Medusa-2's heads train at 4x the backbone's lr)", None)
+    heads_coefficient: float = _doc(
+        "Medusa-2: weight lambda_0 of the heads' loss next to the backbone's self-distillation loss "
+        "(KL to the frozen original target)", 0.2)
+    init_from: str | None = _doc(
+        "warm start: a trained head's directory (same kind and shape, e.g. trained on the base model of an "
+        "adapter target) whose weights the new head starts from; null = a fresh head", None)
 
 
 @dataclass
@@ -412,12 +424,28 @@ def _validate(cfg: TrainConfig) -> None:
     if head.kind == "medusa" and head.num_heads is not None and opt.eval_depth is not None \
             and opt.eval_depth > head.num_heads:
         raise ConfigError(f"train.eval_depth={opt.eval_depth} exceeds head.num_heads={head.num_heads}")
+    _validate_backbone(cfg)
     if not cfg.target:
         raise ConfigError("target must be a path, a hub id or demo:<size>")
     if cfg.resume_from is not None and not cfg.resume_from:
         raise ConfigError("resume_from must be null, 'latest' or a checkpoint path")
     if cfg.output_dir is None:
         cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
+
+
+def _validate_backbone(cfg: TrainConfig) -> None:
+    """Medusa-2's keys: a LoRA backbone only under Medusa heads; its lr and loss weight positive."""
+    opt = cfg.train
+    if opt.backbone_lora_rank < 0:
+        raise ConfigError(f"train.backbone_lora_rank must be >= 0, got {opt.backbone_lora_rank}")
+    if opt.backbone_lora_rank and cfg.head.kind != "medusa":
+        raise ConfigError(f"train.backbone_lora_rank applies only to head.kind=medusa (head.kind={cfg.head.kind})")
+    if opt.backbone_lr is not None and not opt.backbone_lora_rank:
+        raise ConfigError("train.backbone_lr needs train.backbone_lora_rank >= 1 (no backbone is trained)")
+    if opt.backbone_lr is not None and not opt.backbone_lr > 0:
+        raise ConfigError(f"train.backbone_lr must be > 0, got {opt.backbone_lr}")
+    if not opt.heads_coefficient > 0:
+        raise ConfigError(f"train.heads_coefficient must be > 0, got {opt.heads_coefficient}")
 
 
 def target_slug(target: str) -> str:

@@ -14,9 +14,11 @@ class Features:
 
     input_ids: Tensor  # (B, T)
     loss_mask: Tensor  # (B, T) 1 = token is a training target
-    hidden: Tensor  # (B, T, H_t) final post-norm (medusa, eagle) or (B, T, n·H_t) aux (eagle3, dflash), fp32
+    # (B, T, H_t) final post-norm (medusa, eagle) or (B, T, n·H_t) aux (eagle3, dflash), fp32; None in
+    # Medusa-2 training (the adapted target runs inside the objective, with grad)
+    hidden: Tensor | None
     embeds: Tensor | None = None  # (B, T, H_t) target input embeddings (eagle, eagle3), fp32
-    logits: Tensor | None = None  # (B, T, V) full target logits: eagle only (its soft labels)
+    logits: Tensor | None = None  # (B, T, V) full target logits: eagle (its soft labels), medusa-2 (the original's)
     targets: DraftTargets | None = None  # eagle3: (B, T, Vd) soft labels + target top-1
     top1: Tensor | None = None  # (B, T) target argmax, when logits were computed
     noise: Tensor | None = None  # (B, T, H_t) EAGLE-1 augmentation, added to the head's input only

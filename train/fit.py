@@ -107,7 +107,8 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                 history.append(eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state,
                                                    metrics_log))
             if opt.save_every and state.step % opt.save_every == 0:
-                save_checkpoint(accelerator, output_dir, state, head, optimizer, scheduler, opt.keep_last_checkpoints)
+                save_checkpoint(accelerator, output_dir, state, head, optimizer, scheduler, opt.keep_last_checkpoints,
+                                backbone=accelerator.unwrap_model(objective).backbone)
     return history, run_tokens / max(run_seconds, 1e-9)
 
 

@@ -24,12 +24,13 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import ProjectConfiguration, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
+from transformers import get_scheduler
 
-from data.targets import hub_errors, resolve_target
+from data.targets import load_target, load_target_tokenizer, resolve_target
 from heads import build_head
 from infer.target import decoder_layers, loaded_target_identity
 from infer.threads import choose_threads
+from train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
 from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
 from train.config import TrainConfig, load_config
 from train.evaluate import eval_and_keep_best
@@ -41,6 +42,7 @@ from train.output_dir import check_output_dir
 from train.resume import TrainState, mark_run, resume, resume_settings
 from train.run_card import run_card
 from train.target_sharding import shard_target
+from train.warm_start import warm_start
 
 logger = logging.getLogger("draftsmith.train")
 
@@ -147,9 +149,8 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     """Load the frozen target and its tokenizer, the data, and a fresh head (draft vocab chosen)."""
     set_seed(cfg.seed)
     kind = cfg.head.kind
-    with hub_errors(target_path):
-        tokenizer = AutoTokenizer.from_pretrained(target_path)
-        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
+    tokenizer = load_target_tokenizer(target_path)
+    target = load_target(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
     if cfg.target.startswith("demo:"):  # the head, card and exports name it "demo:<size>", not its cache path
         target.config._name_or_path = cfg.target
     target.requires_grad_(False).eval()
@@ -183,6 +184,9 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     vocab_report = objective.prepare_head(head, HeadSetup(
         accelerator, cfg, target, train_set, data_key=Path(train_summary.cache_path).name, vocab_size=vocab_size,
         cache_dir=run_cache_dir(cfg)))
+    if cfg.train.init_from is not None:  # a warm start replaces the fresh weights (kept: this run's target identity)
+        warm_start(head, cfg.train.init_from)
+        logger.info("head initialised from %s", cfg.train.init_from)
     depth = objective.eval_depth(head, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Run(target, tokenizer, identity, head, train_set, train_summary, eval_set, vocab_report, depth, pad_id)
@@ -201,7 +205,8 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
         eval_loader = DataLoader(shard, batch_size=cfg.train.micro_batch_size,
                                  collate_fn=lambda rows: collate(rows, pad_id))
     objective = objective_class(cfg.head.kind)(head, cfg)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.train.lr, betas=cfg.train.betas,
+    objective.attach_backbone(target)  # Medusa-2: LoRA on the target, trained with the head
+    optimizer = torch.optim.AdamW(objective.param_groups(), lr=cfg.train.lr, betas=cfg.train.betas,
                                   weight_decay=cfg.train.weight_decay)
     objective, optimizer, train_loader = accelerator.prepare(objective, optimizer, train_loader)
     per_epoch = len(train_loader) // cfg.train.grad_accum_steps
@@ -218,11 +223,11 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     resumed = None
     if cfg.resume_from is not None:
         resumed = resume(accelerator, cfg, output_dir, accelerator.unwrap_model(objective).head, optimizer,
-                         scheduler, state)
+                         scheduler, state, backbone=accelerator.unwrap_model(objective).backbone)
         logger.info("resumed from %s at step %d (kept from the checkpoint: head, optimizer, scheduler, RNG, data "
                     "position; unchanged: %s)", resumed, state.step, ", ".join(state.settings or ["(not recorded)"]))
     elif accelerator.is_main_process:  # a fresh run must not mix with an earlier run's checkpoints
-        for stale in (output_dir / CHECKPOINTS, output_dir / BEST):
+        for stale in (output_dir / CHECKPOINTS, output_dir / BEST, output_dir / MERGED_TARGET, output_dir / LORA_ADAPTER):
             if stale.exists():  # only reached with overwrite_output_dir=true (check_output_dir)
                 logger.warning("overwrite_output_dir=true: removing %s of an earlier run", stale)
                 shutil.rmtree(stale)
@@ -249,6 +254,11 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     accelerator.wait_for_everyone()
     best_dir = output_dir / BEST if (output_dir / BEST).is_dir() and eval_loader is not None else None
     if accelerator.is_main_process:
+        backbone = accelerator.unwrap_model(objective).backbone
+        if backbone is not None:  # Medusa-2: the heads draft for the merged target, saved beside them
+            merged = save_merged_target(backbone, run.tokenizer, output_dir, target.config._name_or_path)
+            head.config.target_name_or_path, head.config.target_base_name_or_path = str(merged), cfg.target
+            logger.info("merged target saved to %s (adapter: %s)", merged, output_dir / LORA_ADAPTER)
         head.save_pretrained(output_dir)
         (output_dir / "README.md").write_text(run_card(head, output_dir, run.train_summary, final, state,
                                                          run.vocab_report))

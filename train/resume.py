@@ -30,7 +30,8 @@ logger = logging.getLogger("draftsmith.train")
 # Settings a checkpoint fixes: the optimizer's hyper-parameters (restored with its state) and what
 # the saved data position means (data order, batch shapes); head.* is checked by check_resumable.
 RESUME_FIXED = ("seed", "data.train", "data.max_length", "data.overlong", "train.micro_batch_size",
-                "train.grad_accum_steps", "train.lr", "train.betas", "train.weight_decay")
+                "train.grad_accum_steps", "train.lr", "train.betas", "train.weight_decay",
+                "train.backbone_lora_rank", "train.backbone_lr")
 
 
 class RunComplete(Exception):
@@ -130,10 +131,12 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainState, head: nn.Module, optimizer,
-                    scheduler, keep: int) -> Path:
-    """Full training state (head, optimizer, scheduler, RNG, loop position) of step ``state.step``; no pickle."""
+                    scheduler, keep: int, backbone: nn.Module | None = None) -> Path:
+    """Full training state (head, trained backbone adapters, optimizer, scheduler, RNG, loop position) of
+    step ``state.step``; no pickle."""
     path = output_dir / CHECKPOINTS / f"step-{state.step:07d}"
-    checkpoint.save(path, head=head, optimizer=optimizer, scheduler=scheduler, loop_state=state.state_dict(),
+    checkpoint.save(path, head=head, backbone=backbone, optimizer=optimizer, scheduler=scheduler,
+                    loop_state=state.state_dict(),
                     rank=accelerator.process_index, is_main=accelerator.is_main_process,
                     barrier=accelerator.wait_for_everyone)
     if accelerator.is_main_process:
@@ -143,7 +146,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainStat
 
 
 def resume(accelerator: Accelerator, cfg: TrainConfig, output_dir: Path, head: nn.Module, optimizer, scheduler,
-           state: TrainState) -> Path:
+           state: TrainState, backbone: nn.Module | None = None) -> Path:
     """Load ``cfg.resume_from`` into head, optimizer, scheduler, RNGs and ``state``; return its path.
 
     ``latest`` takes the newest checkpoint that reads back intact; a corrupt one is named in a warning
@@ -165,7 +168,7 @@ def resume(accelerator: Accelerator, cfg: TrainConfig, output_dir: Path, head: n
             continue
         check_resumable(loaded, head)
         check_settings(loaded.state.get("settings"), cfg, path, output_dir)
-        checkpoint.apply(loaded, head=head, optimizer=optimizer, scheduler=scheduler)
+        checkpoint.apply(loaded, head=head, backbone=backbone, optimizer=optimizer, scheduler=scheduler)
         state.load_state_dict(loaded.state)
         return path
     raise AssertionError("unreachable")

@@ -33,7 +33,8 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 10, warmup: int = 3) ->
     batches = [{k: v.to(accelerator.device) for k, v in b.items()} for b in batches]
     objective_cls = objective_class(cfg.head.kind)
     objective = objective_cls(run.head, cfg)
-    optimizer = torch.optim.AdamW(run.head.parameters(), lr=cfg.train.lr, betas=cfg.train.betas)
+    objective.attach_backbone(run.target)  # Medusa-2: the adapters train too
+    optimizer = torch.optim.AdamW(objective.param_groups(), lr=cfg.train.lr, betas=cfg.train.betas)
     objective, optimizer = accelerator.prepare(objective, optimizer)
     objective.train()
     lm_head = run.target.get_output_embeddings()

@@ -39,6 +39,9 @@ def public_target_name(name_or_path: str | None) -> str | None:
     return None
 
 
+# Set on the config of a PEFT adapter target once merged (data.targets.load_target): the base model's name.
+ADAPTER_BASE_KEY = "adapter_base_name_or_path"
+
 HEAD_MODEL_TYPE_PREFIX = "draftsmith_"  # every draftsmith head's config.json model_type starts with it
 
 

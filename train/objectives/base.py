@@ -40,6 +40,15 @@ class Objective(nn.Module):
         super().__init__()
         self.head = head
         self.decay = cfg.train.loss_decay
+        self.backbone: nn.Module | None = None  # trainable adapters on the target (Medusa-2), else None
+
+    def attach_backbone(self, target: nn.Module) -> None:
+        """Make part of ``target`` trainable with the head when the config asks (Medusa-2's LoRA sets
+        ``self.backbone``); by default the target stays frozen."""
+
+    def param_groups(self) -> list[dict]:
+        """The optimizer's parameter groups: the head at train.lr (and a backbone at its own lr)."""
+        return [{"params": list(self.head.parameters())}]
 
     @staticmethod
     def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:

@@ -1,26 +1,67 @@
-"""Medusa-1: K heads on the target's final hidden state, head k trained on the token k+2 ahead."""
+"""Medusa: K heads on the target's final hidden state, head k trained on the token k+2 ahead.
+
+Medusa-1 keeps the target frozen. Medusa-2 (``train.backbone_lora_rank`` >= 1; arXiv 2401.10774, its
+self-distillation recipe) trains LoRA adapters on the target with the heads: loss =
+KL(original || adapted) over the loss-masked next-token distributions + heads_coefficient ·
+Σ_k loss_decay^k · CE_k of the heads on the adapted target's hidden states. The original's
+distribution is the same target with its adapters off (``train.backbone.original``).
+"""
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
 from infer.target import target_forward
+from train.backbone import add_lora, has_lora, lora_parameters, original
 from train.config import TrainConfig
 from train.features import Features
-from train.losses import LossOutput, medusa_loss
+from train.losses import LossOutput, medusa_loss, soft_loss
 from train.objectives.base import Objective
 
 
 class MedusaObjective(Objective):
+    def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
+        super().__init__(head, cfg)
+        self.lora_rank = cfg.train.backbone_lora_rank
+        self.backbone_lr = cfg.train.backbone_lr or cfg.train.lr / 4
+        self.heads_coefficient = cfg.train.heads_coefficient
+
+    def attach_backbone(self, target: nn.Module) -> None:
+        if self.lora_rank:
+            self.backbone = add_lora(target, self.lora_rank)  # a submodule: DDP and clipping see the adapters
+
+    def param_groups(self) -> list[dict]:
+        groups = super().param_groups()
+        if self.backbone is not None:
+            groups.append({"params": list(lora_parameters(self.backbone).values()), "lr": self.backbone_lr})
+        return groups
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.backbone is not None:
+            self.backbone.eval()  # no dropout: the adapted and the original model see the same computation
+        return self
+
     @staticmethod
     @torch.no_grad()
     def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
+        if has_lora(target) and not need_top1:  # Medusa-2 training: the adapted target runs in forward, with grad
+            with original(target):
+                teacher = target_forward(target, batch["input_ids"]).logits.float()  # (B, T, V)
+            return Features(batch["input_ids"], batch["loss_mask"], None, logits=teacher)
         out = target_forward(target, batch["input_ids"], compute_logits=need_top1)
         top1 = out.logits.argmax(-1) if need_top1 else None
         return Features(batch["input_ids"], batch["loss_mask"], out.final_hidden.float(), top1=top1)
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
-        return medusa_loss(self.head(features.hidden), features.input_ids, features.loss_mask, self.decay)
+        if self.backbone is None:
+            return medusa_loss(self.head(features.hidden), features.input_ids, features.loss_mask, self.decay)
+        out = target_forward(self.backbone.get_base_model(), features.input_ids)  # adapters on, with grad
+        heads = medusa_loss(self.head(out.final_hidden.float()), features.input_ids, features.loss_mask, self.decay)
+        # position t's distribution predicts token t+1: kept where t+1 carries loss. Soft CE = KL + the
+        # original's entropy, a constant: the same gradient as the KL.
+        distill, _ = soft_loss(out.logits[:, :-1], features.logits[:, :-1].softmax(-1), features.loss_mask[:, 1:])
+        return heads._replace(loss=distill + self.heads_coefficient * heads.loss)
 
     @staticmethod
     @torch.no_grad()
