@@ -464,6 +464,13 @@ class SpeculativeGenerator:
             return tokens[: int(hits[0, 0]) + 1][:remaining], True
         return tokens[:remaining], tokens.numel() >= remaining
 
+    def _observe(self, rows: list[DecodeState], seen: list[tuple[int, Tensor, Tensor]]) -> None:
+        """The drafter observes each listed row's accepted tokens (features (1, A, F), next tokens (1, A)), all
+        rows at once."""
+        if seen:
+            self.drafter.observe_rows([rows[b].draft for b, _, _ in seen], [f for _, f, _ in seen],
+                                      [t for _, _, t in seen])
+
     def _emit(self, state: DecodeState, tokens: Tensor, streamer: Any) -> None:
         state.emitted.append(tokens)
         state.num_new += tokens.numel()
@@ -499,7 +506,8 @@ class SpeculativeGenerator:
         generation config, as HF does. ``streamer`` (batch size 1, as HF's) gets HF's ``put``/``end``
         calls: the prompt first, then each accepted run.
 
-        One step for all rows: each row's drafter state proposes its draft; one [B, N] verify
+        One step for all rows: the drafter proposes every live row's draft at once (``propose_rows``;
+        the heads in one pass); one [B, N] verify
         (``_verify_rows``); each row accepts on its own and advances by its own accepted length
         (a finished row verifies its last token alone, a masked no-op nobody reads); the accepted
         paths of all rows are compacted at once (``StaticKVCache.compact_rows``).
@@ -524,30 +532,33 @@ class SpeculativeGenerator:
         pads = (mask == 0).sum(dim=1)  # (B,) left-pad columns per row
         lengths = torch.full((bsz,), plen, dtype=torch.long, device=self.device)  # valid slots per row
         host_lengths = [plen] * bsz  # the same, on the host
+        host_pads = pads.tolist() if attention_mask is not None else [0] * bsz  # sync
+        # the drafter's states (its own buffers, shared by the rows of a drafter that drafts them at once)
+        states = self.drafter.new_rows([plen - pad + max_new_tokens for pad in host_pads])
         rows: list[DecodeState] = []
         done = [False] * bsz
-        for b in range(bsz):
-            pad = int(pads[b]) if attention_mask is not None else 0  # sync
+        seen: list[tuple[int, Tensor, Tensor]] = []  # (row, features, next tokens) to observe
+        for b, pad in enumerate(host_pads):
             first = self._next_token(out.logits[b, -1], sampling)
-            row = DecodeState(cache=cache, draft=self.drafter.new_state(), root=first)
-            self.drafter.reserve(row.draft, plen - pad + max_new_tokens)  # the drafter's own buffers
+            row = DecodeState(cache=cache, draft=states[b], root=first)
             self.drafter.begin(row.draft, ids[b: b + 1, pad:])  # drafters that read the prompt's ids
             kept, done[b] = self._trim(first.reshape(1), eos, max_new_tokens)
             self._emit(row, kept, streamer)
             if not done[b]:
-                self.drafter.observe(row.draft, features[b: b + 1, pad:], torch.cat([ids[b, pad + 1:], kept])[None])
+                seen.append((b, features[b: b + 1, pad:], torch.cat([ids[b, pad + 1:], kept])[None]))
             rows.append(row)
+        self._observe(rows, seen)
         clock.mark("prefill")
 
         while not all(done):
-            drafts: list[Draft] = []
-            for b, row in enumerate(rows):
-                if done[b]:
-                    drafts.append(root_only(row.root))  # a masked no-op: never read
-                    continue
-                # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
-                remaining = max_new_tokens - row.num_new
-                drafts.append(self.drafter.propose(row.draft, row.root, sampling, max_depth=remaining - 1))
+            live = [b for b in range(bsz) if not done[b]]
+            drafts = [root_only(row.root) for row in rows]  # a finished row's: a masked no-op, never read
+            # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
+            depths = [max_new_tokens - rows[b].num_new - 1 for b in live]
+            proposed = self.drafter.propose_rows([rows[b].draft for b in live], [rows[b].root for b in live],
+                                                 sampling, depths)
+            for b, draft in zip(live, proposed):
+                drafts[b] = draft
             clock.mark("draft")
             out = self._verify_rows(cache, drafts, lengths, pads, stats)
             features = self._features(out)
@@ -556,10 +567,9 @@ class SpeculativeGenerator:
             clock.mark("verify")
             nodes = torch.full((bsz, out.logits.shape[1]), -1, dtype=torch.long, device=self.device)
             accepted_len = [0] * bsz
-            for b, row in enumerate(rows):
-                if done[b]:
-                    continue
-                draft = drafts[b]
+            seen = []
+            for b in live:
+                row, draft = rows[b], drafts[b]
                 accepted = self._accept(out.logits[b, : draft.tokens.shape[0]], draft, sampling)
                 path = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first
                 new = torch.cat([draft.tokens[path[1:]], accepted.bonus])  # (A,)
@@ -571,9 +581,10 @@ class SpeculativeGenerator:
                 self._emit(row, kept, streamer)
                 clock.mark("emit")
                 if not done[b]:
-                    self.drafter.observe(row.draft, features[b: b + 1, path], new[None])
+                    seen.append((b, features[b: b + 1, path], new[None]))
                     row.root = new[-1]
-                    clock.mark("observe")
+            self._observe(rows, seen)
+            clock.mark("observe")
             cache.compact_rows(lengths, nodes[:, : max(accepted_len)])
             host_lengths = [n + a for n, a in zip(host_lengths, accepted_len)]
             lengths = torch.tensor(host_lengths, device=self.device)

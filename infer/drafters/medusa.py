@@ -49,7 +49,14 @@ class MedusaDrafter(HeadDrafter):
         return MedusaState()
 
     def observe(self, state: MedusaState, features: Tensor, next_tokens: Tensor) -> None:
-        state.logits = self.head(features[:, -1:])[:, 0, 0].float()  # (K, V)
+        self.observe_rows([state], [features], [next_tokens])
+
+    def observe_rows(self, states: list[MedusaState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
+        """One head pass over every row's last accepted feature."""
+        last = torch.cat([f[:, -1:] for f in features])  # (R, 1, H)
+        logits = self.head(last)[:, :, 0].float()  # (K, R, V)
+        for i, state in enumerate(states):
+            state.logits = logits[:, i]  # (K, V)
 
     def _tree_up_to(self, max_depth: int, device: torch.device) -> tuple[TreeBuffers, Tensor, int, int]:
         key = (max_depth, str(device))
