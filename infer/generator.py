@@ -45,6 +45,7 @@ from infer.accept import (
 from infer.batch import masked_forward, prefill_mask, verify_mask
 from infer.cache import StaticKVCache
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter, root_only
+from infer.plan import SpeculationPlan, find_plan
 from infer.target import TargetOutput, decoder_layers
 from infer.threads import choose_threads
 from infer.tree import pad_tree
@@ -158,6 +159,9 @@ class SpeculativeGenerator:
         compile: compile the verify step with ``torch.compile`` (True: inductor, with CUDA graphs
             on CUDA; a string names another ``torch.compile`` backend, e.g. "aot_eager"); None =
             the device's default (``default_compile``: CUDA True, CPU False).
+        plan: when to speculate (``infer.plan.SpeculationPlan``, or the path of its JSON): per batch
+            size, the most draft levels per step (0: decode without drafting); None = draft as the
+            drafter does at every batch size (``from_pretrained`` loads the plan saved next to a head).
     """
 
     def __init__(
@@ -172,6 +176,7 @@ class SpeculativeGenerator:
         profile: bool = False,
         cache_implementation: str | None = None,
         compile: bool | str | None = None,
+        plan: SpeculationPlan | str | os.PathLike | None = None,
     ) -> None:
         attn = getattr(target.config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
@@ -210,6 +215,7 @@ class SpeculativeGenerator:
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
+        self.plan = plan if plan is None or isinstance(plan, SpeculationPlan) else SpeculationPlan.load(plan)
         self.last_stats = GenerationStats()
 
     @staticmethod
@@ -260,6 +266,8 @@ class SpeculativeGenerator:
         if callable(head_path) and not isinstance(head_path, nn.Module):
             head = head_path(target)  # a drafter built for the loaded target
         else:
+            if isinstance(head_path, (str, os.PathLike)) and "plan" not in kwargs:
+                kwargs["plan"] = find_plan(head_path)  # scripts/calibrate_speculation.py's, when there is one
             head = (head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)).eval()
         try:
             tokenizer = AutoTokenizer.from_pretrained(target_path)
@@ -533,8 +541,10 @@ class SpeculativeGenerator:
         lengths = torch.full((bsz,), plen, dtype=torch.long, device=self.device)  # valid slots per row
         host_lengths = [plen] * bsz  # the same, on the host
         host_pads = pads.tolist() if attention_mask is not None else [0] * bsz  # sync
+        # the plan's draft levels for this batch size (None: the drafter's own; 0: no drafting at all)
+        levels = self.plan.length_for(bsz) if self.plan is not None else None
         # the drafter's states (its own buffers, shared by the rows of a drafter that drafts them at once)
-        states = self.drafter.new_rows([plen - pad + max_new_tokens for pad in host_pads])
+        states = self.drafter.new_rows([plen - pad + max_new_tokens for pad in host_pads]) if levels != 0 else [None] * bsz
         rows: list[DecodeState] = []
         done = [False] * bsz
         seen: list[tuple[int, Tensor, Tensor]] = []  # (row, features, next tokens) to observe
@@ -544,7 +554,7 @@ class SpeculativeGenerator:
             self.drafter.begin(row.draft, ids[b: b + 1, pad:])  # drafters that read the prompt's ids
             kept, done[b] = self._trim(first.reshape(1), eos, max_new_tokens)
             self._emit(row, kept, streamer)
-            if not done[b]:
+            if not done[b] and levels != 0:
                 seen.append((b, features[b: b + 1, pad:], torch.cat([ids[b, pad + 1:], kept])[None]))
             rows.append(row)
         self._observe(rows, seen)
@@ -553,12 +563,14 @@ class SpeculativeGenerator:
         while not all(done):
             live = [b for b in range(bsz) if not done[b]]
             drafts = [root_only(row.root) for row in rows]  # a finished row's: a masked no-op, never read
-            # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
-            depths = [max_new_tokens - rows[b].num_new - 1 for b in live]
-            proposed = self.drafter.propose_rows([rows[b].draft for b in live], [rows[b].root for b in live],
-                                                 sampling, depths)
-            for b, draft in zip(live, proposed):
-                drafts[b] = draft
+            if levels != 0:
+                # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
+                depths = [max_new_tokens - rows[b].num_new - 1 for b in live]
+                depths = depths if levels is None else [min(d, levels) for d in depths]
+                proposed = self.drafter.propose_rows([rows[b].draft for b in live], [rows[b].root for b in live],
+                                                     sampling, depths)
+                for b, draft in zip(live, proposed):
+                    drafts[b] = draft
             clock.mark("draft")
             out = self._verify_rows(cache, drafts, lengths, pads, stats)
             features = self._features(out)
@@ -581,7 +593,8 @@ class SpeculativeGenerator:
                 self._emit(row, kept, streamer)
                 clock.mark("emit")
                 if not done[b]:
-                    seen.append((b, features[b: b + 1, path], new[None]))
+                    if levels != 0:
+                        seen.append((b, features[b: b + 1, path], new[None]))
                     row.root = new[-1]
             self._observe(rows, seen)
             clock.mark("observe")
