@@ -38,7 +38,7 @@ from infer.accept import (
     Accepted,
     chain_sample_accept,
     check_sampling_params,
-    greedy_accept,
+    greedy_accept_rows,
     tree_sample_accept,
     typical_accept,
 )
@@ -453,16 +453,56 @@ class SpeculativeGenerator:
             cached = self._arange_cache = torch.arange(n, device=self.device)
         return cached
 
-    def _accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
+    def _sample_accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
+        """One row's acceptance at temperature > 0 (greedy rows are accepted together: ``_accept_rows``)."""
         tree = draft.tree
-        if sampling.greedy:
-            return greedy_accept(logits, draft.tokens, tree.retrieve_indices)
         p = sampling.probs(logits)  # (N, V)
         if self.acceptance == "typical":
             return typical_accept(p, draft.tokens, tree.retrieve_indices, *self.typical)
         if draft.q is not None:
             return chain_sample_accept(p[None], draft.q[None], draft.tokens[None])
         return tree_sample_accept(p[None], draft.tokens[None], tree.children)
+
+    def _accept_rows(self, logits: Tensor, drafts: list[Draft], live: list[int], sampling: Sampling, eos: Tensor,
+                     remaining: list[int]) -> tuple[Tensor, Tensor, list[int], list[int], list[bool]]:
+        """Accept every live row's draft: (nodes (B, W) accepted node indices root first, -1 after;
+        new (B, W) the accepted drafts then the bonus; per row the accepted length, how many new
+        tokens it keeps (cut after EOS and to ``remaining``), and whether it stops). Greedy: every row
+        at once on the device, EOS included, and one host read for the step; sampling: row by row."""
+        bsz, width = logits.shape[:2]
+        accepted_len, kept_len, stop = [0] * bsz, [0] * bsz, [False] * bsz
+        if sampling.greedy:
+            tokens = torch.stack([nn.functional.pad(d.tokens, (0, width - d.tokens.shape[0])) for d in drafts])  # (B, N)
+            depth = max(d.tree.retrieve_indices.shape[1] for d in drafts)
+            paths = torch.full((bsz, max(d.tree.retrieve_indices.shape[0] for d in drafts), depth), -1,
+                               dtype=torch.long, device=self.device)
+            for b, d in enumerate(drafts):
+                paths[b, : d.tree.retrieve_indices.shape[0], : d.tree.retrieve_indices.shape[1]] = d.tree.retrieve_indices
+            accepted = greedy_accept_rows(logits, tokens, paths)
+            drafted = tokens.gather(1, accepted.nodes[:, 1:].clamp(min=0))  # (B, D) the accepted drafts
+            new = torch.cat([drafted, drafted.new_zeros(bsz, 1)], dim=1)
+            new.scatter_(1, (accepted.length - 1)[:, None], accepted.bonus[:, None])  # (B, D+1) then the bonus
+            valid = torch.arange(depth, device=self.device)[None] < accepted.length[:, None]
+            hit = (torch.isin(new, eos) if eos.numel() else torch.zeros_like(valid)) & valid
+            any_hit = hit.any(dim=1)
+            upto = torch.where(any_hit, hit.int().argmax(dim=1) + 1, accepted.length)  # tokens up to the first EOS
+            info = torch.stack([accepted.length, upto, any_hit.long()]).tolist()  # sync: the step's one host read
+            for b in live:
+                accepted_len[b], kept_len[b] = info[0][b], min(info[1][b], remaining[b])
+                stop[b] = bool(info[2][b]) or kept_len[b] >= remaining[b]
+            return accepted.nodes, new, accepted_len, kept_len, stop
+        nodes = torch.full((bsz, width), -1, dtype=torch.long, device=self.device)
+        new = torch.zeros((bsz, width), dtype=torch.long, device=self.device)
+        for b in live:
+            draft = drafts[b]
+            accepted = self._sample_accept(logits[b, : draft.tokens.shape[0]], draft, sampling)
+            a = int(accepted.length[0])  # sync
+            path = accepted.nodes[0, :a]  # (A,) root first
+            row_new = torch.cat([draft.tokens[path[1:]], accepted.bonus])  # (A,)
+            nodes[b, :a], new[b, :a] = path, row_new
+            kept, stop[b] = self._trim(row_new, eos, remaining[b])
+            accepted_len[b], kept_len[b] = a, kept.numel()
+        return nodes, new, accepted_len, kept_len, stop
 
     @staticmethod
     def _trim(tokens: Tensor, eos: Tensor, remaining: int) -> tuple[Tensor, bool]:
@@ -577,25 +617,21 @@ class SpeculativeGenerator:
             stats.target_forwards += 1
             stats.steps += 1
             clock.mark("verify")
-            nodes = torch.full((bsz, out.logits.shape[1]), -1, dtype=torch.long, device=self.device)
-            accepted_len = [0] * bsz
+            remaining = [max_new_tokens - row.num_new for row in rows]
+            nodes, news, accepted_len, kept_len, stop = self._accept_rows(out.logits, drafts, live, sampling, eos,
+                                                                          remaining)
+            clock.mark("accept")
             seen = []
             for b in live:
-                row, draft = rows[b], drafts[b]
-                accepted = self._accept(out.logits[b, : draft.tokens.shape[0]], draft, sampling)
-                path = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first
-                new = torch.cat([draft.tokens[path[1:]], accepted.bonus])  # (A,)
-                nodes[b, : path.numel()] = path
-                accepted_len[b] = path.numel()
-                clock.mark("accept")
-                kept, done[b] = self._trim(new, eos, max_new_tokens - row.num_new)
-                stats.step_tokens += kept.numel()
-                self._emit(row, kept, streamer)
-                clock.mark("emit")
+                row, a = rows[b], accepted_len[b]
+                done[b] = stop[b]
+                stats.step_tokens += kept_len[b]
+                self._emit(row, news[b, : kept_len[b]], streamer)
                 if not done[b]:
                     if levels != 0:
-                        seen.append((b, features[b: b + 1, path], new[None]))
-                    row.root = new[-1]
+                        seen.append((b, features[b: b + 1, nodes[b, :a]], news[b: b + 1, :a]))
+                    row.root = news[b, a - 1]
+            clock.mark("emit")
             self._observe(rows, seen)
             clock.mark("observe")
             cache.compact_rows(lengths, nodes[:, : max(accepted_len)])
