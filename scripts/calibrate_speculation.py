@@ -6,7 +6,8 @@ generator follows by default.
         [--repeats 1] [--threads N] [--out PATH]
 
 The head drafts chains (``Chain(max(--lengths))``, capped per cell); length 0 is plain decoding.
-Writes ``speculation_plan.json`` into the head's directory (or ``--out``), where
+Writes ``speculation_plan.json`` into the head's directory (or ``--out``; an earlier plan there is
+replaced, nothing else is touched), where
 ``SpeculativeGenerator.from_pretrained(target, HEAD_DIR)`` picks it up; prints the measured table.
 """
 from __future__ import annotations
