@@ -73,19 +73,27 @@ def greedy_accept(logits: Tensor, tokens: Tensor, retrieve_indices: Tensor) -> A
     logits (N, V) of the tree nodes, tokens (N,), retrieve_indices (P, D+1) padded with -1.
     Ties between equally long paths go to the first path.
     """
-    target = logits.float().argmax(dim=-1)  # (N,) argmax on float32 logits, as HF's greedy loop
-    valid = retrieve_indices >= 0  # (P, D+1)
-    idx = retrieve_indices.clamp(min=0)
-    draft = tokens[idx]  # (P, D+1)
-    predicted = target[idx]  # (P, D+1): the target's choice after each node
-    match = (draft[:, 1:] == predicted[:, :-1]) & valid[:, 1:]  # (P, D)
-    run = match.long().cumprod(dim=1).sum(dim=1)  # (P,) accepted drafts per path
-    best = run.argmax()  # first maximal path
-    length = run[best] + 1
-    keep = torch.arange(retrieve_indices.shape[1], device=tokens.device) < length
-    nodes = torch.where(keep, retrieve_indices[best], -1)
-    bonus = target[nodes[length - 1]]
-    return Accepted(nodes=nodes[None], length=length[None], bonus=bonus.reshape(1))
+    return greedy_accept_rows(logits[None], tokens[None], retrieve_indices[None])
+
+
+def greedy_accept_rows(logits: Tensor, tokens: Tensor, retrieve_indices: Tensor) -> Accepted:
+    """``greedy_accept`` for B rows at once, on the device (no host sync): logits (B, N, V), tokens
+    (B, N), retrieve_indices (B, P, D+1) padded with -1 (a row with fewer paths or levels pads them)."""
+    bsz, paths, width = retrieve_indices.shape
+    target = logits.float().argmax(dim=-1)  # (B, N) argmax on float32 logits, as HF's greedy loop
+    valid = retrieve_indices >= 0  # (B, P, D+1)
+    idx = retrieve_indices.clamp(min=0).flatten(1)  # (B, P·(D+1))
+    draft = tokens.gather(1, idx).view(bsz, paths, width)
+    predicted = target.gather(1, idx).view(bsz, paths, width)  # the target's choice after each node
+    match = (draft[..., 1:] == predicted[..., :-1]) & valid[..., 1:]  # (B, P, D)
+    run = match.long().cumprod(dim=2).sum(dim=2)  # (B, P) accepted drafts per path
+    best = run.argmax(dim=1)  # (B,) first maximal path
+    length = run.gather(1, best[:, None])[:, 0] + 1  # (B,)
+    keep = torch.arange(width, device=tokens.device)[None] < length[:, None]  # (B, D+1)
+    chosen = retrieve_indices.gather(1, best[:, None, None].expand(-1, 1, width))[:, 0]  # (B, D+1)
+    nodes = torch.where(keep, chosen, -1)
+    bonus = target.gather(1, nodes.gather(1, (length - 1)[:, None]))[:, 0]
+    return Accepted(nodes=nodes, length=length, bonus=bonus)
 
 
 def _gather_token_probs(probs: Tensor, tokens: Tensor) -> Tensor:

@@ -47,13 +47,27 @@ class AdaptiveLength(Drafter):
     def reserve(self, state: AdaptiveState, length: int) -> None:
         self.drafter.reserve(state.inner, length)  # e.g. an EAGLE head's preallocated cache
 
+    def new_rows(self, lengths: list[int]) -> list[AdaptiveState]:
+        return [AdaptiveState(inner, self.initial) for inner in self.drafter.new_rows(lengths)]
+
     def observe(self, state: AdaptiveState, features: Tensor, next_tokens: Tensor) -> None:
-        if state.proposed:  # a step drafted something: next_tokens = accepted drafts + bonus
-            full = next_tokens.shape[1] - 1 >= state.proposed
-            state.length = min(state.length + 2, self.maximum) if full else max(state.length - 1, 1)
-        self.drafter.observe(state.inner, features, next_tokens)
+        self.observe_rows([state], [features], [next_tokens])
+
+    def observe_rows(self, states: list[AdaptiveState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
+        for state, tokens in zip(states, next_tokens):
+            if state.proposed:  # a step drafted something: next_tokens = accepted drafts + bonus
+                full = tokens.shape[1] - 1 >= state.proposed
+                state.length = min(state.length + 2, self.maximum) if full else max(state.length - 1, 1)
+        self.drafter.observe_rows([s.inner for s in states], features, next_tokens)
 
     def propose(self, state: AdaptiveState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        draft = self.drafter.propose(state.inner, root, sampling, min(max_depth, state.length))
-        state.proposed = draft.tree.retrieve_indices.shape[1] - 1  # the draft's depth
-        return draft
+        return self.propose_rows([state], [root], sampling, [max_depth])[0]
+
+    def propose_rows(self, states: list[AdaptiveState], roots: list[Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        """The inner drafter's rows at once, each capped at its own running length."""
+        drafts = self.drafter.propose_rows([s.inner for s in states], roots, sampling,
+                                           [min(d, s.length) for s, d in zip(states, max_depths)])
+        for state, draft in zip(states, drafts):
+            state.proposed = draft.tree.retrieve_indices.shape[1] - 1  # the draft's depth
+        return drafts

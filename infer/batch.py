@@ -16,7 +16,8 @@ Per-row state on fixed shapes (the vLLM/SGLang way):
 - accepted paths are compacted for every row at once (``StaticKVCache.compact_rows``, one
   fixed-size gather); rejected slots are simply overwritten by the next verify.
 
-Drafters keep their one-row interface: each row has its own drafter state.
+The drafter gets every live row at once (``Drafter.observe_rows`` / ``propose_rows``): the heads draft
+all rows in one pass over a head cache with a row each; other drafters draft row by row.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
-from heads.layers import HeadCache
+from heads.layers import HeadCache, additive_mask
 
 
 class StaticKVCache:
@@ -123,7 +123,8 @@ class StaticKVCache:
         self.buffer.scatter_(4, dst[None, None, :, None, :, None].expand(shape), self.buffer.gather(4, gather))
 
 
-def keep_accepted(cache: DynamicCache | HeadCache | StaticHeadCache | StaticKVCache, prefix_len: int, nodes: Tensor) -> None:
+def keep_accepted(cache: DynamicCache | HeadCache | StaticHeadCache | HeadCacheRow | StaticKVCache, prefix_len: int,
+                  nodes: Tensor) -> None:
     """Keep positions ``[0, prefix_len)`` then ``prefix_len + nodes`` (in that order), in place.
 
     ``nodes`` (A,) are accepted tree-node indices, root first; afterwards the cache holds
@@ -133,7 +134,7 @@ def keep_accepted(cache: DynamicCache | HeadCache | StaticHeadCache | StaticKVCa
         cache.compact(prefix_len, nodes)
         return
     src = nodes + prefix_len  # (A,) absolute positions of the accepted nodes
-    if isinstance(cache, (HeadCache, StaticHeadCache)):
+    if isinstance(cache, (HeadCache, StaticHeadCache, HeadCacheRow)):
         cache.select(torch.cat([torch.arange(prefix_len, device=src.device), src]))
         return
     if not isinstance(cache, DynamicCache):
@@ -152,8 +153,19 @@ def keep_accepted(cache: DynamicCache | HeadCache | StaticHeadCache | StaticKVCa
 
 
 class StaticHeadCache:
-    """A draft head's KV cache for inference: per-layer (B, H_kv, capacity, D) buffers, written in
-    place, with ``HeadCache``'s interface (``update`` returns views of the valid entries).
+    """A draft head's KV cache for inference: per-layer (rows, H_kv, capacity, D) buffers written in
+    place, each row (a batch's row) at its own length.
+
+    Two ways in:
+    - batched (``update`` with ``rows`` keys): one head forward for every row; row b writes its T
+      entries at its own slots ``length_b``.. and ``counts`` (set by the caller, None = T each) says
+      how many of them it keeps (a row with fewer real entries pads: the padding lands past its
+      length, where nothing is read and the next write overwrites it). ``update`` returns the buffers
+      up to ``max_b length_b + T``: the caller's additive mask (``causal_mask``) hides each row's
+      slots past its own entries;
+    - one row (``row(b)``, with ``HeadCache``'s interface): ``update`` appends to that row and returns
+      views of its valid entries (EAGLE-2's per-row tree, and any one-row user). ``rows == 1``: the
+      cache itself behaves as its one row.
 
     ``capacity`` is reserved up front (prompt + max_new_tokens + what one draft explores), so a
     generation neither allocates nor concatenates per step; past it the buffers double (a rare
@@ -161,54 +173,161 @@ class StaticHeadCache:
     why training keeps ``heads.layers.HeadCache``.
     """
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 256, rows: int = 1) -> None:
+        if rows < 1:
+            raise ValueError(f"StaticHeadCache needs rows >= 1, got {rows}")
         self.capacity = max(1, int(capacity))
-        self._keys: list[Tensor] = []
+        self.rows = int(rows)
+        self._keys: list[Tensor] = []  # per layer (rows, H_kv, capacity, D)
         self._values: list[Tensor] = []
-        self._lengths: list[int] = []
+        self._lengths: list[list[int]] = []  # per layer, per row (host ints)
+        self.counts: list[int] | None = None  # entries each row keeps from the next batched forward
+
+    # --------------------------------------------------------------------------- batched
+
+    def row_lengths(self) -> list[int]:
+        """Each row's valid entries (the first layer's; every layer agrees between forwards)."""
+        return list(self._lengths[0]) if self._lengths else [0] * self.rows
+
+    def _allocate(self, layer_idx: int, key: Tensor, value: Tensor) -> None:
+        if layer_idx != len(self._keys):
+            raise RuntimeError(f"StaticHeadCache: layer {layer_idx} written before layer {len(self._keys)}")
+        self._keys.append(key.new_zeros(self.rows, key.shape[1], self.capacity, key.shape[-1]))
+        self._values.append(value.new_zeros(self.rows, value.shape[1], self.capacity, value.shape[-1]))
+        self._lengths.append([0] * self.rows)
 
     def update(self, layer_idx: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        if layer_idx == len(self._keys):  # first write of this layer
-            self._keys.append(key.new_zeros(*key.shape[:2], self.capacity, key.shape[-1]))
-            self._values.append(value.new_zeros(*value.shape[:2], self.capacity, value.shape[-1]))
-            self._lengths.append(0)
-        start = self._lengths[layer_idx]
-        end = start + key.shape[2]
-        if end > self._keys[layer_idx].shape[2]:
-            self._grow(layer_idx, end)
-        self._keys[layer_idx][:, :, start:end] = key
-        self._values[layer_idx][:, :, start:end] = value
-        self._lengths[layer_idx] = end
-        return self._keys[layer_idx][:, :, :end], self._values[layer_idx][:, :, :end]
+        """Write key/value (rows, H_kv, T, D) at each row's own length; return the layer's buffers
+        (rows, H_kv, max_b length_b + T, D)."""
+        if key.shape[0] != self.rows:
+            raise ValueError(f"StaticHeadCache of {self.rows} rows got keys for {key.shape[0]}")
+        if layer_idx == len(self._keys):
+            self._allocate(layer_idx, key, value)
+        lengths, t = self._lengths[layer_idx], key.shape[2]
+        end = max(lengths) + t
+        self._ensure(end)
+        keys, values = self._keys[layer_idx], self._values[layer_idx]
+        if min(lengths) == max(lengths):  # every row at the same length: one slice write
+            keys[:, :, lengths[0]: end] = key
+            values[:, :, lengths[0]: end] = value
+        else:
+            slots = torch.tensor(lengths, device=key.device)[:, None] + torch.arange(t, device=key.device)  # (rows, T)
+            index = slots[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
+            keys.scatter_(2, index, key.to(keys.dtype))
+            values.scatter_(2, index, value.to(values.dtype))
+        counts = self.counts if self.counts is not None else [t] * self.rows
+        self._lengths[layer_idx] = [n + c for n, c in zip(lengths, counts)]
+        return keys[:, :, :end], values[:, :, :end]
 
-    def _grow(self, layer_idx: int, needed: int) -> None:
-        size = self._keys[layer_idx].shape[2]
+    def causal_mask(self, t: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """Additive (rows, 1, T, max_b length_b + T) mask of a batched forward of T entries per row:
+        row b's query i sees its valid entries and its own first i + 1 new ones."""
+        lengths = torch.tensor(self.row_lengths(), device=device)  # (rows,)
+        col = torch.arange(max(self.row_lengths()) + t, device=device)  # (W,)
+        last = lengths[:, None] + torch.arange(t, device=device)[None]  # (rows, T) each query's own slot
+        return additive_mask(col[None, None, :] <= last[:, :, None], dtype)[0, 0][:, None]
+
+    def crop_rows(self, lengths: list[int]) -> None:
+        """Row b keeps its first ``lengths[b]`` entries (the rest is left and later overwritten)."""
+        self._lengths = [[min(n, m) for n, m in zip(layer, lengths)] for layer in self._lengths]
+
+    def context(self) -> list[tuple[Tensor, Tensor]]:
+        """Per layer (keys, values) (rows, H_kv, max_b length_b, D): every row's entries, a row's
+        slots past its own length hidden by the caller's mask."""
+        end = max(self.row_lengths())
+        return [(k[:, :, :end], v[:, :, :end]) for k, v in zip(self._keys, self._values)]
+
+    def _ensure(self, needed: int) -> None:
+        size = self.capacity
         while size < needed:
             size *= 2
+        if size == self.capacity:
+            return
         for store in (self._keys, self._values):
-            old = store[layer_idx]
-            store[layer_idx] = torch.cat([old, old.new_zeros(*old.shape[:2], size - old.shape[2], old.shape[3])], dim=2)
+            for i, old in enumerate(store):
+                store[i] = torch.cat([old, old.new_zeros(*old.shape[:2], size - old.shape[2], old.shape[3])], dim=2)
+        self.capacity = size
+
+    # --------------------------------------------------------------------------- one row
+
+    def row(self, b: int) -> "HeadCacheRow":
+        """Row ``b`` with ``HeadCache``'s interface."""
+        if not 0 <= b < self.rows:
+            raise IndexError(f"row {b} of a {self.rows}-row StaticHeadCache")
+        return HeadCacheRow(self, b)
+
+    def _update_row(self, b: int, layer_idx: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        if layer_idx == len(self._keys):
+            self._allocate(layer_idx, key, value)
+        start = self._lengths[layer_idx][b]
+        end = start + key.shape[2]
+        self._ensure(end)
+        self._keys[layer_idx][b: b + 1, :, start:end] = key
+        self._values[layer_idx][b: b + 1, :, start:end] = value
+        self._lengths[layer_idx][b] = end
+        return self._keys[layer_idx][b: b + 1, :, :end], self._values[layer_idx][b: b + 1, :, :end]
+
+    def _one_row(self) -> None:
+        if self.rows != 1:
+            raise ValueError(f"a {self.rows}-row StaticHeadCache: use row(b) for one row's entries")
 
     @property
     def keys(self) -> list[Tensor]:
-        return [k[:, :, :n] for k, n in zip(self._keys, self._lengths)]
+        self._one_row()
+        return self.row(0).keys
 
     @property
     def values(self) -> list[Tensor]:
-        return [v[:, :, :n] for v, n in zip(self._values, self._lengths)]
+        self._one_row()
+        return self.row(0).values
 
     def get_seq_length(self) -> int:
-        return self._lengths[0] if self._lengths else 0
+        self._one_row()
+        return self.row(0).get_seq_length()
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions (entries past them are left and later overwritten)."""
+        self._one_row()
+        self.row(0).crop(length)
+
+    def select(self, index: Tensor) -> None:
+        """Keep the positions ``index`` (1-D LongTensor), in that order, at the front."""
+        self._one_row()
+        self.row(0).select(index)
+
+
+class HeadCacheRow:
+    """One row of a ``StaticHeadCache`` with ``HeadCache``'s interface (views of that row's entries)."""
+
+    def __init__(self, cache: StaticHeadCache, b: int) -> None:
+        self.cache, self.b = cache, b
+
+    def update(self, layer_idx: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        return self.cache._update_row(self.b, layer_idx, key, value)
+
+    @property
+    def keys(self) -> list[Tensor]:
+        return [k[self.b: self.b + 1, :, :n[self.b]] for k, n in zip(self.cache._keys, self.cache._lengths)]
+
+    @property
+    def values(self) -> list[Tensor]:
+        return [v[self.b: self.b + 1, :, :n[self.b]] for v, n in zip(self.cache._values, self.cache._lengths)]
+
+    def get_seq_length(self) -> int:
+        return self.cache._lengths[0][self.b] if self.cache._lengths else 0
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions (entries past them are left and later overwritten)."""
         if length < 0:
             raise ValueError(f"crop length must be >= 0, got {length}")
-        self._lengths = [min(n, length) for n in self._lengths]
+        for lengths in self.cache._lengths:
+            lengths[self.b] = min(lengths[self.b], length)
 
     def select(self, index: Tensor) -> None:
         """Keep the positions ``index`` (1-D LongTensor), in that order, at the front."""
-        for store in (self._keys, self._values):
-            for i, buf in enumerate(store):
-                buf[:, :, : index.shape[0]] = buf.index_select(2, index)
-        self._lengths = [index.shape[0]] * len(self._lengths)
+        for store in (self.cache._keys, self.cache._values):
+            for buf in store:
+                row = buf[self.b: self.b + 1]
+                row[:, :, : index.shape[0]] = row.index_select(2, index)
+        for lengths in self.cache._lengths:
+            lengths[self.b] = index.shape[0]

@@ -37,13 +37,14 @@ from infer.accept import (
     Accepted,
     chain_sample_accept,
     check_sampling_params,
-    greedy_accept,
+    greedy_accept_rows,
     tree_sample_accept,
     typical_accept,
 )
 from infer.batch import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter, root_only
+from infer.plan import SpeculationPlan, find_plan
 from infer.target import TargetOutput, decoder_layers
 from infer.threads import choose_threads
 from infer.tree import pad_tree
@@ -148,6 +149,9 @@ class SpeculativeGenerator:
         compile: compile the verify step with ``torch.compile`` (True: inductor, with CUDA graphs
             on CUDA; a string names another ``torch.compile`` backend, e.g. "aot_eager"); None =
             the device's default (``default_compile``: CUDA True, CPU False).
+        plan: when to speculate (``infer.plan.SpeculationPlan``, or the path of its JSON): per batch
+            size, the most draft levels per step (0: decode without drafting); None = draft as the
+            drafter does at every batch size (``from_pretrained`` loads the plan saved next to a head).
     """
 
     def __init__(
@@ -162,6 +166,7 @@ class SpeculativeGenerator:
         profile: bool = False,
         cache_implementation: str | None = None,
         compile: bool | str | None = None,
+        plan: SpeculationPlan | str | os.PathLike | None = None,
     ) -> None:
         attn = getattr(target.config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
@@ -200,6 +205,7 @@ class SpeculativeGenerator:
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
+        self.plan = plan if plan is None or isinstance(plan, SpeculationPlan) else SpeculationPlan.load(plan)
         self.last_stats = GenerationStats()
 
     @staticmethod
@@ -247,6 +253,8 @@ class SpeculativeGenerator:
         if callable(head_path) and not isinstance(head_path, nn.Module):
             head = head_path(target)  # a drafter built for the loaded target
         else:
+            if isinstance(head_path, (str, os.PathLike)) and "plan" not in kwargs:
+                kwargs["plan"] = find_plan(head_path)  # scripts/calibrate_speculation.py's, when there is one
             head = (head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)).eval()
         try:
             tokenizer = load_target_tokenizer(target_path)
@@ -428,16 +436,56 @@ class SpeculativeGenerator:
             cached = self._arange_cache = torch.arange(n, device=self.device)
         return cached
 
-    def _accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
+    def _sample_accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
+        """One row's acceptance at temperature > 0 (greedy rows are accepted together: ``_accept_rows``)."""
         tree = draft.tree
-        if sampling.greedy:
-            return greedy_accept(logits, draft.tokens, tree.retrieve_indices)
         p = sampling.probs(logits)  # (N, V)
         if self.acceptance == "typical":
             return typical_accept(p, draft.tokens, tree.retrieve_indices, *self.typical)
         if draft.q is not None:
             return chain_sample_accept(p[None], draft.q[None], draft.tokens[None])
         return tree_sample_accept(p[None], draft.tokens[None], tree.children)
+
+    def _accept_rows(self, logits: Tensor, drafts: list[Draft], live: list[int], sampling: Sampling, eos: Tensor,
+                     remaining: list[int]) -> tuple[Tensor, Tensor, list[int], list[int], list[bool]]:
+        """Accept every live row's draft: (nodes (B, W) accepted node indices root first, -1 after;
+        new (B, W) the accepted drafts then the bonus; per row the accepted length, how many new
+        tokens it keeps (cut after EOS and to ``remaining``), and whether it stops). Greedy: every row
+        at once on the device, EOS included, and one host read for the step; sampling: row by row."""
+        bsz, width = logits.shape[:2]
+        accepted_len, kept_len, stop = [0] * bsz, [0] * bsz, [False] * bsz
+        if sampling.greedy:
+            tokens = torch.stack([nn.functional.pad(d.tokens, (0, width - d.tokens.shape[0])) for d in drafts])  # (B, N)
+            depth = max(d.tree.retrieve_indices.shape[1] for d in drafts)
+            paths = torch.full((bsz, max(d.tree.retrieve_indices.shape[0] for d in drafts), depth), -1,
+                               dtype=torch.long, device=self.device)
+            for b, d in enumerate(drafts):
+                paths[b, : d.tree.retrieve_indices.shape[0], : d.tree.retrieve_indices.shape[1]] = d.tree.retrieve_indices
+            accepted = greedy_accept_rows(logits, tokens, paths)
+            drafted = tokens.gather(1, accepted.nodes[:, 1:].clamp(min=0))  # (B, D) the accepted drafts
+            new = torch.cat([drafted, drafted.new_zeros(bsz, 1)], dim=1)
+            new.scatter_(1, (accepted.length - 1)[:, None], accepted.bonus[:, None])  # (B, D+1) then the bonus
+            valid = torch.arange(depth, device=self.device)[None] < accepted.length[:, None]
+            hit = (torch.isin(new, eos) if eos.numel() else torch.zeros_like(valid)) & valid
+            any_hit = hit.any(dim=1)
+            upto = torch.where(any_hit, hit.int().argmax(dim=1) + 1, accepted.length)  # tokens up to the first EOS
+            info = torch.stack([accepted.length, upto, any_hit.long()]).tolist()  # sync: the step's one host read
+            for b in live:
+                accepted_len[b], kept_len[b] = info[0][b], min(info[1][b], remaining[b])
+                stop[b] = bool(info[2][b]) or kept_len[b] >= remaining[b]
+            return accepted.nodes, new, accepted_len, kept_len, stop
+        nodes = torch.full((bsz, width), -1, dtype=torch.long, device=self.device)
+        new = torch.zeros((bsz, width), dtype=torch.long, device=self.device)
+        for b in live:
+            draft = drafts[b]
+            accepted = self._sample_accept(logits[b, : draft.tokens.shape[0]], draft, sampling)
+            a = int(accepted.length[0])  # sync
+            path = accepted.nodes[0, :a]  # (A,) root first
+            row_new = torch.cat([draft.tokens[path[1:]], accepted.bonus])  # (A,)
+            nodes[b, :a], new[b, :a] = path, row_new
+            kept, stop[b] = self._trim(row_new, eos, remaining[b])
+            accepted_len[b], kept_len[b] = a, kept.numel()
+        return nodes, new, accepted_len, kept_len, stop
 
     @staticmethod
     def _trim(tokens: Tensor, eos: Tensor, remaining: int) -> tuple[Tensor, bool]:
@@ -446,6 +494,13 @@ class SpeculativeGenerator:
         if hits is not None and hits.numel():
             return tokens[: int(hits[0, 0]) + 1][:remaining], True
         return tokens[:remaining], tokens.numel() >= remaining
+
+    def _observe(self, rows: list[DecodeState], seen: list[tuple[int, Tensor, Tensor]]) -> None:
+        """The drafter observes each listed row's accepted tokens (features (1, A, F), next tokens (1, A)), all
+        rows at once."""
+        if seen:
+            self.drafter.observe_rows([rows[b].draft for b, _, _ in seen], [f for _, f, _ in seen],
+                                      [t for _, _, t in seen])
 
     def _emit(self, state: DecodeState, tokens: Tensor, streamer: Any) -> None:
         state.emitted.append(tokens)
@@ -482,7 +537,8 @@ class SpeculativeGenerator:
         generation config, as HF does. ``streamer`` (batch size 1, as HF's) gets HF's ``put``/``end``
         calls: the prompt first, then each accepted run.
 
-        One step for all rows: each row's drafter state proposes its draft; one [B, N] verify
+        One step for all rows: the drafter proposes every live row's draft at once (``propose_rows``;
+        the heads in one pass); one [B, N] verify
         (``_verify_rows``); each row accepts on its own and advances by its own accepted length
         (a finished row verifies its last token alone, a masked no-op nobody reads); the accepted
         paths of all rows are compacted at once (``StaticKVCache.compact_rows``).
@@ -507,56 +563,60 @@ class SpeculativeGenerator:
         pads = (mask == 0).sum(dim=1)  # (B,) left-pad columns per row
         lengths = torch.full((bsz,), plen, dtype=torch.long, device=self.device)  # valid slots per row
         host_lengths = [plen] * bsz  # the same, on the host
+        host_pads = pads.tolist() if attention_mask is not None else [0] * bsz  # sync
+        # the plan's draft levels for this batch size (None: the drafter's own; 0: no drafting at all)
+        levels = self.plan.length_for(bsz) if self.plan is not None else None
+        # the drafter's states (its own buffers, shared by the rows of a drafter that drafts them at once)
+        states = self.drafter.new_rows([plen - pad + max_new_tokens for pad in host_pads]) if levels != 0 else [None] * bsz
         rows: list[DecodeState] = []
         done = [False] * bsz
-        for b in range(bsz):
-            pad = int(pads[b]) if attention_mask is not None else 0  # sync
+        seen: list[tuple[int, Tensor, Tensor]] = []  # (row, features, next tokens) to observe
+        for b, pad in enumerate(host_pads):
             first = self._next_token(out.logits[b, -1], sampling)
-            row = DecodeState(cache=cache, draft=self.drafter.new_state(), root=first)
-            self.drafter.reserve(row.draft, plen - pad + max_new_tokens)  # the drafter's own buffers
+            row = DecodeState(cache=cache, draft=states[b], root=first)
             self.drafter.begin(row.draft, ids[b: b + 1, pad:])  # drafters that read the prompt's ids
             kept, done[b] = self._trim(first.reshape(1), eos, max_new_tokens)
             self._emit(row, kept, streamer)
-            if not done[b]:
-                self.drafter.observe(row.draft, features[b: b + 1, pad:], torch.cat([ids[b, pad + 1:], kept])[None])
+            if not done[b] and levels != 0:
+                seen.append((b, features[b: b + 1, pad:], torch.cat([ids[b, pad + 1:], kept])[None]))
             rows.append(row)
+        self._observe(rows, seen)
         clock.mark("prefill")
 
         while not all(done):
-            drafts: list[Draft] = []
-            for b, row in enumerate(rows):
-                if done[b]:
-                    drafts.append(root_only(row.root))  # a masked no-op: never read
-                    continue
+            live = [b for b in range(bsz) if not done[b]]
+            drafts = [root_only(row.root) for row in rows]  # a finished row's: a masked no-op, never read
+            if levels != 0:
                 # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
-                remaining = max_new_tokens - row.num_new
-                drafts.append(self.drafter.propose(row.draft, row.root, sampling, max_depth=remaining - 1))
+                depths = [max_new_tokens - rows[b].num_new - 1 for b in live]
+                depths = depths if levels is None else [min(d, levels) for d in depths]
+                proposed = self.drafter.propose_rows([rows[b].draft for b in live], [rows[b].root for b in live],
+                                                     sampling, depths)
+                for b, draft in zip(live, proposed):
+                    drafts[b] = draft
             clock.mark("draft")
             out = self._verify_rows(cache, drafts, lengths, pads, stats)
             features = self._features(out)
             stats.target_forwards += 1
             stats.steps += 1
             clock.mark("verify")
-            nodes = torch.full((bsz, out.logits.shape[1]), -1, dtype=torch.long, device=self.device)
-            accepted_len = [0] * bsz
-            for b, row in enumerate(rows):
-                if done[b]:
-                    continue
-                draft = drafts[b]
-                accepted = self._accept(out.logits[b, : draft.tokens.shape[0]], draft, sampling)
-                path = accepted.nodes[0, : int(accepted.length[0])]  # sync: (A,) root first
-                new = torch.cat([draft.tokens[path[1:]], accepted.bonus])  # (A,)
-                nodes[b, : path.numel()] = path
-                accepted_len[b] = path.numel()
-                clock.mark("accept")
-                kept, done[b] = self._trim(new, eos, max_new_tokens - row.num_new)
-                stats.step_tokens += kept.numel()
-                self._emit(row, kept, streamer)
-                clock.mark("emit")
+            remaining = [max_new_tokens - row.num_new for row in rows]
+            nodes, news, accepted_len, kept_len, stop = self._accept_rows(out.logits, drafts, live, sampling, eos,
+                                                                          remaining)
+            clock.mark("accept")
+            seen = []
+            for b in live:
+                row, a = rows[b], accepted_len[b]
+                done[b] = stop[b]
+                stats.step_tokens += kept_len[b]
+                self._emit(row, news[b, : kept_len[b]], streamer)
                 if not done[b]:
-                    self.drafter.observe(row.draft, features[b: b + 1, path], new[None])
-                    row.root = new[-1]
-                    clock.mark("observe")
+                    if levels != 0:
+                        seen.append((b, features[b: b + 1, nodes[b, :a]], news[b: b + 1, :a]))
+                    row.root = news[b, a - 1]
+            clock.mark("emit")
+            self._observe(rows, seen)
+            clock.mark("observe")
             cache.compact_rows(lengths, nodes[:, : max(accepted_len)])
             host_lengths = [n + a for n, a in zip(host_lengths, accepted_len)]
             lengths = torch.tensor(host_lengths, device=self.device)

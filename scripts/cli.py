@@ -12,6 +12,7 @@
     draftsmith calibrate --target DIR --heads DIR ...  # scripts/draft_calibration.py
     draftsmith plan --config F --gpus 8                # scripts/plan.py
     draftsmith drift --head DIR --target NEW           # scripts/drift.py
+    draftsmith speculation-plan --target DIR --head DIR  # scripts/calibrate_speculation.py
 
 ``draftsmith COMMAND --help`` shows that command's options. The commands are the existing entry points
 (the table below), which keep working on their own; user mistakes end in one line and exit code 2.
@@ -36,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "calibrate": ("scripts.draft_calibration", "main", "a head's draft confidence against its acceptance"),
     "plan": ("scripts.plan", "main", "what a training config costs per GPU before launch (memory, tokens, disk)"),
     "drift": ("scripts.drift", "cli", "the τ a head loses when its target changes, and whether to retrain it"),
+    "speculation-plan": ("scripts.calibrate_speculation", "main",
+                         "per batch size, the draft length that measures fastest (0 = off); the generator follows it"),
 }
 
 

@@ -474,14 +474,14 @@ def test_round_trip_decodes_identically(tmp_path, target, eagle3_reduced):
     runs = []
     for head in (eagle3_reduced, back):
         gen = SpeculativeGenerator(target, head, tree=DynamicTree(depth=3, top_k=3, total_tokens=8))
-        drafts, propose = [], gen.drafter.propose
+        drafts, propose = [], gen.drafter.propose_rows  # the generator drafts every row at once
 
         def recording(*args, _propose=propose, _drafts=drafts, **kwargs):  # every tree the head proposes
-            draft = _propose(*args, **kwargs)
-            _drafts.append(draft.tokens.clone())
-            return draft
+            out = _propose(*args, **kwargs)
+            _drafts.extend(draft.tokens.clone() for draft in out)
+            return out
 
-        gen.drafter.propose = recording
+        gen.drafter.propose_rows = recording
         runs.append((gen.generate(prompt, max_new_tokens=8), drafts))
     with torch.no_grad():
         greedy = target.generate(prompt, max_new_tokens=8, do_sample=False)

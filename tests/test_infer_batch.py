@@ -17,7 +17,10 @@ from conftest import make_tiny_target
 
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.drafters import Draft, Drafter, Sampling
+from infer.adaptive import AdaptiveLength
+from infer.cache import StaticHeadCache
+from infer.drafters import Draft, Drafter, Sampling, make_drafter
+from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from infer.target import target_forward
 from infer.tree import tree_from_parents
@@ -154,16 +157,20 @@ def test_oracle_batch_of_8_rows_stop_at_different_steps():
 DRAFTERS = {
     "ngram": lambda m: (NgramDrafter(), None),
     "ngram-tree": lambda m: (NgramDrafter(max_ngram=2, length=4, branches=3), None),
+    "draft-lm": lambda m: (LMDrafter(_target(m.config.model_type, seed=5, num_layers=1), m, Chain(3)), None),
     "eagle-chain": lambda m: (build_head("eagle", m), Chain(3)),
     "eagle-tree": lambda m: (build_head("eagle", m), DynamicTree(depth=3, top_k=2, total_tokens=6)),
     "eagle3-chain": lambda m: (build_head("eagle3", m), Chain(4)),
+    "eagle3-tree": lambda m: (build_head("eagle3", m), DynamicTree(depth=2, top_k=3, total_tokens=5)),
+    "eagle3-adaptive": lambda m: (AdaptiveLength(make_drafter(build_head("eagle3", m), m, Chain(6)), initial=2), None),
+    "dflash": lambda m: (build_head("dflash", m, block_size=4, num_layers=2), Chain(3)),
     "medusa-chain": lambda m: (build_head("medusa", m), Chain(3)),
     "medusa-tree": lambda m: (build_head("medusa", m), StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0)))),
 }
 
 
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
-@pytest.mark.parametrize("bsz", [1, 2, 4])
+@pytest.mark.parametrize("bsz", [1, 2, 4, 8])
 def test_every_drafter_batch_matches_each_row_alone(target32, name, bsz):
     rng = random.Random(f"{target32.config.model_type}-{name}-{bsz}")
     torch.manual_seed(rng.randrange(1000))
@@ -224,7 +231,7 @@ def test_batch_bad_inputs_raise_clear_errors():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["stub-full-tree", "eagle-chain"])
+@pytest.mark.parametrize("name", ["stub-full-tree", "eagle-chain", "eagle3-tree", "medusa-tree", "dflash-chain"])
 def test_padded_rows_sample_the_target_law(name):
     """Sampling per row: rows holding the sampling test's prompt behind left padding, batched with a
     longer prompt, draw their first three tokens from the target's exact law (chi-square)."""
@@ -234,7 +241,7 @@ def test_padded_rows_sample_the_target_law(name):
     model = make_tiny_target("llama", vocab_size=SMALL_VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1,
                              intermediate_size=32, initializer_range=0.5, seed=3)
     model.generation_config.eos_token_id = None
-    kind, tree, sampling = CONFIGS[name]
+    kind, tree, sampling = {**CONFIGS, "dflash-chain": ("dflash", Chain(3), {"temperature": 0.9, "top_k": 6})}[name]
     torch.manual_seed(1)
     gen = SpeculativeGenerator(model, FullWidthDrafter() if kind is None else build_head(kind, model), tree=tree)
     prompt = PROMPT[0].tolist()
@@ -260,3 +267,74 @@ def test_compiled_batch_pads_every_row_to_the_budget():
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
     assert torch.equal(out, _expected(model, prompts, max_new, eos))
     assert gen.last_stats.verified_tokens == gen.last_stats.steps * 3 * gen.drafter.max_nodes
+
+
+# ----------------------------------------------------------------------------- heads draft all rows at once
+
+
+def test_head_cache_rows_equal_rows_alone():
+    """A batched write of ragged rows (each keeping its own count) leaves every row as appending to it
+    alone would, and the causal mask shows each row exactly its entries."""
+    torch.manual_seed(0)
+    counts = [3, 1, 0, 2]
+    batch, alone = StaticHeadCache(capacity=2, rows=4), [StaticHeadCache(capacity=2) for _ in counts]
+    first = torch.randn(4, 2, 3, 5)
+    batch.counts = counts
+    batch.update(0, first, first + 1)
+    batch.counts = None
+    for b, n in enumerate(counts):
+        alone[b].update(0, first[b: b + 1, :, :n], first[b: b + 1, :, :n] + 1)
+    mask = batch.causal_mask(2, torch.float32, first.device)  # (4, 1, 2, 3 + 2)
+    assert mask.shape == (4, 1, 2, 5)
+    for b, n in enumerate(counts):  # query i of row b sees its n entries and its own first i + 1 new ones
+        assert (mask[b, 0] == 0).tolist() == [[c <= n + i for c in range(5)] for i in range(2)]
+    second = torch.randn(4, 2, 2, 5)
+    keys, _ = batch.update(0, second, second)  # past the capacity: every row's buffer doubles
+    assert keys.shape[2] == 5 and batch.row_lengths() == [n + 2 for n in counts]
+    for b, n in enumerate(counts):
+        alone[b].update(0, second[b: b + 1], second[b: b + 1])
+        assert torch.equal(batch.row(b).keys[0], alone[b].keys[0])
+        assert torch.equal(batch.row(b).values[0], alone[b].values[0])
+    batch.crop_rows([1, 9, 0, 2])
+    assert batch.row_lengths() == [1, 3, 0, 2]
+
+
+@pytest.mark.parametrize("kind,tree", [("eagle", Chain(3)), ("eagle3", Chain(4)), ("dflash", Chain(3)),
+                                       ("medusa", Chain(3)), ("eagle3", DynamicTree(depth=2, top_k=2, total_tokens=4))])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_heads_draft_every_row_in_one_pass(kind, tree, greedy):
+    """Rows observed and drafted together get the drafts each row gets alone (fp64: the same argmax;
+    sampling: the same first draft law), with one head forward per draft level for the whole batch."""
+    model = make_tiny_target("llama", dtype=torch.float64)
+    torch.manual_seed(0)
+    head = build_head(kind, model, **({"block_size": 5} if kind == "dflash" else {})).double().eval()
+    drafter = make_drafter(head, model, tree)
+    width = (len(drafter.aux_layer_ids) or 1) * model.config.hidden_size
+    accepted = [5, 1, 3]  # accepted tokens per row (the prompt, then a step)
+    feats = [torch.randn(1, n, width, dtype=torch.float64) for n in accepted]
+    nexts = [torch.randint(3, VOCAB, (1, n)) for n in accepted]
+    roots = [torch.tensor(11), torch.tensor(12), torch.tensor(13)]
+    depths = [3, 1, 2]
+    sampling = Sampling() if greedy else Sampling(temperature=0.8)
+    calls, context = [], []
+    head.register_forward_hook(lambda *_: calls.append(1))
+    if kind == "dflash":  # DFlash observes through its context projection, not its forward
+        head.fc.register_forward_hook(lambda *_: context.append(1))
+    with torch.inference_mode():
+        rows = drafter.new_rows([16, 16, 16])
+        drafter.observe_rows(rows, feats, nexts)
+        assert len(context if kind == "dflash" else calls) == 1  # one pass for every row
+        calls.clear()
+        together = drafter.propose_rows(rows, roots, sampling, depths)
+        if isinstance(tree, Chain):  # EAGLE: one head forward per draft level after the first; DFlash: one block
+            assert len(calls) == {"eagle": max(depths) - 1, "eagle3": max(depths) - 1, "dflash": 1, "medusa": 0}[kind]
+        for b in range(3):
+            alone = drafter.new_state()
+            drafter.reserve(alone, 16)
+            drafter.observe(alone, feats[b], nexts[b])
+            draft = drafter.propose(alone, roots[b], sampling, depths[b])
+            assert draft.tokens.shape == together[b].tokens.shape and int(together[b].tokens[0]) == int(roots[b])
+            if greedy:
+                assert torch.equal(draft.tokens, together[b].tokens), (kind, b)
+            elif draft.q is not None:  # the first draft's law depends on the row's state alone (later ones on samples)
+                torch.testing.assert_close(draft.q[0], together[b].q[0])

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 from conftest import make_tiny_target
-from test_infer_sampling import PROMPT, VOCAB as SMALL_VOCAB, exact_law, joint_pvalue, sample_triples
+from test_infer_sampling import VOCAB as SMALL_VOCAB, exact_law, joint_pvalue, sample_triples
 
 from infer import Chain, SpeculativeGenerator
 from infer.adaptive import AdaptiveLength
@@ -61,9 +61,15 @@ def test_greedy_matches_hf(arch, compile):
     rng = random.Random(arch)
     for name, drafter in _drafters(arch, target).items():
         gen = SpeculativeGenerator(target, drafter, compile=compile)
-        propose = drafter.propose
+        propose = drafter.propose_rows  # the generator drafts every row at once
         sizes = []  # every draft fits the drafter's max_nodes (a static verify step's budget)
-        drafter.propose = lambda *a, **k: sizes.append(propose(*a, **k)) or sizes[-1]
+
+        def recording(*args, propose=propose, **kwargs):
+            out = propose(*args, **kwargs)
+            sizes.extend(out)
+            return out
+
+        drafter.propose_rows = recording
         for prompt_len, max_new in ((1, 1), (12, 30), (20, 7)):
             ids = _repetitive_prompt(rng, prompt_len)
             out = gen.generate(ids, max_new_tokens=max_new)
@@ -120,9 +126,9 @@ def test_adaptive_length_follows_acceptance():
     seen = []
 
     class Spy(AdaptiveLength):
-        def propose(self, state, root, sampling, max_depth):
-            seen.append(state.length)
-            return super().propose(state, root, sampling, max_depth)
+        def propose_rows(self, states, roots, sampling, max_depths):  # the generator drafts every row at once
+            seen.extend(state.length for state in states)
+            return super().propose_rows(states, roots, sampling, max_depths)
 
     gen = SpeculativeGenerator(target, Spy(LMDrafter(_target("llama"), target, Chain(16)), initial=2, maximum=10))
     assert torch.equal(gen.generate(ids, max_new_tokens=40), _hf(target, ids, 40))
@@ -196,8 +202,14 @@ def test_eagle_chain_confidence_stop():
     drafts = []
     for confidence in (None, 1.0):  # 1.0: no draft after the first (a random head: p < 1) is confident enough
         drafter = make_drafter(head, target, Chain(4), confidence=confidence)
-        inner = drafter.propose
-        drafter.propose = lambda *a, **k: drafts.append(inner(*a, **k)) or drafts[-1]
+        inner = drafter.propose_rows  # the generator drafts every row at once
+
+        def recording(*args, inner=inner, **kwargs):
+            out = inner(*args, **kwargs)
+            drafts.extend(out)
+            return out
+
+        drafter.propose_rows = recording
         assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20), ref)
         assert max(d.tokens.numel() for d in drafts) == (5 if confidence is None else 2)
         drafts.clear()

@@ -107,14 +107,14 @@ def test_eagle3_reduced_draft_vocab_maps_to_target_ids():
     head.set_draft_vocab(vocab_ids)
     gen = SpeculativeGenerator(model, head, tree=DynamicTree(depth=3, top_k=4, total_tokens=10))
     proposed = []
-    propose = gen.drafter.propose
+    propose = gen.drafter.propose_rows  # the generator drafts every row at once
 
-    def recording(state, root, sampling, max_depth):
-        draft = propose(state, root, sampling, max_depth)
-        proposed.append(draft.tokens[1:])
-        return draft
+    def recording(states, roots, sampling, max_depths):
+        drafts = propose(states, roots, sampling, max_depths)
+        proposed.extend(draft.tokens[1:] for draft in drafts)
+        return drafts
 
-    gen.drafter.propose = recording
+    gen.drafter.propose_rows = recording
     ids = _prompt(random.Random(0), 5)
     assert torch.equal(gen.generate(ids, max_new_tokens=20), _hf_greedy(model, ids, 20))
     drafted = torch.cat(proposed)

@@ -202,7 +202,7 @@ def test_inner_rule_keeps_the_draft_law():
 
 def test_calibration_file_sets_the_default_k(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
-    from infer.bench.calibrate import calibrate_layer_skip
+    from infer.bench.calibrate_layer_skip import calibrate_layer_skip
 
     target = _target("mistral")
     assert calibrated_layers(target) is None and LayerSkipDrafter(target).layers == 3  # default: half of 6

@@ -112,6 +112,27 @@ class Drafter:
     def begin(self, state: Any, input_ids: Tensor) -> None:
         """See the prompt's ids (1, P) before the first ``observe`` (drafters that read token ids)."""
 
+    # A batch's rows: the generator calls these three; by default each row on its own. A drafter
+    # that drafts every row in one pass (the heads) overrides them, its rows sharing buffers.
+
+    def new_rows(self, lengths: list[int]) -> list[Any]:
+        """One state per row of a batch, row b reserved for ``lengths[b]`` tokens (its prompt +
+        max_new_tokens)."""
+        states = [self.new_state() for _ in lengths]
+        for state, length in zip(states, lengths):
+            self.reserve(state, length)
+        return states
+
+    def observe_rows(self, states: list[Any], features: list[Tensor], next_tokens: list[Tensor]) -> None:
+        """``observe`` for several rows: features[i] (1, A_i, F), next_tokens[i] (1, A_i)."""
+        for state, feats, tokens in zip(states, features, next_tokens):
+            self.observe(state, feats, tokens)
+
+    def propose_rows(self, states: list[Any], roots: list[Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        """``propose`` for several rows: one draft per row."""
+        return [self.propose(s, r, sampling, d) for s, r, d in zip(states, roots, max_depths)]
+
 
 @functools.lru_cache(maxsize=64)
 def chain_buffers(num_drafts: int, device: torch.device) -> TreeBuffers:
@@ -122,6 +143,27 @@ def chain_buffers(num_drafts: int, device: torch.device) -> TreeBuffers:
 
 def root_only(root: Tensor) -> Draft:
     return Draft(tokens=root.reshape(1), tree=chain_buffers(0, root.device))
+
+
+def stack_rows(rows: int, index: list[int], pieces: list[Tensor]) -> tuple[Tensor, list[int]]:
+    """Pieces (1, A_i, ...) of the rows ``index`` as one (rows, max A_i, ...) tensor (zeros where a
+    row has fewer entries or is absent), and each row's count (0 for an absent row)."""
+    width = max(p.shape[1] for p in pieces)
+    out = pieces[0].new_zeros(rows, width, *pieces[0].shape[2:])
+    counts = [0] * rows
+    for b, piece in zip(index, pieces):
+        out[b, : piece.shape[1]] = piece[0]
+        counts[b] = piece.shape[1]
+    return out, counts
+
+
+def group_rows(states: list[Any]) -> dict[int, list[int]]:
+    """Positions in ``states`` grouped by the buffers they share (``state.cache``): one group per
+    batch (or per single-row state)."""
+    groups: dict[int, list[int]] = {}
+    for i, state in enumerate(states):
+        groups.setdefault(id(state.cache), []).append(i)
+    return groups
 
 
 def chain_draft(tokens: list[Tensor], q: list[Tensor]) -> Draft:

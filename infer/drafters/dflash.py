@@ -6,6 +6,9 @@ The block is always ``block_size`` long (the shape the head was trained on: posi
 other, so a shorter block would change every draft); a chain of n keeps its first n drafts. Greedy
 takes each position's argmax; sampling draws each position from its own law q_k (positions are
 drafted independently given the context), which the generator's min(1, p/q) chain check keeps lossless.
+
+A batch's rows share one context cache (``StaticHeadCache`` with a row each): observing and drafting
+run one head pass for every row (a row's block sees its own context only, through an additive mask).
 """
 from __future__ import annotations
 
@@ -14,16 +17,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from heads.layers import HeadCache
+from heads.layers import additive_mask
 from infer.cache import StaticHeadCache
-from infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
+from infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_buffers, group_rows, root_only, stack_rows
 
 CPU_CHAIN = 4  # on CPU every verified token costs (EAGLE's measured chain sweet spot, docs/benchmarks.md)
 
 
 @dataclass
 class DFlashState:
-    cache: HeadCache | StaticHeadCache = field(default_factory=HeadCache)  # context K/V of accepted tokens
+    cache: StaticHeadCache = field(default_factory=StaticHeadCache)  # context K/V of accepted tokens; shared by a batch
+    row: int = 0  # this row's index in ``cache``
 
 
 class DFlashDrafter(HeadDrafter):
@@ -52,28 +56,78 @@ class DFlashDrafter(HeadDrafter):
     def reserve(self, state: DFlashState, length: int) -> None:
         state.cache = StaticHeadCache(length + 1)
 
+    def new_rows(self, lengths: list[int]) -> list[DFlashState]:
+        """The rows of a batch, on one context cache with a row each."""
+        cache = StaticHeadCache(max(lengths) + 1, rows=len(lengths))
+        return [DFlashState(cache, b) for b in range(len(lengths))]
+
     def observe(self, state: DFlashState, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        start = state.cache.get_seq_length()
-        positions = torch.arange(start, start + features.shape[1], device=features.device)[None]
-        self.head.extend_context(state.cache, features, positions)
+        self.observe_rows([state], [features], [next_tokens])
+
+    def observe_rows(self, states: list[DFlashState], features: list[torch.Tensor],
+                     next_tokens: list[torch.Tensor]) -> None:
+        """Every row's new context K/V in one pass per batch (rows padded to the longest)."""
+        for group in group_rows(states).values():
+            cache = states[group[0]].cache
+            feats, counts = stack_rows(cache.rows, [states[i].row for i in group], [features[i] for i in group])
+            lengths = torch.tensor(cache.row_lengths(), device=feats.device)
+            positions = lengths[:, None] + torch.arange(feats.shape[1], device=feats.device)[None]  # (rows, A)
+            cache.counts = counts
+            try:
+                self.head.extend_context(cache, feats, positions)
+            finally:
+                cache.counts = None
 
     def propose(self, state: DFlashState, root: torch.Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        length = min(self.option.length, max_depth)
-        if length <= 0:
-            return root_only(root)
-        key = str(root.device)
+        return self.propose_rows([state], [root], sampling, [max_depth])[0]
+
+    def propose_rows(self, states: list[DFlashState], roots: list[torch.Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        """One block pass per batch drafts every row's chain."""
+        drafts: list[Draft] = [None] * len(states)  # type: ignore[list-item]
+        for group in group_rows(states).values():
+            lengths = [min(self.option.length, max_depths[i]) for i in group]
+            blocks = self._blocks(states[group[0]].cache, [states[i] for i in group], [roots[i] for i in group],
+                                  lengths, sampling)
+            for i, draft in zip(group, blocks):
+                drafts[i] = draft
+        return drafts
+
+    def _blocks(self, cache: StaticHeadCache, states: list[DFlashState], roots: list[torch.Tensor],
+                lengths: list[int], sampling: Sampling) -> list[Draft]:
+        longest = max(lengths)
+        if longest <= 0:
+            return [root_only(r) for r in roots]
+        device = roots[0].device
+        key = str(device)
         if key not in self._mask_ids:
             self._mask_ids[key] = torch.full((self.block_size - 1,), self.head.config.mask_token_id,
-                                             dtype=torch.long, device=root.device)
-        block = torch.cat([root.reshape(1), self._mask_ids[key]])[None]  # (1, B)
-        start = state.cache.get_seq_length()  # the root's position
-        positions = torch.arange(start, start + self.block_size, device=root.device)[None]
-        out = self.head(self.embed(block), positions, self.head.cached_context(state.cache))
-        logits = self.lm_head(out[0, 1: 1 + length]).float()  # (n, V): position k drafts root + k
+                                             dtype=torch.long, device=device)
+        rows = [s.row for s in states]
+        first, _ = stack_rows(cache.rows, rows, [r.reshape(1, 1) for r in roots])  # (rows, 1)
+        block = torch.cat([first, self._mask_ids[key].expand(cache.rows, -1)], dim=1)  # (rows, B)
+        context = cache.row_lengths()
+        starts = torch.tensor(context, device=device)  # (rows,) each root's position
+        positions = starts[:, None] + torch.arange(self.block_size, device=device)[None]
+        width = max(context)
+        # a row's block sees its own context and the whole block
+        seen = torch.arange(width + self.block_size, device=device)[None] < starts[:, None]  # (rows, C + B)
+        seen[:, width:] = True
+        embeds = self.embed(block)
+        mask = additive_mask(seen[:, None, :].expand(-1, self.block_size, -1), embeds.dtype)[0, 0][:, None]
+        out = self.head(embeds, positions, cache.context(), mask)
+        logits = self.lm_head(out[:, 1: 1 + longest]).float()  # (rows, n, V): position k drafts root + k
         if sampling.greedy:
-            return chain_draft([root, *logits.argmax(-1)], [])
-        q = sampling.probs(logits)  # (n, V)
-        return chain_draft([root, *torch.multinomial(q, 1)[:, 0]], list(q))
+            chain, law = logits.argmax(-1), None
+        else:
+            law = sampling.probs(logits)  # (rows, n, V)
+            chain = torch.multinomial(law.flatten(0, 1), 1).view(law.shape[:2])
+        drafts = []
+        for state, root, n in zip(states, roots, lengths):
+            b = state.row
+            ids = torch.cat([root.reshape(1), chain[b, :n]])
+            drafts.append(Draft(ids, chain_buffers(n, device), None if law is None else law[b, :n]))
+        return drafts
 
     @classmethod
     def branching_tree(cls, device: torch.device) -> Chain:

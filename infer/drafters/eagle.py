@@ -1,5 +1,10 @@
 """EAGLE-1/2's drafter: one head step per draft level over the head's own KV cache; a chain, or an
-EAGLE-2 dynamic tree (expand the top_k most likely nodes per level, keep the best total_tokens)."""
+EAGLE-2 dynamic tree (expand the top_k most likely nodes per level, keep the best total_tokens).
+
+A batch's rows share one head cache (``StaticHeadCache`` with a row each): observing accepted tokens
+and drafting a chain run one head forward for every row at once (rows with fewer tokens padded, rows
+not drafting carried along as dummies whose writes land past their length); a dynamic tree is
+drafted per row on that row's view of the cache."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,16 +13,17 @@ import torch
 from torch import Tensor, nn
 
 from data.base.checks import probability
-from heads.layers import HeadCache
 from infer.cache import StaticHeadCache
-from infer.drafters.base import Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_draft, root_only
+from infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers, group_rows, root_only,
+                                 stack_rows)
 from infer.tree import Candidates, expand_level, select_tree, tree_attention_mask, tree_from_parents
 
 
 
 @dataclass
 class EagleState:
-    cache: HeadCache | StaticHeadCache = field(default_factory=HeadCache)  # accepted positions only
+    cache: StaticHeadCache = field(default_factory=StaticHeadCache)  # accepted positions only; shared by a batch
+    row: int = 0  # this row's index in ``cache``
     hidden: Tensor | None = None  # (1, 1, H) head output at the last accepted position
 
 
@@ -50,6 +56,11 @@ class EagleDrafter(HeadDrafter):
         """Preallocate the head's cache: every accepted position plus one draft's exploration."""
         state.cache = StaticHeadCache(length + self._explored + 1)
 
+    def new_rows(self, lengths: list[int]) -> list[EagleState]:
+        """The rows of a batch, on one head cache with a row each."""
+        cache = StaticHeadCache(max(lengths) + self._explored + 1, rows=len(lengths))
+        return [EagleState(cache, b) for b in range(len(lengths))]
+
     def _logits(self, hidden: Tensor) -> Tensor:
         """Draft logits (..., V) in float32 from head outputs (..., H)."""
         return self.lm_head(hidden).float()
@@ -62,64 +73,125 @@ class EagleDrafter(HeadDrafter):
         """The head's input from the target's features of accepted tokens."""
         return features
 
-    def _step(self, state: EagleState, hidden: Tensor, tokens: Tensor, position: Tensor, mask: Tensor | None) -> Tensor:
-        """Head forward (1, T, H) -> (1, T, H), appending T entries to the head cache."""
+    def _step(self, cache, hidden: Tensor, tokens: Tensor, position: Tensor, mask: Tensor | None) -> Tensor:
+        """Head forward (R, T, H) -> (R, T, H), appending T entries per row to ``cache`` (a
+        ``StaticHeadCache`` for every row, or one row's view)."""
         out = self.head(
             hidden_states=hidden,
             inputs_embeds=self.embed(tokens),
             position_ids=position,
             attention_mask=mask,
-            past_key_values=state.cache,
+            past_key_values=cache,
         )
         return out.hidden_states
 
+    def _batched_step(self, cache: StaticHeadCache, hidden: Tensor, tokens: Tensor,
+                      counts: list[int] | None = None) -> Tensor:
+        """One head forward for every row of ``cache``: hidden (rows, T, H), tokens (rows, T) after each
+        row's entries (row b keeps ``counts[b]`` of them; None = all T)."""
+        t = tokens.shape[1]
+        lengths = torch.tensor(cache.row_lengths(), device=tokens.device)
+        position = lengths[:, None] + torch.arange(t, device=tokens.device)[None]  # (rows, T)
+        mask = cache.causal_mask(t, hidden.dtype, tokens.device)
+        cache.counts = counts
+        try:
+            return self._step(cache, hidden, tokens, position, mask)
+        finally:
+            cache.counts = None
+
     def observe(self, state: EagleState, features: Tensor, next_tokens: Tensor) -> None:
-        start = state.cache.get_seq_length()
-        hidden = self._project(features)  # (1, A, H)
-        position = torch.arange(start, start + next_tokens.shape[1], device=next_tokens.device)[None]
-        state.hidden = self._step(state, hidden, next_tokens, position, None)[:, -1:]
+        self.observe_rows([state], [features], [next_tokens])
+
+    def observe_rows(self, states: list[EagleState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
+        """One head forward per batch over every row's accepted tokens (padded to the longest)."""
+        for group in group_rows(states).values():
+            cache = states[group[0]].cache
+            index = [states[i].row for i in group]
+            feats, counts = stack_rows(cache.rows, index, [features[i] for i in group])  # (rows, A, F)
+            tokens, _ = stack_rows(cache.rows, index, [next_tokens[i] for i in group])  # (rows, A)
+            out = self._batched_step(cache, self._project(feats), tokens, counts)  # (rows, A, H)
+            for i in group:
+                b = states[i].row
+                states[i].hidden = out[b: b + 1, counts[b] - 1: counts[b]]
 
     def propose(self, state: EagleState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        prefix = state.cache.get_seq_length()
+        return self.propose_rows([state], [root], sampling, [max_depth])[0]
+
+    def propose_rows(self, states: list[EagleState], roots: list[Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        """Chains: one head forward per draft level for every row of a batch; trees: per row."""
+        if isinstance(self.option, DynamicTree):
+            return [self._tree(s, r, min(self.option.depth, d)) for s, r, d in zip(states, roots, max_depths)]
+        drafts: list[Draft] = [None] * len(states)  # type: ignore[list-item]
+        for group in group_rows(states).values():
+            lengths = [min(self.option.length, max_depths[i]) for i in group]
+            chains = self._chains(states[group[0]].cache, [states[i] for i in group], [roots[i] for i in group],
+                                  lengths, sampling)
+            for i, draft in zip(group, chains):
+                drafts[i] = draft
+        return drafts
+
+    def _chains(self, cache: StaticHeadCache, states: list[EagleState], roots: list[Tensor], lengths: list[int],
+                sampling: Sampling) -> list[Draft]:
+        """A chain of ``lengths[i]`` drafts for each of ``states`` (rows of ``cache``)."""
+        levels = max(lengths)
+        if levels <= 0:
+            return [root_only(r) for r in roots]
+        rows = [s.row for s in states]
+        hidden, _ = stack_rows(cache.rows, rows, [s.hidden for s in states])  # (rows, 1, H)
+        prefix = cache.row_lengths()
+        tokens, qs, confident = [], [], []
         try:
-            if isinstance(self.option, Chain):
-                return self._chain(state, root, min(self.option.length, max_depth), sampling, prefix)
-            return self._tree(state, root, min(self.option.depth, max_depth), prefix)
+            for i in range(levels):
+                logits = self._logits(hidden[:, -1])  # (rows, V or Vd)
+                if sampling.greedy:
+                    draft_ids = logits.argmax(dim=-1)
+                    if self.confidence is not None:
+                        confident.append(logits.softmax(-1).max(-1).values >= self.confidence)
+                else:
+                    q = sampling.probs(logits)
+                    draft_ids = torch.multinomial(q, 1)[:, 0]
+                    q_full = q.new_zeros(q.shape[0], self.vocab_size)  # (rows, V): the draft law over target ids
+                    q_full[:, self._to_target(torch.arange(q.shape[1], device=q.device))] = q
+                    qs.append(q_full)
+                tokens.append(self._to_target(draft_ids))
+                if i + 1 < levels:  # each row's chain is contiguous after its prefix: causal attention
+                    hidden = self._batched_step(cache, hidden, tokens[-1][:, None])
         finally:
-            state.cache.crop(prefix)  # exploration KV is approximate: keep accepted tokens only
+            cache.crop_rows(prefix)  # exploration KV is approximate: keep accepted tokens only
+        chain = torch.stack(tokens, dim=1)  # (rows, L)
+        if confident:  # greedy chains stop before the first draft (after the first) the head is unsure of
+            sure = torch.stack(confident, dim=1)
+            sure[:, 0] = True
+            kept = sure.int().cumprod(dim=1).sum(dim=1).tolist()  # sync: one per step, for every row
+            lengths = [min(n, k) for n, k in zip(lengths, kept)]
+        law = torch.stack(qs, dim=1) if qs else None  # (rows, L, V)
+        drafts = []
+        for state, root, n in zip(states, roots, lengths):
+            b = state.row
+            ids = torch.cat([root.reshape(1), chain[b, :n]])
+            drafts.append(Draft(ids, chain_buffers(n, ids.device), None if law is None else law[b, :n]))
+        return drafts
 
-    def _chain(self, state: EagleState, root: Tensor, length: int, sampling: Sampling, prefix: int) -> Draft:
-        hidden, tokens, qs = state.hidden, [root], []
-        for i in range(length):
-            logits = self._logits(hidden[0, -1])  # (V or Vd,)
-            if sampling.greedy:
-                if self.confidence is not None and i > 0 and float(logits.softmax(-1).max()) < self.confidence:
-                    break  # sync: the head is unsure, verify what it has
-                token = self._to_target(logits.argmax())
-            else:
-                q = sampling.probs(logits)
-                draft_id = torch.multinomial(q, 1)[0]
-                token = self._to_target(draft_id)
-                q_full = q.new_zeros(self.vocab_size)  # (V,): the draft law over target ids
-                q_full[self._to_target(torch.arange(q.shape[0], device=q.device))] = q
-                qs.append(q_full)
-            tokens.append(token)
-            if i + 1 < length:  # the chain is contiguous after the prefix: plain causal attention
-                pos = torch.full((1, 1), prefix + i, device=root.device)
-                hidden = self._step(state, hidden, token.reshape(1, 1), pos, None)
-        return chain_draft(tokens, qs)
+    def _tree(self, state: EagleState, root: Tensor, levels: int) -> Draft:
+        view = state.cache.row(state.row)
+        prefix = view.get_seq_length()
+        try:
+            return self._tree_levels(view, state.hidden, root, levels, prefix)
+        finally:
+            view.crop(prefix)  # exploration KV is approximate: keep accepted tokens only
 
-    def _tree(self, state: EagleState, root: Tensor, levels: int, prefix: int) -> Draft:
+    def _tree_levels(self, view, state_hidden: Tensor, root: Tensor, levels: int, prefix: int) -> Draft:
         if levels == 0:
             return root_only(root)
         opt = self.option
         device = root.device
-        logp = self._logits(state.hidden[0]).log_softmax(dim=-1)  # (1, Vd)
+        logp = self._logits(state_hidden[0]).log_softmax(dim=-1)  # (1, Vd)
         tok, scores, _, frontier = expand_level(logp.new_zeros(1), logp, opt.top_k)
         tokens, all_scores = [self._to_target(tok)], [scores]
         parents = [torch.full_like(tok, -1)]
         offset = 0  # candidate index of the current level's first child
-        parent_hidden = state.hidden.expand(1, frontier.numel(), -1)  # (1, F, H) parents' outputs
+        parent_hidden = state_hidden.expand(1, frontier.numel(), -1)  # (1, F, H) parents' outputs
         ancestors = torch.zeros(frontier.numel(), 0, dtype=torch.bool, device=device)  # (F, E)
         for level in range(1, levels):
             width = frontier.numel()
@@ -128,7 +200,7 @@ class EagleDrafter(HeadDrafter):
             )  # (F, E + F): explored ancestors, then self
             mask = tree_attention_mask(allowed, prefix, parent_hidden.dtype)  # (1, 1, F, S + E + F)
             pos = torch.full((1, width), prefix + level - 1, device=device)
-            out = self._step(state, parent_hidden, tokens[-1][frontier][None], pos, mask)  # (1, F, H)
+            out = self._step(view, parent_hidden, tokens[-1][frontier][None], pos, mask)  # (1, F, H)
             logp = self._logits(out[0]).log_softmax(dim=-1)  # (F, Vd)
             tok, child_scores, slots, next_frontier = expand_level(scores[frontier], logp, opt.top_k)
             parents.append(offset + frontier[slots])

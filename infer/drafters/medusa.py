@@ -40,6 +40,8 @@ class MedusaDrafter(HeadDrafter):
             choices = [c for c in self.option.choices if len(c) <= num_heads]
             self.tree = medusa_tree(choices)
             self.max_nodes = len(choices) + 1
+            # host copies, read once here: pruning the tree for a shorter draft then reads no tensor
+            self._host = (self.tree.buffers.parents.tolist(), self.tree.buffers.depths.tolist(), self.tree.ranks.tolist())
         else:
             raise TypeError(f"Medusa heads draft a StaticTree or a Chain, not {type(self.option).__name__}")
         # (max_depth, device) -> (buffers, ranks (N,), depth, top ranks needed): built once, no syncs later
@@ -49,16 +51,23 @@ class MedusaDrafter(HeadDrafter):
         return MedusaState()
 
     def observe(self, state: MedusaState, features: Tensor, next_tokens: Tensor) -> None:
-        state.logits = self.head(features[:, -1:])[:, 0, 0].float()  # (K, V)
+        self.observe_rows([state], [features], [next_tokens])
+
+    def observe_rows(self, states: list[MedusaState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
+        """One head pass over every row's last accepted feature."""
+        last = torch.cat([f[:, -1:] for f in features])  # (R, 1, H)
+        logits = self.head(last)[:, :, 0].float()  # (K, R, V)
+        for i, state in enumerate(states):
+            state.logits = logits[:, i]  # (K, V)
 
     def _tree_up_to(self, max_depth: int, device: torch.device) -> tuple[TreeBuffers, Tensor, int, int]:
         key = (max_depth, str(device))
         if key not in self._pruned:
-            depths = self.tree.buffers.depths  # on CPU
-            keep = int((depths <= max_depth).sum())  # nodes are in depth order: a prefix
-            buffers = tree_from_parents(self.tree.buffers.parents[:keep], device)
-            ranks = self.tree.ranks[:keep]
-            self._pruned[key] = (buffers, ranks.to(device), int(depths[keep - 1]), int(ranks.max()) + 1)
+            parents, depths, ranks = self._host
+            keep = sum(d <= max_depth for d in depths)  # nodes are in depth order: a prefix
+            buffers = tree_from_parents(parents[:keep], device)
+            self._pruned[key] = (buffers, torch.tensor(ranks[:keep], device=device), depths[keep - 1],
+                                 max(ranks[:keep]) + 1)
         return self._pruned[key]
 
     def propose(self, state: MedusaState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
@@ -69,7 +78,7 @@ class MedusaDrafter(HeadDrafter):
                 return chain_draft([root, *logits[:length].argmax(dim=-1)], [])
             q = sampling.probs(logits[:length])  # (L, V)
             return chain_draft([root, *torch.multinomial(q, 1)[:, 0]], list(q))
-        buffers, ranks, depth, width = self._tree_up_to(min(max_depth, self.tree.depth), root.device)
+        buffers, ranks, depth, width = self._tree_up_to(min(max_depth, max(self._host[1])), root.device)
         if depth == 0:
             return root_only(root)
         top = logits[:depth].topk(width, dim=-1).indices  # (D, R) each head's ranked tokens

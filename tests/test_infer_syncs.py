@@ -1,0 +1,77 @@
+"""Host syncs per decode step, counted: greedy decoding with a head reads the device once per step
+(every row's accepted length and EOS flag together), whatever the batch size and whether EOS is set.
+
+On a CPU nothing waits, so the count is of the calls that would wait for a GPU: reading a tensor's
+values on the host (``item``, ``tolist``, ``bool``/``int``/``float``/index conversions, ``cpu``,
+``numpy``) and ``nonzero`` (its output size depends on the values). Host-to-device copies of host
+ints are not counted. The count per step is the difference between two generations that differ
+only in their number of steps, so setup and the prefill cancel out.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import make_tiny_target
+
+from heads import build_head
+from infer import Chain, SpeculativeGenerator, StaticTree
+
+VOCAB = 96
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero")
+
+
+def _count_reads(monkeypatch) -> list[int]:
+    """Patch every host read of torch.Tensor to count its calls; returns the (mutable) counter."""
+    count = [0]
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _original=original, **kwargs):
+            count[0] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    return count
+
+
+def test_the_counter_sees_host_reads(monkeypatch):
+    count = _count_reads(monkeypatch)
+    x = torch.arange(4)
+    int(x[1]), x.tolist(), bool(x.any()), x.nonzero(), x[:2].cpu()
+    assert count[0] == 5
+
+
+HEADS = {
+    "eagle-chain": ("eagle", Chain(3), {}),
+    "eagle3-chain": ("eagle3", Chain(4), {}),
+    "dflash": ("dflash", Chain(3), {"block_size": 4}),
+    "medusa-chain": ("medusa", Chain(3), {}),
+    "medusa-tree": ("medusa", StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0))), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("bsz", [1, 4])
+def test_greedy_steps_read_the_host_once(monkeypatch, name, bsz):
+    model = make_tiny_target("llama", dtype=torch.float32, initializer_range=0.3)
+    kind, tree, kw = HEADS[name]
+    torch.manual_seed(0)
+    gen = SpeculativeGenerator(model, build_head(kind, model, **kw), tree=tree)
+    rng = random.Random(bsz)
+    prompts = [[rng.randrange(3, VOCAB - 1) for _ in range(n)] for n in (5, 9, 3, 7)[:bsz]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    emitted = set(gen.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[])[:, width:].flatten().tolist())
+    eos = min(set(range(3, VOCAB)) - emitted)  # EOS set, to a token these rows never emit: its check runs every step
+    count = _count_reads(monkeypatch)
+    reads, steps = [], []
+    for max_new in (6, 20):
+        count[0] = 0
+        gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
+        reads.append(count[0])
+        steps.append(gen.last_stats.steps)
+    assert steps[1] > steps[0]
+    assert reads[1] - reads[0] == steps[1] - steps[0], (reads, steps)  # one host read per step
