@@ -4,20 +4,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from infer.target import target_forward
+from infer.target import TargetOutput
 from train.config import TrainConfig
 from train.features import Features
 from train.losses import LossOutput, medusa_loss
-from train.objectives.base import Objective
+from train.objectives.base import Objective, target_logits
 
 
 class MedusaObjective(Objective):
     @staticmethod
     @torch.no_grad()
-    def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
-        out = target_forward(target, batch["input_ids"], compute_logits=need_top1)
-        top1 = out.logits.argmax(-1) if need_top1 else None
-        return Features(batch["input_ids"], batch["loss_mask"], out.final_hidden.float(), top1=top1)
+    def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
+                    need_top1: bool = False) -> Features:
+        top1 = target_logits(target, states.final_hidden).argmax(-1) if need_top1 else None
+        return Features(batch["input_ids"], batch["loss_mask"], states.final_hidden.float(), top1=top1)
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         return medusa_loss(self.head(features.hidden), features.input_ids, features.loss_mask, self.decay)
