@@ -10,6 +10,7 @@
     draftsmith push --head DIR --repo-id USER/NAME
     draftsmith make-demo --size tiny
     draftsmith calibrate --target DIR --heads DIR ...  # scripts/draft_calibration.py
+    draftsmith dump-features --config F --out DIR      # scripts/dump_features.py
 
 ``draftsmith COMMAND --help`` shows that command's options. The commands are the existing entry points
 (the table below), which keep working on their own; user mistakes end in one line and exit code 2.
@@ -32,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "push": ("scripts.push_to_hub", "cli", "publish a head (or an engine export) on the Hugging Face Hub"),
     "make-demo": ("scripts.make_demo_target", "main", "build (or reuse) the offline demo target"),
     "calibrate": ("scripts.draft_calibration", "main", "a head's draft confidence against its acceptance"),
+    "dump-features": ("scripts.dump_features", "main", "store the target's hidden states once; train with data.features"),
 }
 
 

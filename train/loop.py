@@ -33,7 +33,8 @@ from infer.threads import choose_threads
 from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
 from train.config import TrainConfig, load_config
 from train.evaluate import eval_and_keep_best
-from train.examples import collate, load_examples, run_cache_dir
+from train.examples import IndexedRows, collate, load_examples, run_cache_dir
+from train.feature_source import FeatureSource
 from train.fit import fit
 from train.metrics_log import MetricsLog
 from train.objectives import HeadSetup, objective_class
@@ -142,16 +143,14 @@ class Run:
     pad_id: int
 
 
-def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> Run:
-    """Load the frozen target and its tokenizer, the data, and a fresh head (draft vocab chosen)."""
-    set_seed(cfg.seed)
-    kind = cfg.head.kind
+def load_target(cfg: TrainConfig, target_path: str, device) -> tuple[Any, nn.Module, dict]:
+    """(tokenizer, frozen target on ``device`` in the run's precision, its identity), checked against ``cfg``."""
     with hub_errors(target_path):
         tokenizer = AutoTokenizer.from_pretrained(target_path)
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
     if cfg.target.startswith("demo:"):  # the head, card and exports name it "demo:<size>", not its cache path
         target.config._name_or_path = cfg.target
-    target.requires_grad_(False).eval().to(accelerator.device)
+    target.requires_grad_(False).eval().to(device)
     decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
     identity = loaded_target_identity(target)
     vocab_size = identity["vocab_size"]
@@ -164,6 +163,15 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     if (cfg.head.draft_vocab_size or 0) > vocab_size:
         raise ValueError(f"head.draft_vocab_size={cfg.head.draft_vocab_size} exceeds the target's "
                          f"vocab_size={vocab_size}")
+    return tokenizer, target, identity
+
+
+def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> Run:
+    """Load the frozen target and its tokenizer, the data, and a fresh head (draft vocab chosen)."""
+    set_seed(cfg.seed)
+    kind = cfg.head.kind
+    tokenizer, target, identity = load_target(cfg, target_path, accelerator.device)
+    vocab_size = identity["vocab_size"]
 
     with accelerator.main_process_first():  # the first process fills the data cache
         train_set, train_summary = load_examples(cfg.data.train, tokenizer, cfg, vocab_size, "data.train")
@@ -189,8 +197,10 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     output_dir = Path(cfg.output_dir)
     run = prepare_run(accelerator, cfg, target_path)
     target, head, depth, pad_id = run.target, run.head, run.depth, run.pad_id
-    train_loader = DataLoader(run.train_set, batch_size=cfg.train.micro_batch_size, shuffle=True,
+    train_loader = DataLoader(IndexedRows(run.train_set), batch_size=cfg.train.micro_batch_size, shuffle=True,
                               collate_fn=lambda rows: collate(rows, pad_id))
+    source = FeatureSource.for_run(accelerator, cfg, target, run.tokenizer,
+                                   objective_class(cfg.head.kind).aux_layer_ids(head), len(run.train_set))
     eval_loader = None
     if run.eval_set is not None:  # sharded by hand: no duplicated padding rows in the sums
         shard = run.eval_set.shard(accelerator.num_processes, accelerator.process_index, contiguous=True)
@@ -234,7 +244,11 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     metrics_log = MetricsLog(accelerator, output_dir / METRICS_FILE, state.step if resumed else None)
 
     history, tokens_per_second = fit(accelerator, cfg, objective, target, optimizer, scheduler, train_loader,
-                                     eval_loader, state, max_steps, depth, metrics_log)
+                                     eval_loader, state, max_steps, depth, metrics_log, source)
+    source.close()
+    if source.store is not None:
+        logger.info("%s: %d micro-batches read from stored features, %d run through the target", source.key,
+                    source.read_batches, source.online_batches)
 
     head = accelerator.unwrap_model(objective).head
     evals = [r for r in history if "tau" in r]
