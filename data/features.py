@@ -17,7 +17,6 @@ any moment leaves listed shards whole and an unlisted one that is written again.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -26,6 +25,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
+
+from data.base.paths import file_digest, share_readable
 
 MARKER = ".draftsmith-features"
 FORMAT_VERSION = 1
@@ -36,15 +37,6 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 class FeatureStoreError(ValueError):
     """A feature folder that cannot be used as asked; the message names the folder."""
-
-
-def file_digest(path: Path) -> dict:
-    """``{"bytes", "sha256"}`` of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def encode(name: str, x: Tensor, dtype: str) -> dict[str, Tensor]:
@@ -178,6 +170,7 @@ class FeatureStore:
         name = f"{self.writer}-{len(self.manifest['shards']):05d}.safetensors"
         tmp = self.path / f".{self.writer}-{len(self.manifest['shards']):05d}.tmp"
         save_file(tensors, str(tmp))
+        share_readable(tmp)  # save_file writes 0600
         os.replace(tmp, self.path / name)  # whole or absent: a kill leaves no half shard under its name
         self.manifest["shards"].append({"file": name, "rows": len(rows), "tokens": sum(lengths),
                                         **file_digest(self.path / name)})

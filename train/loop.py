@@ -3,7 +3,8 @@
 ``setup`` resolves the target and builds the ``Accelerator``; ``main`` loads target, data and head,
 resumes if asked, calls ``fit`` and writes the output directory; ``fit`` is the loop (``train.fit``). Everything
 that depends on the head's kind lives in its objective (``train.objectives``): each batch runs the
-frozen target exactly once (``Objective.features``), keeping only what the head reads, and the head
+frozen target exactly once (``Objective.features``), keeping only what the head reads, or reads its
+states from a dump or cache (``train.feature_source``: ``data.features`` / ``data.feature_cache``), and the head
 and its loss are one module so that DDP sees one forward per backward. Evaluation is in
 ``train.evaluate``, checkpoints and resume in ``train.resume``, the run's card in ``train.run_card``.
 """

@@ -1,6 +1,7 @@
-"""Where draftsmith caches things, and files other users can read."""
+"""Where draftsmith caches things, files other users can read, and file digests."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -23,3 +24,13 @@ def share_readable(path: str | os.PathLike) -> None:
         if item.is_symlink():
             continue
         item.chmod((0o777 if item.is_dir() else 0o666) & ~umask)
+
+
+def file_digest(path: str | os.PathLike) -> dict:
+    """``{"bytes", "sha256"}`` of a file, read in 1 MiB blocks (checkpoint and feature manifests)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
