@@ -20,9 +20,12 @@ from test_train_fixtures import tiny_config
 import train.feature_source
 import train.objectives.base
 from data.features import FeatureStoreError, decode, encode, open_store
+from conftest import make_tiny_target
 from scripts.dump_features import main as dump_main
 from train.config import ConfigError, load_config
+from train.feature_source import FeatureSource
 from train.loop import setup
+from train.objectives import objective_class
 
 ROOT = Path(__file__).resolve().parents[1]
 tiny_files = test_train_fixtures.tiny_files  # the fixture, used by name
@@ -78,6 +81,23 @@ def test_online_offline_and_hybrid_training_give_the_same_losses(tiny_files, tmp
     rows = open_store(cache, json.loads((cache / ".draftsmith-features").read_text())["fingerprint"],
                       key="data.feature_cache").listed_rows()
     assert sorted(rows) == list(range(24))
+
+
+def test_a_cache_stores_each_row_once_when_batches_mix_stored_and_new_rows(tmp_path):
+    target = make_tiny_target("llama")
+    store = open_store(tmp_path / "cache", {"target": "tiny"}, key="data.feature_cache", dtype="float32", create=True,
+                       writer="rank0", shard_bytes=1)  # a shard per added row: stored rows are read at once
+    source = FeatureSource(store, fill=True, key="data.feature_cache")
+    medusa = objective_class("medusa")
+    ids = torch.randint(3, 96, (4, 9), generator=torch.Generator().manual_seed(0))
+    for rows in ([0, 1], [1, 2], [2, 2], [0, 1]):  # mixed, repeated (accelerate's padding), all stored
+        batch = {"input_ids": ids[rows], "loss_mask": torch.ones(len(rows), 9, dtype=torch.long),
+                 "lengths": torch.full((len(rows),), 9), "rows": torch.tensor(rows)}
+        features = source.features(medusa, target, batch, None)
+        torch.testing.assert_close(features.hidden, medusa.features(target, batch, None).hidden)
+    source.close()
+    assert sorted(store.listed_rows()) == [0, 1, 2]
+    assert (source.online_batches, source.read_batches) == (2, 2)
 
 
 def test_fp8_keeps_each_token_within_its_scale():

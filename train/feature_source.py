@@ -99,7 +99,7 @@ class FeatureSource:
             return objective_cls.features(target, batch, head)
         rows = batch["rows"].tolist()  # note: a host-device sync, once per micro-batch
         if self.fill and not self.store.has(rows):
-            if self.store.pending.intersection(rows):  # seen this epoch's start, still buffered
+            if self.store.pending.intersection(rows):  # added earlier, not yet in a shard: write them first
                 self.store.flush()
             self.store.refresh()  # other processes' shards
         if self.store.has(rows) or not self.fill:
@@ -110,7 +110,8 @@ class FeatureSource:
             out = target_forward(target, batch["input_ids"], aux_layer_ids=objective_cls.aux_layer_ids(head),
                                  compute_logits=False)
         for i, (row, length) in enumerate(zip(rows, batch["lengths"].tolist())):
-            if row not in self.store.pending:
+            if row not in self.store.pending and row not in self.store.index:  # stored once (a batch may
+                # mix stored rows with new ones, or repeat one: accelerate pads the last batch with early rows)
                 self.store.add(row, batch["input_ids"][i, :length], batch["loss_mask"][i, :length],
                                row_states(out, i, length))
         return objective_cls.features(target, batch, head, states=out)
