@@ -13,6 +13,7 @@
     draftsmith plan --config F --gpus 8                # scripts/plan.py
     draftsmith drift --head DIR --target NEW           # scripts/drift.py
     draftsmith speculation-plan --target DIR --head DIR  # scripts/calibrate_speculation.py
+    draftsmith dump-features --config F --out DIR      # scripts/dump_features.py
 
 ``draftsmith COMMAND --help`` shows that command's options. The commands are the existing entry points
 (the table below), which keep working on their own; user mistakes end in one line and exit code 2.
@@ -39,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "drift": ("scripts.drift", "cli", "the τ a head loses when its target changes, and whether to retrain it"),
     "speculation-plan": ("scripts.calibrate_speculation", "main",
                          "per batch size, the draft length that measures fastest (0 = off); the generator follows it"),
+    "dump-features": ("scripts.dump_features", "main", "store the target's hidden states once; train with data.features"),
 }
 
 

@@ -19,7 +19,6 @@ changes, so a truncated or altered file is named instead of half-loaded.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import shutil
@@ -33,7 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from data.base.paths import share_readable
+from data.base.paths import file_digest, share_readable
 from train.backbone import lora_parameters
 
 CHECKPOINTS = "checkpoints"
@@ -87,7 +86,7 @@ def save(path: Path, *, head: nn.Module, optimizer, scheduler, loop_state: dict,
     barrier()
     if is_main:
         share_readable(path)
-        files = {p.name: _fingerprint(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != COMPLETE}
+        files = {p.name: file_digest(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != COMPLETE}
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "state": loop_state, "files": files}
         tmp = path / f".{COMPLETE}.tmp"
         tmp.write_text(json.dumps(manifest, indent=1))
@@ -100,14 +99,6 @@ def prune(output_dir: Path, keep: int) -> None:
     """Delete all but the ``keep`` newest complete checkpoints (main process only)."""
     for old in checkpoint_steps(output_dir)[keep:]:
         shutil.rmtree(old)
-
-
-def _fingerprint(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def _save_optimizer(state: dict, path: Path) -> None:
@@ -176,7 +167,7 @@ def read(path: Path, rank: int) -> Checkpoint:
         if file.stat().st_size != expected["bytes"]:
             raise CheckpointError(f"{file}: {file.stat().st_size} bytes, {expected['bytes']} when saved "
                                   "(truncated or overwritten)")
-        if _fingerprint(file)["sha256"] != expected["sha256"]:
+        if file_digest(file)["sha256"] != expected["sha256"]:
             raise CheckpointError(f"{file}: content changed since it was saved (sha256 mismatch)")
     optimizer, optimizer_meta = _tensors(path / OPTIMIZER_FILE)
     rng = _tensors(path / rng_file(rank))

@@ -89,6 +89,12 @@ class DataConfig:
     lenient_json: bool = _doc("read a truncated .json array up to its last complete row (the bytes left "
                               "unread are reported) instead of failing", False)
     eval_rows: int | None = _doc("use at most this many held-out examples; null = all", 256)
+    features: str | None = _doc(
+        "train from target hidden states stored by scripts/dump_features.py in this folder instead of running the "
+        "target per batch (it must be made for this target, head kind and data); null = online", None)
+    feature_cache: str | None = _doc(
+        "fill this folder with the target's hidden states during the first epoch and read them after "
+        "(made if absent or empty; refused if made for another target or config); null = no cache", None)
 
 
 @dataclass
@@ -408,6 +414,19 @@ def _validate(cfg: TrainConfig) -> None:
             check_aux_layer_ids(head.aux_layer_ids)
         except ValueError as err:
             raise ConfigError(f"head.{err}") from None
+    if data.features is not None and data.feature_cache is not None:
+        raise ConfigError("data.features (stored features) and data.feature_cache (filled while training) exclude "
+                          "each other: set one of them to null")
+    for key, value in (("data.features", data.features), ("data.feature_cache", data.feature_cache)):
+        if value is not None and not value.strip():
+            raise ConfigError(f"{key} must be a folder path or null, got {value!r}")
+    stored = "data.features" if data.features is not None else "data.feature_cache" if data.feature_cache else None
+    if stored and opt.backbone_lora_rank:
+        raise ConfigError(f"{stored} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 trains the "
+                          "target, so its hidden states change every step and stored ones are stale; set one to null")
+    if data.feature_cache is not None and opt.target_sharding == "fsdp":
+        raise ConfigError("data.feature_cache with train.target_sharding=fsdp: processes reading the cache would skip "
+                          "the sharded target's collective forward while others run it; use data.features (a dump)")
     if not opt.lr > 0:
         raise ConfigError(f"train.lr must be > 0, got {opt.lr}")
     if opt.max_minutes is not None and not opt.max_minutes > 0:

@@ -5,13 +5,28 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.utils.data import Dataset
 
 from data.base.paths import cache_root
 from train.config import TrainConfig
 
 
+class IndexedRows(Dataset):
+    """``examples`` with each row's index under ``"row"`` (stored features are found by it)."""
+
+    def __init__(self, examples) -> None:
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> dict:
+        return {**self.examples[index], "row": index}
+
+
 def collate(rows: list[dict], pad_id: int) -> dict[str, Tensor]:
-    """Right-pad a list of examples to (B, T_max); padding has loss_mask 0."""
+    """Right-pad a list of examples to (B, T_max); padding has loss_mask 0. Rows of ``IndexedRows``
+    also give ``rows`` (B,), their indices."""
     lengths = torch.tensor([len(r["input_ids"]) for r in rows])
     length = int(lengths.max())
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
@@ -19,7 +34,10 @@ def collate(rows: list[dict], pad_id: int) -> dict[str, Tensor]:
     for i, r in enumerate(rows):
         ids[i, : len(r["input_ids"])] = torch.as_tensor(r["input_ids"], dtype=torch.long)
         mask[i, : len(r["loss_mask"])] = torch.as_tensor(r["loss_mask"], dtype=torch.long)
-    return {"input_ids": ids, "loss_mask": mask, "lengths": lengths}
+    batch = {"input_ids": ids, "loss_mask": mask, "lengths": lengths}
+    if "row" in rows[0]:
+        batch["rows"] = torch.tensor([r["row"] for r in rows])
+    return batch
 
 
 def load_examples(source: str, tokenizer, cfg: TrainConfig, vocab_size: int, key: str):

@@ -18,6 +18,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from train.config import TrainConfig
 from train.divergence import DivergenceGuard, TrainingDiverged
 from train.evaluate import eval_and_keep_best
+from train.feature_source import FeatureSource
 from train.metrics_log import MetricsLog
 from train.resume import TrainState, latest_checkpoint, save_checkpoint
 
@@ -26,10 +27,13 @@ logger = logging.getLogger("draftsmith.train")
 
 def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target: nn.Module,
         optimizer: torch.optim.Optimizer, scheduler, train_loader: DataLoader, eval_loader: DataLoader | None,
-        state: TrainState, max_steps: int, depth: int, metrics_log: MetricsLog) -> tuple[list[dict], float]:
-    """The training loop; returns the logged records and the training tokens/s (all processes)."""
+        state: TrainState, max_steps: int, depth: int, metrics_log: MetricsLog,
+        source: FeatureSource | None = None) -> tuple[list[dict], float]:
+    """The training loop; returns the logged records and the training tokens/s (all processes).
+    ``source``: where each batch's target hidden states come from (default: the target, online)."""
     opt = cfg.train
     head = accelerator.unwrap_model(objective).head
+    source = source or FeatureSource()
     lm_head = target.get_output_embeddings()  # passed to the objective, never trained
     output_dir = Path(cfg.output_dir)
     micro_batches = _micro_batches(accelerator, train_loader, state)
@@ -50,7 +54,7 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
             tokens = 0
             for micro in range(opt.grad_accum_steps):
                 batch = next(micro_batches)
-                features = type(accelerator.unwrap_model(objective)).features(target, batch, head)
+                features = source.features(type(accelerator.unwrap_model(objective)), target, batch, head)
                 accelerator.unwrap_model(objective).perturb(
                     features, cfg, seed=_noise_seed(cfg.seed, state.step, micro, accelerator.process_index))
                 last = micro == opt.grad_accum_steps - 1

@@ -3,7 +3,8 @@
 ``setup`` resolves the target and builds the ``Accelerator``; ``main`` loads target, data and head,
 resumes if asked, calls ``fit`` and writes the output directory; ``fit`` is the loop (``train.fit``). Everything
 that depends on the head's kind lives in its objective (``train.objectives``): each batch runs the
-frozen target exactly once (``Objective.features``), keeping only what the head reads, and the head
+frozen target exactly once (``Objective.features``), keeping only what the head reads, or reads its
+states from a dump or cache (``train.feature_source``: ``data.features`` / ``data.feature_cache``), and the head
 and its loss are one module so that DDP sees one forward per backward. Evaluation is in
 ``train.evaluate``, checkpoints and resume in ``train.resume``, the run's card in ``train.run_card``.
 """
@@ -34,7 +35,8 @@ from train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
 from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
 from train.config import TrainConfig, load_config
 from train.evaluate import eval_and_keep_best
-from train.examples import collate, load_examples, run_cache_dir
+from train.examples import IndexedRows, collate, load_examples, run_cache_dir
+from train.feature_source import FeatureSource
 from train.fit import fit
 from train.metrics_log import MetricsLog
 from train.objectives import HeadSetup, objective_class
@@ -145,10 +147,10 @@ class Run:
     pad_id: int
 
 
-def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> Run:
-    """Load the frozen target and its tokenizer, the data, and a fresh head (draft vocab chosen)."""
-    set_seed(cfg.seed)
-    kind = cfg.head.kind
+def load_frozen_target(cfg: TrainConfig, target_path: str, device, accelerator: Accelerator | None = None
+                       ) -> tuple[Any, nn.Module, dict]:
+    """(tokenizer, frozen target on ``device`` in the run's precision, its identity), checked against ``cfg``;
+    with ``train.target_sharding=fsdp`` and several processes its decoder layers are sharded instead."""
     tokenizer = load_target_tokenizer(target_path)
     target = load_target(target_path, dtype=_DTYPES[cfg.train.mixed_precision])
     if cfg.target.startswith("demo:"):  # the head, card and exports name it "demo:<size>", not its cache path
@@ -156,8 +158,8 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     target.requires_grad_(False).eval()
     decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
     # sharded before it moves: the device never holds the whole target (shard_target moves it)
-    if not (cfg.train.target_sharding == "fsdp" and shard_target(target, accelerator)):
-        target.to(accelerator.device)
+    if not (accelerator is not None and cfg.train.target_sharding == "fsdp" and shard_target(target, accelerator)):
+        target.to(device)
     identity = loaded_target_identity(target)
     vocab_size = identity["vocab_size"]
     if len(tokenizer) > vocab_size:
@@ -169,6 +171,15 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     if (cfg.head.draft_vocab_size or 0) > vocab_size:
         raise ValueError(f"head.draft_vocab_size={cfg.head.draft_vocab_size} exceeds the target's "
                          f"vocab_size={vocab_size}")
+    return tokenizer, target, identity
+
+
+def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> Run:
+    """Load the frozen target and its tokenizer, the data, and a fresh head (draft vocab chosen)."""
+    set_seed(cfg.seed)
+    kind = cfg.head.kind
+    tokenizer, target, identity = load_frozen_target(cfg, target_path, accelerator.device, accelerator)
+    vocab_size = identity["vocab_size"]
 
     with accelerator.main_process_first():  # the first process fills the data cache
         train_set, train_summary = load_examples(cfg.data.train, tokenizer, cfg, vocab_size, "data.train")
@@ -197,8 +208,10 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     output_dir = Path(cfg.output_dir)
     run = prepare_run(accelerator, cfg, target_path)
     target, head, depth, pad_id = run.target, run.head, run.depth, run.pad_id
-    train_loader = DataLoader(run.train_set, batch_size=cfg.train.micro_batch_size, shuffle=True,
+    train_loader = DataLoader(IndexedRows(run.train_set), batch_size=cfg.train.micro_batch_size, shuffle=True,
                               collate_fn=lambda rows: collate(rows, pad_id))
+    source = FeatureSource.for_run(accelerator, cfg, target, run.tokenizer,
+                                   objective_class(cfg.head.kind).aux_layer_ids(head), len(run.train_set))
     eval_loader = None
     if run.eval_set is not None:  # sharded by hand: no duplicated padding rows in the sums
         shard = run.eval_set.shard(accelerator.num_processes, accelerator.process_index, contiguous=True)
@@ -243,7 +256,11 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     metrics_log = MetricsLog(accelerator, output_dir / METRICS_FILE, state.step if resumed else None)
 
     history, tokens_per_second = fit(accelerator, cfg, objective, target, optimizer, scheduler, train_loader,
-                                     eval_loader, state, max_steps, depth, metrics_log)
+                                     eval_loader, state, max_steps, depth, metrics_log, source)
+    source.close()
+    if source.store is not None:
+        logger.info("%s: %d micro-batches read from stored features, %d run through the target", source.key,
+                    source.read_batches, source.online_batches)
 
     head = accelerator.unwrap_model(objective).head
     evals = [r for r in history if "tau" in r]

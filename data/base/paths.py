@@ -1,6 +1,7 @@
-"""Where draftsmith caches things, and files other users can read."""
+"""Where draftsmith caches things, files other users can read, and file digests."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -53,3 +54,13 @@ def _is_report_dir(out: Path) -> bool:
         return isinstance(json.loads((out / "results.json").read_text()).get("rows"), list)
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def file_digest(path: str | os.PathLike) -> dict:
+    """``{"bytes", "sha256"}`` of a file, read in 1 MiB blocks (checkpoint and feature manifests)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from infer.target import TargetOutput, causal_lm_of, target_forward
 from train.config import DEFAULT_TTT_STEPS, TrainConfig
 from train.features import Features
 from train.losses import LossOutput
@@ -51,9 +52,27 @@ class Objective(nn.Module):
         return [{"params": list(self.head.parameters())}]
 
     @staticmethod
-    def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
+    def aux_layer_ids(head: nn.Module) -> tuple[int, ...]:
+        """The target layers whose entering hidden states this kind reads (HF ``hidden_states`` indices)."""
+        return ()
+
+    @classmethod
+    @torch.no_grad()
+    def features(cls, target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False,
+                 states: TargetOutput | None = None) -> Features:
         """Run the frozen target once over ``batch`` and keep only what this kind's head reads
-        (``top1``, the target's argmax, too when ``need_top1``)."""
+        (``top1``, the target's argmax, too when ``need_top1``). ``states``: this batch's hidden states
+        stored earlier (``data.features``); the target's forward is then skipped."""
+        if states is None:
+            states = target_forward(target, batch["input_ids"], aux_layer_ids=cls.aux_layer_ids(head),
+                                    compute_logits=False)
+        return cls.from_states(target, batch, states, head, need_top1)
+
+    @staticmethod
+    def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
+                    need_top1: bool = False) -> Features:
+        """``Features`` from the target's final (and aux) hidden states alone: logits come from the frozen
+        lm_head, embeddings from the target's table, so stored states need no decoder layer."""
         raise NotImplementedError
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
@@ -77,6 +96,13 @@ class Objective(nn.Module):
 
     def perturb(self, features: Features, cfg: TrainConfig, seed: int) -> None:
         """Augment ``features`` in place before the forward (reproducibly from ``seed``)."""
+
+
+@torch.no_grad()
+def target_logits(target: nn.Module, final_hidden: Tensor) -> Tensor:
+    """(B, T, V) the target's logits from its post-norm final hidden states (its frozen lm_head)."""
+    lm_head = causal_lm_of(target).get_output_embeddings()
+    return lm_head(final_hidden.to(lm_head.weight.dtype))
 
 
 @torch.no_grad()

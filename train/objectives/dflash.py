@@ -17,6 +17,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
+from infer.target import TargetOutput
 from train.config import TrainConfig
 from train.features import Features
 from train.losses import LossOutput, decayed_sum, soft_loss
@@ -80,12 +81,15 @@ class DFlashObjective(Objective):
         super().__init__(head, cfg)
         self.loss = cfg.train.loss
 
+    aux_layer_ids = staticmethod(Eagle3Objective.aux_layer_ids)
+
     @staticmethod
     @torch.no_grad()
-    def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
+    def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
+                    need_top1: bool = False) -> Features:
         """EAGLE-3's (the aux layers' hidden states, the embeddings, the target's own next-token law)
         and the mask token's embedding, which fills every block position after the anchor."""
-        features = Eagle3Objective.features(target, batch, head)
+        features = Eagle3Objective.from_states(target, batch, states, head)
         mask_id = torch.tensor([head.config.mask_token_id], device=features.input_ids.device)
         return dataclasses.replace(features, mask_embed=no_grad_embeds(target, mask_id)[0])
 

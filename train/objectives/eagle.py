@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from infer.target import target_forward
+from infer.target import TargetOutput
 from train.config import TrainConfig
 from train.features import Features
 from train.losses import LossOutput, eagle_loss
-from train.objectives.base import Objective, no_grad_embeds
+from train.objectives.base import Objective, no_grad_embeds, target_logits
 from train.unroll import shift_left, unroll
 
 
@@ -20,11 +20,12 @@ class EagleObjective(Objective):
 
     @staticmethod
     @torch.no_grad()
-    def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
+    def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
+                    need_top1: bool = False) -> Features:
         ids = batch["input_ids"]
-        out = target_forward(target, ids, compute_logits=True)
-        return Features(ids, batch["loss_mask"], out.final_hidden.float(), no_grad_embeds(target, ids),
-                        logits=out.logits, top1=out.logits.argmax(-1))
+        logits = target_logits(target, states.final_hidden)
+        return Features(ids, batch["loss_mask"], states.final_hidden.float(), no_grad_embeds(target, ids),
+                        logits=logits, top1=logits.argmax(-1))
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         f = features  # input f_i (+ noise) with token i+1; the regression target stays clean

@@ -7,13 +7,13 @@ import logging
 import torch
 from torch import Tensor, nn
 
-from infer.target import target_forward
+from infer.target import TargetOutput
 from train.config import TrainConfig
 from train.draft_vocab import build_draft_vocab
 from train.examples import collate
 from train.features import Features
 from train.losses import LossOutput, decayed_sum, restrict_to_draft_vocab, ttt_step_loss
-from train.objectives.base import HeadSetup, Objective, no_grad_embeds
+from train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
 from train.unroll import unroll
 
 logger = logging.getLogger("draftsmith.train")
@@ -26,12 +26,16 @@ class Eagle3Objective(Objective):
         self.loss = cfg.train.loss
 
     @staticmethod
+    def aux_layer_ids(head: nn.Module) -> tuple[int, ...]:
+        return tuple(head.feature_layer_ids)
+
+    @staticmethod
     @torch.no_grad()
-    def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
-        ids = batch["input_ids"]
-        out = target_forward(target, ids, aux_layer_ids=head.feature_layer_ids, compute_logits=True)
-        targets = restrict_to_draft_vocab(out.logits, getattr(head, "t2d", None))  # full logits dropped here
-        return Features(ids, batch["loss_mask"], out.aux_hidden.float(), no_grad_embeds(target, ids),
+    def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
+                    need_top1: bool = False) -> Features:
+        ids = batch["input_ids"]  # full logits dropped once restricted
+        targets = restrict_to_draft_vocab(target_logits(target, states.final_hidden), getattr(head, "t2d", None))
+        return Features(ids, batch["loss_mask"], states.aux_hidden.float(), no_grad_embeds(target, ids),
                         targets=targets, top1=targets.top1)
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:

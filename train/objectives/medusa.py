@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from infer.target import target_forward
+from infer.target import TargetOutput, target_forward
 from train.backbone import add_lora, has_lora, lora_parameters, original
 from train.config import TrainConfig
 from train.features import Features
 from train.losses import LossOutput, medusa_loss, soft_loss
-from train.objectives.base import Objective
+from train.objectives.base import Objective, target_logits
 
 
 class MedusaObjective(Objective):
@@ -42,16 +42,22 @@ class MedusaObjective(Objective):
             self.backbone.eval()  # no dropout: the adapted and the original model see the same computation
         return self
 
-    @staticmethod
+    @classmethod
     @torch.no_grad()
-    def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
+    def features(cls, target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False,
+                 states: TargetOutput | None = None) -> Features:
         if has_lora(target) and not need_top1:  # Medusa-2 training: the adapted target runs in forward, with grad
             with original(target):
                 teacher = target_forward(target, batch["input_ids"]).logits.float()  # (B, T, V)
             return Features(batch["input_ids"], batch["loss_mask"], None, logits=teacher)
-        out = target_forward(target, batch["input_ids"], compute_logits=need_top1)
-        top1 = out.logits.argmax(-1) if need_top1 else None
-        return Features(batch["input_ids"], batch["loss_mask"], out.final_hidden.float(), top1=top1)
+        return super().features(target, batch, head, need_top1, states)
+
+    @staticmethod
+    @torch.no_grad()
+    def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
+                    need_top1: bool = False) -> Features:
+        top1 = target_logits(target, states.final_hidden).argmax(-1) if need_top1 else None
+        return Features(batch["input_ids"], batch["loss_mask"], states.final_hidden.float(), top1=top1)
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         if self.backbone is None:

@@ -1,0 +1,186 @@
+"""Stored target features (issue 19): online, offline (scripts/dump_features.py + data.features) and
+hybrid (data.feature_cache) training give the same losses; a dump killed with SIGKILL resumes with every
+row stored exactly once; a folder made for another config is refused."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import test_train_fixtures
+from test_train_fixtures import tiny_config
+
+import train.feature_source
+import train.objectives.base
+from data.features import FeatureStoreError, decode, encode, open_store
+from conftest import make_tiny_target
+from scripts.dump_features import main as dump_main
+from train.config import ConfigError, load_config
+from train.feature_source import FeatureSource
+from train.loop import setup
+from train.objectives import objective_class
+
+ROOT = Path(__file__).resolve().parents[1]
+tiny_files = test_train_fixtures.tiny_files  # the fixture, used by name
+KINDS = {
+    "medusa": ["head.num_heads=3", "train.lr=1e-2"],
+    "eagle": [],
+    "eagle3": ["head.draft_vocab_size=128", "head.ttt_steps=3"],
+    "dflash": ["head.block_size=4", "train.lr=1e-2"],
+}
+QUICK = ["data.eval=null", "train.eval_every=0", "train.log_every=1"]
+
+
+def losses(result) -> list[float]:
+    return [r["loss"] for r in result.history if "loss" in r]
+
+
+def config_file(cfg, path: Path) -> Path:
+    """The run's resolved config as a YAML file (what dump_features reads with --config)."""
+    path.write_text(cfg.to_yaml())
+    return path
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_online_offline_and_hybrid_training_give_the_same_losses(tiny_files, tmp_path, caplog, monkeypatch, kind):
+    extra = [f"head.kind={kind}", *KINDS[kind], *QUICK]
+    calls = []  # target forwards while training; eagle3 runs one more to choose its start (init_from_target)
+    for module in (train.objectives.base, train.feature_source):
+        real = module.target_forward
+        monkeypatch.setattr(module, "target_forward", lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
+    probe = 1 if kind == "eagle3" else 0
+    online = setup(tiny_config(tiny_files, tmp_path / "online", *extra))
+    base = losses(online)
+    assert len(base) == 12 and len(set(base)) > 1, base
+    assert len(calls) == 12 + probe
+
+    store = tmp_path / "features"
+    cfg = tiny_config(tiny_files, tmp_path / "offline", *extra, f"data.features={store}")
+    assert dump_main(["--config", str(config_file(cfg, tmp_path / "cfg.yaml")), "--out", str(store),
+                      "--dtype", "float32", "data.features=null"]) == 0
+    calls.clear()
+    offline = setup(cfg)
+    torch.testing.assert_close(losses(offline), base, rtol=0, atol=1e-4)
+    assert len(calls) == probe
+
+    cache = tmp_path / "cache-folder"
+    caplog.set_level(logging.INFO, logger="draftsmith.train")
+    calls.clear()
+    hybrid = setup(tiny_config(tiny_files, tmp_path / "hybrid", *extra, f"data.feature_cache={cache}"))
+    torch.testing.assert_close(losses(hybrid), base, rtol=0, atol=1e-4)
+    assert len(calls) == 6 + probe
+    # 12 steps over 6 micro-batches per epoch: the first epoch ran the target, the second read the cache
+    assert "6 micro-batches read from stored features, 6 run through the target" in caplog.text
+    rows = open_store(cache, json.loads((cache / ".draftsmith-features").read_text())["fingerprint"],
+                      key="data.feature_cache").listed_rows()
+    assert sorted(rows) == list(range(24))
+
+
+def test_a_cache_stores_each_row_once_when_batches_mix_stored_and_new_rows(tmp_path):
+    target = make_tiny_target("llama")
+    store = open_store(tmp_path / "cache", {"target": "tiny"}, key="data.feature_cache", dtype="float32", create=True,
+                       writer="rank0", shard_bytes=1)  # a shard per added row: stored rows are read at once
+    source = FeatureSource(store, fill=True, key="data.feature_cache")
+    medusa = objective_class("medusa")
+    ids = torch.randint(3, 96, (4, 9), generator=torch.Generator().manual_seed(0))
+    for rows in ([0, 1], [1, 2], [2, 2], [0, 1]):  # mixed, repeated (accelerate's padding), all stored
+        batch = {"input_ids": ids[rows], "loss_mask": torch.ones(len(rows), 9, dtype=torch.long),
+                 "lengths": torch.full((len(rows),), 9), "rows": torch.tensor(rows)}
+        features = source.features(medusa, target, batch, None)
+        torch.testing.assert_close(features.hidden, medusa.features(target, batch, None).hidden)
+    source.close()
+    assert sorted(store.listed_rows()) == [0, 1, 2]
+    assert (source.online_batches, source.read_batches) == (2, 2)
+
+
+def test_fp8_keeps_each_token_within_its_scale():
+    x = torch.randn(5, 64) * torch.tensor([1e-3, 1.0, 30.0, 1e3, 0.0])[:, None]
+    stored = encode("final", x, "fp8")
+    assert stored["final"].dtype == torch.float8_e4m3fn and stored["final_scale"].shape == (5,)
+    back = decode(stored["final"], stored["final_scale"])
+    # e4m3 keeps 3 mantissa bits: relative error <= 2^-4 on normal values, per token whatever its size
+    error = (back - x).abs() / x.abs().amax(-1, keepdim=True).clamp(min=1e-30)
+    assert error.max() <= 2 ** -4 and back[4].abs().max() == 0
+    assert torch.equal(decode(*encode("final", x, "float32").values(), None), x)
+
+
+def test_a_folder_made_for_another_config_or_holding_other_files_is_refused(tiny_files, tmp_path, capsys):
+    store = tmp_path / "features"
+    cfg_file = config_file(tiny_config(tiny_files, tmp_path / "run", "head.kind=medusa", *QUICK), tmp_path / "c.yaml")
+    assert dump_main(["--config", str(cfg_file), "--out", str(store)]) == 0
+    shards = sorted(p.name for p in store.iterdir())
+    from data.cli import run
+
+    assert run(dump_main, ["--config", str(cfg_file), "--out", str(store), "head.kind=eagle"]) == 2
+    assert "head.kind='medusa' there, 'eagle' here" in capsys.readouterr().err
+    assert run(dump_main, ["--config", str(cfg_file), "--out", str(store), "--dtype", "fp8"]) == 2
+    assert "stores float32 (asked: fp8)" in capsys.readouterr().err
+    assert sorted(p.name for p in store.iterdir()) == shards  # nothing changed
+    with pytest.raises(FeatureStoreError, match="head.kind='medusa' there, 'eagle' here"):
+        setup(tiny_config(tiny_files, tmp_path / "other", "head.kind=eagle", *QUICK, f"data.features={store}"))
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert run(dump_main, ["--config", str(cfg_file), "--out", str(mine)]) == 2
+    assert "holds files no feature dump wrote (notes.txt)" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+    with pytest.raises(ConfigError, match="exclude each other"):
+        load_config(None, [f"data.features={store}", f"data.feature_cache={mine}"])
+
+
+def test_a_dump_killed_with_sigkill_resumes_with_every_row_exactly_once(tiny_files, tmp_path):
+    lines = tiny_files["train"].read_text().splitlines()
+    big = tmp_path / "big.jsonl"
+    big.write_text("\n".join(lines * 60) + "\n")  # 1440 rows in about 70 shards: seconds to kill it mid-way
+    cfg = tiny_config(tiny_files, tmp_path / "run", "head.kind=eagle3", *QUICK, f"data.train={big}")
+    cfg_file = config_file(cfg, tmp_path / "c.yaml")
+    store = tmp_path / "features"
+    command = [sys.executable, str(ROOT / "scripts" / "dump_features.py"), "--config", str(cfg_file),
+               "--out", str(store), "--shard-mb", "0.5", "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    manifest = store / "manifest-dump.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if manifest.is_file() and len(json.loads(manifest.read_text())["shards"]) >= 3:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    done = len(json.loads(manifest.read_text())["shards"])
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "rows already stored" in rerun.stderr
+
+    fingerprint = json.loads((store / ".draftsmith-features").read_text())["fingerprint"]
+    features = open_store(store, fingerprint, key="data.features")
+    rows = features.listed_rows()
+    assert len(rows) == fingerprint["data.rows"] == 1440 and sorted(rows) == list(range(1440))
+    assert len(json.loads(manifest.read_text())["shards"]) > done
+    assert not list(store.glob(".*.tmp"))
+    from train.examples import load_examples
+    from transformers import AutoTokenizer
+
+    examples, _ = load_examples(str(big), AutoTokenizer.from_pretrained(tiny_files["target"]), cfg, 300, "data.train")
+    for row in (0, 777, 1439):
+        assert features.read([row])[0]["input_ids"].tolist() == examples[row]["input_ids"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["head.kind=medusa", "train.backbone_lora_rank=4", "data.features=/tmp/f"], "Medusa-2 trains the target"),
+    (["head.kind=medusa", "train.backbone_lora_rank=4", "data.feature_cache=/tmp/f"], "stored ones are stale"),
+    (["data.feature_cache=/tmp/f", "train.target_sharding=fsdp"], "skip the sharded target's collective forward"),
+])
+def test_stored_features_refuse_what_would_make_them_stale_or_hang(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
