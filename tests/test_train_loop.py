@@ -125,9 +125,9 @@ def test_eagle_feature_noise_reaches_the_input_only(monkeypatch):
     seen = []
     real = train.objectives.eagle.eagle_loss
 
-    def spy(pred_hidden, pred_logits, target_hidden, *args):
+    def spy(pred_hidden, pred_logits, target_hidden, *args, **kwargs):
         seen.append((pred_hidden.detach(), target_hidden))
-        return real(pred_hidden, pred_logits, target_hidden, *args)
+        return real(pred_hidden, pred_logits, target_hidden, *args, **kwargs)
 
     monkeypatch.setattr(train.objectives.eagle, "eagle_loss", spy)
     lm_head = target.get_output_embeddings()
