@@ -56,9 +56,20 @@ def decode(values: Tensor, scale: Tensor | None) -> Tensor:
 
 
 def bytes_per_token(widths: dict[str, int], dtype: str) -> int:
-    """Disk bytes one token takes: ``widths`` {"final": H, "aux": k·H}, plus input_ids (8) and loss_mask (1)."""
+    """Disk bytes one token takes: ``widths`` {"final": H, "aux": k·H}, plus input_ids (8) and loss_mask (1);
+    fp8 adds one float32 scale per stored vector. Shared by the dump's estimate and the cost planner."""
+    if dtype not in DTYPES:
+        raise ValueError(f"feature dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    bad = {k: w for k, w in widths.items() if w < 0}
+    if bad:
+        raise ValueError(f"feature widths must be >= 0, got {bad}")
     scale = 4 if dtype == "fp8" else 0
     return 9 + sum(w * DTYPES[dtype].itemsize + scale for w in widths.values())
+
+
+def state_widths(hidden_size: int, aux_layers: int) -> dict[str, int]:
+    """What a dump stores per token for a head kind reading ``aux_layers`` aux states (0: the final only)."""
+    return {"final": hidden_size, **({"aux": aux_layers * hidden_size} if aux_layers else {})}
 
 
 def _atomic_json(path: Path, record: dict) -> None:

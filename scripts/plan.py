@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
     p.add_argument("--tokens-per-s", type=float, help="measured training tokens/s of one process")
     p.add_argument("--rows", type=int, help="training rows, for the disk of offline features")
-    p.add_argument("--feature-dtype", default="bfloat16", help="dtype of offline features (default bfloat16)")
+    p.add_argument("--feature-dtype", default="bfloat16", choices=("float32", "bfloat16", "float16", "fp8"),
+                   help="dtype of offline features (scripts/dump_features.py --dtype; default bfloat16)")
     p.add_argument("--measure", action="store_true", help="also train a few steps here and compare the peak")
     return p.parse_intermixed_args(argv)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from data.feature_bytes import feature_disk_bytes
+from data.features import bytes_per_token, state_widths
 from train.config import load_config
 from train.plan import GIB, KNOWN_TARGETS, format_plan, make_plan, shapes, target_config
 
@@ -76,15 +76,17 @@ def test_step_time_and_feature_disk():
     plan = make_plan(cfg, target_config(cfg.target), gpus=8, tokens_per_s=1000.0, rows=10)
     assert plan.tokens_per_step == 1 * 2048 * 4 * 8
     assert plan.step_seconds == pytest.approx(plan.tokens_per_step / 8000.0)
-    assert plan.disk_bytes == feature_disk_bytes(10, 2048, 3, 8192, "bfloat16") == 10 * 2048 * 4 * 8192 * 2
+    # per token: final + 3 aux states of 8192 bf16 values, + 8 B input id + 1 B loss mask (what a dump stores)
+    assert plan.disk_bytes == 10 * 2048 * bytes_per_token(state_widths(8192, 3), "bfloat16") == 10 * 2048 * (4 * 8192 * 2 + 9)
 
 
-def test_feature_disk_bytes_checks_its_input():
-    assert feature_disk_bytes(3, 5, 2, 7, "float32") == 3 * 5 * 3 * 7 * 4
+def test_feature_bytes_per_token_checks_its_input():
+    assert bytes_per_token(state_widths(7, 2), "float32") == 3 * 7 * 4 + 9
+    assert bytes_per_token(state_widths(7, 0), "fp8") == 7 + 4 + 9  # one float32 scale per stored vector
     with pytest.raises(ValueError, match="feature dtype 'int4'"):
-        feature_disk_bytes(1, 1, 1, 1, "int4")
-    with pytest.raises(ValueError, match="rows must be >= 0, got -1"):
-        feature_disk_bytes(-1, 1, 1, 1)
+        bytes_per_token(state_widths(1, 1), "int4")
+    with pytest.raises(ValueError, match="widths must be >= 0"):
+        bytes_per_token({"final": -1}, "float32")
 
 
 def test_a_local_target_is_read_from_its_config_json(tmp_path):

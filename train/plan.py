@@ -19,7 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from data.base.names import DEMO_PREFIX, is_demo
-from data.feature_bytes import feature_disk_bytes
+from data.features import bytes_per_token, state_widths
 from data.targets import resolve_target
 from heads import build_head
 from infer.target import decoder_layers
@@ -213,9 +213,11 @@ def make_plan(cfg: TrainConfig, config: PretrainedConfig, gpus: int, nodes: int 
     step_seconds = tokens_per_step / (tokens_per_s * world) if tokens_per_s else None
     disk, disk_how = None, "unknown: pass --rows N (training rows) to estimate it"
     if rows is not None:
-        disk = feature_disk_bytes(rows, length, s.aux_layers, s.hidden, feature_dtype)
-        disk_how = (f"{rows:,} rows × {length} tokens (max_length, an upper bound) × ({s.aux_layers} aux + 1) × "
-                    f"H {s.hidden} × {feature_dtype}")
+        per_token = bytes_per_token(state_widths(s.hidden, s.aux_layers), feature_dtype)
+        disk = rows * length * per_token
+        disk_how = (f"{rows:,} rows × {length} tokens (max_length, an upper bound) × {per_token:,} B/token "
+                    f"(({s.aux_layers} aux + 1) × H {s.hidden} × {feature_dtype} + ids and mask 9 B, "
+                    "data.features.bytes_per_token: what scripts/dump_features.py stores)")
     plan = Plan(parts, how, world, gpu_memory_gib * GIB, tokens_per_step, step_seconds, disk, disk_how, host,
                 host_how)
     if not plan.fits:
