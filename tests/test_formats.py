@@ -508,7 +508,7 @@ def test_export_cli(tmp_path, target, eagle3_reduced, capsys):
     assert _config(out)["torch_dtype"] == "bfloat16" and "exported as 'vllm'" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         export.main(["--head", str(tmp_path / "head"), "--to", "tensorrt", "--out", str(tmp_path / "x")])
-    assert set(FORMATS) == {"vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi"}
+    assert set(FORMATS) == {"vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash"}
 
 
 @pytest.mark.parametrize("where", ["same", "inside", "parent"])
@@ -556,5 +556,5 @@ def test_formats_are_one_module_per_engine_family():
     root = Path(__file__).resolve().parents[1] / "heads" / "formats"
     assert not (root.parent / "formats.py").exists()
     assert {p.stem for p in root.glob("*.py")} == {"__init__", "validation", "eagle3", "speculators", "eagle",
-                                                   "medusa", "public"}
+                                                   "medusa", "public", "dflash"}
     assert max(len(p.read_text().splitlines()) for p in root.glob("*.py")) < 300
