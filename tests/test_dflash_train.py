@@ -135,8 +135,29 @@ def test_lk_loss_is_minus_log_expected_acceptance():
     assert count == 2
     value, _ = soft_loss(logits, p, torch.tensor([True, False]), "lk")
     torch.testing.assert_close(value, -torch.log(torch.tensor(0.5)))
-    with pytest.raises(ConfigError, match="train.loss=lk applies only to head.kind=eagle3/dflash/eagle"):
-        load_config(None, ["head.kind=medusa", "train.loss=lk"])
+    with pytest.raises(ConfigError, match="train.loss=lk applies only to head.kind=eagle3/dflash/eagle/medusa"):
+        load_config(None, ["head.kind=early-exit", "train.loss=lk"])
+    with pytest.raises(ConfigError, match="Medusa-2 keeps its own combined loss"):
+        load_config(None, ["head.kind=medusa", "train.loss=lk", "train.backbone_lora_rank=4"])
+
+
+def test_medusa_lk_scores_head_k_against_the_targets_law_k_plus_one_ahead():
+    """Head k at position i drafts token i+k+2: its law is scored against the target's at j = i+1+k."""
+    from train.losses import medusa_soft_loss, soft_loss
+
+    torch.manual_seed(0)
+    heads, target_logits = torch.randn(2, 1, 6, 5), torch.randn(1, 6, 5)
+    mask = torch.ones(1, 6)
+    out = medusa_soft_loss(heads, target_logits, mask, 0.5, "lk")
+    for k in range(2):
+        n = 6 - 2 - k  # positions i = 0 .. n-1 have a label token i+k+2 inside the sequence
+        q, p = heads[k][:, :n], target_logits[:, 1 + k: 1 + k + n].softmax(-1)
+        rate = torch.minimum(q.softmax(-1), p).sum(-1).mean()
+        torch.testing.assert_close(out.step_losses[k], -torch.log(rate))
+        assert out.count[k] == n
+    torch.testing.assert_close(out.loss, out.step_losses[0] + 0.5 * out.step_losses[1])
+    ce, _ = soft_loss(heads[0][:, :4], target_logits[:, 1:5].softmax(-1), mask[:, 2:].bool(), "ce")
+    torch.testing.assert_close(medusa_soft_loss(heads, target_logits, mask, 0.5, "ce").step_losses[0], ce)
 
 
 def test_lk_lambda_mixes_ce_and_acceptance_by_the_acceptance_rate():
@@ -163,6 +184,7 @@ def test_lk_lambda_mixes_ce_and_acceptance_by_the_acceptance_rate():
 @pytest.mark.parametrize("kind, loss, extra", [
     ("dflash", "lk", ["head.block_size=4"]), ("eagle3", "lk", ["head.ttt_steps=2"]),
     ("eagle3", "lk-lambda", ["head.ttt_steps=2"]), ("eagle", "lk", []), ("eagle", "lk-lambda", []),
+    ("medusa", "lk", []), ("medusa", "lk-lambda", []),
 ])
 def test_lk_loss_trains(tiny_files, tmp_path, kind, loss, extra):  # noqa: F811
     """train.loss=lk / lk-lambda: the loop runs and the loss falls (eagle: SmoothL1 + 0.1 x the LK term)."""

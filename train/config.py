@@ -117,9 +117,10 @@ class OptimConfig:
     loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3; dflash: block position "
                              "k+1)", 0.8)
     loss: Literal["ce", "lk", "lk-lambda"] = _doc(
-        "eagle3/dflash/eagle: ce = soft cross-entropy to the target's distribution (eagle: its classification "
-        "term); lk = LK^alpha (arXiv 2602.23881): -log of the expected acceptance rate sum(min(p, q)) per draft "
-        "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-3*rate)", "ce")
+        "ce = soft cross-entropy to the target's distribution (eagle: its classification term; medusa: hard CE "
+        "on the data's tokens); lk = LK^alpha (arXiv 2602.23881): -log of the expected acceptance rate sum(min(p, q)) per draft "
+        "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-3*rate) (medusa: both against the "
+        "target's distribution); early-exit: ce only", "ce")
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(
@@ -435,9 +436,12 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.betas must lie in [0, 1), got {list(opt.betas)}")
     if not opt.max_grad_norm > 0:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {opt.max_grad_norm}")
-    if opt.loss != "ce" and head.kind not in ("eagle3", "dflash", "eagle"):
-        raise ConfigError(f"train.loss={opt.loss} applies only to head.kind=eagle3/dflash/eagle (head.kind="
-                          f"{head.kind}: Medusa-1 trains on the data's tokens, not the target's distribution)")
+    if opt.loss != "ce" and head.kind not in ("eagle3", "dflash", "eagle", "medusa"):
+        raise ConfigError(f"train.loss={opt.loss} applies only to head.kind=eagle3/dflash/eagle/medusa (head.kind="
+                          f"{head.kind})")
+    if opt.loss != "ce" and opt.backbone_lora_rank:
+        raise ConfigError(f"train.loss={opt.loss} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 "
+                          "keeps its own combined loss (self-distillation + the heads' CE); set one of them back")
     if not 0 < opt.loss_decay <= 1:
         raise ConfigError(f"train.loss_decay must lie in (0, 1], got {opt.loss_decay}")
     if head.kind == "medusa" and head.num_heads is not None and opt.eval_depth is not None \

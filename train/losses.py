@@ -120,6 +120,25 @@ def medusa_loss(logits: Tensor, input_ids: Tensor, loss_mask: Tensor, decay: flo
                       torch.stack(correct).float(), torch.stack(count).float())
 
 
+def medusa_soft_loss(logits: Tensor, target_logits: Tensor, loss_mask: Tensor, decay: float, loss: str) -> LossOutput:
+    """Medusa heads against the target's own distribution (self-distillation) with ``soft_loss``'s
+    ``loss`` (the LK losses need the target's law, not the data's token): head k at position i is
+    scored against the target's distribution at j = i + 1 + k, which predicts the token i + k + 2 it
+    drafts. logits (K, B, T, V); target_logits (B, T, V). Accuracy is against the target's top-1."""
+    num_heads, _, seq_len, _ = logits.shape
+    losses, correct, count = [], [], []
+    for k in range(num_heads):
+        pos, tgt, label = step_slices(seq_len, k)
+        step_logits, probs = logits[k][:, pos], target_logits[:, tgt].float().softmax(-1)
+        mask = loss_mask[:, label].bool()
+        value, n = soft_loss(step_logits, probs, mask, loss)
+        losses.append(value)
+        correct.append(((step_logits.argmax(-1) == probs.argmax(-1)) & mask).sum())
+        count.append(n)
+    return LossOutput(decayed_sum(losses, decay), torch.stack(losses).detach(),
+                      torch.stack(correct).float(), torch.stack(count).float())
+
+
 def eagle_loss(
     pred_hidden: Tensor,
     pred_logits: Tensor,

@@ -15,7 +15,7 @@ from infer.target import TargetOutput, target_forward
 from train.backbone import add_lora, has_lora, lora_parameters, original
 from train.config import TrainConfig
 from train.features import Features
-from train.losses import LossOutput, medusa_loss, soft_loss
+from train.losses import LossOutput, medusa_loss, medusa_soft_loss, soft_loss
 from train.objectives.base import Objective, target_logits
 
 
@@ -25,6 +25,7 @@ class MedusaObjective(Objective):
         self.lora_rank = cfg.train.backbone_lora_rank
         self.backbone_lr = cfg.train.backbone_lr or cfg.train.lr / 4
         self.heads_coefficient = cfg.train.heads_coefficient
+        self.loss = cfg.train.loss
 
     def attach_backbone(self, target: nn.Module) -> None:
         if self.lora_rank:
@@ -60,6 +61,10 @@ class MedusaObjective(Objective):
         return Features(batch["input_ids"], batch["loss_mask"], states.final_hidden.float(), top1=top1)
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
+        if self.backbone is None and self.loss != "ce":  # the LK losses: against the target's own law
+            with torch.no_grad():
+                teacher = lm_head(features.hidden.to(lm_head.weight.dtype))
+            return medusa_soft_loss(self.head(features.hidden), teacher, features.loss_mask, self.decay, self.loss)
         if self.backbone is None:
             return medusa_loss(self.head(features.hidden), features.input_ids, features.loss_mask, self.decay)
         out = target_forward(self.backbone.get_base_model(), features.input_ids)  # adapters on, with grad
