@@ -130,3 +130,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def record_drafts(drafter) -> list:
+    """Every draft ``drafter`` proposes from now on, as the generator asks for them (``propose_rows``:
+    every row of a step at once), appended to the returned list."""
+    drafts, propose_rows = [], drafter.propose_rows
+
+    def recording(*args, **kwargs):
+        out = propose_rows(*args, **kwargs)
+        drafts.extend(out)
+        return out
+
+    drafter.propose_rows = recording
+    return drafts

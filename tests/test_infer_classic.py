@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from conftest import make_tiny_target, record_drafts
 from test_infer_sampling import VOCAB as SMALL_VOCAB, exact_law, joint_pvalue, sample_triples
 
 from infer import Chain, SpeculativeGenerator
@@ -61,15 +61,7 @@ def test_greedy_matches_hf(arch, compile):
     rng = random.Random(arch)
     for name, drafter in _drafters(arch, target).items():
         gen = SpeculativeGenerator(target, drafter, compile=compile)
-        propose = drafter.propose_rows  # the generator drafts every row at once
-        sizes = []  # every draft fits the drafter's max_nodes (a static verify step's budget)
-
-        def recording(*args, propose=propose, **kwargs):
-            out = propose(*args, **kwargs)
-            sizes.extend(out)
-            return out
-
-        drafter.propose_rows = recording
+        sizes = record_drafts(drafter)  # every draft fits the drafter's max_nodes (a static verify step's budget)
         for prompt_len, max_new in ((1, 1), (12, 30), (20, 7)):
             ids = _repetitive_prompt(rng, prompt_len)
             out = gen.generate(ids, max_new_tokens=max_new)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import test_infer_classic
+from conftest import record_drafts
 from test_infer_classic import ARCHES3, _hf, _repetitive_prompt, _target
 from test_infer_sampling import exact_law, joint_pvalue, sample_triples
 
@@ -35,13 +36,6 @@ def _trained_like(head, seed: int = 0, scale: float = 0.3):
     return head.eval()
 
 
-def _spy(drafter):
-    """Record every draft ``drafter`` proposes."""
-    drafts, propose = [], drafter.propose
-    drafter.propose = lambda *a, **k: drafts.append(propose(*a, **k)) or drafts[-1]
-    return drafts
-
-
 def _drafters(arch: str, target):
     same = _target(arch)  # the target itself as draft LM: every draft accepted
     other = _target(arch, seed=7, num_layers=2)
@@ -63,13 +57,14 @@ def test_greedy_matches_hf(arch, compile):
     rng = random.Random(arch)
     for name, drafter in _drafters(arch, target).items():
         gen = SpeculativeGenerator(target, drafter, compile=compile)
-        drafts = _spy(drafter)
+        drafts = record_drafts(drafter)
         for prompt_len, max_new in ((1, 1), (12, 30), (20, 7)):
             ids = _repetitive_prompt(rng, prompt_len)
             assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf(target, ids, max_new)), (name, prompt_len)
             assert all(d.tokens.numel() <= drafter.max_nodes for d in drafts), name
             if name == "hier-self" and max_new == 30:  # 29 tokens after the first in 6 steps of <= 6
                 assert gen.last_stats.tau > 4.8, gen.last_stats.tau
+        assert drafts, name  # the recorder saw the drafts the checks above are about
 
 
 @pytest.mark.parametrize("arch", ARCHES3)
@@ -93,7 +88,7 @@ def test_fresh_early_exit_head_is_layer_skip():
                           ("fresh", make_drafter(build_head("early-exit", target, exit_layer=2), target, Chain(3))),
                           ("moved", make_drafter(_trained_like(build_head("early-exit", target, exit_layer=2), scale=1.0),
                                                  target, Chain(3)))):
-        drafts = _spy(drafter)
+        drafts = record_drafts(drafter)
         SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20)
         runs[name] = [d.tokens.tolist() for d in drafts]
     assert runs["fresh"] == runs["layer-skip"]
@@ -136,7 +131,7 @@ def test_hierarchical_drafts_what_the_draft_lm_drafts_with_fewer_forwards():
     runs = {}
     for name, drafter in (("plain", LMDrafter(draft_lm, target, Chain(6))),
                           ("hier", HierarchicalDrafter(draft_lm, target, NgramDrafter(length=6), Chain(6)))):
-        drafts = _spy(drafter)
+        drafts = record_drafts(drafter)
         assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=30), _hf(target, ids, 30))
         runs[name] = [d.tokens.tolist() for d in drafts]
     assert runs["hier"] == runs["plain"]
@@ -144,7 +139,7 @@ def test_hierarchical_drafts_what_the_draft_lm_drafts_with_fewer_forwards():
     for name, cls in (("plain", LMDrafter), ("hier", HierarchicalDrafter)):
         stub = CycleLM(target, period=3)
         drafter = cls(stub, target, tree=Chain(12))
-        drafts = _spy(drafter)
+        drafts = record_drafts(drafter)
         assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20), _hf(target, ids, 20))
         forwards[name] = (stub.forwards, [d.tokens.tolist() for d in drafts])
     assert forwards["hier"][1] == forwards["plain"][1]
