@@ -12,6 +12,7 @@ the token t_i and ``next_tokens[:, i]`` is t_{i+1}; the last pair's next token i
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +165,19 @@ def group_rows(states: list[Any]) -> dict[int, list[int]]:
     for i, state in enumerate(states):
         groups.setdefault(id(state.cache), []).append(i)
     return groups
+
+
+def draft_by_batch(states: list[Any], roots: list[Tensor], max_depths: list[int], length: int,
+                   draft: Callable[[Any, list[Any], list[Tensor], list[int]], list[Draft]]) -> list[Draft]:
+    """Each row's draft, in ``states``' order: the rows sharing a batch cache drafted together by
+    ``draft(cache, states, roots, lengths)``, every row at most ``length`` deep and within its ``max_depths``."""
+    drafts: list[Draft] = [None] * len(states)  # type: ignore[list-item]
+    for group in group_rows(states).values():
+        lengths = [min(length, max_depths[i]) for i in group]
+        out = draft(states[group[0]].cache, [states[i] for i in group], [roots[i] for i in group], lengths)
+        for i, one in zip(group, out):
+            drafts[i] = one
+    return drafts
 
 
 def chain_draft(tokens: list[Tensor], q: list[Tensor]) -> Draft:

@@ -19,7 +19,8 @@ from torch import nn
 
 from heads.layers import additive_mask
 from infer.cache import StaticHeadCache
-from infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_buffers, group_rows, root_only, stack_rows
+from infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
+                                 root_only, stack_rows)
 
 CPU_CHAIN = 4  # on CPU every verified token costs (EAGLE's measured chain sweet spot, docs/benchmarks.md)
 
@@ -84,14 +85,8 @@ class DFlashDrafter(HeadDrafter):
     def propose_rows(self, states: list[DFlashState], roots: list[torch.Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:
         """One block pass per batch drafts every row's chain."""
-        drafts: list[Draft] = [None] * len(states)  # type: ignore[list-item]
-        for group in group_rows(states).values():
-            lengths = [min(self.option.length, max_depths[i]) for i in group]
-            blocks = self._blocks(states[group[0]].cache, [states[i] for i in group], [roots[i] for i in group],
-                                  lengths, sampling)
-            for i, draft in zip(group, blocks):
-                drafts[i] = draft
-        return drafts
+        return draft_by_batch(states, roots, max_depths, self.option.length,
+                              lambda cache, rows, tips, lengths: self._blocks(cache, rows, tips, lengths, sampling))
 
     def _blocks(self, cache: StaticHeadCache, states: list[DFlashState], roots: list[torch.Tensor],
                 lengths: list[int], sampling: Sampling) -> list[Draft]:

@@ -14,8 +14,8 @@ from torch import Tensor, nn
 
 from data.base.checks import probability
 from infer.cache import StaticHeadCache
-from infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers, group_rows, root_only,
-                                 stack_rows)
+from infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers,
+                                 draft_by_batch, group_rows, root_only, stack_rows)
 from infer.tree import Candidates, expand_level, select_tree, tree_attention_mask, tree_from_parents
 
 
@@ -122,14 +122,8 @@ class EagleDrafter(HeadDrafter):
         """Chains: one head forward per draft level for every row of a batch; trees: per row."""
         if isinstance(self.option, DynamicTree):
             return [self._tree(s, r, min(self.option.depth, d)) for s, r, d in zip(states, roots, max_depths)]
-        drafts: list[Draft] = [None] * len(states)  # type: ignore[list-item]
-        for group in group_rows(states).values():
-            lengths = [min(self.option.length, max_depths[i]) for i in group]
-            chains = self._chains(states[group[0]].cache, [states[i] for i in group], [roots[i] for i in group],
-                                  lengths, sampling)
-            for i, draft in zip(group, chains):
-                drafts[i] = draft
-        return drafts
+        return draft_by_batch(states, roots, max_depths, self.option.length,
+                              lambda cache, rows, tips, lengths: self._chains(cache, rows, tips, lengths, sampling))
 
     def _chains(self, cache: StaticHeadCache, states: list[EagleState], roots: list[Tensor], lengths: list[int],
                 sampling: Sampling) -> list[Draft]:
