@@ -158,6 +158,9 @@ def test_a_dump_killed_with_sigkill_resumes_with_every_row_exactly_once(tiny_fil
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
     done = len(json.loads(manifest.read_text())["shards"])
+    with pytest.raises(FeatureStoreError, match=r"holds \d+ of data.train's 1440 rows: finish the dump"):
+        setup(tiny_config(tiny_files, tmp_path / "early", "head.kind=eagle3", *QUICK, f"data.train={big}",
+                          f"data.features={store}"))  # a killed dump is refused until it is finished
     rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "rows already stored" in rerun.stderr
