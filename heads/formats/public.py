@@ -11,6 +11,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from heads.common import target_identity
 from heads.eagle3 import Eagle3Config, Eagle3Head
 from heads.formats.eagle3 import aux_layer_ids_from_config, draft_vocab_problems
+from data.base.torch_bin import read_torch_bin
 from heads.formats.validation import (
     ENGINE_ROPE_PARAMS,
     PROVENANCE_KEY,
@@ -188,8 +189,8 @@ def _load_public_tensors(directory: Path, allow_embed_tokens: bool,
     for file in files:
         if file.suffix == ".safetensors":
             raw = read_tensors(file)
-        else:  # the EAGLE authors publish pytorch_model.bin; weights_only refuses pickled code
-            raw = torch.load(file, map_location="cpu", weights_only=True)
+        else:  # the EAGLE authors publish pytorch_model.bin: read without unpickling
+            raw = read_torch_bin(file)
         for name, tensor in raw.items():
             # vLLM-style dumps prefix "model." and call the layer "layers.0"; the public layout is "midlayer"
             key = name.removeprefix("model.")
