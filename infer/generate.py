@@ -2,7 +2,8 @@
 
     python -m infer.generate --head H [--target T] --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
-        [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--compare]
+        [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--lookup-first]
+        [--compare]
     python -m infer.generate --target T --drafter lm:DIR | lm:DIR+ngram | ngram | layer-skip[:K] [--depth D] [--branch K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
@@ -16,7 +17,8 @@ with the target's own first K layers (self-speculation; ``infer.layer_skip``); w
 ``scripts/calibrate_layer_skip.py`` measured fastest for this target, device and dtype, else half the
 layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
 (``infer.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold).
-``--adaptive`` lets the draft length follow the acceptance.
+``--adaptive`` lets the draft length follow the acceptance. ``--lookup-first`` drafts by prompt lookup
+whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.lookup_first``).
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from heads import AutoHead
 from infer.adaptive import AdaptiveLength
 from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, drafter_class, make_drafter
 from infer.generator import SpeculativeGenerator
+from infer.lookup_first import LookupFirst
+from infer.ngram import NgramDrafter
 from data.cli import run
 from data.targets import resolve_target
 from data.base.device import default_device, sync
@@ -49,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(its own drafts guessed by prompt lookup), ngram, or layer-skip[:K] (self-speculation: the "
                    "target's first K layers draft; default the calibrated K, else half of them)")
     p.add_argument("--adaptive", action="store_true", help="draft length follows the acceptance (chains)")
+    p.add_argument("--lookup-first", action="store_true",
+                   help="with --head: prompt lookup drafts when it finds a continuation of 2 or more tokens, the head "
+                        "otherwise (the suffix + model hybrid)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -74,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= {2 if name == 'total_tokens' else 1}, got {value}")
     if (args.head is None) == (args.drafter is None):
         p.error("pass exactly one of --head and --drafter")
+    if args.lookup_first and args.head is None:
+        p.error("--lookup-first puts prompt lookup before a head: pass --head (--drafter ngram is lookup alone)")
     if args.drafter is not None:
         if not (args.drafter == "ngram" or args.drafter.startswith("lm:") or LAYER_SKIP.fullmatch(args.drafter)):
             p.error(f"--drafter must be lm:DIR, lm:DIR+ngram, ngram or layer-skip[:K], got {args.drafter!r}")
@@ -107,13 +116,19 @@ def max_chain(head) -> int:
     return drafter_class(head.head_kind).longest_chain(head)
 
 
-def adaptive_head(head):
-    """A factory for ``from_pretrained``: the head's chain, its length adapted (up to ``max_chain``)."""
+def head_drafter(head, tree, adaptive: bool, lookup_first: bool):
+    """A factory for ``from_pretrained``: the head's drafter for ``tree`` (None: the kind's default on
+    the target's device); ``adaptive``: its chain's length adapted (up to ``max_chain``);
+    ``lookup_first``: behind prompt lookup."""
     def build(target):
         head.check_target(target)
         head.to(device=target.device, dtype=target.dtype).eval()
-        n = max_chain(head)
-        return AdaptiveLength(make_drafter(head, target, Chain(n)), initial=min(4, n), maximum=n)
+        if adaptive:
+            n = max_chain(head)
+            drafter = AdaptiveLength(make_drafter(head, target, Chain(n)), initial=min(4, n), maximum=n)
+        else:
+            drafter = make_drafter(head, target, tree)
+        return LookupFirst(drafter, NgramDrafter(max_ngram=3, length=8)) if lookup_first else drafter
     return build
 
 
@@ -122,7 +137,6 @@ def classic_drafter(args: argparse.Namespace, target):
     from transformers import AutoModelForCausalLM
 
     from infer.lm_drafter import LMDrafter
-    from infer.ngram import NgramDrafter
 
     if args.drafter == "ngram":
         length = args.depth or (16 if args.adaptive else 8)
@@ -181,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         if not target:
             raise SystemExit(f"{args.head} records no target (target_name_or_path); pass --target")
         tree = tree_option(kind, device, args)
-        if args.adaptive:
-            if not isinstance(tree, Chain):
-                raise SystemExit("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
-            head, tree = adaptive_head(head), None
+        if args.adaptive and not isinstance(tree, Chain):
+            raise SystemExit("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
+        if args.adaptive or args.lookup_first:
+            head, tree = head_drafter(head, tree, args.adaptive, args.lookup_first), None
         gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree,
                                                    threads=args.threads)
     if gen.tokenizer is None:
@@ -200,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     streamer = TextStreamer(gen.tokenizer, skip_prompt=True, skip_special_tokens=True)
     out = gen.generate(ids, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)
     s = gen.last_stats
-    adaptive = ", adaptive length" if args.adaptive else ""
+    adaptive = (", adaptive length" if args.adaptive else "") + (", prompt lookup first" if args.lookup_first else "")
     compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
     print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "
           f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{adaptive})", file=sys.stderr)

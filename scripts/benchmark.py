@@ -2,14 +2,15 @@
 
     python scripts/benchmark.py --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
         [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--trees tree,chain4]
-        [--adaptive] [--profile] [--train-throughput] [--batch-sizes 1,4] [--out DIR]
+        [--adaptive] [--lookup-first] [--profile] [--train-throughput] [--batch-sizes 1,4] [--out DIR]
 
 Methods: vanilla greedy ``generate`` (eager, DynamicCache); ``hf-static``: HF ``generate`` with
 ``cache_implementation="static"`` (HF compiles it on CUDA: the vanilla baseline that counts on a
 GPU; ``--no-hf-static`` skips it); HF assisted generation (``--assistant``, a small LM sharing
 the tokenizer) next to our draft-model drafter with the same LM (a chain of 4, and adaptive); HF
 prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafter (chain, tree of
-3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain; each head with every
+3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
+``--lookup-first`` its default draft behind prompt lookup (``infer.lookup_first``); each head with every
 tree in ``--trees``: ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
 an EAGLE-2 dynamic tree), ``default`` (what a generator drafts when given no tree), ``chainN``,
 ``dynD-K-N`` (EAGLE: DynamicTree(depth=D, top_k=K, total_tokens=N)), ``medusaN`` (the first N
@@ -81,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the device's, infer.generator.default_compile)")
     p.add_argument("--prompt-lookup-tokens", type=cli_count(), default=10)
     p.add_argument("--adaptive", action="store_true", help="also run each head with an adaptive-length chain")
+    p.add_argument("--lookup-first", action="store_true",
+                   help="also run each head behind prompt lookup (lookup drafts when it finds >= 2 tokens)")
     p.add_argument("--layer-skip", type=cli_counts(), default=[],
                    help="comma-separated K: also self-speculate with the target's first K layers (a chain of 4)")
     p.add_argument("--tree-sizes", type=cli_counts(), default="1,2,4,8,16,32,48,64,96,128")

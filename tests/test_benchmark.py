@@ -49,7 +49,7 @@ def test_benchmark_measures_every_method(bench_dirs):
         "--target", str(root / "target"), "--heads", *heads, "--assistant", str(root / "assistant"),
         "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "8", "--ignore-eos",
         "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4,8", "--profile", "--out", str(out),
-        "--trees", "tree,chain2,dyn3-2-5,medusa4", "--adaptive", "--layer-skip", "3",
+        "--trees", "tree,chain2,dyn3-2-5,medusa4", "--adaptive", "--layer-skip", "3", "--lookup-first",
     ])
     names = [r["method"] for r in result["rows"]]
     assert names[:11] == ["vanilla", "hf-static", "hf-assisted", "draft-lm:chain4", "draft-lm:adaptive",
@@ -57,9 +57,12 @@ def test_benchmark_measures_every_method(bench_dirs):
                           "layer-skip:3"]
     # each head gets the trees that fit its kind: no dynamic tree for Medusa, no static one for EAGLE-3,
     # chains only for early exit
-    assert names[11:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4", "medusa:medusa:adaptive",
-                         "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5", "eagle3:eagle3:adaptive",
-                         "early-exit:early-exit:chain2", "early-exit:early-exit:adaptive"]
+    assert names[11:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4",
+                         "medusa:medusa:lookup-first", "medusa:medusa:adaptive",
+                         "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5",
+                         "eagle3:eagle3:lookup-first", "eagle3:eagle3:adaptive",
+                         "early-exit:early-exit:chain2", "early-exit:early-exit:lookup-first",
+                         "early-exit:early-exit:adaptive"]
     vanilla = result["rows"][0]
     assert vanilla["speedup"] == pytest.approx(1.0) and vanilla["tau"] == pytest.approx(1.0)
     assert vanilla["bound"] == pytest.approx(1.0)

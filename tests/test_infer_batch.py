@@ -235,12 +235,9 @@ def test_batch_bad_inputs_raise_clear_errors():
 def test_padded_rows_sample_the_target_law(name):
     """Sampling per row: rows holding the sampling test's prompt behind left padding, batched with a
     longer prompt, draw their first three tokens from the target's exact law (chi-square)."""
-    from test_infer_sampling import CONFIGS, PROMPT, FullWidthDrafter, exact_law, joint_pvalue
-    from test_infer_sampling import VOCAB as SMALL_VOCAB
+    from test_infer_sampling import CONFIGS, PROMPT, FullWidthDrafter, exact_law, joint_pvalue, make_small_target
 
-    model = make_tiny_target("llama", vocab_size=SMALL_VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1,
-                             intermediate_size=32, initializer_range=0.5, seed=3)
-    model.generation_config.eos_token_id = None
+    model = make_small_target()
     kind, tree, sampling = {**CONFIGS, "dflash-chain": ("dflash", Chain(3), {"temperature": 0.9, "top_k": 6})}[name]
     torch.manual_seed(1)
     gen = SpeculativeGenerator(model, FullWidthDrafter() if kind is None else build_head(kind, model), tree=tree)

@@ -124,7 +124,8 @@ def test_cli_prints_its_thread_count(saved, capsys):
                                    ["--drafter", "LM"], ["--drafter", "LM", "--adaptive"],
                                    ["--head", "HEAD", "--adaptive"], ["--drafter", "layer-skip"],
                                    ["--drafter", "layer-skip:1", "--adaptive"], ["--drafter", "LM+ngram"],
-                                   ["--drafter", "LM+ngram", "--adaptive", "--depth", "6"]])
+                                   ["--drafter", "LM+ngram", "--adaptive", "--depth", "6"],
+                                   ["--head", "HEAD", "--lookup-first"], ["--head", "HEAD", "--lookup-first", "--adaptive"]])
 def test_cli_classic_drafters(saved, capsys, extra):
     make_tiny_target("llama", num_layers=2, seed=4).save_pretrained(saved / "draft-lm")
     extra = [e.replace("LM", f"lm:{saved / 'draft-lm'}").replace("HEAD", str(saved / "head")) for e in extra]
@@ -132,6 +133,12 @@ def test_cli_classic_drafters(saved, capsys, extra):
                  "--compare", "--device", "cpu", *extra])
     assert code == 0
     assert "outputs identical: yes" in capsys.readouterr().err
+
+
+def test_cli_lookup_first_needs_a_head(saved, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["--target", str(saved / "target"), "--drafter", "ngram", "--lookup-first", "--prompt", "w5"])
+    assert err.value.code == 2 and "--lookup-first puts prompt lookup before a head" in capsys.readouterr().err
 
 
 def test_cli_early_exit_head_and_calibrated_layer_skip(saved, capsys, monkeypatch, tmp_path):

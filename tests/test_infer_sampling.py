@@ -20,14 +20,19 @@ VOCAB = 8
 PROMPT = torch.tensor([[1, 5, 3]])
 
 
-@pytest.fixture(scope="module")
-def small_target():
+def make_small_target():
+    """The sampling tests' target: 8 tokens, so the joint law of three tokens is enumerable."""
     model = make_tiny_target(
         "llama", vocab_size=VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1, intermediate_size=32,
         initializer_range=0.5, seed=3,
     )
     model.generation_config.eos_token_id = None
     return model
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    return make_small_target()
 
 
 def exact_law(model, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

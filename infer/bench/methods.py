@@ -15,6 +15,7 @@ from data.base.device import sync
 from heads import AutoHead
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.adaptive import AdaptiveLength
+from infer.lookup_first import LookupFirst
 from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from infer.drafters import TreeOption, drafter_class, make_drafter
 from infer.hierarchical import HierarchicalDrafter
@@ -111,6 +112,10 @@ def build_methods(args, target, tokenizer) -> list[Method]:
             run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
             name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
             methods.append(Method(name, "head", run, generator=gen))
+        if getattr(args, "lookup_first", False):  # prompt lookup when it finds >= 2 tokens, the head's default otherwise
+            drafter = LookupFirst(make_drafter(head, target), NgramDrafter(max_ngram=3, length=8))
+            name = f"{head.head_kind}:{label}:lookup-first" if len(args.heads) > 1 else f"{head.head_kind}:lookup-first"
+            methods.append(ours(name, "head", drafter))
         if args.adaptive:  # a chain whose length follows acceptance (Medusa: at most its head count)
             longest = drafter_class(head.head_kind).longest_chain(head)
             drafter = AdaptiveLength(make_drafter(head, target, Chain(longest)), initial=min(4, longest), maximum=longest)
