@@ -78,6 +78,10 @@ class AutoHead:
             from heads.formats import import_eagle3
 
             return import_eagle3(path_or_repo, **kwargs)
+        if config_dict.get("speculators_model_type") == "dflash":
+            from heads.formats import import_speculators_dflash
+
+            return import_speculators_dflash(path_or_repo, **kwargs)
         if DFLASH_ARCHITECTURE in (config_dict.get("architectures") or []):
             from heads.formats import import_dflash
 
@@ -86,7 +90,7 @@ class AutoHead:
             f"{path_or_repo}: config.json has model_type={model_type!r} and architectures="
             f"{config_dict.get('architectures')}, which is not a draftsmith head "
             f"({sorted(_BY_MODEL_TYPE)}) nor a public EAGLE-3 ({list(PUBLIC_EAGLE3_ARCHITECTURES)}) or DFlash "
-            f"({DFLASH_ARCHITECTURE}) checkpoint"
+            f"({DFLASH_ARCHITECTURE}, speculators dflash) checkpoint"
         )
 
 

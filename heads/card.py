@@ -183,7 +183,7 @@ def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[
     head_ref = repo_id or ("HEAD_DIR" if native else "DRAFT_DIR")
     serve_dir = head_ref if not native else "SERVE_DIR"
     lines: list[str] = []
-    if native or (kind == "eagle3" and fmt in ("vllm", "sglang", "speculators")) or fmt == "dflash":
+    if native or (kind == "eagle3" and fmt in ("vllm", "sglang", "speculators")) or kind == "dflash":
         lines += ["draftsmith (loads this " + ("head" if native else "export, converting it back") + "):", "",
                   "```python", "from infer import SpeculativeGenerator", "",
                   f"gen = SpeculativeGenerator.from_pretrained({target!r}, {head_ref!r})",
@@ -215,8 +215,13 @@ def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[
         lines += ["vLLM:", "", *export_step("eagle-vllm"), "```bash",
                   f"vllm serve {served} --speculative-config "
                   f"'{{\"method\": \"eagle\", \"model\": \"{serve_dir}\", \"num_speculative_tokens\": 3}}'", "```", ""]
+    elif kind == "dflash" and fmt == "speculators":
+        lines += ["vLLM (the verifier, the block and the layers come from the directory):", "", "```bash",
+                  f"vllm serve {serve_dir}", "```", ""]
     elif kind == "dflash":
-        lines += ["SGLang (and z-lab's `DFlashDraftModel` code):", "", *export_step("dflash"), "```bash",
+        lines += ["vLLM (speculators flavour):", "", *export_step("speculators"), "```bash",
+                  f"vllm serve {serve_dir}", "```", "",
+                  "SGLang (and z-lab's `DFlashDraftModel` code):", "", *export_step("dflash"), "```bash",
                   f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DFLASH "
                   f"--speculative-draft-model-path {serve_dir}", "```", ""]
     elif kind == "medusa":

@@ -5,7 +5,8 @@
     python scripts/export.py --head runs/medusa --to medusa-tgi --out exports/medusa-tgi --dtype bfloat16
 
 Formats: vllm and sglang (EAGLE-3, the same directory serves both and TensorRT-LLM), speculators
-(EAGLE-3, `vllm serve DIR` alone), eagle-vllm (EAGLE-1/2), medusa-vllm, medusa-tgi. The export is
+(EAGLE-3 or DFlash, `vllm serve DIR` alone), eagle-vllm (EAGLE-1/2), medusa-vllm, medusa-tgi, dflash
+(z-lab's layout: SGLang). The export is
 validated after writing and refused when an engine would load it wrong; README.md ("Serve with vLLM / SGLang / TensorRT-LLM") has the
 launch commands.
 """

@@ -5,6 +5,7 @@
 | `vllm`/`sglang` | eagle3 | model.safetensors          | vLLM eagle3, SGLang EAGLE3, TensorRT-LLM Eagle3   |
 | `speculators`   | eagle3 | model.safetensors          | vLLM alone (`vllm serve DIR`), speculators lib;   |
 |                 |        | (layer named `layers.0.*`) | not SGLang                                        |
+|                 | dflash | model.safetensors          | vLLM alone (`speculators_model_type: dflash`)     |
 | `eagle-vllm`    | eagle  | model.safetensors          | vLLM eagle                                        |
 | `medusa-vllm`   | medusa | model.safetensors          | vLLM medusa                                       |
 | `medusa-tgi`    | medusa | medusa_lm_head.safetensors | TGI, TensorRT-LLM's Medusa converter              |
@@ -50,7 +51,8 @@ from heads.formats.eagle import _eagle_artifact, _eagle_problems
 from heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
 from heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
 from heads.formats.public import import_eagle3
-from heads.formats.speculators import SPECULATORS_LAYER_PREFIX, _speculators_artifact, _speculators_problems
+from heads.formats.speculators import (SPECULATORS_LAYER_PREFIX, _speculators_artifact, _speculators_problems,
+                                      import_speculators_dflash, speculators_problems)
 from heads.formats.validation import (
     EAGLE3_ARCHITECTURE,
     ENGINE_AUX_LAYERS,
@@ -68,17 +70,18 @@ __all__ = [
     "EAGLE3_ARCHITECTURE", "ENGINE_AUX_LAYERS", "FORMATS", "FORMAT_KINDS", "FORMAT_VERSION", "HF_CONVENTION",
     "PROVENANCE_KEY", "SPECULATORS_LAYER_PREFIX", "Artifact", "aux_layer_ids_from_config", "draft_vocab_problems",
     "export_head", "import_eagle3", "validate_artifact", "validate_export", "DFLASH_ARCHITECTURE", "import_dflash",
+    "import_speculators_dflash",
 ]
 
 
-FORMAT_KINDS = {
-    "vllm": "eagle3",
-    "sglang": "eagle3",
-    "speculators": "eagle3",
-    "eagle-vllm": "eagle",
-    "medusa-vllm": "medusa",
-    "medusa-tgi": "medusa",
-    "dflash": "dflash",
+FORMAT_KINDS = {  # format -> the head kinds it exports
+    "vllm": ("eagle3",),
+    "sglang": ("eagle3",),
+    "speculators": ("eagle3", "dflash"),
+    "eagle-vllm": ("eagle",),
+    "medusa-vllm": ("medusa",),
+    "medusa-tgi": ("medusa",),
+    "dflash": ("dflash",),
 }
 
 
@@ -115,9 +118,10 @@ def export_head(
     count("num_speculative_tokens", num_speculative_tokens)
     if max_position_embeddings is not None:
         count("max_position_embeddings", max_position_embeddings)
-    kind = _format_kind(fmt)
-    if head.head_kind != kind:
-        raise ValueError(f"format '{fmt}' exports {kind} heads, got a {head.head_kind} head")
+    kinds = _format_kinds(fmt)
+    if head.head_kind not in kinds:
+        raise ValueError(f"format '{fmt}' exports {' and '.join(kinds)} heads, got a {head.head_kind} head")
+    kind = head.head_kind
     if target is not None:
         head.check_target(target)
     facts = _target_facts(head, target)
@@ -196,7 +200,7 @@ def _check_destination(out: Path, head: DraftHead) -> None:
                          "head, which overwriting would delete; choose another --out")
 
 
-def _format_kind(fmt: str) -> str:
+def _format_kinds(fmt: str) -> tuple[str, ...]:
     if fmt not in FORMAT_KINDS:
         raise ValueError(f"unknown format '{fmt}'; expected one of {list(FORMATS)}")
     return FORMAT_KINDS[fmt]
@@ -234,7 +238,7 @@ def _write_card(head: DraftHead, directory: Path, fmt: str, config: dict[str, An
 
 def validate_export(path: str | Path, fmt: str) -> None:
     """Check a directory in format ``fmt`` as its engine would read it; ``ValueError`` lists every problem."""
-    _format_kind(fmt)
+    _format_kinds(fmt)
     directory = Path(path)
     config = read_json_object(directory / "config.json")
     weights = "medusa_lm_head.safetensors" if fmt == "medusa-tgi" else "model.safetensors"
@@ -247,6 +251,9 @@ def validate_artifact(config: dict[str, Any], tensors: dict[str, Tensor], fmt: s
     if fmt in ("vllm", "sglang"):
         return _eagle3_problems(config, config, tensors)
     if fmt == "speculators":
+        dflash = speculators_problems(config, tensors)
+        if dflash is not None:
+            return dflash
         layer = config.get("transformer_layer_config")
         if not isinstance(layer, dict):
             return ["transformer_layer_config is missing (vLLM reads the layer shape from it)"]

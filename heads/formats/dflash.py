@@ -49,15 +49,9 @@ def _dflash_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, 
                          "(pass target= / --target)")
     tensors = float_tensors(head.state_dict(), options["dtype"])
     dtype = dtype_name(tensors)
-    layers = cfg.num_layers
     config = {
         "architectures": [DFLASH_ARCHITECTURE],
-        **llama_layer_config(head, options),
-        "model_type": "qwen3",  # z-lab's DFlashDraftModel is a Qwen3PreTrainedModel (q_norm / k_norm per head)
-        "num_hidden_layers": layers,
-        "layer_types": ["full_attention"] * layers,  # z-lab's attention reads layer_types[layer_idx]
-        "use_sliding_window": False,
-        "sliding_window": None,
+        **qwen3_layers_config(head, options),
         "block_size": cfg.block_size,
         "num_target_layers": facts["num_layers"],
         "dflash_config": {"target_layer_ids": [i - 1 for i in cfg.aux_layer_ids], "mask_token_id": cfg.mask_token_id},
@@ -66,6 +60,36 @@ def _dflash_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, 
         PROVENANCE_KEY: provenance_record(head, "dflash", facts),
     }
     return Artifact(config, tensors)
+
+
+def read_checkpoint(path_or_repo: str | Path, hub_kwargs: dict[str, Any]) -> tuple[Path, dict[str, Any], dict[str, Tensor]]:
+    """(directory, config.json, every *.safetensors tensor) of a local or Hub checkpoint."""
+    directory = _resolve_directory(path_or_repo, hub_kwargs)
+    config = read_json_object(directory / "config.json")
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no *.safetensors weights (pickled weights are never read)")
+    tensors: dict[str, Tensor] = {}
+    for file in files:
+        tensors.update(read_tensors(file))
+    return directory, config, tensors
+
+
+UNKNOWN_TARGET_LAYERS = "_target_layers_unknown"  # set (in memory) for a layout that records no num_target_layers
+
+
+def qwen3_layers_config(head: DraftHead, options: dict[str, Any]) -> dict[str, Any]:
+    """The draft layers' config as DFlashDraftModel (z-lab, and the speculators library's
+    ``transformer_layer_config``) builds them: Qwen3 layers (q_norm / k_norm per head), full attention."""
+    layers = head.config.num_layers
+    return {
+        **llama_layer_config(head, options),
+        "model_type": "qwen3",
+        "num_hidden_layers": layers,
+        "layer_types": ["full_attention"] * layers,  # z-lab's attention reads layer_types[layer_idx]
+        "use_sliding_window": False,
+        "sliding_window": None,
+    }
 
 
 def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
@@ -77,9 +101,10 @@ def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list
     if config.get("mlp_bias"):
         problems.append("config mlp_bias=true: the Qwen3 MLP has no biases and would drop them")
     problems += rope_problems(config)
-    shape = ints(config, ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                           "head_dim", "max_position_embeddings", "vocab_size", "num_hidden_layers", "block_size",
-                           "num_target_layers"), problems)
+    known_target = config.get("num_target_layers") is not None or config.get(UNKNOWN_TARGET_LAYERS) is not True
+    fields = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "max_position_embeddings", "vocab_size", "num_hidden_layers", "block_size")
+    shape = ints(config, fields + (("num_target_layers",) if known_target else ()), problems)
     problems += context_problems(shape, config.get(PROVENANCE_KEY) or {})
     dflash = config.get("dflash_config")
     if not isinstance(dflash, dict):
@@ -90,8 +115,9 @@ def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list
     if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
         problems.append(f"dflash_config.target_layer_ids={ids!r} must be a non-empty list of layer ids")
         ids = None
-    elif any(not 0 <= i < shape["num_target_layers"] for i in ids):
-        problems.append(f"dflash_config.target_layer_ids={ids} must lie in 0..{shape['num_target_layers'] - 1}")
+    elif any(i < 0 for i in ids) or (known_target and any(i >= shape["num_target_layers"] for i in ids)):
+        top = shape["num_target_layers"] - 1 if known_target else "L-1"
+        problems.append(f"dflash_config.target_layer_ids={ids} must lie in 0..{top}")
     if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < shape["vocab_size"]:
         problems.append(f"dflash_config.mask_token_id={mask!r} must be a token id in 0..{shape['vocab_size'] - 1}")
     if shape["block_size"] < 2:
@@ -116,14 +142,7 @@ def import_dflash(path_or_repo: str | Path, *, dtype: torch.dtype | None = None,
     exports). Its config must name ``dflash_config.mask_token_id`` (SGLang's alternative, a mask token
     *string* looked up in the tokenizer, is refused: a head stores ids). Every tensor is checked as for
     an export. ``hub_kwargs`` as ``import_eagle3``'s."""
-    directory = _resolve_directory(path_or_repo, hub_kwargs)
-    config = read_json_object(directory / "config.json")
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{directory}: no *.safetensors weights (pickled weights are never read)")
-    tensors: dict[str, Tensor] = {}
-    for file in files:
-        tensors.update(read_tensors(file))
+    directory, config, tensors = read_checkpoint(path_or_repo, hub_kwargs)
     dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
     if dflash.get("mask_token_id") is None:
         raise ValueError(f"{directory}/config.json: dflash_config names no mask_token_id (a mask token string "
@@ -131,10 +150,19 @@ def import_dflash(path_or_repo: str | Path, *, dtype: torch.dtype | None = None,
     layers, target_layers = config.get("num_hidden_layers"), config.get("num_target_layers")
     if "target_layer_ids" not in dflash and isinstance(target_layers, int) and isinstance(layers, int):
         dflash = {**dflash, "target_layer_ids": build_target_layer_ids(target_layers, layers)}  # z-lab's default
+    return head_from_layout({**config, "dflash_config": dflash}, tensors, directory, dtype, DFLASH_ARCHITECTURE)
+
+
+def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directory: Path, dtype: torch.dtype | None,
+                     what: str) -> DFlashHead:
+    """A ``DFlashHead`` from a config in z-lab's layout (``dflash_config`` with ``target_layer_ids`` and
+    ``mask_token_id``) and its tensors, every problem listed; ``what`` names the layout in the error."""
+    dflash = config["dflash_config"]
+    layers, target_layers = config.get("num_hidden_layers"), config.get("num_target_layers")
     rope = _rope_config_from(config, directory)  # z-lab's configs write rope_theta only: read as ours would be
-    problems = _dflash_problems({**config, "dflash_config": dflash, **_rope_fields(rope)}, tensors)
+    problems = _dflash_problems({**config, **_rope_fields(rope)}, tensors)
     if problems:
-        raise ValueError(f"{directory} is not a DFlashDraftModel draftsmith can load:\n  - " + "\n  - ".join(problems))
+        raise ValueError(f"{directory} is not a {what} draftsmith can load:\n  - " + "\n  - ".join(problems))
     head_config = DFlashConfig(
         hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"],
         num_attention_heads=config["num_attention_heads"], num_key_value_heads=config["num_key_value_heads"],

@@ -1,18 +1,54 @@
-"""EAGLE-3 in vLLM's speculators flavour (format ``speculators``): ``vllm serve DIR`` finds the verifier and
-proposal length in the config; the layer is ``layers.0.*`` as in the speculators library's checkpoints."""
+"""vLLM's speculators flavour (format ``speculators``): ``vllm serve DIR`` finds the verifier and proposal
+length in the config. EAGLE-3 heads: ``speculators_model_type: eagle3``, the layer ``layers.0.*`` as in the
+speculators library's checkpoints. DFlash heads: ``speculators_model_type: dflash`` (the library's
+``DFlashSpeculatorConfig``; vLLM's ``update_dflash`` turns it into a ``DFlashDraftModel`` config with
+``dflash_config.target_layer_ids`` = ``aux_hidden_state_layer_ids`` − 1); tensors as z-lab's layout."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import torch
+from torch import Tensor
+
+from heads.common import DraftHead
+from heads.dflash import DFLASH_ARCHITECTURE, DFlashHead
 from heads.eagle3 import Eagle3Head
 from heads.formats.eagle3 import _eagle3_tensors, eagle31_flags
-from heads.formats.validation import Artifact, PROVENANCE_KEY, dtype_name, expect, llama_layer_config, provenance_record
+from heads.formats.dflash import (UNKNOWN_TARGET_LAYERS, _dflash_problems, head_from_layout, qwen3_layers_config,
+                                  read_checkpoint)
+from heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expect, float_tensors, llama_layer_config,
+                                      provenance_record)
 
 
 SPECULATORS_LAYER_PREFIX = "layers.0."  # the speculators library's Eagle3DraftModel.layers[0]
 
 
-def _speculators_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
+DFLASH_SPECULATOR = "DFlashSpeculator"  # the speculators library's architectures entry for dflash
+
+
+def _speculators_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
+    """The speculators flavour of an EAGLE-3 or a DFlash head."""
+    if head.head_kind == "dflash":
+        return _speculators_dflash_artifact(head, facts, options)
+    return _speculators_eagle3_artifact(head, facts, options)
+
+
+def _verifier(facts: dict[str, Any]) -> dict[str, Any]:
+    """``speculators_config.verifier``: the target by Hub id (``vllm serve DIR`` loads it)."""
+    if not facts["name_or_path"]:
+        raise ValueError("the speculators format names its verifier: the head records no target by Hub id (a "
+                         "local path is not written into exports); pass target= (--target) a config or model "
+                         "whose name_or_path is its Hub id")
+    return {"name_or_path": facts["name_or_path"], "architectures": [facts["architecture"]] if facts["architecture"] else []}
+
+
+def _proposals(algorithm: str, tokens: int, facts: dict[str, Any]) -> dict[str, Any]:
+    return {"algorithm": algorithm, "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens}], "verifier": _verifier(facts)}
+
+
+def _speculators_eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
     """vLLM speculators flavour: `vllm serve DIR` finds the verifier and the proposal length itself.
 
     The speculators library's ``Eagle3DraftModel`` names its decoder layer ``layers.0`` (vLLM accepts
@@ -22,10 +58,6 @@ def _speculators_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict
     tensors = {SPECULATORS_LAYER_PREFIX + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k: v
                for k, v in _eagle3_tensors(head, options).items()}
     dtype = dtype_name(tensors)
-    if not facts["name_or_path"]:
-        raise ValueError("the speculators format names its verifier: the head records no target by Hub id (a "
-                         "local path is not written into exports); pass target= (--target) a config or model "
-                         "whose name_or_path is its Hub id")
     tokens = options["num_speculative_tokens"]
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"num_speculative_tokens must be an int >= 1, got {tokens!r}")
@@ -39,13 +71,7 @@ def _speculators_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict
         "norm_before_fc": False,
         **eagle31_flags(cfg),
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens}],
-            "verifier": {"name_or_path": facts["name_or_path"],
-                         "architectures": [facts["architecture"]] if facts["architecture"] else []},
-        },
+        "speculators_config": _proposals("eagle3", tokens, facts),
         "torch_dtype": dtype,
         "dtype": dtype,
         PROVENANCE_KEY: provenance_record(head, "speculators", facts),
@@ -57,10 +83,17 @@ def _speculators_problems(config: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     expect(config, "speculators_model_type", "eagle3", problems)
     expect(config, "architectures", ["Eagle3Speculator"], problems)
+    problems += _speculators_config_problems(config)
     if config.get("norm_before_residual") is not False:
         problems.append("norm_before_residual must be written as false (vLLM's speculators path defaults to true)")
     if not config.get("eagle_aux_hidden_state_layer_ids"):
         problems.append("eagle_aux_hidden_state_layer_ids must be written (vLLM's speculators path passes it on)")
+    return problems
+
+
+def _speculators_config_problems(config: dict[str, Any]) -> list[str]:
+    """``speculators_config``: one greedy proposal method with its token count, and the verifier."""
+    problems: list[str] = []
     spec = config.get("speculators_config") or {}
     methods = spec.get("proposal_methods") or [{}]
     tokens = methods[0].get("speculative_tokens")
@@ -69,3 +102,96 @@ def _speculators_problems(config: dict[str, Any]) -> list[str]:
     if not (spec.get("verifier") or {}).get("name_or_path"):
         problems.append("speculators_config.verifier.name_or_path is empty (`vllm serve DIR` loads it as the target)")
     return problems
+
+
+def _speculators_dflash_artifact(head: DFlashHead, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
+    """The speculators library's ``DFlashSpeculatorConfig`` layout. Its tensors are z-lab's names (``fc``,
+    ``hidden_norm``, ``layers.{i}.*``, ``norm``); no embedding or lm_head: vLLM shares the target's, as
+    for z-lab's drafters (the library itself reloads both from the verifier when it trains)."""
+    cfg = head.config
+    if (cfg.target_hidden_size or cfg.hidden_size) != cfg.hidden_size:
+        raise ValueError(f"hidden_size={cfg.hidden_size} differs from the target's {cfg.target_hidden_size}: "
+                         "the DFlash fc takes len(aux layers) x its own hidden_size")
+    tensors = float_tensors(head.state_dict(), options["dtype"])
+    dtype = dtype_name(tensors)
+    config = {
+        "speculators_model_type": "dflash",
+        "architectures": [DFLASH_SPECULATOR],
+        "transformer_layer_config": qwen3_layers_config(head, options),
+        "draft_vocab_size": cfg.vocab_size,
+        "block_size": cfg.block_size,
+        "target_hidden_size": cfg.target_hidden_size or cfg.hidden_size,
+        "aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),  # HF indices; vLLM passes i - 1 to the model
+        "mask_token_id": cfg.mask_token_id,
+        "sliding_window_non_causal": False,
+        "sample_from_anchor": False,  # the anchor is the root (bonus) token: block_size - 1 drafts
+        "speculators_config": _proposals("dflash", cfg.block_size - 1, facts),
+        "torch_dtype": dtype,
+        "dtype": dtype,
+        PROVENANCE_KEY: provenance_record(head, "speculators", facts),
+    }
+    return Artifact(config, tensors)
+
+
+def dflash_layout(config: dict[str, Any]) -> dict[str, Any]:
+    """A speculators dflash config seen as z-lab's layout (what ``update_dflash`` in vLLM makes of it),
+    for the shared DFlash checks and import."""
+    layer = config.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else {}
+    ids = config.get("aux_hidden_state_layer_ids")
+    target = ((config.get(PROVENANCE_KEY) or {}).get("target") or {}).get("num_layers")
+    return {
+        **layer,
+        "architectures": [DFLASH_ARCHITECTURE],
+        "block_size": config.get("block_size"),
+        "num_target_layers": target,
+        UNKNOWN_TARGET_LAYERS: target is None,  # foreign checkpoints record no target depth
+        "dflash_config": {"mask_token_id": config.get("mask_token_id"),
+                          "target_layer_ids": [i - 1 for i in ids] if isinstance(ids, list) and
+                          all(isinstance(i, int) and not isinstance(i, bool) for i in ids) else ids},
+        "torch_dtype": config.get("torch_dtype"),
+        PROVENANCE_KEY: config.get(PROVENANCE_KEY),
+    }
+
+
+def _speculators_dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
+    problems: list[str] = []
+    expect(config, "speculators_model_type", "dflash", problems)
+    expect(config, "architectures", [DFLASH_SPECULATOR], problems)
+    if not isinstance(config.get("transformer_layer_config"), dict):
+        return problems + ["transformer_layer_config is missing (vLLM reads the draft layers' shape from it)"]
+    if config.get("sample_from_anchor"):
+        problems.append("sample_from_anchor=true: draftsmith's DFlash drafts from the mask positions only")
+    block = config.get("block_size")
+    tokens = ((config.get("speculators_config") or {}).get("proposal_methods") or [{}])[0].get("speculative_tokens")
+    if isinstance(block, int) and isinstance(tokens, int) and tokens > block - 1:
+        problems.append(f"speculative_tokens={tokens} exceeds block_size - 1 = {block - 1}")
+    if config.get("draft_vocab_size") != (config["transformer_layer_config"].get("vocab_size")):
+        problems.append(f"draft_vocab_size={config.get('draft_vocab_size')!r} differs from the vocab_size "
+                        "(a reduced DFlash vocabulary is not written by draftsmith)")
+    return problems + _speculators_config_problems(config) + _dflash_problems(dflash_layout(config), tensors)
+
+
+def speculators_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str] | None:
+    """Problems of a speculators dflash export; None for the eagle3 flavour (checked by the caller)."""
+    if config.get("speculators_model_type") == "dflash":
+        return _speculators_dflash_problems(config, tensors)
+    return None
+
+
+def import_speculators_dflash(path_or_repo: str | Path, *, dtype: torch.dtype | None = None,
+                              **hub_kwargs: Any) -> DFlashHead:
+    """A ``DFlashHead`` from a speculators dflash checkpoint (our ``--to speculators`` exports, or the
+    speculators library's: the copies of the verifier's ``embed_tokens``/``lm_head``/``t2d``/``d2t`` it
+    saves are dropped — draftsmith's DFlash reads the target's own). Checked as an export is."""
+    directory, config, tensors = read_checkpoint(path_or_repo, hub_kwargs)
+    own = {k: v for k, v in tensors.items() if k not in VERIFIER_COPIES}
+    problems = _speculators_dflash_problems(config, own)
+    if problems:
+        raise ValueError(f"{directory} is not a speculators dflash checkpoint draftsmith can load:\n  - "
+                         + "\n  - ".join(problems))
+    return head_from_layout(dflash_layout(config), own, directory, dtype, "speculators dflash checkpoint")
+
+
+# What the speculators library also saves from its verifier (draftsmith's DFlash uses the target's own).
+VERIFIER_COPIES = ("embed_tokens.weight", "lm_head.weight", "t2d", "d2t")
