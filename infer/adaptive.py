@@ -41,6 +41,9 @@ class AdaptiveLength(Drafter):
     def new_state(self) -> AdaptiveState:
         return AdaptiveState(self.drafter.new_state(), self.initial)
 
+    def compile_with(self, compile: bool | str) -> None:
+        self.drafter.compile_with(compile)
+
     def begin(self, state: AdaptiveState, input_ids: Tensor) -> None:
         self.drafter.begin(state.inner, input_ids)
 

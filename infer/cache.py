@@ -237,6 +237,11 @@ class StaticHeadCache:
         end = max(self.row_lengths())
         return [(k[:, :, :end], v[:, :, :end]) for k, v in zip(self._keys, self._values)]
 
+    def make_room(self, needed: int) -> None:
+        """Room for ``needed`` entries per row (buffers double past the capacity)."""
+        if self._keys:
+            self._ensure(needed)
+
     def _ensure(self, needed: int) -> None:
         size = self.capacity
         while size < needed:
@@ -294,6 +299,33 @@ class StaticHeadCache:
         """Keep the positions ``index`` (1-D LongTensor), in that order, at the front."""
         self._one_row()
         self.row(0).select(index)
+
+
+class SlotWrites:
+    """A ``StaticHeadCache``'s buffers seen whole, for fixed-shape (compiled) head forwards: ``update``
+    writes row b's T new entries at the device slots ``slots[b]`` and returns every layer's full
+    (rows, H_kv, capacity, D) buffers, so a forward's shapes never change with the rows' lengths and a
+    CUDA graph can replay it; the caller's mask hides each row's slots past its own entries. The
+    owner's (host) lengths are not advanced: what is written here is exploration, overwritten later.
+    Every layer must exist already (the cache has observed tokens) and the slots lie within capacity."""
+
+    def __init__(self, cache: StaticHeadCache, slots: Tensor) -> None:
+        self.cache, self.slots = cache, slots  # slots (rows, T) long
+
+    def update(self, layer_idx: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        keys, values = self.cache._keys[layer_idx], self.cache._values[layer_idx]
+        index = self.slots[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
+        keys.scatter_(2, index, key.to(keys.dtype))
+        values.scatter_(2, index, value.to(values.dtype))
+        return keys, values
+
+
+def slot_mask(slots: Tensor, capacity: int, dtype: torch.dtype) -> Tensor:
+    """Additive (rows, 1, 1, capacity) mask of one new entry per row at ``slots`` (rows, 1): row b sees
+    its slots 0..slots[b] (its entries, then itself) and nothing after (stale exploration)."""
+    columns = torch.arange(capacity, device=slots.device)
+    mask = torch.zeros(slots.shape[0], capacity, dtype=dtype, device=slots.device)
+    return mask.masked_fill(columns[None] > slots, torch.finfo(dtype).min)[:, None, None]
 
 
 class HeadCacheRow:

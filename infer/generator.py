@@ -43,6 +43,7 @@ from infer.accept import (
 )
 from infer.batch import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
+from infer.compiling import compiled
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter, root_only
 from infer.plan import SpeculationPlan, find_plan
 from infer.target import TargetOutput, decoder_layers
@@ -202,6 +203,7 @@ class SpeculativeGenerator:
         self.cache_implementation = "static"
         self.compile = default_compile(self.device) if compile is None else compile
         self._verify_fn = self._make_verify_fn(self.compile, self.device)
+        self.drafter.compile_with(self.compile)  # the same switch for the draft step
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
@@ -210,23 +212,7 @@ class SpeculativeGenerator:
 
     @staticmethod
     def _make_verify_fn(compile: bool | str, device: torch.device):
-        if not compile:
-            return masked_forward
-        # Every generator compiles the same function, and dynamo's per-function limit of 8 graphs
-        # is shared by all of them (targets x tree budgets x cache sizes): past it dynamo would
-        # silently run eagerly. Raise it; each entry is one (model, budget, cache size).
-        limit = getattr(torch._dynamo.config, "recompile_limit", None)
-        if limit is not None and limit < 64:
-            torch._dynamo.config.recompile_limit = 64
-        if isinstance(compile, str):
-            return torch.compile(masked_forward, backend=compile, dynamic=False)
-        if device.type == "cuda":  # CUDA graphs remove the per-kernel launch cost of small-batch decoding
-            return torch.compile(masked_forward, mode="reduce-overhead", dynamic=False)
-        # With ATen pinned to its default kernels (ATEN_CPU_CAPABILITY=default) inductor's vectorised
-        # C++ fails to compile (its at::vec types are not there); scalar code then, as on a CPU
-        # without a vector instruction set.
-        scalar = os.environ.get("ATEN_CPU_CAPABILITY") == "default"
-        return torch.compile(masked_forward, dynamic=False, options={"cpp.simdlen": 1} if scalar else None)
+        return compiled(masked_forward, compile, device)
 
     @classmethod
     def from_pretrained(

@@ -59,6 +59,9 @@ class LookupFirst(Drafter):
     def new_rows(self, lengths: list[int]) -> list[LookupFirstState]:
         return [LookupFirstState(self.lookup.new_state(), inner) for inner in self.drafter.new_rows(lengths)]
 
+    def compile_with(self, compile: bool | str) -> None:
+        self.drafter.compile_with(compile)
+
     def begin(self, state: LookupFirstState, input_ids: Tensor) -> None:
         self.lookup.begin(state.lookup, input_ids)
         self.drafter.begin(state.inner, input_ids)

@@ -52,13 +52,14 @@ HEADS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("name,compile", [(name, False) for name in sorted(HEADS)]
+                         + [("eagle-chain", "aot_eager"), ("eagle3-chain", "aot_eager")])  # compiled drafting too
 @pytest.mark.parametrize("bsz", [1, 4])
-def test_greedy_steps_read_the_host_once(monkeypatch, name, bsz):
+def test_greedy_steps_read_the_host_once(monkeypatch, name, compile, bsz):
     model = make_tiny_target("llama", dtype=torch.float32, initializer_range=0.3)
     kind, tree, kw = HEADS[name]
     torch.manual_seed(0)
-    gen = SpeculativeGenerator(model, build_head(kind, model, **kw), tree=tree)
+    gen = SpeculativeGenerator(model, build_head(kind, model, **kw), tree=tree, compile=compile)
     rng = random.Random(bsz)
     prompts = [[rng.randrange(3, VOCAB - 1) for _ in range(n)] for n in (5, 9, 3, 7)[:bsz]]
     width = max(map(len, prompts))

@@ -113,6 +113,10 @@ class Drafter:
     def begin(self, state: Any, input_ids: Tensor) -> None:
         """See the prompt's ids (1, P) before the first ``observe`` (drafters that read token ids)."""
 
+    def compile_with(self, compile: bool | str) -> None:
+        """The generator's ``compile`` switch (``infer.compiling.compiled``), given once it is built: a
+        drafter with a fixed-shape draft step compiles it; the rest draft eagerly."""
+
     # A batch's rows: the generator calls these three; by default each row on its own. A drafter
     # that drafts every row in one pass (the heads) overrides them, its rows sharing buffers.
 

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from data.base.checks import probability
-from infer.cache import StaticHeadCache
+from infer.cache import SlotWrites, StaticHeadCache, slot_mask
+from infer.compiling import compiled
 from infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers,
                                  draft_by_batch, group_rows, root_only, stack_rows)
 from infer.tree import Candidates, expand_level, select_tree, tree_attention_mask, tree_from_parents
@@ -135,8 +136,16 @@ class EagleDrafter(HeadDrafter):
         hidden, _ = stack_rows(cache.rows, rows, [s.hidden for s in states])  # (rows, 1, H)
         prefix = cache.row_lengths()
         tokens, qs, confident = [], [], []
+        if self._fixed_chain is not None and sampling.greedy and self.confidence is None:
+            cache.make_room(max(prefix) + self.option.length)
+            start = torch.tensor(prefix, device=hidden.device)
+            if hidden.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # the last chain's outputs were copied out
+            # every step the whole chain (one graph), each row then keeping its own length
+            tokens = list(self._fixed_chain(cache, hidden, start, self.option.length).unbind(1))
+            levels = 0  # drafted
         try:
-            for i in range(levels):
+            for i in range(levels):  # eager
                 logits = self._logits(hidden[:, -1])  # (rows, V or Vd)
                 if sampling.greedy:
                     draft_ids = logits.argmax(dim=-1)
@@ -166,6 +175,28 @@ class EagleDrafter(HeadDrafter):
             ids = torch.cat([root.reshape(1), chain[b, :n]])
             drafts.append(Draft(ids, chain_buffers(n, ids.device), None if law is None else law[b, :n]))
         return drafts
+
+    def compile_with(self, compile: bool | str) -> None:
+        """Compiled: greedy chains (no confidence stop) draft through ``_fixed_levels``, compiled once
+        per (rows, levels, cache capacity)."""
+        self._fixed_chain = compiled(self._fixed_levels, compile, self.embed.weight.device) if compile else None
+
+    _fixed_chain = None  # set by compile_with
+
+    def _fixed_levels(self, cache: StaticHeadCache, hidden: Tensor, start: Tensor, levels: int) -> Tensor:
+        """A greedy chain of ``levels`` target ids per row (rows, levels), every head step over the whole
+        cache (``SlotWrites``: row b's level-i entry at slot start[b] + i, keys past it masked): the same
+        shapes whatever the rows' lengths, and no host read. Each row's writes are exploration (the
+        cache's lengths stay at ``start``)."""
+        out = []
+        for i in range(levels):
+            ids = self._to_target(self._logits(hidden[:, -1]).argmax(dim=-1))  # (rows,)
+            out.append(ids)
+            if i + 1 < levels:
+                slots = (start + i)[:, None]  # (rows, 1)
+                mask = slot_mask(slots, cache.capacity, hidden.dtype)
+                hidden = self._step(SlotWrites(cache, slots), hidden, ids[:, None], slots, mask)
+        return torch.stack(out, dim=1)
 
     def _tree(self, state: EagleState, root: Tensor, levels: int) -> Draft:
         view = state.cache.row(state.row)

@@ -1,0 +1,114 @@
+"""Compiled drafting: with ``compile`` set, EAGLE and EAGLE-3 greedy chains draft through one
+fixed-shape function (``EagleDrafter._fixed_levels`` over ``SlotWrites``: every step the same shapes,
+whatever the rows' lengths), traced here with dynamo's CPU backends. Lossless (per-row greedy identity
+with ``target.generate``), the same drafts as the eager path (fp64), and really used."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from test_infer_batch import BATCH_ARCHES, _alone, _expected, _left_pad, _prompts, _target
+
+from heads import build_head
+from infer import Chain, SpeculativeGenerator
+from infer.drafters import Sampling, make_drafter
+
+
+def _spy_fixed(drafter) -> list[int]:
+    """Calls of the drafter's compiled chain from now on (counted outside the compiled region)."""
+    calls, fixed = [], drafter._fixed_chain
+    assert fixed is not None, "the generator did not hand its compile switch to the drafter"
+
+    def counting(*args):
+        calls.append(1)
+        return fixed(*args)
+
+    drafter._fixed_chain = counting
+    return calls
+
+
+@pytest.mark.parametrize("compile", ["aot_eager", "eager"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("arch", BATCH_ARCHES)
+def test_compiled_chains_match_each_row_alone(arch, kind, compile):
+    model = _target(arch)
+    rng = random.Random(f"{arch}-{kind}-{compile}")
+    torch.manual_seed(rng.randrange(100))
+    gen = SpeculativeGenerator(model, build_head(kind, model), tree=Chain(4), compile=compile)
+    calls = _spy_fixed(gen.drafter)
+    for lengths, max_new in (([6], 1), ([9], 17), ([4, 12, 7], 20)):
+        prompts = _prompts(rng, lengths)
+        eos = int(_alone(model, prompts[-1], max_new)[5]) if len(lengths) > 1 else None
+        ids, mask = _left_pad(prompts)
+        out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
+        assert torch.equal(out, _expected(model, prompts, max_new, eos)), (lengths, max_new)
+    assert len(calls) > 0  # the compiled chain drafted
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_fixed_shape_chain_drafts_what_the_eager_chain_drafts(kind):
+    """Rows of different lengths in one head cache, fp64: the full-capacity masked chain (traced)
+    proposes exactly the eager chain's tokens, and leaves the cache's lengths as they were."""
+    model = _target("llama").double()
+    torch.manual_seed(3)
+    head = build_head(kind, model).double().eval()
+    eager, fixed = make_drafter(head, model, Chain(5)), make_drafter(head, model, Chain(5))
+    fixed.compile_with("eager")
+    width = (len(eager.aux_layer_ids) or 1) * model.config.hidden_size
+    counts = [7, 2, 11]
+    feats = [torch.randn(1, n, width, dtype=torch.float64) for n in counts]
+    toks = [torch.randint(3, 90, (1, n)) for n in counts]
+    roots = [torch.tensor(t) for t in (5, 9, 13)]
+    drafts = []
+    for drafter in (eager, fixed):
+        states = drafter.new_rows([32, 32, 32])
+        with torch.inference_mode():
+            drafter.observe_rows(states, feats, toks)
+            drafts.append(drafter.propose_rows(states, roots, Sampling(), [5, 3, 5]))
+        assert states[0].cache.row_lengths() == counts
+    for a, b in zip(*drafts):
+        assert torch.equal(a.tokens, b.tokens)
+    assert [d.tokens.numel() for d in drafts[1]] == [6, 4, 6]  # each row kept its own depth
+
+
+def test_sampling_and_confidence_stay_eager():
+    """The compiled chain is greedy only: sampling and a confidence stop draft eagerly (and stay lossless)."""
+    model = _target("qwen2")
+    torch.manual_seed(0)
+    head = build_head("eagle3", model)
+    gen = SpeculativeGenerator(model, make_drafter(head, model, Chain(4), confidence=0.2), compile="aot_eager")
+    calls = _spy_fixed(gen.drafter)
+    prompts = _prompts(random.Random(2), [8])
+    ids, _ = _left_pad(prompts)
+    assert torch.equal(gen.generate(ids, max_new_tokens=12), _expected(model, prompts, 12))
+    gen.generate(ids, max_new_tokens=6, temperature=0.8)
+    assert calls == []
+
+
+def test_a_head_step_over_slot_writes_equals_the_eager_step():
+    """One head step for rows of different lengths: over the whole buffer with ``slot_mask`` (stale
+    entries planted past each row) it equals the eager step over each row's own entries (fp64)."""
+    from infer.cache import SlotWrites, StaticHeadCache, slot_mask
+
+    model = _target("mistral").double()
+    torch.manual_seed(4)
+    head = build_head("eagle3", model).double().eval()
+    drafter = make_drafter(head, model, Chain(3))
+    width = len(drafter.aux_layer_ids) * model.config.hidden_size
+    counts = [5, 1, 8]
+    caches = [StaticHeadCache(24, rows=3), StaticHeadCache(24, rows=3)]
+    with torch.inference_mode():
+        feats = torch.randn(3, 8, width, dtype=torch.float64)
+        toks = torch.randint(3, 90, (3, 8))
+        for cache in caches:
+            drafter._batched_step(cache, head.project(feats), toks, counts)
+        for layer in caches[1]._keys + caches[1]._values:  # garbage past every row: must stay unseen
+            for b, n in enumerate(counts):
+                layer[b, :, n + 1:] = 1e3
+        hidden = torch.randn(3, 1, model.config.hidden_size, dtype=torch.float64)
+        tok = torch.randint(3, 90, (3, 1))
+        eager = drafter._batched_step(caches[0], hidden, tok)
+        slots = torch.tensor(counts)[:, None]
+        fixed = drafter._step(SlotWrites(caches[1], slots), hidden, tok, slots, slot_mask(slots, 24, hidden.dtype))
+    torch.testing.assert_close(fixed, eager, rtol=1e-10, atol=1e-10)
