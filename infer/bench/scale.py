@@ -26,13 +26,17 @@ from infer.drafters import Sampling, drafter_class
 
 
 def head_draft_cost(target, args, device, dtype) -> dict:
-    """Per-draft cost of a random EAGLE-3 head of the target's dimensions."""
+    """Per-draft cost of a random EAGLE-3 head of the target's dimensions: its eager chain, the same
+    chain compiled (the generator's ``compile=True``: CUDA graphs on CUDA) and the GPU's default tree."""
     cfg = target.config
     torch.manual_seed(0)
     head = build_head("eagle3", target, draft_vocab_size=min(args.draft_vocab, cfg.vocab_size)).to(device, dtype).eval()
     result = {}
-    for name, tree in (("chain", Chain(args.chain)), ("dyn8-10-60", DynamicTree(depth=8, top_k=10, total_tokens=60))):
+    shapes = (("chain", Chain(args.chain), False), ("chain-compiled", Chain(args.chain), True),
+              ("dyn8-10-60", DynamicTree(depth=8, top_k=10, total_tokens=60), False))
+    for name, tree, compile in shapes:
         drafter = drafter_class("eagle3")(head, target, tree)
+        drafter.compile_with(compile)
         state = drafter.new_state()
         drafter.reserve(state, args.prompt_tokens + args.max_new_tokens)
         features = torch.randn(1, args.prompt_tokens, 3 * cfg.hidden_size, device=device, dtype=dtype)
