@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the weights (default: as saved)")
     parser.add_argument("--num-speculative-tokens", type=int, default=3,
                         help="speculators format: proposal length vLLM uses by default")
+    parser.add_argument("--verifier", help="speculators format: the target as `vllm serve DIR` loads it (a Hub id "
+                        "or a path, written as given; default the head's target by Hub id)")
     parser.add_argument("--max-position-embeddings", type=int,
                         help="context to declare (default: the larger of the head's and the target's)")
     parser.add_argument("--overwrite", action="store_true",
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> Path:
         num_speculative_tokens=args.num_speculative_tokens,
         max_position_embeddings=args.max_position_embeddings,
         overwrite=args.overwrite,
+        verifier=args.verifier,
     )
     print(f"{head.head_kind} head exported as '{args.to}' to {out} (launch commands: {out / 'README.md'})")
     return out

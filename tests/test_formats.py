@@ -2,6 +2,8 @@
 tampered directories, EAGLE-3 import (ours and public layouts) and export -> import round trips."""
 from __future__ import annotations
 
+import copy
+
 import importlib.util
 import json
 import re
@@ -128,6 +130,22 @@ def test_eagle3_layer_id_fields(tmp_path, target, eagle3_reduced, eagle3_custom)
     assert spec["eagle_aux_hidden_state_layer_ids"] == default_aux_layer_ids(L)
     card = (tmp_path / "custom" / "README.md").read_text()
     assert "[1, 4, 6]" in card and "[0, 3, 5]" in card and "entering" in card
+
+
+def test_speculators_verifier_for_a_head_of_a_local_target(tmp_path, target, eagle3_reduced):
+    """A head trained on a local target names no Hub id: refused with the way out (--verifier), which is
+    written as given; verifier= belongs to the speculators format only."""
+    local = copy.deepcopy(eagle3_reduced)
+    local.config.target_name_or_path = str(tmp_path / "my-target")
+    (tmp_path / "my-target").mkdir()
+    with pytest.raises(ValueError, match="pass verifier= \\(--verifier\\)"):
+        export_head(local, tmp_path / "a", "speculators")
+    spec = _config(export_head(local, tmp_path / "b", "speculators", verifier="/models/my-target"))
+    assert spec["speculators_config"]["verifier"]["name_or_path"] == "/models/my-target"
+    with pytest.raises(ValueError, match="verifier= names the target in speculators configs only"):
+        export_head(local, tmp_path / "c", "vllm", verifier="/models/my-target")
+    with pytest.raises(ValueError, match="verifier= is empty"):
+        export_head(local, tmp_path / "d", "speculators", verifier=" ")
 
 
 # How each engine picks the target states it feeds the fc (quoted from their loaders):

@@ -101,6 +101,7 @@ def export_head(
     num_speculative_tokens: int = 3,
     max_position_embeddings: int | None = None,
     overwrite: bool = False,
+    verifier: str | None = None,
 ) -> Path:
     """Write ``head`` in serving format ``fmt`` (see ``FORMATS``) to ``out_dir``, with a model card.
 
@@ -109,7 +110,9 @@ def export_head(
     defaults to the larger of the head's and the target's context. Refuses (``ValueError``) to write
     anything an engine would load wrong; ``out_dir`` must be absent or empty, or with ``overwrite`` an
     earlier draftsmith export (``EXPORT_MARKER``, written first into every export): a file, a training
-    run, a head, a target or anyone's own folder is never replaced.
+    run, a head, a target or anyone's own folder is never replaced. ``verifier`` (speculators format
+    only): the target as ``vllm serve DIR`` should load it, a Hub id or a path, written as given
+    (default: the head's target by Hub id; a local path is never written unless given here).
     """
     bad = [name for name, t in head.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
@@ -124,7 +127,13 @@ def export_head(
     kind = head.head_kind
     if target is not None:
         head.check_target(target)
+    if verifier is not None and fmt != "speculators":
+        raise ValueError(f"verifier= names the target in speculators configs only, not in '{fmt}' exports")
+    if verifier is not None and not str(verifier).strip():
+        raise ValueError("verifier= is empty: give the target's Hub id or path")
     facts = _target_facts(head, target)
+    if verifier is not None:
+        facts["name_or_path"] = str(verifier)
     context = max(head.config.max_position_embeddings if kind != "medusa" else 0, facts["max_position_embeddings"])
     options = {
         "dtype": dtype,

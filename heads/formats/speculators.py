@@ -38,8 +38,8 @@ def _verifier(facts: dict[str, Any]) -> dict[str, Any]:
     """``speculators_config.verifier``: the target by Hub id (``vllm serve DIR`` loads it)."""
     if not facts["name_or_path"]:
         raise ValueError("the speculators format names its verifier: the head records no target by Hub id (a "
-                         "local path is not written into exports); pass target= (--target) a config or model "
-                         "whose name_or_path is its Hub id")
+                         "local path is not written into exports unless given); pass verifier= (--verifier) the "
+                         "target's Hub id or path, or target= (--target) a config whose name_or_path is its Hub id")
     return {"name_or_path": facts["name_or_path"], "architectures": [facts["architecture"]] if facts["architecture"] else []}
 
 
