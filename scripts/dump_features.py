@@ -35,12 +35,14 @@ from train.config import load_config
 from train.examples import collate, load_examples
 from train.feature_source import feature_fingerprint, row_states
 from train.loop import load_frozen_target
+from train.train_head import DEMO_CONFIG
 from train.objectives import objective_class
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="the training run's YAML config (default: the built-in defaults)")
+    p.add_argument("--config", default=str(DEMO_CONFIG),
+                   help="the training run's YAML config (default, as train/train_head.py's: %(default)s)")
     p.add_argument("--out", required=True, type=Path, help="feature folder (absent, empty, or an earlier dump's)")
     p.add_argument("--dtype", choices=tuple(DTYPES), help="storage precision (default: the target's own)")
     p.add_argument("--shard-mb", type=float, default=512, help="write a shard every this many MB (default 512)")
