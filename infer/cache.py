@@ -227,6 +227,19 @@ class StaticHeadCache:
         last = lengths[:, None] + torch.arange(t, device=device)[None]  # (rows, T) each query's own slot
         return additive_mask(col[None, None, :] <= last[:, :, None], dtype)[0, 0][:, None]
 
+    def block_mask(self, prefixes: Tensor, block: Tensor, dtype: torch.dtype) -> Tensor:
+        """Additive (rows, 1, Q, max_b length_b + Q) mask of a batched forward of Q entries per row
+        after each row's ``prefixes[b]`` accepted entries and its explored ones: row b's queries see
+        its prefix, then ``block[b]`` (Q, K) bool over its slots ``prefixes[b]``.. (its explored
+        entries and the Q new ones, K = explored + Q), nothing else (EAGLE-2's tree levels)."""
+        q, k = block.shape[-2:]
+        col = torch.arange(max(self.row_lengths()) + q, device=block.device)  # (W,)
+        rel = col[None, :] - prefixes[:, None]  # (rows, W) slot relative to each row's prefix
+        inside = (rel >= 0) & (rel < k)
+        seen = block.gather(2, rel.clamp(0, k - 1)[:, None, :].expand(-1, q, -1))  # (rows, Q, W)
+        allowed = (rel < 0)[:, None, :] | (seen & inside[:, None, :])
+        return additive_mask(allowed, dtype)[0, 0][:, None]
+
     def crop_rows(self, lengths: list[int]) -> None:
         """Row b keeps its first ``lengths[b]`` entries (the rest is left and later overwritten)."""
         self._lengths = [[min(n, m) for n, m in zip(layer, lengths)] for layer in self._lengths]
