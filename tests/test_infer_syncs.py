@@ -79,3 +79,40 @@ def test_greedy_steps_read_the_host_once(monkeypatch, name, bsz):
         steps.append(gen.last_stats.steps)
     assert steps[1] > steps[0]
     assert reads[1] - reads[0] == READS_PER_STEP.get(name, 1) * (steps[1] - steps[0]), (reads, steps)
+
+
+@pytest.mark.parametrize("name", ["eagle3-chain", "eagle-dynamic", "medusa-tree"])
+@pytest.mark.parametrize("bsz", [1, 4])
+def test_sampling_steps_read_the_host_once_besides_each_rows_acceptance(monkeypatch, name, bsz):
+    """Sampling: each row's rejection sampling reads the host as it goes (counted apart here); every
+    other read of the step (every row's accepted length and EOS, a dynamic tree's selection) is
+    shared by the rows."""
+    model = make_tiny_target("llama", dtype=torch.float32, initializer_range=0.3)
+    kind, tree, kw = HEADS[name]
+    torch.manual_seed(0)
+    gen = SpeculativeGenerator(model, build_head(kind, model, **kw), tree=tree)
+    rng = random.Random(bsz)
+    prompts = [[rng.randrange(3, VOCAB - 1) for _ in range(n)] for n in (5, 9, 3, 7)[:bsz]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    count = _count_reads(monkeypatch)
+    inside = [0]
+    accept = gen._sample_accept
+
+    def counted_apart(*args, **kwargs):
+        start = count[0]
+        out = accept(*args, **kwargs)
+        inside[0] += count[0] - start
+        return out
+
+    monkeypatch.setattr(gen, "_sample_accept", counted_apart)
+    reads, steps = [], []
+    for max_new in (6, 20):
+        count[0] = inside[0] = 0
+        torch.manual_seed(1)
+        gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=VOCAB - 1, temperature=0.8, top_k=0)
+        reads.append(count[0] - inside[0])
+        steps.append(gen.last_stats.steps)
+    assert steps[1] > steps[0]
+    assert reads[1] - reads[0] == READS_PER_STEP.get(name, 1) * (steps[1] - steps[0]), (reads, steps)
