@@ -162,9 +162,10 @@ class StaticHeadCache:
       how many of them it keeps (a row with fewer real entries pads: the padding lands past its
       length, where nothing is read and the next write overwrites it). ``update`` returns the buffers
       up to ``max_b length_b + T``: the caller's additive mask (``causal_mask``) hides each row's
-      slots past its own entries;
+      slots past its own entries (``block_mask``: each row's own prefix and a block of explored
+      entries, for EAGLE-2's tree levels);
     - one row (``row(b)``, with ``HeadCache``'s interface): ``update`` appends to that row and returns
-      views of its valid entries (EAGLE-2's per-row tree, and any one-row user). ``rows == 1``: the
+      views of its valid entries (any one-row user). ``rows == 1``: the
       cache itself behaves as its one row.
 
     ``capacity`` is reserved up front (prompt + max_new_tokens + what one draft explores), so a
