@@ -228,17 +228,21 @@ class StaticHeadCache:
         last = lengths[:, None] + torch.arange(t, device=device)[None]  # (rows, T) each query's own slot
         return additive_mask(col[None, None, :] <= last[:, :, None], dtype)[0, 0][:, None]
 
-    def block_mask(self, prefixes: Tensor, block: Tensor, dtype: torch.dtype) -> Tensor:
+    def block_mask(self, prefixes: list[int], block: Tensor, dtype: torch.dtype) -> Tensor:
         """Additive (rows, 1, Q, max_b length_b + Q) mask of a batched forward of Q entries per row
         after each row's ``prefixes[b]`` accepted entries and its explored ones: row b's queries see
         its prefix, then ``block[b]`` (Q, K) bool over its slots ``prefixes[b]``.. (its explored
         entries and the Q new ones, K = explored + Q), nothing else (EAGLE-2's tree levels)."""
         q, k = block.shape[-2:]
-        col = torch.arange(max(self.row_lengths()) + q, device=block.device)  # (W,)
-        rel = col[None, :] - prefixes[:, None]  # (rows, W) slot relative to each row's prefix
-        inside = (rel >= 0) & (rel < k)
-        seen = block.gather(2, rel.clamp(0, k - 1)[:, None, :].expand(-1, q, -1))  # (rows, Q, W)
-        allowed = (rel < 0)[:, None, :] | (seen & inside[:, None, :])
+        width = max(self.row_lengths()) + q
+        if min(prefixes) == max(prefixes):  # every row at one prefix (one row): plain concatenation
+            allowed = torch.cat([block.new_ones(self.rows, q, prefixes[0]), block,
+                                 block.new_zeros(self.rows, q, width - prefixes[0] - k)], dim=2)
+        else:
+            col = torch.arange(width, device=block.device)  # (W,)
+            rel = col[None, :] - torch.tensor(prefixes, device=block.device)[:, None]  # (rows, W) slot past each prefix
+            seen = block.gather(2, rel.clamp(0, k - 1)[:, None, :].expand(-1, q, -1))  # (rows, Q, W)
+            allowed = (rel < 0)[:, None, :] | (seen & (rel < k)[:, None, :])
         return additive_mask(allowed, dtype)[0, 0][:, None]
 
     def crop_rows(self, lengths: list[int]) -> None:

@@ -23,7 +23,7 @@ from infer.drafters import Draft, Drafter, Sampling, make_drafter
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from infer.target import target_forward
-from infer.tree import tree_from_parents
+from infer.tree import tree_attention_mask, tree_from_parents
 
 VOCAB = 96
 PAD = 0
@@ -294,6 +294,27 @@ def test_head_cache_rows_equal_rows_alone():
         assert torch.equal(batch.row(b).values[0], alone[b].values[0])
     batch.crop_rows([1, 9, 0, 2])
     assert batch.row_lengths() == [1, 3, 0, 2]
+
+
+@pytest.mark.parametrize("prefixes", [[3, 3], [5, 2, 0]])
+def test_head_cache_block_mask_is_each_rows_tree_mask(prefixes):
+    """Each row's block mask is that row's one-row tree mask over its own prefix, its slots past it
+    blocked (rows at one prefix and at different ones)."""
+    torch.manual_seed(0)
+    explored, q = 2, 3
+    cache = StaticHeadCache(capacity=4, rows=len(prefixes))
+    cache.counts = [n + explored for n in prefixes]
+    cache.update(0, torch.zeros(len(prefixes), 1, max(cache.counts), 2), torch.zeros(len(prefixes), 1, max(cache.counts), 2))
+    cache.counts = None
+    block = torch.rand(len(prefixes), q, explored + q) < 0.5
+    mask = cache.block_mask(prefixes, block, torch.float32)
+    width = max(prefixes) + explored + q
+    assert mask.shape == (len(prefixes), 1, q, width)
+    blocked = torch.finfo(torch.float32).min
+    for b, n in enumerate(prefixes):
+        own = n + explored + q
+        torch.testing.assert_close(mask[b: b + 1, :, :, :own], tree_attention_mask(block[b], n, torch.float32))
+        assert (mask[b, 0, :, own:] == blocked).all()
 
 
 @pytest.mark.parametrize("kind,tree", [("eagle", Chain(3)), ("eagle3", Chain(4)), ("dflash", Chain(3)),

@@ -213,7 +213,7 @@ class EagleDrafter(HeadDrafter):
         eye = torch.eye(width, dtype=torch.bool, device=device)
         for level in range(1, levels):
             allowed = torch.cat([ancestors, eye.expand(cache.rows, -1, -1)], dim=2)  # (rows, F, E + F)
-            mask = cache.block_mask(starts, allowed, parent_hidden.dtype)
+            mask = cache.block_mask(prefix, allowed, parent_hidden.dtype)
             pos = (starts + level - 1)[:, None].expand(-1, width)  # (rows, F)
             out = self._step(cache, parent_hidden, tokens[-1].gather(1, frontier), pos, mask)  # (rows, F, H)
             logp = self._logits(out).log_softmax(dim=-1)  # (rows, F, Vd)
