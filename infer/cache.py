@@ -162,9 +162,10 @@ class StaticHeadCache:
       how many of them it keeps (a row with fewer real entries pads: the padding lands past its
       length, where nothing is read and the next write overwrites it). ``update`` returns the buffers
       up to ``max_b length_b + T``: the caller's additive mask (``causal_mask``) hides each row's
-      slots past its own entries;
+      slots past its own entries (``block_mask``: each row's own prefix and a block of explored
+      entries, for EAGLE-2's tree levels);
     - one row (``row(b)``, with ``HeadCache``'s interface): ``update`` appends to that row and returns
-      views of its valid entries (EAGLE-2's per-row tree, and any one-row user). ``rows == 1``: the
+      views of its valid entries (any one-row user). ``rows == 1``: the
       cache itself behaves as its one row.
 
     ``capacity`` is reserved up front (prompt + max_new_tokens + what one draft explores), so a
@@ -226,6 +227,23 @@ class StaticHeadCache:
         col = torch.arange(max(self.row_lengths()) + t, device=device)  # (W,)
         last = lengths[:, None] + torch.arange(t, device=device)[None]  # (rows, T) each query's own slot
         return additive_mask(col[None, None, :] <= last[:, :, None], dtype)[0, 0][:, None]
+
+    def block_mask(self, prefixes: list[int], block: Tensor, dtype: torch.dtype) -> Tensor:
+        """Additive (rows, 1, Q, max_b length_b + Q) mask of a batched forward of Q entries per row
+        after each row's ``prefixes[b]`` accepted entries and its explored ones: row b's queries see
+        its prefix, then ``block[b]`` (Q, K) bool over its slots ``prefixes[b]``.. (its explored
+        entries and the Q new ones, K = explored + Q), nothing else (EAGLE-2's tree levels)."""
+        q, k = block.shape[-2:]
+        width = max(self.row_lengths()) + q
+        if min(prefixes) == max(prefixes):  # every row at one prefix (one row): plain concatenation
+            allowed = torch.cat([block.new_ones(self.rows, q, prefixes[0]), block,
+                                 block.new_zeros(self.rows, q, width - prefixes[0] - k)], dim=2)
+        else:
+            col = torch.arange(width, device=block.device)  # (W,)
+            rel = col[None, :] - torch.tensor(prefixes, device=block.device)[:, None]  # (rows, W) slot past each prefix
+            seen = block.gather(2, rel.clamp(0, k - 1)[:, None, :].expand(-1, q, -1))  # (rows, Q, W)
+            allowed = (rel < 0)[:, None, :] | (seen & (rel < k)[:, None, :])
+        return additive_mask(allowed, dtype)[0, 0][:, None]
 
     def crop_rows(self, lengths: list[int]) -> None:
         """Row b keeps its first ``lengths[b]`` entries (the rest is left and later overwritten)."""

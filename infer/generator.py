@@ -437,9 +437,10 @@ class SpeculativeGenerator:
         """Accept every live row's draft: (nodes (B, W) accepted node indices root first, -1 after;
         new (B, W) the accepted drafts then the bonus; per row the accepted length, how many new
         tokens it keeps (cut after EOS and to ``remaining``), and whether it stops). Greedy: every row
-        at once on the device, EOS included, and one host read for the step; sampling: row by row."""
+        at once on the device, EOS included, and one host read for the step; sampling: each row's
+        draft accepted on its own (the accept loop reads the host per level), then every row's
+        length and EOS read together in one host read for the step."""
         bsz, width = logits.shape[:2]
-        accepted_len, kept_len, stop = [0] * bsz, [0] * bsz, [False] * bsz
         if sampling.greedy:
             tokens = torch.stack([nn.functional.pad(d.tokens, (0, width - d.tokens.shape[0])) for d in drafts])  # (B, N)
             depth = max(d.tree.retrieve_indices.shape[1] for d in drafts)
@@ -449,28 +450,30 @@ class SpeculativeGenerator:
                 paths[b, : d.tree.retrieve_indices.shape[0], : d.tree.retrieve_indices.shape[1]] = d.tree.retrieve_indices
             accepted = greedy_accept_rows(logits, tokens, paths)
             drafted = tokens.gather(1, accepted.nodes[:, 1:].clamp(min=0))  # (B, D) the accepted drafts
-            new = torch.cat([drafted, drafted.new_zeros(bsz, 1)], dim=1)
-            new.scatter_(1, (accepted.length - 1)[:, None], accepted.bonus[:, None])  # (B, D+1) then the bonus
-            valid = torch.arange(depth, device=self.device)[None] < accepted.length[:, None]
-            hit = (torch.isin(new, eos) if eos.numel() else torch.zeros_like(valid)) & valid
-            any_hit = hit.any(dim=1)
-            upto = torch.where(any_hit, hit.int().argmax(dim=1) + 1, accepted.length)  # tokens up to the first EOS
-            info = torch.stack([accepted.length, upto, any_hit.long()]).tolist()  # sync: the step's one host read
+            nodes, length, bonus = accepted.nodes, accepted.length, accepted.bonus
+        else:
+            nodes = torch.full((bsz, width), -1, dtype=torch.long, device=self.device)
+            drafted = torch.zeros((bsz, width - 1), dtype=torch.long, device=self.device)
+            length = torch.ones(bsz, dtype=torch.long, device=self.device)  # a finished row: its root alone
+            bonus = torch.zeros(bsz, dtype=torch.long, device=self.device)
             for b in live:
-                accepted_len[b], kept_len[b] = info[0][b], min(info[1][b], remaining[b])
-                stop[b] = bool(info[2][b]) or kept_len[b] >= remaining[b]
-            return accepted.nodes, new, accepted_len, kept_len, stop
-        nodes = torch.full((bsz, width), -1, dtype=torch.long, device=self.device)
-        new = torch.zeros((bsz, width), dtype=torch.long, device=self.device)
+                draft = drafts[b]
+                accepted = self._sample_accept(logits[b, : draft.tokens.shape[0]], draft, sampling)
+                path = accepted.nodes[0]  # (W,) root first, -1 after the accepted nodes
+                nodes[b, : path.shape[0]] = path
+                drafted[b, : path.shape[0] - 1] = draft.tokens[path[1:].clamp(min=0)]
+                length[b], bonus[b] = accepted.length[0], accepted.bonus[0]
+        new = torch.cat([drafted, drafted.new_zeros(bsz, 1)], dim=1)
+        new.scatter_(1, (length - 1)[:, None], bonus[:, None])  # (B, D+1) the accepted drafts then the bonus
+        valid = torch.arange(new.shape[1], device=self.device)[None] < length[:, None]
+        hit = (torch.isin(new, eos) if eos.numel() else torch.zeros_like(valid)) & valid
+        any_hit = hit.any(dim=1)
+        upto = torch.where(any_hit, hit.int().argmax(dim=1) + 1, length)  # tokens up to the first EOS
+        info = torch.stack([length, upto, any_hit.long()]).tolist()  # sync: the step's one host read
+        accepted_len, kept_len, stop = [0] * bsz, [0] * bsz, [False] * bsz
         for b in live:
-            draft = drafts[b]
-            accepted = self._sample_accept(logits[b, : draft.tokens.shape[0]], draft, sampling)
-            a = int(accepted.length[0])  # sync
-            path = accepted.nodes[0, :a]  # (A,) root first
-            row_new = torch.cat([draft.tokens[path[1:]], accepted.bonus])  # (A,)
-            nodes[b, :a], new[b, :a] = path, row_new
-            kept, stop[b] = self._trim(row_new, eos, remaining[b])
-            accepted_len[b], kept_len[b] = a, kept.numel()
+            accepted_len[b], kept_len[b] = info[0][b], min(info[1][b], remaining[b])
+            stop[b] = bool(info[2][b]) or kept_len[b] >= remaining[b]
         return nodes, new, accepted_len, kept_len, stop
 
     @staticmethod

@@ -149,23 +149,23 @@ class Candidates:
 
 
 def expand_level(
-    frontier_scores: Tensor,  # (F,) cumulative log-probs of the frontier nodes
-    child_logprobs: Tensor,  # (F, V) draft log-probs of each frontier node's next token
+    frontier_scores: Tensor,  # (..., F) cumulative log-probs of the frontier nodes
+    child_logprobs: Tensor,  # (..., F, V) draft log-probs of each frontier node's next token
     top_k: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One EAGLE-2 level: the top_k children of each frontier node (F·top_k candidates) and the
-    best top_k of them as the next frontier.
+    best top_k of them as the next frontier; leading dims (a batch's rows) expand independently.
 
-    Returns (child_tokens (F·k,), child_scores (F·k,), child_parent_slot (F·k,) in 0..F-1,
-    next_frontier (k,) indices into the children), children ordered by parent then rank.
+    Returns (child_tokens (..., F·k), child_scores (..., F·k), child_parent_slot (..., F·k) in
+    0..F-1, next_frontier (..., k) indices into the children), children ordered by parent then rank.
     """
     # Clamp so a child never outscores its parent, even if log_softmax rounds above 0.
     k = min(top_k, child_logprobs.shape[-1])
-    logp, tokens = child_logprobs.clamp(max=0).topk(k, dim=-1)  # (F, k)
-    scores = frontier_scores[:, None] + logp  # (F, k)
-    slots = torch.arange(scores.shape[0], device=scores.device)[:, None].expand_as(scores)
-    scores, tokens, slots = scores.flatten(), tokens.flatten(), slots.flatten()
-    next_frontier = scores.topk(min(top_k, scores.numel())).indices
+    logp, tokens = child_logprobs.clamp(max=0).topk(k, dim=-1)  # (..., F, k)
+    scores = frontier_scores[..., None] + logp  # (..., F, k)
+    slots = torch.arange(scores.shape[-2], device=scores.device)[:, None].expand_as(scores)
+    scores, tokens, slots = scores.flatten(-2), tokens.flatten(-2), slots.flatten(-2)
+    next_frontier = scores.topk(min(top_k, scores.shape[-1]), dim=-1).indices
     return tokens, scores, slots, next_frontier
 
 
@@ -176,15 +176,38 @@ def select_tree(candidates: Candidates, num_drafts: int) -> tuple[Tensor, list[i
     with the root prepended). Ties: a stable descending sort puts a parent (created earlier)
     before an equally scored child, so the kept set is closed under parents.
     """
-    order = torch.sort(candidates.scores, descending=True, stable=True).indices
-    chosen = order[:num_drafts].sort().values  # creation order is depth order
-    parent_cand = candidates.parents[chosen].tolist()  # sync: small list builds the tree
-    position = {c: i + 1 for i, c in enumerate(chosen.tolist())}  # candidate -> node index
-    position[-1] = 0
-    missing = [p for p in parent_cand if p not in position]
-    if missing:
-        raise RuntimeError(f"selected draft nodes lost their parents {missing}: scores are not monotone")
-    return chosen, [-1] + [position[p] for p in parent_cand]
+    rows = Candidates(candidates.tokens[None], candidates.scores[None], candidates.parents[None])
+    chosen, parents = select_trees(rows, num_drafts, [candidates.scores.shape[0]])
+    return chosen[0], parents[0]
+
+
+def select_trees(candidates: Candidates, num_drafts: int, sizes: list[int]) -> tuple[list[Tensor], list[list[int]]]:
+    """``select_tree`` for each row of (rows, M) candidates, row b over its first ``sizes[b]`` (the
+    rest, created later, are ignored): one host read for every row.
+
+    Returns per row (chosen candidate indices in creation order, parent list with the root prepended).
+    """
+    scores, m = candidates.scores, candidates.scores.shape[-1]
+    count = torch.tensor(sizes, device=scores.device)[:, None]  # (rows, 1)
+    column = torch.arange(m, device=scores.device)
+    scores = scores.masked_fill(column >= count, float("-inf"))  # ignored ones sort after every kept one
+    n = min(num_drafts, m)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :n]  # (rows, n)
+    taken = torch.arange(n, device=scores.device) < count.clamp(max=num_drafts)  # (rows, n)
+    chosen = torch.where(taken, order, m).sort(dim=-1).values  # creation order is depth order; m = none
+    parent_cand = candidates.parents.gather(1, chosen.clamp(max=m - 1))
+    host_chosen, host_parents = torch.stack([chosen, parent_cand]).tolist()  # sync: one for every row
+    chosen_rows, parent_rows = [], []
+    for b, size in enumerate(sizes):
+        kept = min(num_drafts, size)
+        position = {c: i + 1 for i, c in enumerate(host_chosen[b][:kept])}  # candidate -> node index
+        position[-1] = 0
+        missing = [p for p in host_parents[b][:kept] if p not in position]
+        if missing:
+            raise RuntimeError(f"selected draft nodes lost their parents {missing}: scores are not monotone")
+        chosen_rows.append(chosen[b, :kept])
+        parent_rows.append([-1] + [position[p] for p in host_parents[b][:kept]])
+    return chosen_rows, parent_rows
 
 
 def pad_tree(tokens: Tensor, depths: Tensor, mask: Tensor, budget: int) -> tuple[Tensor, Tensor, Tensor]:

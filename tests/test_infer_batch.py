@@ -23,7 +23,7 @@ from infer.drafters import Draft, Drafter, Sampling, make_drafter
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from infer.target import target_forward
-from infer.tree import tree_from_parents
+from infer.tree import tree_attention_mask, tree_from_parents
 
 VOCAB = 96
 PAD = 0
@@ -296,6 +296,27 @@ def test_head_cache_rows_equal_rows_alone():
     assert batch.row_lengths() == [1, 3, 0, 2]
 
 
+@pytest.mark.parametrize("prefixes", [[3, 3], [5, 2, 0]])
+def test_head_cache_block_mask_is_each_rows_tree_mask(prefixes):
+    """Each row's block mask is that row's one-row tree mask over its own prefix, its slots past it
+    blocked (rows at one prefix and at different ones)."""
+    torch.manual_seed(0)
+    explored, q = 2, 3
+    cache = StaticHeadCache(capacity=4, rows=len(prefixes))
+    cache.counts = [n + explored for n in prefixes]
+    cache.update(0, torch.zeros(len(prefixes), 1, max(cache.counts), 2), torch.zeros(len(prefixes), 1, max(cache.counts), 2))
+    cache.counts = None
+    block = torch.rand(len(prefixes), q, explored + q) < 0.5
+    mask = cache.block_mask(prefixes, block, torch.float32)
+    width = max(prefixes) + explored + q
+    assert mask.shape == (len(prefixes), 1, q, width)
+    blocked = torch.finfo(torch.float32).min
+    for b, n in enumerate(prefixes):
+        own = n + explored + q
+        torch.testing.assert_close(mask[b: b + 1, :, :, :own], tree_attention_mask(block[b], n, torch.float32))
+        assert (mask[b, 0, :, own:] == blocked).all()
+
+
 @pytest.mark.parametrize("kind,tree", [("eagle", Chain(3)), ("eagle3", Chain(4)), ("dflash", Chain(3)),
                                        ("medusa", Chain(3)), ("eagle3", DynamicTree(depth=2, top_k=2, total_tokens=4))])
 @pytest.mark.parametrize("greedy", [True, False])
@@ -335,3 +356,48 @@ def test_heads_draft_every_row_in_one_pass(kind, tree, greedy):
                 assert torch.equal(draft.tokens, together[b].tokens), (kind, b)
             elif draft.q is not None:  # the first draft's law depends on the row's state alone (later ones on samples)
                 torch.testing.assert_close(draft.q[0], together[b].q[0])
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_dynamic_trees_draft_every_row_in_one_pass(kind):
+    """EAGLE-2 trees drafted together (rows of different prefix lengths and depth limits, one row of
+    the batch not drafting) equal each row's tree drafted alone, tokens and parents (fp64), with one
+    head forward per level after the first for the whole batch."""
+    model = make_tiny_target("llama", dtype=torch.float64, initializer_range=0.3)
+    torch.manual_seed(1)
+    head = build_head(kind, model).double().eval()
+    with torch.no_grad():  # peaked draft laws: deep nodes outscore shallow ones, so depth limits and masks matter
+        for p in head.parameters():
+            p.mul_(10 if p.dim() > 1 else 1)
+        if kind == "eagle3":
+            head.lm_head.weight.mul_(5)
+    tree = DynamicTree(depth=4, top_k=3, total_tokens=9)
+    drafter = make_drafter(head, model, tree)
+    width = (len(drafter.aux_layer_ids) or 1) * model.config.hidden_size
+    accepted = [6, 2, 9, 4, 1]  # each row's accepted tokens: its own prefix length
+    feats = [torch.randn(1, n, width, dtype=torch.float64) for n in accepted]
+    nexts = [torch.randint(3, VOCAB, (1, n)) for n in accepted]
+    roots = [torch.tensor(10 + b) for b in range(5)]
+    drafting = [0, 1, 3, 4]  # row 2 has stopped: carried along, not drafted
+    depths = [4, 2, 3, 0]  # the batch drafts 4 levels; the others keep fewer (0: the root alone)
+    calls = []
+    head.register_forward_hook(lambda *_: calls.append(1))
+    with torch.inference_mode():
+        rows = drafter.new_rows([16] * 5)
+        drafter.observe_rows(rows, feats, nexts)
+        calls.clear()
+        together = drafter.propose_rows([rows[b] for b in drafting], [roots[b] for b in drafting], Sampling(), depths)
+        assert len(calls) == tree.depth - 1  # one head forward per level for every row
+        assert rows[0].cache.row_lengths() == accepted  # the exploration is dropped again
+        limited = 0
+        for b, depth, draft in zip(drafting, depths, together):
+            alone = drafter.new_state()
+            drafter.reserve(alone, 16)
+            drafter.observe(alone, feats[b], nexts[b])
+            ref = drafter.propose(alone, roots[b], Sampling(), depth)
+            assert torch.equal(draft.tokens, ref.tokens), (kind, b)
+            assert torch.equal(draft.tree.parents, ref.tree.parents), (kind, b)
+            assert int(draft.tree.depths.max()) <= depth
+            deepest = drafter.propose(alone, roots[b], Sampling(), tree.depth)
+            limited += not torch.equal(deepest.tree.parents, ref.tree.parents)
+        assert limited >= 2  # the depth limits did cut rows' trees

@@ -1,5 +1,6 @@
 """Host syncs per decode step, counted: greedy decoding with a head reads the device once per step
-(every row's accepted length and EOS flag together), whatever the batch size and whether EOS is set.
+(every row's accepted length and EOS flag together), whatever the batch size and whether EOS is set;
+with an EAGLE-2 dynamic tree twice (every row's selected nodes together, then acceptance).
 
 On a CPU nothing waits, so the count is of the calls that would wait for a GPU: reading a tensor's
 values on the host (``item``, ``tolist``, ``bool``/``int``/``float``/index conversions, ``cpu``,
@@ -16,7 +17,7 @@ import torch
 from conftest import make_tiny_target
 
 from heads import build_head
-from infer import Chain, SpeculativeGenerator, StaticTree
+from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 
 VOCAB = 96
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero")
@@ -49,7 +50,10 @@ HEADS = {
     "dflash": ("dflash", Chain(3), {"block_size": 4}),
     "medusa-chain": ("medusa", Chain(3), {}),
     "medusa-tree": ("medusa", StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0))), {}),
+    "eagle-dynamic": ("eagle", DynamicTree(depth=3, top_k=2, total_tokens=6), {}),
+    "eagle3-dynamic": ("eagle3", DynamicTree(depth=2, top_k=3, total_tokens=5), {}),
 }
+READS_PER_STEP = {"eagle-dynamic": 2, "eagle3-dynamic": 2}  # + the tree's selection, one for every row
 
 
 @pytest.mark.parametrize("name,compile", [(name, False) for name in sorted(HEADS)]
@@ -75,4 +79,41 @@ def test_greedy_steps_read_the_host_once(monkeypatch, name, compile, bsz):
         reads.append(count[0])
         steps.append(gen.last_stats.steps)
     assert steps[1] > steps[0]
-    assert reads[1] - reads[0] == steps[1] - steps[0], (reads, steps)  # one host read per step
+    assert reads[1] - reads[0] == READS_PER_STEP.get(name, 1) * (steps[1] - steps[0]), (reads, steps)
+
+
+@pytest.mark.parametrize("name", ["eagle3-chain", "eagle-dynamic", "medusa-tree"])
+@pytest.mark.parametrize("bsz", [1, 4])
+def test_sampling_steps_read_the_host_once_besides_each_rows_acceptance(monkeypatch, name, bsz):
+    """Sampling: each row's rejection sampling reads the host as it goes (counted apart here); every
+    other read of the step (every row's accepted length and EOS, a dynamic tree's selection) is
+    shared by the rows."""
+    model = make_tiny_target("llama", dtype=torch.float32, initializer_range=0.3)
+    kind, tree, kw = HEADS[name]
+    torch.manual_seed(0)
+    gen = SpeculativeGenerator(model, build_head(kind, model, **kw), tree=tree)
+    rng = random.Random(bsz)
+    prompts = [[rng.randrange(3, VOCAB - 1) for _ in range(n)] for n in (5, 9, 3, 7)[:bsz]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    count = _count_reads(monkeypatch)
+    inside = [0]
+    accept = gen._sample_accept
+
+    def counted_apart(*args, **kwargs):
+        start = count[0]
+        out = accept(*args, **kwargs)
+        inside[0] += count[0] - start
+        return out
+
+    monkeypatch.setattr(gen, "_sample_accept", counted_apart)
+    reads, steps = [], []
+    for max_new in (6, 20):
+        count[0] = inside[0] = 0
+        torch.manual_seed(1)
+        gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=VOCAB - 1, temperature=0.8, top_k=0)
+        reads.append(count[0] - inside[0])
+        steps.append(gen.last_stats.steps)
+    assert steps[1] > steps[0]
+    assert reads[1] - reads[0] == READS_PER_STEP.get(name, 1) * (steps[1] - steps[0]), (reads, steps)

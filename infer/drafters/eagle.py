@@ -3,8 +3,8 @@ EAGLE-2 dynamic tree (expand the top_k most likely nodes per level, keep the bes
 
 A batch's rows share one head cache (``StaticHeadCache`` with a row each): observing accepted tokens
 and drafting a chain run one head forward for every row at once (rows with fewer tokens padded, rows
-not drafting carried along as dummies whose writes land past their length); a dynamic tree is
-drafted per row on that row's view of the cache."""
+not drafting carried along as dummies whose writes land past their length); so does drafting a
+dynamic tree, each row's tree attending to its own prefix and explored nodes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,7 +17,7 @@ from infer.cache import SlotWrites, StaticHeadCache, slot_mask
 from infer.compiling import compiled
 from infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers,
                                  draft_by_batch, group_rows, root_only, stack_rows)
-from infer.tree import Candidates, expand_level, select_tree, tree_attention_mask, tree_from_parents
+from infer.tree import Candidates, expand_level, select_trees, tree_from_parents
 
 
 
@@ -120,9 +120,9 @@ class EagleDrafter(HeadDrafter):
 
     def propose_rows(self, states: list[EagleState], roots: list[Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:
-        """Chains: one head forward per draft level for every row of a batch; trees: per row."""
+        """One head forward per draft level for every row of a batch (a chain or a dynamic tree)."""
         if isinstance(self.option, DynamicTree):
-            return [self._tree(s, r, min(self.option.depth, d)) for s, r, d in zip(states, roots, max_depths)]
+            return draft_by_batch(states, roots, max_depths, self.option.depth, self._trees)
         return draft_by_batch(states, roots, max_depths, self.option.length,
                               lambda cache, rows, tips, lengths: self._chains(cache, rows, tips, lengths, sampling))
 
@@ -198,48 +198,69 @@ class EagleDrafter(HeadDrafter):
                 hidden = self._step(SlotWrites(cache, slots), hidden, ids[:, None], slots, mask)
         return torch.stack(out, dim=1)
 
-    def _tree(self, state: EagleState, root: Tensor, levels: int) -> Draft:
-        view = state.cache.row(state.row)
-        prefix = view.get_seq_length()
+    def _trees(self, cache: StaticHeadCache, states: list[EagleState], roots: list[Tensor],
+               levels: list[int]) -> list[Draft]:
+        """An EAGLE-2 dynamic tree of ``levels[i]`` levels for each of ``states`` (rows of ``cache``):
+        one head forward per level for every row (each row's frontier is top_k wide at every level;
+        rows not drafting carried along as dummies), every row drafted to the deepest and its deeper
+        levels dropped before its selection (what that row drafts alone)."""
+        depth = max(levels)
+        if depth <= 0:
+            return [root_only(r) for r in roots]
+        prefix = cache.row_lengths()
         try:
-            return self._tree_levels(view, state.hidden, root, levels, prefix)
+            candidates, sizes = self._tree_levels(cache, states, depth, prefix)
         finally:
-            view.crop(prefix)  # exploration KV is approximate: keep accepted tokens only
+            cache.crop_rows(prefix)  # exploration KV is approximate: keep accepted tokens only
+        rows = [s.row for s in states]
+        per_row = Candidates(candidates.tokens[rows], candidates.scores[rows], candidates.parents[rows])
+        chosen, parent_lists = select_trees(per_row, self.option.total_tokens - 1,
+                                            [sum(sizes[:n]) for n in levels])
+        drafts = []
+        for i, (root, n) in enumerate(zip(roots, levels)):
+            if n <= 0:
+                drafts.append(root_only(root))
+                continue
+            ids = torch.cat([root.reshape(1), per_row.tokens[i, chosen[i]]])
+            drafts.append(Draft(ids, tree_from_parents(parent_lists[i], root.device)))
+        return drafts
 
-    def _tree_levels(self, view, state_hidden: Tensor, root: Tensor, levels: int, prefix: int) -> Draft:
-        if levels == 0:
-            return root_only(root)
-        opt = self.option
-        device = root.device
-        logp = self._logits(state_hidden[0]).log_softmax(dim=-1)  # (1, Vd)
-        tok, scores, _, frontier = expand_level(logp.new_zeros(1), logp, opt.top_k)
-        tokens, all_scores = [self._to_target(tok)], [scores]
+    def _tree_levels(self, cache: StaticHeadCache, states: list[EagleState], levels: int,
+                     prefix: list[int]) -> tuple[Candidates, list[int]]:
+        """Every row's candidates (rows, M) over ``levels`` levels (children of the root have parent
+        -1), and how many candidates each level adds."""
+        top_k = self.option.top_k
+        hidden, _ = stack_rows(cache.rows, [s.row for s in states], [s.hidden for s in states])  # (rows, 1, H)
+        device = hidden.device
+        starts = torch.tensor(prefix, device=device)  # (rows,)
+        logp = self._logits(hidden).log_softmax(dim=-1)  # (rows, 1, Vd)
+        tok, scores, _, frontier = expand_level(logp.new_zeros(cache.rows, 1), logp, top_k)
+        tokens, all_scores = [self._to_target(tok)], [scores]  # per level (rows, n)
         parents = [torch.full_like(tok, -1)]
         offset = 0  # candidate index of the current level's first child
-        parent_hidden = state_hidden.expand(1, frontier.numel(), -1)  # (1, F, H) parents' outputs
-        ancestors = torch.zeros(frontier.numel(), 0, dtype=torch.bool, device=device)  # (F, E)
+        width = frontier.shape[1]
+        parent_hidden = hidden.expand(-1, width, -1)  # (rows, F, H) parents' outputs
+        ancestors = torch.zeros(cache.rows, width, 0, dtype=torch.bool, device=device)  # (rows, F, E)
+        eye = torch.eye(width, dtype=torch.bool, device=device)
         for level in range(1, levels):
-            width = frontier.numel()
-            allowed = torch.cat(
-                [ancestors, torch.eye(width, dtype=torch.bool, device=device)], dim=1
-            )  # (F, E + F): explored ancestors, then self
-            mask = tree_attention_mask(allowed, prefix, parent_hidden.dtype)  # (1, 1, F, S + E + F)
-            pos = torch.full((1, width), prefix + level - 1, device=device)
-            out = self._step(view, parent_hidden, tokens[-1][frontier][None], pos, mask)  # (1, F, H)
-            logp = self._logits(out[0]).log_softmax(dim=-1)  # (F, Vd)
-            tok, child_scores, slots, next_frontier = expand_level(scores[frontier], logp, opt.top_k)
-            parents.append(offset + frontier[slots])
-            offset += tokens[-1].numel()
+            allowed = torch.cat([ancestors, eye.expand(cache.rows, -1, -1)], dim=2)  # (rows, F, E + F)
+            mask = cache.block_mask(prefix, allowed, parent_hidden.dtype)
+            pos = (starts + level - 1)[:, None].expand(-1, width)  # (rows, F)
+            out = self._step(cache, parent_hidden, tokens[-1].gather(1, frontier), pos, mask)  # (rows, F, H)
+            logp = self._logits(out).log_softmax(dim=-1)  # (rows, F, Vd)
+            tok, child_scores, slots, next_frontier = expand_level(scores.gather(1, frontier), logp, top_k)
+            parents.append(offset + frontier.gather(1, slots))
+            offset += tokens[-1].shape[1]
             tokens.append(self._to_target(tok))
             all_scores.append(child_scores)
             scores = child_scores
-            keep = slots[next_frontier]  # (F',) which frontier node each new frontier node hangs off
-            parent_hidden = out[:, keep]
-            ancestors = torch.cat([ancestors[keep], torch.eye(width, dtype=torch.bool, device=device)[keep]], dim=1)
+            keep = slots.gather(1, next_frontier)  # (rows, F') which frontier node each new one hangs off
+            parent_hidden = out.gather(1, keep[..., None].expand(-1, -1, out.shape[-1]))
+            ancestors = torch.cat([ancestors.gather(1, keep[..., None].expand(-1, -1, ancestors.shape[-1])),
+                                   eye[keep]], dim=2)
             frontier = next_frontier
-        candidates = Candidates(torch.cat(tokens), torch.cat(all_scores), torch.cat(parents))
-        chosen, parent_list = select_tree(candidates, opt.total_tokens - 1)
-        return Draft(torch.cat([root.reshape(1), candidates.tokens[chosen]]), tree_from_parents(parent_list, device))
+        sizes = [t.shape[1] for t in tokens]
+        return Candidates(torch.cat(tokens, dim=1), torch.cat(all_scores, dim=1), torch.cat(parents, dim=1)), sizes
 
     shapes = (DynamicTree, Chain)
     # EAGLE-2's reference depth (EAGLE-3: 8), top_k 10 and 60 verified tokens on accelerators
