@@ -249,6 +249,11 @@ class StaticHeadCache:
         """Row b keeps its first ``lengths[b]`` entries (the rest is left and later overwritten)."""
         self._lengths = [[min(n, m) for n, m in zip(layer, lengths)] for layer in self._lengths]
 
+    def buffers(self) -> list[tuple[Tensor, Tensor]]:
+        """Per layer the whole (rows, H_kv, capacity, D) keys and values: fixed shapes for a compiled
+        reader, whose mask hides each row's slots past its own length."""
+        return list(zip(self._keys, self._values))
+
     def context(self) -> list[tuple[Tensor, Tensor]]:
         """Per layer (keys, values) (rows, H_kv, max_b length_b, D): every row's entries, a row's
         slots past its own length hidden by the caller's mask."""

@@ -1,7 +1,9 @@
 """Compiled drafting: with ``compile`` set, EAGLE and EAGLE-3 greedy chains draft through one
 fixed-shape function (``EagleDrafter._fixed_levels`` over ``SlotWrites``: every step the same shapes,
-whatever the rows' lengths), traced here with dynamo's CPU backends. Lossless (per-row greedy identity
-with ``target.generate``), the same drafts as the eager path (fp64), and really used."""
+whatever the rows' lengths) and DFlash's block pass reads the whole context buffers
+(``DFlashDrafter._block_logits`` over ``StaticHeadCache.buffers``), traced here with dynamo's CPU
+backends. Lossless (per-row greedy identity with ``target.generate``), the same drafts as the eager
+path (fp64), and really used."""
 from __future__ import annotations
 
 import random
@@ -16,26 +18,28 @@ from infer.drafters import Sampling, make_drafter
 
 
 def _spy_fixed(drafter) -> list[int]:
-    """Calls of the drafter's compiled chain from now on (counted outside the compiled region)."""
-    calls, fixed = [], drafter._fixed_chain
+    """Calls of the drafter's compiled draft from now on (counted outside the compiled region)."""
+    name = "_fixed_block" if hasattr(drafter, "_block_logits") else "_fixed_chain"
+    calls, fixed = [], getattr(drafter, name)
     assert fixed is not None, "the generator did not hand its compile switch to the drafter"
 
     def counting(*args):
         calls.append(1)
         return fixed(*args)
 
-    drafter._fixed_chain = counting
+    setattr(drafter, name, counting)
     return calls
 
 
 @pytest.mark.parametrize("compile", ["aot_eager", "eager"])
-@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "dflash"])
 @pytest.mark.parametrize("arch", BATCH_ARCHES)
 def test_compiled_chains_match_each_row_alone(arch, kind, compile):
     model = _target(arch)
     rng = random.Random(f"{arch}-{kind}-{compile}")
     torch.manual_seed(rng.randrange(100))
-    gen = SpeculativeGenerator(model, build_head(kind, model), tree=Chain(4), compile=compile)
+    head = build_head(kind, model, **({"block_size": 6, "num_layers": 2} if kind == "dflash" else {}))
+    gen = SpeculativeGenerator(model, head, tree=Chain(4), compile=compile)
     calls = _spy_fixed(gen.drafter)
     for lengths, max_new in (([6], 1), ([9], 17), ([4, 12, 7], 20)):
         prompts = _prompts(rng, lengths)
@@ -112,3 +116,28 @@ def test_a_head_step_over_slot_writes_equals_the_eager_step():
         slots = torch.tensor(counts)[:, None]
         fixed = drafter._step(SlotWrites(caches[1], slots), hidden, tok, slots, slot_mask(slots, 24, hidden.dtype))
     torch.testing.assert_close(fixed, eager, rtol=1e-10, atol=1e-10)
+
+
+def test_dflash_block_over_whole_buffers_equals_the_eager_block():
+    """DFlash rows of different context lengths, fp64: the block read over the whole context buffers
+    (stale entries planted past every row) gives the eager block's logits, hence its drafts."""
+    model = _target("qwen2").double()
+    torch.manual_seed(5)
+    head = build_head("dflash", model, block_size=5, num_layers=2).double().eval()
+    drafter = make_drafter(head, model, Chain(4))
+    width = len(drafter.aux_layer_ids) * model.config.hidden_size
+    counts = [6, 2, 9]
+    states = drafter.new_rows([24, 24, 24])
+    with torch.inference_mode():
+        drafter.observe_rows(states, [torch.randn(1, n, width, dtype=torch.float64) for n in counts],
+                             [torch.randint(3, 90, (1, n)) for n in counts])
+        cache = states[0].cache
+        for k, v in cache.buffers():
+            for b, n in enumerate(counts):
+                k[b, :, n:], v[b, :, n:] = 1e3, -1e3
+        block = torch.tensor([[7, 95, 95, 95, 95], [8, 95, 95, 95, 95], [9, 95, 95, 95, 95]])
+        starts = torch.tensor(counts)
+        eager = drafter._block_logits(cache.context(), block, starts)
+        whole = drafter._block_logits(cache.buffers(), block, starts)
+    torch.testing.assert_close(whole, eager, rtol=1e-10, atol=1e-10)
+    assert cache.buffers()[0][0].shape[2] > max(counts)  # the whole buffer really is wider

@@ -19,6 +19,7 @@ from torch import nn
 
 from heads.layers import additive_mask
 from infer.cache import StaticHeadCache
+from infer.compiling import compiled
 from infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
                                  root_only, stack_rows)
 
@@ -103,15 +104,12 @@ class DFlashDrafter(HeadDrafter):
         block = torch.cat([first, self._mask_ids[key].expand(cache.rows, -1)], dim=1)  # (rows, B)
         context = cache.row_lengths()
         starts = torch.tensor(context, device=device)  # (rows,) each root's position
-        positions = starts[:, None] + torch.arange(self.block_size, device=device)[None]
-        width = max(context)
-        # a row's block sees its own context and the whole block
-        seen = torch.arange(width + self.block_size, device=device)[None] < starts[:, None]  # (rows, C + B)
-        seen[:, width:] = True
-        embeds = self.embed(block)
-        mask = additive_mask(seen[:, None, :].expand(-1, self.block_size, -1), embeds.dtype)[0, 0][:, None]
-        out = self.head(embeds, positions, cache.context(), mask)
-        logits = self.lm_head(out[:, 1: 1 + longest]).float()  # (rows, n, V): position k drafts root + k
+        if self._fixed_block is not None:  # compiled: over the whole context buffers, one shape
+            if device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # the last block's logits were used
+            logits = self._fixed_block(cache.buffers(), block, starts)[:, :longest]
+        else:  # eager: over the filled context only
+            logits = self._block_logits(cache.context(), block, starts)[:, :longest]
         if sampling.greedy:
             chain, law = logits.argmax(-1), None
         else:
@@ -123,6 +121,29 @@ class DFlashDrafter(HeadDrafter):
             ids = torch.cat([root.reshape(1), chain[b, :n]])
             drafts.append(Draft(ids, chain_buffers(n, device), None if law is None else law[b, :n]))
         return drafts
+
+    _fixed_block = None  # set by compile_with
+
+    def compile_with(self, compile: bool | str) -> None:
+        """Compiled: the block pass reads the whole context buffers (``StaticHeadCache.buffers``), so its
+        shapes do not change with the rows' lengths; compiled once per (rows, cache capacity)."""
+        device = self.embed.weight.device
+        self._fixed_block = compiled(self._block_logits, compile, device) if compile else None
+
+    def _block_logits(self, context: list[tuple[torch.Tensor, torch.Tensor]], block: torch.Tensor,
+                      starts: torch.Tensor) -> torch.Tensor:
+        """float32 logits (rows, B - 1, V) of every row's block (rows, B) after its first ``starts[b]``
+        context entries (each row's block sees its own context and the whole block; entries past a
+        row's context are hidden): position k drafts the token k after the root."""
+        device = block.device
+        width = context[0][0].shape[2]
+        positions = starts[:, None] + torch.arange(self.block_size, device=device)[None]
+        columns = torch.arange(width + self.block_size, device=device)[None]
+        seen = (columns < starts[:, None]) | (columns >= width)  # (rows, C + B)
+        embeds = self.embed(block)
+        mask = additive_mask(seen[:, None, :].expand(-1, self.block_size, -1), embeds.dtype)[0, 0][:, None]
+        out = self.head(embeds, positions, context, mask)
+        return self.lm_head(out[:, 1:]).float()
 
     @classmethod
     def branching_tree(cls, device: torch.device) -> Chain:
