@@ -238,12 +238,8 @@ class StaticHeadCache:
         if min(prefixes) == max(prefixes):  # every row at one prefix (one row): plain concatenation
             allowed = torch.cat([block.new_ones(self.rows, q, prefixes[0]), block,
                                  block.new_zeros(self.rows, q, width - prefixes[0] - k)], dim=2)
-        else:
-            col = torch.arange(width, device=block.device)  # (W,)
-            rel = col[None, :] - torch.tensor(prefixes, device=block.device)[:, None]  # (rows, W) slot past each prefix
-            seen = block.gather(2, rel.clamp(0, k - 1)[:, None, :].expand(-1, q, -1))  # (rows, Q, W)
-            allowed = (rel < 0)[:, None, :] | (seen & (rel < k)[:, None, :])
-        return additive_mask(allowed, dtype)[0, 0][:, None]
+            return additive_mask(allowed, dtype)[0, 0][:, None]
+        return block_slot_mask(torch.tensor(prefixes, device=block.device), block, width, dtype)
 
     def crop_rows(self, lengths: list[int]) -> None:
         """Row b keeps its first ``lengths[b]`` entries (the rest is left and later overwritten)."""
@@ -341,6 +337,17 @@ class SlotWrites:
         keys.scatter_(2, index, key.to(keys.dtype))
         values.scatter_(2, index, value.to(values.dtype))
         return keys, values
+
+
+def block_slot_mask(prefixes: Tensor, block: Tensor, width: int, dtype: torch.dtype) -> Tensor:
+    """Additive (rows, 1, Q, width) mask of Q new entries per row after row b's ``prefixes[b]`` (a
+    device tensor) accepted entries: row b's queries see its prefix, then ``block[b]`` (Q, K) bool over
+    its slots prefixes[b].. (explored entries and the Q new ones), nothing else."""
+    q, k = block.shape[-2:]
+    rel = torch.arange(width, device=block.device)[None, :] - prefixes[:, None]  # (rows, W) slot past each prefix
+    seen = block.gather(2, rel.clamp(0, k - 1)[:, None, :].expand(-1, q, -1))  # (rows, Q, W)
+    allowed = (rel < 0)[:, None, :] | (seen & (rel < k)[:, None, :])
+    return additive_mask(allowed, dtype)[0, 0][:, None]
 
 
 def slot_mask(slots: Tensor, capacity: int, dtype: torch.dtype) -> Tensor:

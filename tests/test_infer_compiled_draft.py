@@ -13,13 +13,14 @@ import torch
 from test_infer_batch import BATCH_ARCHES, _alone, _expected, _left_pad, _prompts, _target
 
 from heads import build_head
-from infer import Chain, SpeculativeGenerator
+from infer import Chain, DynamicTree, SpeculativeGenerator
 from infer.drafters import Sampling, make_drafter
 
 
 def _spy_fixed(drafter) -> list[int]:
     """Calls of the drafter's compiled draft from now on (counted outside the compiled region)."""
-    name = "_fixed_block" if hasattr(drafter, "_block_logits") else "_fixed_chain"
+    name = ("_fixed_block" if hasattr(drafter, "_block_logits") else
+            "_fixed_tree" if isinstance(getattr(drafter, "option", None), DynamicTree) else "_fixed_chain")
     calls, fixed = [], getattr(drafter, name)
     assert fixed is not None, "the generator did not hand its compile switch to the drafter"
 
@@ -32,14 +33,15 @@ def _spy_fixed(drafter) -> list[int]:
 
 
 @pytest.mark.parametrize("compile", ["aot_eager", "eager"])
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "dflash"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "dflash", "eagle-tree", "eagle3-tree"])
 @pytest.mark.parametrize("arch", BATCH_ARCHES)
 def test_compiled_chains_match_each_row_alone(arch, kind, compile):
     model = _target(arch)
     rng = random.Random(f"{arch}-{kind}-{compile}")
     torch.manual_seed(rng.randrange(100))
-    head = build_head(kind, model, **({"block_size": 6, "num_layers": 2} if kind == "dflash" else {}))
-    gen = SpeculativeGenerator(model, head, tree=Chain(4), compile=compile)
+    head = build_head(kind.removesuffix("-tree"), model, **({"block_size": 6, "num_layers": 2} if kind == "dflash" else {}))
+    tree = DynamicTree(depth=3, top_k=2, total_tokens=6) if kind.endswith("-tree") else Chain(4)
+    gen = SpeculativeGenerator(model, head, tree=tree, compile=compile)
     calls = _spy_fixed(gen.drafter)
     for lengths, max_new in (([6], 1), ([9], 17), ([4, 12, 7], 20)):
         prompts = _prompts(rng, lengths)
@@ -141,3 +143,34 @@ def test_dflash_block_over_whole_buffers_equals_the_eager_block():
         whole = drafter._block_logits(cache.buffers(), block, starts)
     torch.testing.assert_close(whole, eager, rtol=1e-10, atol=1e-10)
     assert cache.buffers()[0][0].shape[2] > max(counts)  # the whole buffer really is wider
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_fixed_shape_trees_draft_what_the_eager_trees_draft(kind):
+    """EAGLE-2 trees for rows of different prefix lengths and depth limits (fp64, peaked heads so
+    masks and depths change trees): the fixed-shape levels over the whole cache (traced) give every
+    row the eager tree, tokens and parents, and leave the cache's lengths as they were."""
+    model = _target("llama").double()
+    torch.manual_seed(1)
+    head = build_head(kind, model).double().eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.mul_(10 if p.dim() > 1 else 1)
+    tree = DynamicTree(depth=4, top_k=3, total_tokens=9)
+    eager, fixed = make_drafter(head, model, tree), make_drafter(head, model, tree)
+    fixed.compile_with("eager")
+    width = (len(eager.aux_layer_ids) or 1) * model.config.hidden_size
+    counts = [6, 2, 9, 4]
+    feats = [torch.randn(1, n, width, dtype=torch.float64) for n in counts]
+    toks = [torch.randint(3, 90, (1, n)) for n in counts]
+    roots = [torch.tensor(10 + b) for b in range(4)]
+    drafts = []
+    for drafter in (eager, fixed):
+        states = drafter.new_rows([20] * 4)
+        with torch.inference_mode():
+            drafter.observe_rows(states, feats, toks)
+            drafts.append(drafter.propose_rows(states, roots, Sampling(), [4, 2, 3, 0]))
+        assert states[0].cache.row_lengths() == counts
+    for a, b in zip(*drafts):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.tree.parents, b.tree.parents)
+    assert drafts[1][3].tokens.numel() == 1 and len({d.tokens.numel() for d in drafts[1]}) > 1

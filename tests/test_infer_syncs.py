@@ -57,7 +57,8 @@ READS_PER_STEP = {"eagle-dynamic": 2, "eagle3-dynamic": 2}  # + the tree's selec
 
 
 @pytest.mark.parametrize("name,compile", [(name, False) for name in sorted(HEADS)]
-                         + [("eagle-chain", "aot_eager"), ("eagle3-chain", "aot_eager"), ("dflash", "aot_eager")])  # compiled drafting too
+                         + [("eagle-chain", "aot_eager"), ("eagle3-chain", "aot_eager"), ("dflash", "aot_eager"),
+                            ("eagle-dynamic", "aot_eager")])  # compiled drafting too
 @pytest.mark.parametrize("bsz", [1, 4])
 def test_greedy_steps_read_the_host_once(monkeypatch, name, compile, bsz):
     model = make_tiny_target("llama", dtype=torch.float32, initializer_range=0.3)

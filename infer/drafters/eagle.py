@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from data.base.checks import probability
-from infer.cache import SlotWrites, StaticHeadCache, slot_mask
+from infer.cache import SlotWrites, StaticHeadCache, block_slot_mask, slot_mask
 from infer.compiling import compiled
 from infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers,
                                  draft_by_batch, group_rows, root_only, stack_rows)
@@ -177,11 +177,14 @@ class EagleDrafter(HeadDrafter):
         return drafts
 
     def compile_with(self, compile: bool | str) -> None:
-        """Compiled: greedy chains (no confidence stop) draft through ``_fixed_levels``, compiled once
-        per (rows, levels, cache capacity)."""
-        self._fixed_chain = compiled(self._fixed_levels, compile, self.embed.weight.device) if compile else None
+        """Compiled: greedy chains (no confidence stop) draft through ``_fixed_levels`` and dynamic trees
+        through ``_tree_levels`` in its fixed-shape form, each compiled once per (rows, depth, cache
+        capacity)."""
+        device = self.embed.weight.device
+        self._fixed_chain = compiled(self._fixed_levels, compile, device) if compile else None
+        self._fixed_tree = compiled(self._tree_levels, compile, device) if compile else None
 
-    _fixed_chain = None  # set by compile_with
+    _fixed_chain = _fixed_tree = None  # set by compile_with
 
     def _fixed_levels(self, cache: StaticHeadCache, hidden: Tensor, start: Tensor, levels: int) -> Tensor:
         """A greedy chain of ``levels`` target ids per row (rows, levels), every head step over the whole
@@ -208,10 +211,18 @@ class EagleDrafter(HeadDrafter):
         if depth <= 0:
             return [root_only(r) for r in roots]
         prefix = cache.row_lengths()
-        try:
-            candidates, sizes = self._tree_levels(cache, states, depth, prefix)
-        finally:
-            cache.crop_rows(prefix)  # exploration KV is approximate: keep accepted tokens only
+        hidden, _ = stack_rows(cache.rows, [s.row for s in states], [s.hidden for s in states])  # (rows, 1, H)
+        starts = torch.tensor(prefix, device=hidden.device)  # (rows,)
+        if self._fixed_tree is not None:  # compiled: the whole tree depth every step, over the whole cache
+            cache.make_room(max(prefix) + self._explored)
+            if hidden.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # the last tree's candidates were used
+            candidates, sizes = self._fixed_tree(cache, hidden, starts, self.option.depth, None)
+        else:
+            try:
+                candidates, sizes = self._tree_levels(cache, hidden, starts, depth, prefix)
+            finally:
+                cache.crop_rows(prefix)  # exploration KV is approximate: keep accepted tokens only
         rows = [s.row for s in states]
         per_row = Candidates(candidates.tokens[rows], candidates.scores[rows], candidates.parents[rows])
         chosen, parent_lists = select_trees(per_row, self.option.total_tokens - 1,
@@ -225,14 +236,16 @@ class EagleDrafter(HeadDrafter):
             drafts.append(Draft(ids, tree_from_parents(parent_lists[i], root.device)))
         return drafts
 
-    def _tree_levels(self, cache: StaticHeadCache, states: list[EagleState], levels: int,
-                     prefix: list[int]) -> tuple[Candidates, list[int]]:
+    def _tree_levels(self, cache: StaticHeadCache, hidden: Tensor, starts: Tensor, levels: int,
+                     prefix: list[int] | None) -> tuple[Candidates, list[int]]:
         """Every row's candidates (rows, M) over ``levels`` levels (children of the root have parent
-        -1), and how many candidates each level adds."""
+        -1), and how many candidates each level adds; hidden (rows, 1, H) the rows' head outputs at
+        their last accepted token, starts (rows,) their cache lengths. Eager (``prefix`` the same
+        lengths as host ints): each level appends to the cache (the caller crops it back). Fixed shape
+        (``prefix`` None: compiled): level entries written at device slots (``SlotWrites``) and every
+        mask over the whole capacity (``block_slot_mask``); the cache's lengths stay as they were."""
         top_k = self.option.top_k
-        hidden, _ = stack_rows(cache.rows, [s.row for s in states], [s.hidden for s in states])  # (rows, 1, H)
         device = hidden.device
-        starts = torch.tensor(prefix, device=device)  # (rows,)
         logp = self._logits(hidden).log_softmax(dim=-1)  # (rows, 1, Vd)
         tok, scores, _, frontier = expand_level(logp.new_zeros(cache.rows, 1), logp, top_k)
         tokens, all_scores = [self._to_target(tok)], [scores]  # per level (rows, n)
@@ -244,9 +257,14 @@ class EagleDrafter(HeadDrafter):
         eye = torch.eye(width, dtype=torch.bool, device=device)
         for level in range(1, levels):
             allowed = torch.cat([ancestors, eye.expand(cache.rows, -1, -1)], dim=2)  # (rows, F, E + F)
-            mask = cache.block_mask(prefix, allowed, parent_hidden.dtype)
             pos = (starts + level - 1)[:, None].expand(-1, width)  # (rows, F)
-            out = self._step(cache, parent_hidden, tokens[-1].gather(1, frontier), pos, mask)  # (rows, F, H)
+            if prefix is None:  # fixed shape: this level's F entries after the E explored ones
+                explored = ancestors.shape[2]
+                writes = SlotWrites(cache, starts[:, None] + explored + torch.arange(width, device=device)[None])
+                mask = block_slot_mask(starts, allowed, cache.capacity, parent_hidden.dtype)
+            else:
+                writes, mask = cache, cache.block_mask(prefix, allowed, parent_hidden.dtype)
+            out = self._step(writes, parent_hidden, tokens[-1].gather(1, frontier), pos, mask)  # (rows, F, H)
             logp = self._logits(out).log_softmax(dim=-1)  # (rows, F, Vd)
             tok, child_scores, slots, next_frontier = expand_level(scores.gather(1, frontier), logp, top_k)
             parents.append(offset + frontier.gather(1, slots))
