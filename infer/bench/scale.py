@@ -27,13 +27,15 @@ from infer.drafters import Sampling, drafter_class
 
 def head_draft_cost(target, args, device, dtype) -> dict:
     """Per-draft cost of a random EAGLE-3 head of the target's dimensions: its eager chain, the same
-    chain compiled (the generator's ``compile=True``: CUDA graphs on CUDA) and the GPU's default tree."""
+    chain compiled (the generator's ``compile=True``: CUDA graphs on CUDA) and the GPU's default tree,
+    eager and compiled."""
     cfg = target.config
     torch.manual_seed(0)
     head = build_head("eagle3", target, draft_vocab_size=min(args.draft_vocab, cfg.vocab_size)).to(device, dtype).eval()
     result = {}
+    tree = DynamicTree(depth=8, top_k=10, total_tokens=60)
     shapes = (("chain", Chain(args.chain), False), ("chain-compiled", Chain(args.chain), True),
-              ("dyn8-10-60", DynamicTree(depth=8, top_k=10, total_tokens=60), False))
+              ("dyn8-10-60", tree, False), ("dyn8-10-60-compiled", tree, True))
     for name, tree, compile in shapes:
         drafter = drafter_class("eagle3")(head, target, tree)
         drafter.compile_with(compile)
