@@ -31,3 +31,10 @@ def compiled(fn: Callable, compile: bool | str, device: torch.device) -> Callabl
     # vector instruction set.
     scalar = os.environ.get("ATEN_CPU_CAPABILITY") == "default"
     return torch.compile(fn, dynamic=False, options={"cpp.simdlen": 1} if scalar else None)
+
+
+def step_begin(device: torch.device) -> None:
+    """Before a compiled call on CUDA: the outputs of the last CUDA-graph replay (already used) may be
+    overwritten now."""
+    if torch.device(device).type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()

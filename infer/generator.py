@@ -43,7 +43,7 @@ from infer.accept import (
 )
 from infer.batch import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
-from infer.compiling import compiled
+from infer.compiling import compiled, step_begin
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter, root_only
 from infer.plan import SpeculationPlan, find_plan
 from infer.target import TargetOutput, decoder_layers
@@ -358,8 +358,8 @@ class SpeculativeGenerator:
         if first:
             self._sync()
             start = time.perf_counter()
-        if self.compile and self.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()  # last step's outputs may be overwritten now
+        if self.compile:
+            step_begin(self.device)
         out = self._verify_fn(self.target, tokens, slots, mask, positions, cache, self.drafter.aux_layer_ids)
         if first:
             self._sync()

@@ -47,8 +47,8 @@ class LookupFirst(Drafter):
         self.drafter = drafter
         self.min_lookup = count("LookupFirst min_lookup", min_lookup)
         self.aux_layer_ids = drafter.aux_layer_ids
-        sizes = [n for n in (drafter.max_nodes, self.lookup.max_nodes)]
-        self.max_nodes = None if drafter.max_nodes is None else max(sizes)
+        # the larger of the two drafts (None: the inner drafter has no bound, so neither has this)
+        self.max_nodes = None if drafter.max_nodes is None else max(drafter.max_nodes, self.lookup.max_nodes)
 
     def new_state(self) -> LookupFirstState:
         return LookupFirstState(self.lookup.new_state(), self.drafter.new_state())

@@ -19,7 +19,7 @@ from torch import nn
 
 from heads.layers import additive_mask
 from infer.cache import StaticHeadCache
-from infer.compiling import compiled
+from infer.compiling import compiled, step_begin
 from infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
                                  root_only, stack_rows)
 
@@ -105,8 +105,7 @@ class DFlashDrafter(HeadDrafter):
         context = cache.row_lengths()
         starts = torch.tensor(context, device=device)  # (rows,) each root's position
         if self._fixed_block is not None:  # compiled: over the whole context buffers, one shape
-            if device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()  # the last block's logits were used
+            step_begin(device)
             logits = self._fixed_block(cache.buffers(), block, starts)[:, :longest]
         else:  # eager: over the filled context only
             logits = self._block_logits(cache.context(), block, starts)[:, :longest]

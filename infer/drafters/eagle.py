@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from data.base.checks import probability
 from infer.cache import SlotWrites, StaticHeadCache, block_slot_mask, slot_mask
-from infer.compiling import compiled
+from infer.compiling import compiled, step_begin
 from infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers,
                                  draft_by_batch, group_rows, root_only, stack_rows)
 from infer.tree import Candidates, expand_level, select_trees, tree_from_parents
@@ -139,8 +139,7 @@ class EagleDrafter(HeadDrafter):
         if self._fixed_chain is not None and sampling.greedy and self.confidence is None:
             cache.make_room(max(prefix) + self.option.length)
             start = torch.tensor(prefix, device=hidden.device)
-            if hidden.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()  # the last chain's outputs were copied out
+            step_begin(hidden.device)
             # every step the whole chain (one graph), each row then keeping its own length
             tokens = list(self._fixed_chain(cache, hidden, start, self.option.length).unbind(1))
             levels = 0  # drafted
@@ -215,8 +214,7 @@ class EagleDrafter(HeadDrafter):
         starts = torch.tensor(prefix, device=hidden.device)  # (rows,)
         if self._fixed_tree is not None:  # compiled: the whole tree depth every step, over the whole cache
             cache.make_room(max(prefix) + self._explored)
-            if hidden.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()  # the last tree's candidates were used
+            step_begin(hidden.device)
             candidates, sizes = self._fixed_tree(cache, hidden, starts, self.option.depth, None)
         else:
             try:
