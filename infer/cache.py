@@ -245,6 +245,12 @@ class StaticHeadCache:
         """Row b keeps its first ``lengths[b]`` entries (the rest is left and later overwritten)."""
         self._lengths = [[min(n, m) for n, m in zip(layer, lengths)] for layer in self._lengths]
 
+    def crop_row(self, b: int, length: int) -> None:
+        """Row ``b`` keeps its first ``length`` entries; the other rows keep theirs."""
+        lengths = self.row_lengths()
+        lengths[b] = length
+        self.crop_rows(lengths)
+
     def buffers(self) -> list[tuple[Tensor, Tensor]]:
         """Per layer the whole (rows, H_kv, capacity, D) keys and values: fixed shapes for a compiled
         reader, whose mask hides each row's slots past its own length."""

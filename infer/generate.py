@@ -4,7 +4,8 @@
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
         [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--lookup-first]
         [--compare]
-    python -m infer.generate --target T --drafter lm:DIR | lm:DIR+ngram | ngram | layer-skip[:K] [--depth D] [--branch K] [--adaptive] ...
+    python -m infer.generate --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
+        [--depth D] [--branch K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
 runs the target's own ``generate`` in the same process and prints the speedup and whether the
@@ -16,7 +17,8 @@ tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by p
 with the target's own first K layers (self-speculation; ``infer.layer_skip``); without K, the K that
 ``scripts/calibrate_layer_skip.py`` measured fastest for this target, device and dtype, else half the
 layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
-(``infer.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold).
+(``infer.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
+``--drafter lm:DIR+head:HEAD`` the same with a head trained on the draft LM (``target=DIR``) guessing.
 ``--adaptive`` lets the draft length follow the acceptance. ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.lookup_first``).
 """
@@ -42,7 +44,23 @@ from data.targets import resolve_target
 from data.base.device import default_device, sync
 
 LAYER_SKIP = re.compile(r"layer-skip(?::([1-9][0-9]*))?")  # --drafter layer-skip[:K]
-HIERARCHICAL = "+ngram"  # --drafter lm:DIR+ngram
+
+
+def draft_lm_spec(spec: str) -> tuple[str, str | None]:
+    """``--drafter lm:DIR[+ngram|+head:HEAD]`` -> (DIR, None | "ngram" | "head:HEAD"); ValueError when
+    a part is empty."""
+    body = spec.removeprefix("lm:")
+    if "+head:" in body:
+        name, head = body.split("+head:", 1)
+        inner = "head:" + head if head else ""
+    elif body.endswith("+ngram"):
+        name, inner = body.removesuffix("+ngram"), "ngram"
+    else:
+        name, inner = body, None
+    if not name or inner == "":
+        raise ValueError(f"--drafter {spec} names no {'draft LM directory' if not name else 'head'} "
+                         "(lm:DIR, lm:DIR+ngram or lm:DIR+head:HEAD)")
+    return name, inner
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
     p.add_argument("--head", help="draft head: directory or HF id")
     p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), lm:DIR+ngram "
-                   "(its own drafts guessed by prompt lookup), ngram, or layer-skip[:K] (self-speculation: the "
+                   "(its own drafts guessed by prompt lookup), lm:DIR+head:HEAD (guessed by a head trained on the "
+                   "draft LM), ngram, or layer-skip[:K] (self-speculation: the "
                    "target's first K layers draft; default the calibrated K, else half of them)")
     p.add_argument("--adaptive", action="store_true", help="draft length follows the acceptance (chains)")
     p.add_argument("--lookup-first", action="store_true",
@@ -85,9 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--lookup-first puts prompt lookup before a head: pass --head (--drafter ngram is lookup alone)")
     if args.drafter is not None:
         if not (args.drafter == "ngram" or args.drafter.startswith("lm:") or LAYER_SKIP.fullmatch(args.drafter)):
-            p.error(f"--drafter must be lm:DIR, lm:DIR+ngram, ngram or layer-skip[:K], got {args.drafter!r}")
-        if args.drafter in ("lm:", "lm:" + HIERARCHICAL):
-            p.error(f"--drafter {args.drafter} names no draft LM directory")
+            p.error(f"--drafter must be lm:DIR, lm:DIR+ngram, lm:DIR+head:HEAD, ngram or layer-skip[:K], got {args.drafter!r}")
+        if args.drafter.startswith("lm:"):
+            try:
+                draft_lm_spec(args.drafter)
+            except ValueError as e:
+                p.error(str(e))
         if args.target is None:
             p.error("--drafter needs --target")
     return args
@@ -152,16 +174,20 @@ def classic_drafter(args: argparse.Namespace, target):
                 "no calibration for this target (scripts/calibrate_layer_skip.py); half its layers"
             print(f"layer skip: k={drafter.layers} ({how})", file=sys.stderr)
     else:
-        hierarchical = args.drafter.endswith(HIERARCHICAL)
-        name = args.drafter[3:].removesuffix(HIERARCHICAL)
+        name, inner = draft_lm_spec(args.drafter)
         model = AutoModelForCausalLM.from_pretrained(resolve_target(name, role="draft LM"), dtype=target.dtype).to(target.device)
         length = args.depth or (16 if args.adaptive else 4)
-        if hierarchical:
+        if inner is None:
+            drafter = LMDrafter(model, target, Chain(length))
+        else:
             from infer.hierarchical import HierarchicalDrafter
 
-            drafter = HierarchicalDrafter(model, target, NgramDrafter(max_ngram=3, length=length), Chain(length))
-        else:
-            drafter = LMDrafter(model, target, Chain(length))
+            if inner == "ngram":
+                guesser = NgramDrafter(max_ngram=3, length=length)
+            else:  # a head trained on the draft LM guesses up to a chain of the same length
+                head = AutoHead.from_pretrained(inner.removeprefix("head:")).to(device=target.device, dtype=target.dtype)
+                guesser = make_drafter(head, model, Chain(min(length, max_chain(head))))
+            drafter = HierarchicalDrafter(model, target, guesser, Chain(length))
     return AdaptiveLength(drafter, initial=min(4, length), maximum=length) if args.adaptive else drafter
 
 
@@ -183,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.drafter is not None:
         label = f"{args.drafter} drafter"
         if args.drafter.startswith("lm:"):
-            label = "draft LM + n-gram drafter" if args.drafter.endswith(HIERARCHICAL) else "draft LM drafter"
+            inner = draft_lm_spec(args.drafter)[1]
+            label = "draft LM drafter" + ({"ngram": " + n-grams"}.get(inner, " + its head") if inner else "")
         gen = SpeculativeGenerator.from_pretrained(
             args.target, lambda target: classic_drafter(args, target), device=device, dtype=dtype, threads=args.threads
         )

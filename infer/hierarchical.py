@@ -1,51 +1,114 @@
-"""Hierarchical drafting: a draft LM whose own drafts are drafted by n-grams, lossless at both levels.
+"""Hierarchical drafting: a draft LM whose own drafts are drafted by n-grams or by a head trained on
+the draft LM, lossless at both levels.
 
 The outer level is ``LMDrafter``'s: the draft LM drafts a chain that the target verifies. Inside, the
-draft LM itself decodes speculatively: prompt lookup over prompt + output + the chain so far guesses
-the draft LM's next tokens, the draft LM reads all guesses in one forward, and its own rule decides
-each token (greedy: its argmax; sampling: a guess ``g`` is kept with probability ``q(g)``, else the
-token is drawn from ``q`` without ``g``, renormalised; either way the token's law is exactly ``q``).
-So the chain is token for token the one the draft LM drafts alone (greedy) or has its law (sampling),
-and ``q`` goes to the target's min(1, p/q) rule as usual; only the number of draft-LM forwards
-changes. Rejected guesses are cut from the draft LM's cache.
+draft LM itself decodes speculatively: the inner level guesses the draft LM's next tokens (prompt
+lookup over prompt + output + the chain so far, or a head drafting a greedy chain from the draft LM's
+own features), the draft LM reads all guesses in one forward, and its own rule decides each token
+(greedy: its argmax; sampling: a guess ``g`` is kept with probability ``q(g)``, else the token is
+drawn from ``q`` without ``g``, renormalised; either way the token's law is exactly ``q``). So the
+chain is token for token the one the draft LM drafts alone (greedy) or has its law (sampling), and
+``q`` goes to the target's min(1, p/q) rule as usual; only the number of draft-LM forwards changes.
+
+Rejected guesses are cut from the draft LM's cache, and so are tokens the target rejected. A head at
+the inner level is cut back with it: it has read (the draft LM's feature at token i, token i + 1) for
+the kept tokens only (``HeadDrafter.rewind``), and reads the pairs after them before it guesses again.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from infer.cache import keep_accepted
-from infer.drafters import Chain, Draft, Sampling, chain_draft, root_only
+from infer.drafters import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
 from infer.lm_drafter import LMDrafter, LMState
 from infer.ngram import NgramDrafter, find_continuations
+from infer.target import target_forward
+
+GREEDY = Sampling()
+
+
+@dataclass
+class HierarchicalState(LMState):
+    feats: Tensor | None = None  # (C, F) the draft LM's features of the cached tokens (a head inner level)
+    inner: Any = None  # the inner head's state
+    observed: int = 0  # pairs the inner head has read: (feats[i], cached[i + 1]) for i < observed
 
 
 class HierarchicalDrafter(LMDrafter):
-    """``LMDrafter(model, target, tree)`` whose draft LM decodes with ``inner`` (an ``NgramDrafter``:
-    its ``max_ngram``, ``min_ngram`` and ``length`` guesses per draft-LM forward; one branch)."""
+    """``LMDrafter(model, target, tree)`` whose draft LM decodes with ``inner``: an ``NgramDrafter``
+    (its ``max_ngram``, ``min_ngram`` and ``length`` guesses per draft-LM forward; one branch) or the
+    drafter of a head trained on the draft LM (``make_drafter(head, model, Chain(n))``: n guesses per
+    draft-LM forward)."""
 
-    def __init__(self, model: nn.Module, target: nn.Module, inner: NgramDrafter | None = None,
+    def __init__(self, model: nn.Module, target: nn.Module, inner: NgramDrafter | HeadDrafter | None = None,
                  tree: Chain | None = None) -> None:
         super().__init__(model, target, tree)
         self.inner = inner or NgramDrafter()
-        if not isinstance(self.inner, NgramDrafter):
-            raise TypeError(f"the inner level drafts with an NgramDrafter, not {type(self.inner).__name__}")
+        if isinstance(self.inner, HeadDrafter):
+            if not isinstance(self.inner.option, Chain):
+                raise TypeError(f"the inner head guesses a Chain, not {type(self.inner.option).__name__}")
+            if type(self.inner).rewind is HeadDrafter.rewind:
+                raise TypeError(f"{type(self.inner).__name__} cannot be the inner level: it cannot be cut back "
+                                "with the draft LM's cache (an EAGLE, EAGLE-3, DFlash or Medusa head can)")
+            try:  # a head of the draft LM: it reads the draft LM's features
+                self.inner.head.check_target(model)
+            except ValueError as e:
+                raise ValueError(f"the inner level needs a head trained on the draft LM (target=<the draft LM>): {e}") from None
+        elif not isinstance(self.inner, NgramDrafter):
+            raise TypeError(f"the inner level drafts with an NgramDrafter or a head's drafter, not {type(self.inner).__name__}")
+        self._head = isinstance(self.inner, HeadDrafter)
 
-    def _cut(self, state: LMState, keep: int) -> None:
-        """Keep the first ``keep`` cached tokens (drop rejected guesses)."""
-        keep_accepted(state.cache, keep, state.cached.new_zeros(0))
-        state.cached = state.cached[:keep]
+    def new_state(self) -> HierarchicalState:
+        return HierarchicalState(inner=self.inner.new_state() if self._head else None)
 
-    def _read(self, state: LMState, tokens: Tensor) -> Tensor:
+    def reserve(self, state: HierarchicalState, length: int) -> None:
+        if self._head:  # the text plus a chain and one round of guesses past it
+            self.inner.reserve(state.inner, length + 2 * self.option.length + 1)
+
+    def _cut(self, state: HierarchicalState, keep: int) -> None:
+        super()._cut(state, keep)
+        if self._head:
+            state.feats = state.feats[:keep]
+            if state.observed > max(keep - 1, 0):  # a pair needs its next token kept too
+                state.observed = max(keep - 1, 0)
+                self.inner.rewind(state.inner, state.observed)
+
+    def _read(self, state: HierarchicalState, tokens: Tensor) -> Tensor:
         """Feed ``tokens`` (T,) after the cache; float32 logits (T, V): the law after each of them."""
         start = state.cache.get_seq_length()
         pos = torch.arange(start, start + tokens.numel(), device=tokens.device)[None]
-        out = self.model(input_ids=tokens[None], position_ids=pos, past_key_values=state.cache, use_cache=True)
-        state.cached = torch.cat([state.cached, tokens])
+        if self._head:
+            out = target_forward(self.model, tokens[None], aux_layer_ids=self.inner.aux_layer_ids, position_ids=pos,
+                                 past_key_values=state.cache, use_cache=True)
+            feats = (out.aux_hidden if self.inner.aux_layer_ids else out.final_hidden)[0]
+            state.feats = feats if state.feats is None else torch.cat([state.feats, feats])
+        else:
+            out = self.model(input_ids=tokens[None], position_ids=pos, past_key_values=state.cache, use_cache=True)
+        state.cached = tokens if state.cached is None else torch.cat([state.cached, tokens])
         return out.logits[0].float()
 
+    def _forward(self, state: HierarchicalState, tokens: Tensor) -> Tensor:
+        return self._read(state, tokens)[-1]
+
+    def _guesses(self, state: HierarchicalState, decided: list[Tensor], pending: Tensor | None, need: int) -> Tensor:
+        """Up to ``need`` guesses (G,) of the draft LM's next tokens after the ``decided`` tokens of this
+        chain (root first; ``pending``, the last of them, not cached yet)."""
+        if not self._head:
+            text = torch.cat([state.seq, torch.stack(decided[1:])]) if len(decided) > 1 else state.seq
+            found = find_continuations(text, self.inner.max_ngram, self.inner.min_ngram, min(self.inner.length, need), 1)
+            return found[0] if found else text.new_zeros(0)
+        text = state.cached if pending is None else torch.cat([state.cached, pending.reshape(1)])
+        n = text.numel()
+        if state.observed < n - 1:  # the pairs up to the last decided token
+            self.inner.observe(state.inner, state.feats[state.observed: n - 1][None], text[state.observed + 1:][None])
+            state.observed = n - 1
+        return self.inner.propose(state.inner, text[-1], GREEDY, need).tokens[1:]
+
     @torch.inference_mode()
-    def propose(self, state: LMState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+    def propose(self, state: HierarchicalState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
         length = min(self.option.length, max_depth)
         if length <= 0:
             return root_only(root)
@@ -53,9 +116,7 @@ class HierarchicalDrafter(LMDrafter):
         tokens, qs, pending = [root], [], None  # pending: the last decided token, not cached yet
         while True:  # one draft-LM forward per round: the pending token and the guesses after it
             need = length - (len(tokens) - 1)
-            text = torch.cat([state.seq, torch.stack(tokens[1:])]) if len(tokens) > 1 else state.seq
-            found = find_continuations(text, self.inner.max_ngram, self.inner.min_ngram, min(self.inner.length, need), 1)
-            guesses = found[0] if found else text.new_zeros(0)  # (G,) guesses of the next G tokens
+            guesses = self._guesses(state, tokens, pending, need)  # (G,) guesses of the next G tokens
             fed = guesses[: need - 1]  # the chain's last token needs no law after it
             if pending is None:
                 laws = torch.cat([logits[None], self._read(state, fed)]) if fed.numel() else logits[None]
@@ -76,9 +137,9 @@ class HierarchicalDrafter(LMDrafter):
 
     @staticmethod
     def _decide(logits: Tensor, guess: Tensor | None, sampling: Sampling) -> tuple[Tensor, Tensor | None]:
-        """The draft LM's token from its ``logits`` (V,) given an n-gram ``guess``, and its law ``q``
-        (None when greedy). Sampling keeps the guess with probability q(guess), else draws from q
-        without it: the token's law is q either way."""
+        """The draft LM's token from its ``logits`` (V,) given a ``guess``, and its law ``q`` (None when
+        greedy). Sampling keeps the guess with probability q(guess), else draws from q without it: the
+        token's law is q either way."""
         if sampling.greedy:
             return logits.argmax(), None
         q = sampling.probs(logits)

@@ -81,9 +81,13 @@ class LMDrafter(Drafter):
             n = min(state.cached.numel(), seq.numel() - 1)
             diff = (state.cached[:n] != seq[:n]).nonzero()  # sync
             keep = int(diff[0, 0]) if diff.numel() else n
-            keep_accepted(state.cache, keep, seq.new_zeros(0))
-            state.cached = state.cached[:keep]
+            self._cut(state, keep)
         return self._forward(state, seq[keep:])
+
+    def _cut(self, state: LMState, keep: int) -> None:
+        """Keep the first ``keep`` cached tokens (drop the rest from the cache)."""
+        keep_accepted(state.cache, keep, state.cached.new_zeros(0))
+        state.cached = state.cached[:keep]
 
     @torch.inference_mode()
     def propose(self, state: LMState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:

@@ -7,7 +7,8 @@
 Methods: vanilla greedy ``generate`` (eager, DynamicCache); ``hf-static``: HF ``generate`` with
 ``cache_implementation="static"`` (HF compiles it on CUDA: the vanilla baseline that counts on a
 GPU; ``--no-hf-static`` skips it); HF assisted generation (``--assistant``, a small LM sharing
-the tokenizer) next to our draft-model drafter with the same LM (a chain of 4, and adaptive); HF
+the tokenizer) next to our draft-model drafter with the same LM (a chain of 4, and adaptive), and the
+same chain with the LM's own drafts guessed by prompt lookup or by ``--assistant-head``; HF
 prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafter (chain, tree of
 3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
 ``--lookup-first`` its default draft behind prompt lookup (``infer.lookup_first``); each head with every
@@ -66,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", required=True, help="target model directory, hub id, demo:<size> or demo:smollm2")
     p.add_argument("--heads", nargs="*", default=[], help="trained head directories")
     p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation")
+    p.add_argument("--assistant-head", help="a head trained on --assistant: the assistant's drafts guessed by it "
+                   "(draft-lm+head:chain4, infer.hierarchical)")
     p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows, or demo:mtbench")
     p.add_argument("--num-prompts", type=cli_count(), default=8)
     p.add_argument("--prompt-tokens", type=cli_count(), default=128, help="prompt length for held-out corpus prompts")
@@ -135,7 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = prompts[:timed]
     rows = summarise(methods, costs)
     meta = {
-        "target": args.target, "heads": args.heads, "assistant": args.assistant, "hardware": hardware(device),
+        "target": args.target, "heads": args.heads, "assistant": args.assistant,
+        "assistant_head": args.assistant_head, "hardware": hardware(device),
         "dtype": str(dtype).removeprefix("torch."), "num_prompts": len(prompts), "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens, "torch": torch.__version__, "command": " ".join(sys.argv),
     }

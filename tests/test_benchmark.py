@@ -37,6 +37,7 @@ def bench_dirs(tmp_path_factory):
         heads.append(str(root / kind))
     assistant = make_tiny_target("llama", vocab_size=len(tokenizer), num_layers=1, seed=1)
     assistant.save_pretrained(root / "assistant")
+    build_head("eagle", assistant).save_pretrained(root / "assistant-head")  # a head of the assistant
     prompts = root / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("def add(a,", "for i in")) + "\n")
     return root, heads, prompts
@@ -47,17 +48,18 @@ def test_benchmark_measures_every_method(bench_dirs):
     out = root / "out"
     result = _load_script().main([
         "--target", str(root / "target"), "--heads", *heads, "--assistant", str(root / "assistant"),
+        "--assistant-head", str(root / "assistant-head"),
         "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "8", "--ignore-eos",
         "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4,8", "--profile", "--out", str(out),
         "--trees", "tree,chain2,dyn3-2-5,medusa4", "--adaptive", "--layer-skip", "3", "--lookup-first",
     ])
     names = [r["method"] for r in result["rows"]]
-    assert names[:11] == ["vanilla", "hf-static", "hf-assisted", "draft-lm:chain4", "draft-lm:adaptive",
-                          "draft-lm+ngram:chain4", "hf-prompt-lookup", "ngram:chain", "ngram:tree3", "ngram:adaptive",
-                          "layer-skip:3"]
+    assert names[:12] == ["vanilla", "hf-static", "hf-assisted", "draft-lm:chain4", "draft-lm:adaptive",
+                          "draft-lm+ngram:chain4", "draft-lm+head:chain4", "hf-prompt-lookup", "ngram:chain",
+                          "ngram:tree3", "ngram:adaptive", "layer-skip:3"]
     # each head gets the trees that fit its kind: no dynamic tree for Medusa, no static one for EAGLE-3,
     # chains only for early exit
-    assert names[11:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4",
+    assert names[12:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4",
                          "medusa:medusa:lookup-first", "medusa:medusa:adaptive",
                          "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5",
                          "eagle3:eagle3:lookup-first", "eagle3:eagle3:adaptive",

@@ -135,6 +135,29 @@ def test_cli_classic_drafters(saved, capsys, extra):
     assert "outputs identical: yes" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_cli_draft_lm_with_its_head(saved, capsys, kind):
+    """--drafter lm:DIR+head:HEAD: a head trained on the draft LM guesses the draft LM's drafts; a head
+    of another model is refused in one line naming both."""
+    draft_lm = make_tiny_target("llama", num_layers=2, seed=4)
+    draft_lm.save_pretrained(saved / "draft-lm")
+    torch.manual_seed(0)
+    build_head(kind, draft_lm).save_pretrained(saved / f"{kind}-of-draft-lm")
+    base = ["--target", str(saved / "target"), "--prompt", "w7 w8 w9 w7 w8", "--max-new-tokens", "16", "--device", "cpu"]
+    assert main([*base, "--drafter", f"lm:{saved / 'draft-lm'}+head:{saved / f'{kind}-of-draft-lm'}", "--compare"]) == 0
+    err = capsys.readouterr().err
+    assert "outputs identical: yes" in err and "draft LM drafter + its head" in err
+    with pytest.raises(ValueError, match="the inner level needs a head trained on the draft LM"):
+        main([*base, "--drafter", f"lm:{saved / 'draft-lm'}+head:{saved / 'head'}"])
+
+
+@pytest.mark.parametrize("spec", ["lm:", "lm:+ngram", "lm:+head:H", "lm:D+head:"])
+def test_cli_draft_lm_spec_names_its_parts(spec, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["--target", "T", "--drafter", spec, "--prompt", "w5"])
+    assert err.value.code == 2 and "names no" in capsys.readouterr().err
+
+
 def test_cli_lookup_first_needs_a_head(saved, capsys):
     with pytest.raises(SystemExit) as err:
         main(["--target", str(saved / "target"), "--drafter", "ngram", "--lookup-first", "--prompt", "w5"])

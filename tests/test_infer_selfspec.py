@@ -18,7 +18,7 @@ from test_infer_sampling import exact_law, joint_pvalue, sample_triples
 from heads import build_head
 from infer import Chain, SpeculativeGenerator
 from infer.adaptive import AdaptiveLength
-from infer.drafters import Sampling, make_drafter
+from infer.drafters import DynamicTree, Sampling, make_drafter
 from infer.hierarchical import HierarchicalDrafter
 from infer.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path
 from infer.lm_drafter import LMDrafter
@@ -39,6 +39,7 @@ def _trained_like(head, seed: int = 0, scale: float = 0.3):
 def _drafters(arch: str, target):
     same = _target(arch)  # the target itself as draft LM: every draft accepted
     other = _target(arch, seed=7, num_layers=2)
+    deeper = _target(arch, seed=5, num_layers=4)  # room for EAGLE-3's three aux layers
     return {
         "early-exit-fresh": make_drafter(build_head("early-exit", target, exit_layer=2), target, Chain(3)),
         "early-exit": make_drafter(_trained_like(build_head("early-exit", target, exit_layer=3)), target, Chain(4)),
@@ -47,7 +48,22 @@ def _drafters(arch: str, target):
         "hier-self": HierarchicalDrafter(same, target, NgramDrafter(max_ngram=2, length=3), Chain(5)),
         "hier-other": HierarchicalDrafter(other, target, NgramDrafter(length=8), Chain(4)),
         "hier-adaptive": AdaptiveLength(HierarchicalDrafter(other, target, NgramDrafter(), Chain(16)), initial=2),
+        # heads of the draft LM as the inner level (cut back with its cache on every rejection)
+        "hier-eagle3": HierarchicalDrafter(deeper, target, _draft_lm_head("eagle3", deeper), Chain(5)),
+        "hier-dflash": HierarchicalDrafter(deeper, target, _draft_lm_head("dflash", deeper, length=2), Chain(4)),
     }
+
+
+def _draft_lm_head(kind: str, draft_lm, length: int = 3, seed: int = 0):
+    """The drafter of a random ``kind`` head built on ``draft_lm`` (its target), guessing ``length``;
+    every weight moved off its init (a fresh DFlash head guesses one token whatever its context)."""
+    torch.manual_seed(seed)
+    head = build_head(kind, draft_lm, **({"num_layers": 1} if kind == "dflash" else {})).eval().to(draft_lm.dtype)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+    return make_drafter(head, draft_lm, Chain(length))
 
 
 @pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
@@ -146,6 +162,59 @@ def test_hierarchical_drafts_what_the_draft_lm_drafts_with_fewer_forwards():
     assert forwards["hier"][0] < 0.8 * forwards["plain"][0], forwards  # 99 against 150 when written
 
 
+class FromScratch(HierarchicalDrafter):
+    """Records each round's guesses beside those of a fresh inner state that reads the whole text so
+    far at once: a head cut back wrongly (stale entries kept, or good ones dropped) guesses otherwise."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rounds: list[tuple[list[int], list[int]]] = []
+
+    def _guesses(self, state, decided, pending, need):
+        got = super()._guesses(state, decided, pending, need)
+        text = state.cached if pending is None else torch.cat([state.cached, pending.reshape(1)])
+        fresh = self.inner.new_state()
+        self.inner.reserve(fresh, text.numel() + 16)
+        self.inner.observe(fresh, state.feats[: text.numel() - 1][None], text[1:][None])
+        self.rounds.append((got.tolist(), self.inner.propose(fresh, text[-1], Sampling(), need).tokens[1:].tolist()))
+        return got
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "eagle"])
+def test_inner_head_is_cut_back_with_the_draft_lm(kind):
+    """Every round the inner head guesses exactly what a head reading the kept text from scratch guesses
+    (fp64: incremental and whole-text features agree), across target rejections and rejected guesses;
+    with a rewind that forgets nothing the guesses differ."""
+    target = _target("llama").double()
+    draft_lm = _target("llama", seed=5, num_layers=4).double()
+    ids = _repetitive_prompt(random.Random(2), 12)
+    ref = _hf(target, ids, 40)
+    logs = {}
+    for name in ("rewind", "no-rewind"):
+        inner = _draft_lm_head(kind, draft_lm)
+        if name == "no-rewind":
+            inner.rewind = lambda state, length: None  # the bug this test must catch: stale entries kept
+        drafter = FromScratch(draft_lm, target, inner, Chain(5))
+        gen = SpeculativeGenerator(target, drafter)
+        assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)  # lossless either way: guesses are only guesses
+        logs[name] = drafter.rounds
+    assert len(logs["rewind"]) > 15, len(logs["rewind"])
+    assert all(got == want for got, want in logs["rewind"]), logs["rewind"]
+    assert any(got != want for got, want in logs["no-rewind"])
+
+
+def test_inner_level_is_checked():
+    target, draft_lm = _target("llama"), _target("llama", seed=5, num_layers=4)
+    with pytest.raises(ValueError, match="needs a head trained on the draft LM.*does not match"):
+        HierarchicalDrafter(draft_lm, target, make_drafter(build_head("eagle3", _target("llama", num_layers=6,
+                            hidden_size=48)), _target("llama", num_layers=6, hidden_size=48), Chain(3)), Chain(4))
+    with pytest.raises(TypeError, match="cannot be the inner level"):
+        HierarchicalDrafter(draft_lm, target, make_drafter(build_head("early-exit", draft_lm), draft_lm, Chain(3)), Chain(4))
+    with pytest.raises(TypeError, match="guesses a Chain"):
+        HierarchicalDrafter(draft_lm, target, _draft_lm_head("eagle3", draft_lm).__class__(
+            _draft_lm_head("eagle3", draft_lm).head, draft_lm, DynamicTree(depth=2, top_k=2, total_tokens=4)), Chain(4))
+
+
 # ------------------------------------------------------------------------------- sampling
 
 
@@ -163,11 +232,13 @@ class KeepsGuesses(HierarchicalDrafter):
         return (guess, q) if guess is not None else (torch.multinomial(q, 1)[0], q)
 
 
-@pytest.mark.parametrize("name", ["early-exit", "hierarchical"])
+@pytest.mark.parametrize("name", ["early-exit", "hierarchical", "hierarchical-head"])
 def test_sampling_follows_the_target_law(small_pair, name):
     target, draft = small_pair
-    drafter = (make_drafter(_early_exit(target), target, Chain(3)) if name == "early-exit"
-               else HierarchicalDrafter(draft, target, NgramDrafter(max_ngram=2, length=3), Chain(3)))
+    drafter = {"early-exit": lambda: make_drafter(_early_exit(target), target, Chain(3)),
+               "hierarchical": lambda: HierarchicalDrafter(draft, target, NgramDrafter(max_ngram=2, length=3), Chain(3)),
+               "hierarchical-head": lambda: HierarchicalDrafter(draft, target, _draft_lm_head("eagle", draft, 2), Chain(3)),
+               }[name]()
     gen = SpeculativeGenerator(target, drafter)
     samples, forwards = sample_triples(gen, 2000, temperature=1.0)
     assert joint_pvalue(samples, exact_law(target, 1.0, 0, 1.0)) > 1e-3

@@ -92,6 +92,10 @@ def build_methods(args, target, tokenizer) -> list[Method]:
         # Hierarchical: the same chain of 4, the assistant's own drafts guessed by prompt lookup.
         methods.append(ours("draft-lm+ngram:chain4", "draft_lm", HierarchicalDrafter(
             assistant, target, NgramDrafter(max_ngram=3, length=4), Chain(4))))
+        if args.assistant_head:  # ... or by a head trained on the assistant
+            inner = AutoHead.from_pretrained(args.assistant_head).to(device=target.device, dtype=target.dtype).eval()
+            methods.append(ours("draft-lm+head:chain4", "draft_lm", HierarchicalDrafter(
+                assistant, target, make_drafter(inner, assistant, Chain(4)), Chain(4))))
     if not args.no_prompt_lookup:
         methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
         # HF's prompt lookup: n-grams of 2 down to 1, prompt_lookup_num_tokens drafts, first match.

@@ -212,6 +212,12 @@ class HeadDrafter(Drafter):
         """The longest chain this head can draft (for a CLI's ``--chain`` range)."""
         return 16
 
+    def rewind(self, state: Any, length: int) -> None:
+        """Forget every observed (feature, next token) pair past the first ``length``: the text this
+        state read was cut back (a head nested in a draft LM's own decoding, ``infer.hierarchical``).
+        The next call is ``observe`` of the pairs from ``length`` on."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be rewound")
+
     shapes: tuple[type, ...] = (Chain,)  # the draft shapes this kind takes
 
     @classmethod

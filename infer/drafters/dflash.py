@@ -83,6 +83,10 @@ class DFlashDrafter(HeadDrafter):
     def propose(self, state: DFlashState, root: torch.Tensor, sampling: Sampling, max_depth: int) -> Draft:
         return self.propose_rows([state], [root], sampling, [max_depth])[0]
 
+    def rewind(self, state: DFlashState, length: int) -> None:
+        """The context cache keeps the K/V of its first ``length`` tokens."""
+        state.cache.crop_row(state.row, length)
+
     def propose_rows(self, states: list[DFlashState], roots: list[torch.Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:
         """One block pass per batch drafts every row's chain."""

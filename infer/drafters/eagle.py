@@ -118,6 +118,10 @@ class EagleDrafter(HeadDrafter):
     def propose(self, state: EagleState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
         return self.propose_rows([state], [root], sampling, [max_depth])[0]
 
+    def rewind(self, state: EagleState, length: int) -> None:
+        """The head cache keeps its first ``length`` entries (``hidden`` is set again by the next observe)."""
+        state.cache.crop_row(state.row, length)
+
     def propose_rows(self, states: list[EagleState], roots: list[Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:
         """One head forward per draft level for every row of a batch (a chain or a dynamic tree)."""

@@ -53,6 +53,10 @@ class MedusaDrafter(HeadDrafter):
     def observe(self, state: MedusaState, features: Tensor, next_tokens: Tensor) -> None:
         self.observe_rows([state], [features], [next_tokens])
 
+    def rewind(self, state: MedusaState, length: int) -> None:
+        """Nothing to cut: the state is the heads' logits at the last observed token, which the next
+        observe replaces."""
+
     def observe_rows(self, states: list[MedusaState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
         """One head pass over every row's last accepted feature."""
         last = torch.cat([f[:, -1:] for f in features])  # (R, 1, H)
