@@ -66,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory, hub id, demo:<size> or demo:smollm2")
     p.add_argument("--heads", nargs="*", default=[], help="trained head directories")
-    p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation")
+    p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation (a directory, "
+                   "Hub id or demo:assistant)")
     p.add_argument("--assistant-head", help="a head trained on --assistant: the assistant's drafts guessed by it "
                    "(draft-lm+head:chain4, infer.hierarchical)")
     p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows, or demo:mtbench")

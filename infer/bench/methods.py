@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from data.base.device import sync
+from data.targets import resolve_target
 from heads import AutoHead
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.adaptive import AdaptiveLength
@@ -82,7 +83,8 @@ def build_methods(args, target, tokenizer) -> list[Method]:
     if not args.no_hf_static:
         methods.append(Method("hf-static", "vanilla", hf(cache_implementation="static"), compiled=True))
     if args.assistant:
-        assistant = AutoModelForCausalLM.from_pretrained(args.assistant, dtype=target.dtype).to(target.device).eval()
+        assistant = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant, role="assistant"),
+                                                         dtype=target.dtype).to(target.device).eval()
         methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
         # HF's assisted generation (transformers 5.x defaults): up to 20 drafts, a draft stops below
         # probability 0.4 (HF then tunes that threshold); ours: a chain of 4, and +2/-1 adaptive with the 0.4 stop.
