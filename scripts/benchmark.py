@@ -107,6 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_minutes is not None and not args.max_minutes > 0:
         p.error(f"--max-minutes must be > 0, got {args.max_minutes}")
+    if args.assistant_head and not args.assistant:
+        p.error("--assistant-head guesses the assistant's drafts: pass --assistant too")
     args.compile = {None: None, "true": True, "false": False}.get(args.compile, args.compile)
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
     bad = [t for t in args.trees if not TREE_SPEC.match(t)]

@@ -199,3 +199,9 @@ def test_max_minutes_stops_between_prompts_with_the_same_prompts_for_every_metho
     assert "time is up after 1 of 2 prompts" in capsys.readouterr().out  # the prompts file holds two
     with pytest.raises(SystemExit):
         _load_script().parse_args(["--target", "t", "--max-minutes", "0"])
+
+
+def test_assistant_head_needs_the_assistant(capsys):
+    with pytest.raises(SystemExit) as err:
+        _load_script().parse_args(["--target", "t", "--assistant-head", "h"])
+    assert err.value.code == 2 and "--assistant-head guesses the assistant's drafts: pass --assistant" in capsys.readouterr().err
