@@ -31,14 +31,17 @@ from infer.target import TargetOutput, backbone_of, causal_lm_of
 
 
 def masked_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, mask: Tensor | dict[str, Tensor],
-                   positions: Tensor, cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = ()) -> TargetOutput:
+                   positions: Tensor, cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = (),
+                   inputs_embeds: Tensor | None = None) -> TargetOutput:
     """One target forward over ``cache`` for a batch: input_ids (B, T) written at ``slots`` ((T,)
     shared, or (B, T) per row), under the additive ``mask`` (B, 1, T, cache.attended) at
     ``positions`` (B, T); a dict of such masks per layer type for a target that mixes sliding and
-    full layers (``attention_masks``)."""
+    full layers (``attention_masks``). ``inputs_embeds`` (B, T, H) replaces the tokens' embeddings
+    (a view of the target's later layers fed the states entering them: ``Drafter.entry_model``)."""
     cache.slots = slots
-    out = backbone_of(model)(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                           past_key_values=cache, use_cache=True, output_hidden_states=bool(aux_layer_ids))
+    out = backbone_of(model)(input_ids=None if inputs_embeds is not None else input_ids, inputs_embeds=inputs_embeds,
+                             attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                             output_hidden_states=bool(aux_layer_ids))
     final_hidden = out.last_hidden_state
     aux = torch.cat([out.hidden_states[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
     logits = causal_lm_of(model).get_output_embeddings()(final_hidden)

@@ -330,12 +330,15 @@ class SpeculativeGenerator:
         return prefix, TargetOutput(out.logits[:, :n], out.final_hidden[:, :n], aux, cache)
 
     def _verify_rows(self, cache: StaticKVCache, drafts: list[Draft], lengths: Tensor, pads: Tensor,
-                     stats: GenerationStats) -> TargetOutput:
+                     stats: GenerationStats, from_entry: bool = False) -> TargetOutput:
         """One [B, N] target forward: row b's draft at its own slots ``lengths[b]``.., positions
         ``lengths[b] - pads[b]``.. and mask (its ``pads[b]`` left-pad columns hidden, its tree after
         its prefix). Compiled: every draft padded to the tree budget over the whole buffer (one
         shape); eager: to the step's largest draft over the used slots. Dummy nodes see only the
-        prefix and themselves; no real node sees them and nobody reads their outputs."""
+        prefix and themselves; no real node sees them and nobody reads their outputs.
+        ``from_entry`` (eager): the drafts carry the states entering the drafter's ``entry_model``, whose
+        earlier layers' KV they wrote already: the verify runs that model on them (a draft without
+        entries, a finished row's, gets zeros: its outputs are never read)."""
         if self.compile:
             n, width = self.required_budget, cache.max_len
             cache.window = None
@@ -360,7 +363,16 @@ class SpeculativeGenerator:
             start = time.perf_counter()
         if self.compile:
             step_begin(self.device)
-        out = self._verify_fn(self.target, tokens, slots, mask, positions, cache, self.drafter.aux_layer_ids)
+        if from_entry:
+            hidden = next(d.entry for d in drafts if d.entry is not None)
+            entries = hidden.new_zeros(*tokens.shape, hidden.shape[-1])  # (B, N, H)
+            for b, d in enumerate(drafts):
+                if d.entry is not None:
+                    entries[b, : d.entry.shape[0]] = d.entry
+            out = masked_forward(self.drafter.entry_model, tokens, slots, mask, positions, cache,
+                                 self.drafter.aux_layer_ids, inputs_embeds=entries)
+        else:
+            out = self._verify_fn(self.target, tokens, slots, mask, positions, cache, self.drafter.aux_layer_ids)
         if first:
             self._sync()
             stats.compile_time += time.perf_counter() - start
@@ -579,12 +591,15 @@ class SpeculativeGenerator:
                 # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
                 depths = [max_new_tokens - rows[b].num_new - 1 for b in live]
                 depths = depths if levels is None else [min(d, levels) for d in depths]
+                if not self.compile:  # a drafter sharing the target's KV drafts into it (layer skip)
+                    self.drafter.before_draft(cache, host_lengths, host_pads)
                 proposed = self.drafter.propose_rows([rows[b].draft for b in live], [rows[b].root for b in live],
                                                      sampling, depths)
                 for b, draft in zip(live, proposed):
                     drafts[b] = draft
             clock.mark("draft")
-            out = self._verify_rows(cache, drafts, lengths, pads, stats)
+            shared = self.drafter.entry_model is not None and all(drafts[b].entry is not None for b in live)
+            out = self._verify_rows(cache, drafts, lengths, pads, stats, from_entry=shared)
             features = self._features(out)
             stats.target_forwards += 1
             stats.steps += 1

@@ -16,14 +16,19 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from data.base.checks import count
 from data.base.paths import cache_root
-from infer.drafters import Chain
-from infer.lm_drafter import LMDrafter
+from heads.layers import additive_mask
+from infer.batch import attention_masks
+from infer.drafters import Chain, Draft, Sampling, chain_buffers
+from infer.lm_drafter import LMDrafter, LMState
 from infer.target import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
 
 CALIBRATION_DIR = "layer-skip"  # under the cache root: one JSON per (target, device type, dtype)
@@ -84,28 +89,59 @@ def shallow_backbone(target: nn.Module, k: int) -> nn.Module:
     return stack
 
 
+def late_view(target: nn.Module, k: int) -> nn.Module:
+    """The target from its layer ``k`` on: a view like ``early_exit_view`` whose backbone runs layers
+    ``k``.. (each keeps its own layer index, so it reads and writes its own layer of a cache) on
+    ``inputs_embeds`` = the residual stream entering layer ``k``, then the final norm and lm_head."""
+    model = causal_lm_of(target)
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    stack = _layers(target, k, len(decoder_layers(target)))
+    setattr(view, model.base_model_prefix, stack)
+    view.config = stack.config
+    return view
+
+
 def _first_layers(target: nn.Module, k: int) -> nn.Module:
     """A shallow copy of the target's backbone over its first ``k`` layers (its own module table and
     config; the layer objects are the target's)."""
-    layers = decoder_layers(target)
     count("layer-skip layers", k)
-    if k >= len(layers):
-        raise ValueError(f"layer skip drafts with fewer than the target's {len(layers)} layers; got k={k}")
+    if k >= len(decoder_layers(target)):
+        raise ValueError(f"layer skip drafts with fewer than the target's {len(decoder_layers(target))} layers; got k={k}")
+    return _layers(target, 0, k)
+
+
+def _layers(target: nn.Module, start: int, stop: int) -> nn.Module:
+    """A shallow copy of the target's backbone over its layers [start, stop) (its own module table and
+    config saying ``num_hidden_layers = stop - start``; the layer objects are the target's)."""
     backbone = backbone_of(target)
     config = copy.deepcopy(causal_lm_of(target).config)
-    config.num_hidden_layers = k
+    config.num_hidden_layers = stop - start
     if getattr(config, "layer_types", None):
-        config.layer_types = list(config.layer_types)[:k]
+        config.layer_types = list(config.layer_types)[start:stop]
     stack = copy.copy(backbone)
     stack._modules = dict(backbone._modules)  # its own module table: the target's keeps all layers
-    stack.layers = nn.ModuleList(list(layers)[:k])
+    stack.layers = nn.ModuleList(list(decoder_layers(target))[start:stop])
     stack.config = config
     return stack
 
 
+@dataclass
+class LayerSkipState(LMState):
+    row: int = 0  # this row's index in the target's cache (a batch's rows)
+
+
 class LayerSkipDrafter(LMDrafter):
     """Draft a chain with the target's first ``k`` layers (``k=None``: the calibrated ``k``, else
-    ``default_layers``; ``calibrated`` says which)."""
+    ``default_layers``; ``calibrated`` says which).
+
+    Eager generation shares the first ``k`` layers' KV with the verify (LayerSkip's cache reuse,
+    arXiv 2404.16710): every row's draft runs those layers over the target's own cache, writing each
+    node's KV (root included, and the last draft too) at the slots the verify puts it, and keeps the
+    state entering layer ``k`` (``Draft.entry``); the verify then runs layers ``k``.. only
+    (``entry_model``). Every row drafts in one forward per level; nothing is kept between steps (the
+    accepted nodes' KV is the target's). A compiled verify, or ``confidence``, drafts with the view's
+    own cache and the verify runs every layer."""
 
     def __init__(self, target: nn.Module, k: int | None = None, tree: Chain | None = None,
                  confidence: float | None = None) -> None:
@@ -113,3 +149,80 @@ class LayerSkipDrafter(LMDrafter):
         self.calibrated = found is not None
         self.layers = k if k is not None else found or default_layers(target)
         super().__init__(early_exit_view(target, self.layers), target, tree, confidence)
+        self._shallow = shallow_backbone(target, self.layers)  # states entering layer k
+        self._norm = backbone_of(target).norm
+        self._lm_head = causal_lm_of(target).get_output_embeddings()
+        self._config = causal_lm_of(target).config.get_text_config()
+        self.entry_model = late_view(target, self.layers) if self.confidence is None else None
+        self._step: tuple | None = None  # (cache, lengths, pads) of this step, from before_draft
+        self._compiled = False
+
+    def new_state(self) -> LayerSkipState:
+        return LayerSkipState()
+
+    def new_rows(self, lengths: list[int]) -> list[LayerSkipState]:
+        states = super().new_rows(lengths)
+        for b, state in enumerate(states):
+            state.row = b
+        return states
+
+    def compile_with(self, compile: bool | str) -> None:
+        self._compiled = bool(compile)
+
+    def before_draft(self, cache: Any, lengths: list[int], pads: list[int]) -> None:
+        self._step = (cache, lengths, pads)
+
+    def propose_rows(self, states: list[LayerSkipState], roots: list[Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        step, self._step = self._step, None
+        if step is None or self.entry_model is None or self._compiled:
+            return super().propose_rows(states, roots, sampling, max_depths)
+        return self._shared_drafts(*step, states, roots, sampling, max_depths)
+
+    @torch.inference_mode()
+    def _shared_drafts(self, cache: Any, lengths: list[int], pads: list[int], states: list[LayerSkipState],
+                       roots: list[Tensor], sampling: Sampling, max_depths: list[int]) -> list[Draft]:
+        """Every row's chain through the first k layers over the target's ``cache`` (one forward per
+        level for all of its rows; rows not drafting feed a dummy token at their own next slot, which
+        their verify overwrites), each node's KV written where the verify puts it."""
+        device = roots[0].device
+        levels = max(0, min(self.option.length, max(max_depths)))
+        start = torch.tensor(lengths, device=device)  # (B,) each row's root slot
+        pad = torch.tensor(pads, device=device)
+        index = torch.tensor([s.row for s in states], device=device)
+        tokens = torch.zeros(len(lengths), dtype=torch.long, device=device)
+        tokens[index] = torch.stack(roots)
+        width = max(lengths) + levels + 1
+        cache.grow(width)
+        cache.window = width
+        col = torch.arange(width, device=device)[None]  # (1, W)
+        dtype = self._lm_head.weight.dtype
+        entries, drafted, laws = [], [], []
+        for level in range(levels + 1):  # the root and every draft, the last one too (its KV)
+            slot = (start + level)[:, None]  # (B, 1)
+            mask = additive_mask(((col >= pad[:, None]) & (col <= slot))[:, None, :], dtype)[0, 0][:, None]
+            masks = attention_masks(self._config, mask, slot - pad[:, None], col - pad[:, None])
+            cache.slots = slot
+            hidden = self._shallow(input_ids=tokens[:, None], attention_mask=masks, position_ids=slot - pad[:, None],
+                                   past_key_values=cache, use_cache=True).last_hidden_state[:, 0]  # (B, H)
+            entries.append(hidden)
+            if level == levels:
+                break
+            logits = self._lm_head(self._norm(hidden)).float()  # (B, V)
+            if sampling.greedy:
+                tokens = logits.argmax(dim=-1)
+            else:
+                q = sampling.probs(logits)
+                tokens = torch.multinomial(q, 1)[:, 0]
+                laws.append(q)
+            drafted.append(tokens)
+        entry = torch.stack(entries, dim=1)[index]  # (R, levels + 1, H)
+        chain = torch.stack([root.reshape(1) for root in roots] if not drafted else
+                            [torch.cat([r.reshape(1), c]) for r, c in zip(roots, torch.stack(drafted, dim=1)[index])])
+        law = torch.stack(laws, dim=1)[index] if laws else None
+        drafts = []
+        for i, depth in enumerate(max_depths):
+            n = max(0, min(levels, depth))
+            drafts.append(Draft(chain[i, : n + 1], chain_buffers(n, device), None if law is None else law[i, :n],
+                                entry=entry[i, : n + 1]))
+        return drafts

@@ -20,6 +20,7 @@ from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.adaptive import AdaptiveLength
 from infer.cache import StaticHeadCache
 from infer.drafters import Draft, Drafter, Sampling, make_drafter
+from infer.layer_skip import LayerSkipDrafter
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from infer.target import target_forward
@@ -166,6 +167,7 @@ DRAFTERS = {
     "dflash": lambda m: (build_head("dflash", m, block_size=4, num_layers=2), Chain(3)),
     "medusa-chain": lambda m: (build_head("medusa", m), Chain(3)),
     "medusa-tree": lambda m: (build_head("medusa", m), StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0)))),
+    "layer-skip": lambda m: (LayerSkipDrafter(m, 2, Chain(3)), None),  # drafts into the target's cache
 }
 
 

@@ -111,6 +111,62 @@ def test_fresh_early_exit_head_is_layer_skip():
     assert runs["moved"] != runs["layer-skip"]
 
 
+def _layer_calls(target) -> list[int]:
+    """Forward calls per decoder layer of ``target`` from now on (forward pre-hooks)."""
+    calls = [0] * len(target.model.layers)
+    for i, layer in enumerate(target.model.layers):
+        layer.register_forward_pre_hook(lambda *a, i=i: calls.__setitem__(i, calls[i] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("arch", ARCHES3)
+def test_layer_skip_shares_its_kv_with_the_verify(arch):
+    """Eager: the first k layers run in the draft only (the root and every draft of each step, the last
+    one too) and layers k.. in the verify only; the target's cache ends holding what a verify through
+    every layer writes (sharing off: the drafter's own cache), and both outputs are the target's own."""
+    k, max_new = 2, 30
+    ids = _repetitive_prompt(random.Random(8), 12)
+    ref = _hf(_target(arch), ids, max_new)
+    caches = {}
+    for mode in ("shared", "own"):
+        target = _target(arch)
+        drafter = LayerSkipDrafter(target, k, Chain(4))
+        if mode == "own":
+            drafter.before_draft = lambda *args: None  # not told the target's cache: its own, every layer verified
+        gen = SpeculativeGenerator(target, drafter)
+        drafts = record_drafts(drafter)
+        calls = _layer_calls(target)
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), ref), mode
+        cache = gen._static_cache
+        caches[mode] = cache.buffer[..., : cache.length, :].clone()
+        steps = gen.last_stats.steps
+        if mode == "shared":
+            assert calls[k:] == [1 + steps] * (len(calls) - k)  # the prefill, then one verify per step
+            assert calls[:k] == [1 + sum(d.tokens.numel() for d in drafts)] * k  # every node of every draft
+            assert all(d.entry is not None and d.entry.shape[0] == d.tokens.numel() for d in drafts)
+        else:
+            assert calls[k:] == [1 + steps] * (len(calls) - k) and all(d.entry is None for d in drafts)
+    torch.testing.assert_close(caches["shared"], caches["own"], rtol=1e-4, atol=1e-5)
+
+
+class SlotOffByOne(LayerSkipDrafter):
+    """A planted bug: the draft writes the first layers' KV one slot past where the verify reads them."""
+
+    def before_draft(self, cache, lengths, pads):
+        super().before_draft(cache, [n + 1 for n in lengths], [p + 1 for p in pads])
+
+
+def test_layer_skip_kv_written_elsewhere_changes_the_output():
+    target = _target("llama")
+    rng = random.Random(9)
+    wrong = 0
+    for _ in range(4):
+        ids = _repetitive_prompt(rng, 12)
+        wrong += not torch.equal(SpeculativeGenerator(target, SlotOffByOne(target, 2, Chain(4))).generate(
+            ids, max_new_tokens=30), _hf(target, ids, 30))
+    assert wrong >= 1, wrong
+
+
 def test_early_exit_head_checks_its_layer():
     target = _target("llama")
     assert build_head("early-exit", target).config.exit_layer == 3  # half of 6

@@ -79,7 +79,7 @@ def test_oracle_decodes_past_the_window(windowed, bsz):
     assert gen.last_stats.tau > 1.5
 
 
-@pytest.mark.parametrize("name", ["ngram-tree", "eagle3-chain", "eagle-tree", "medusa-tree"])
+@pytest.mark.parametrize("name", ["ngram-tree", "eagle3-chain", "eagle-tree", "medusa-tree", "layer-skip"])
 def test_drafters_decode_past_the_window(windowed, name):
     rng = random.Random(f"{windowed.config.model_type}-{name}")
     torch.manual_seed(rng.randrange(1000))

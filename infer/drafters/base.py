@@ -82,6 +82,9 @@ class Draft:
     tokens: Tensor  # (N,) target ids; tokens[0] = root
     tree: TreeBuffers
     q: Tensor | None = None  # (N-1, V) law each chain draft was sampled from; None = deterministic
+    # (N, H) the residual stream entering the drafter's ``entry_model`` at each node, whose KV below it
+    # the draft already wrote into the target's cache (layer skip); None = the verify runs every layer
+    entry: Tensor | None = None
 
 
 class Drafter:
@@ -112,6 +115,15 @@ class Drafter:
 
     def begin(self, state: Any, input_ids: Tensor) -> None:
         """See the prompt's ids (1, P) before the first ``observe`` (drafters that read token ids)."""
+
+    # The target's layers from some layer on (then its final norm and lm_head), which the verify runs
+    # on drafts that carry ``entry`` states (layer skip shares its first layers' KV with the verify).
+    entry_model: nn.Module | None = None
+
+    def before_draft(self, cache: Any, lengths: list[int], pads: list[int]) -> None:
+        """The target's cache (``infer.cache.StaticKVCache``) as this step's drafts find it: row b's
+        accepted tokens in slots [pads[b], lengths[b]). Called by an eager generator before every
+        ``propose_rows``; a drafter that shares the target's KV (layer skip) drafts into it."""
 
     def compile_with(self, compile: bool | str) -> None:
         """The generator's ``compile`` switch (``infer.compiling.compiled``), given once it is built: a
