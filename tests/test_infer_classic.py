@@ -143,14 +143,19 @@ def test_tokenizer_mismatch_is_refused():
 # ------------------------------------------------------------------------------- sampling
 
 
-@pytest.fixture(scope="module")
-def small_pair():
+def small_pair_of(arch: str):
+    """A small-vocabulary target of ``arch`` (exact laws over 3 tokens are cheap) and a draft LM of it."""
     kw = dict(vocab_size=SMALL_VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1, intermediate_size=32,
               initializer_range=0.5)
-    target = make_tiny_target("llama", seed=3, **kw)
-    draft = make_tiny_target("llama", seed=11, num_layers=2, **kw)  # a different law from the target's
+    target = make_tiny_target(arch, seed=3, **kw)
+    draft = make_tiny_target(arch, seed=11, num_layers=2, **kw)  # a different law from the target's
     target.generation_config.eos_token_id = None
     return target, draft
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    return small_pair_of("llama")
 
 
 class WrongQ(LMDrafter):
@@ -240,8 +245,9 @@ def test_early_exit_view_is_the_targets_first_layers(arch):
         early_exit_view(target, 0)
 
 
-def test_layer_skip_sampling_follows_the_target_law(small_pair):
-    target, _ = small_pair
+@pytest.mark.parametrize("arch", ARCHES3)
+def test_layer_skip_sampling_follows_the_target_law(arch):
+    target, _ = small_pair_of(arch)  # eager: the draft writes the first layer's KV into the target's cache
     gen = SpeculativeGenerator(target, LayerSkipDrafter(target, 1, Chain(3)))
     law = exact_law(target, 1.0, 0, 1.0)
     samples, forwards = sample_triples(gen, 2000, temperature=1.0)

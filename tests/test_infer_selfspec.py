@@ -288,9 +288,10 @@ class KeepsGuesses(HierarchicalDrafter):
         return (guess, q) if guess is not None else (torch.multinomial(q, 1)[0], q)
 
 
+@pytest.mark.parametrize("arch", ARCHES3)
 @pytest.mark.parametrize("name", ["early-exit", "hierarchical", "hierarchical-head"])
-def test_sampling_follows_the_target_law(small_pair, name):
-    target, draft = small_pair
+def test_sampling_follows_the_target_law(arch, name):
+    target, draft = test_infer_classic.small_pair_of(arch)
     drafter = {"early-exit": lambda: make_drafter(_early_exit(target), target, Chain(3)),
                "hierarchical": lambda: HierarchicalDrafter(draft, target, NgramDrafter(max_ngram=2, length=3), Chain(3)),
                "hierarchical-head": lambda: HierarchicalDrafter(draft, target, _draft_lm_head("eagle", draft, 2), Chain(3)),
