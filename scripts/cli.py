@@ -1,6 +1,7 @@
 """``draftsmith COMMAND [ARGS...]``: one console entry point for every draftsmith command.
 
     draftsmith train [--config FILE] [key=value ...]   # one process; several: accelerate launch train/train_head.py
+    draftsmith launch --num_processes 2 --multi_gpu [--config FILE] [key=value ...]  # that launch, exit code 2 on a mistake
     draftsmith generate --head DIR --prompt "..." --compare
     draftsmith export --head DIR --to vllm --out DIR
     draftsmith bench --target DIR --heads DIR ...      # scripts/benchmark.py
@@ -27,6 +28,7 @@ import sys
 # one-line errors; "main" functions take argv and go through data.cli.run for that.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("train.train_head", "cli", "train a draft head (configs/demo.yaml by default)"),
+    "launch": ("scripts.launch", "cli", "accelerate launch of the training (several processes), ending with its own exit code"),
     "generate": ("infer.generate", "cli", "speculative generation with a head or a classic drafter"),
     "export": ("scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
     "bench": ("scripts.benchmark", "main", "every decoding method on one target, against the bound"),

@@ -69,8 +69,11 @@ def _end_launcher_quietly() -> None:
     """Under ``accelerate launch`` (one process) a non-zero exit makes the launcher raise its own
     ``CalledProcessError`` traceback below our one-line message. The launcher only waits for this
     process, so end it first with SIGTERM (exit status 143, no traceback); nothing else is running.
-    Linux only (reads /proc); multi-process launches are left alone."""
+    Linux only (reads /proc); multi-process launches are left alone, and so is ``draftsmith launch``
+    (``scripts/launch.py``), which ends with this process's own exit code."""
     if os.environ.get("LOCAL_RANK") is not None or "ACCELERATE_MIXED_PRECISION" not in os.environ:
+        return
+    if os.environ.get("DRAFTSMITH_OWN_LAUNCH"):  # scripts/launch.py reads this process's exit code itself
         return
     try:
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")

@@ -1,0 +1,74 @@
+"""``accelerate launch train/train_head.py`` whose exit code is the training's own.
+
+    python scripts/launch.py [ACCELERATE OPTIONS] [--config FILE] [key=value ...]
+    draftsmith launch --num_processes 2 --multi_gpu --config configs/demo.yaml train.max_steps=50
+
+accelerate's own launcher turns any failing training process into exit code 1 and a traceback of its
+own (``CalledProcessError``, or torch elastic's ``ChildFailedError`` with several processes), so a
+mistake in the config, which the training reports in one line with exit code 2 when run directly,
+cannot keep that code under ``accelerate launch``. This command runs the same launcher in-process
+(accelerate's ``launch_command``) and ends with the training processes' own exit code instead: 0,
+2 for a user mistake (its one line printed by the processes), 1 for a divergence. Everything before
+the first ``--config`` or ``key=value`` is an accelerate option (``accelerate launch --help``), the rest
+goes to ``train/train_head.py``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train" / "train_head.py"
+OWN_LAUNCH = "DRAFTSMITH_OWN_LAUNCH"  # tells the training processes that this launcher reads their code
+_SETTING = re.compile(r"[A-Za-z_][\w.]*=")
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(accelerate options, training arguments): the training's start at the first ``--config`` or
+    ``key=value`` (an accelerate option's ``--name=value`` starts with a dash)."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" or arg.startswith("--config=") or _SETTING.match(arg):
+            return argv[:i], argv[i:]
+    return argv, []
+
+
+def exit_code(err: BaseException) -> int:
+    """The training processes' exit code behind a launcher's failure (the largest when they differ)."""
+    if isinstance(err, subprocess.CalledProcessError):
+        return err.returncode if err.returncode > 0 else 1
+    failures = getattr(err, "failures", None)  # torch.distributed.elastic ChildFailedError: rank -> failure
+    codes = [getattr(f, "exitcode", 1) for f in failures.values()] if isinstance(failures, dict) else []
+    positive = [c for c in codes if isinstance(c, int) and c > 0]
+    return max(positive) if positive else 1
+
+
+def cli(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    options, training = split_args(argv)
+    parser = launch_command_parser()
+    try:
+        args = parser.parse_args([*options, str(TRAIN_SCRIPT), *training])
+    except SystemExit as err:  # argparse already printed its one line
+        return int(err.code or 0)
+    os.environ[OWN_LAUNCH] = "1"
+    try:
+        launch_command(args)
+    except Exception as err:  # noqa: BLE001 - the launcher's wrapper of a failing process: its code instead
+        if os.environ.get("DRAFTSMITH_DEBUG"):
+            raise
+        code = exit_code(err)
+        if not isinstance(err, subprocess.CalledProcessError) and not hasattr(err, "failures"):
+            print(f"error: accelerate launch failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

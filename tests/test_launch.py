@@ -1,0 +1,49 @@
+"""``draftsmith launch`` (scripts/launch.py): accelerate's launcher in-process, ending with the training
+processes' own exit code — 2 and one line for a mistake, with one process or two, where plain
+``accelerate launch`` can only end in 1 (or the 143 of the SIGTERM the training sends it)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from scripts.launch import exit_code, split_args
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_split_args():
+    assert split_args(["--num_processes", "2", "--multi_gpu", "--config", "c.yaml", "train.lr=1"]) == (
+        ["--num_processes", "2", "--multi_gpu"], ["--config", "c.yaml", "train.lr=1"])
+    assert split_args(["--mixed_precision=no", "train.lr=1"]) == (["--mixed_precision=no"], ["train.lr=1"])
+    assert split_args(["--cpu"]) == (["--cpu"], [])
+    assert split_args(["--config=c.yaml"]) == ([], ["--config=c.yaml"])
+
+
+def test_exit_code_of_the_launchers_failures():
+    assert exit_code(subprocess.CalledProcessError(2, ["python"])) == 2
+    assert exit_code(subprocess.CalledProcessError(-15, ["python"])) == 1  # killed by a signal: a failure
+    elastic = SimpleNamespace(failures={0: SimpleNamespace(exitcode=2), 1: SimpleNamespace(exitcode=-15)})
+    assert exit_code(elastic) == 2  # rank 0 reported the mistake, rank 1 was stopped by the launcher
+    assert exit_code(RuntimeError("no process started")) == 1
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_mistake_exits_2_with_one_line(tmp_path, processes):
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    options = ["--num_processes", str(processes), "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(29540 + processes)]
+    if processes > 1:
+        options.insert(0, "--multi_gpu")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch.py"), *options, "train.micro_batch_size=0"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "config error: train.micro_batch_size must be >= 1, got 0" in run.stderr
+    assert "Traceback" not in run.stderr and "CalledProcessError" not in run.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch.py"), "--num_processez", "2"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unrecognized arguments: --num_processez" in bad.stderr
