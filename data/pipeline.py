@@ -136,12 +136,8 @@ def build_examples(
         raise ValueError(f"max_length={max_length!r}; expected a positive int")
 
     rows, bytes_ignored = None, 0
-    if isinstance(source, str) and source.startswith(DEMO_PREFIX):
-        from data.assets import demo_fingerprint
-
-        data_fingerprint = demo_fingerprint(source)  # pinned sha256 + split rule: no parsing on a hit
-    elif _is_file_source(source):
-        data_fingerprint = _file_fingerprint(Path(source))  # no parsing needed on a cache hit
+    if _is_file_source(source) or (isinstance(source, str) and source.startswith(DEMO_PREFIX)):
+        data_fingerprint = source_fingerprint(source)  # no parsing needed on a cache hit
     else:
         rows, bytes_ignored = _load_rows(source, lenient_json)
         data_fingerprint = _rows_fingerprint(rows)
@@ -176,6 +172,18 @@ def build_examples(
     if strict and summary.first_error:
         raise ValueError(summary.first_error)
     return datasets.load_from_disk(str(path / "dataset")), summary
+
+
+def source_fingerprint(source: object, lenient_json: bool = False) -> str:
+    """A hash of a data source's content: a demo asset's pinned sha256 and split rule, a file's or folder's
+    bytes, else the rows themselves (``stdlib:*``, a Dataset or a list of rows)."""
+    if isinstance(source, str) and source.startswith(DEMO_PREFIX):
+        from data.assets import demo_fingerprint
+
+        return demo_fingerprint(source)
+    if _is_file_source(source):
+        return _file_fingerprint(Path(source))
+    return _rows_fingerprint(_load_rows(source, lenient_json)[0])
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:

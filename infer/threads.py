@@ -39,13 +39,16 @@ def probe_seconds(threads: int, give_up: float = float("inf")) -> float:
     return statistics.median(times)
 
 
-def choose_threads(requested: int | None = None) -> str:
-    """Set torch's intra-op thread count and return one line saying what was chosen and why."""
+def choose_threads(requested: int | None = None, ignore_env: bool = False,
+                   override: str = "--threads N overrides") -> str:
+    """Set torch's intra-op thread count and return one line saying what was chosen and why.
+    ``ignore_env``: measure even though ``OMP_NUM_THREADS`` is set (a launcher's default, not the user's);
+    ``override`` ends the line of a measured choice (how the user sets a count instead)."""
     cores = available_cores()
     if requested:
         torch.set_num_threads(requested)
         return f"threads: {requested} of {cores} cores (--threads)"
-    if os.environ.get("OMP_NUM_THREADS"):
+    if os.environ.get("OMP_NUM_THREADS") and not ignore_env:
         return f"threads: {torch.get_num_threads()} of {cores} cores (OMP_NUM_THREADS)"
     candidates = sorted({1, cores})
     seconds = {1: probe_seconds(1)}
@@ -57,4 +60,4 @@ def choose_threads(requested: int | None = None) -> str:
             best = n
     torch.set_num_threads(best)
     measured = ", ".join(f"{n}: {1e3 * s:.2f} ms" for n, s in seconds.items())
-    return f"threads: {best} of {cores} cores, chosen by measurement ({measured} per probe; --threads N overrides)"
+    return f"threads: {best} of {cores} cores, chosen by measurement ({measured} per probe; {override})"

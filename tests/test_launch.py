@@ -47,3 +47,28 @@ def test_a_mistake_exits_2_with_one_line(tmp_path, processes):
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch.py"), "--num_processez", "2"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unrecognized arguments: --num_processez" in bad.stderr
+
+
+PROBE = "from train.launcher import threads_are_launcher_default as d; print('launcher default:', d())"
+
+
+@pytest.mark.parametrize("options, omp, expected", [
+    ([], None, True),  # accelerate's own default of 1 thread: training measures instead
+    ([], "1", False),  # the user's OMP_NUM_THREADS is kept
+    (["--num_cpu_threads_per_process", "1"], None, False),  # and so is the user's launcher option
+])
+def test_training_tells_accelerates_thread_default_from_the_users_choice(tmp_path, options, omp, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update({"ACCELERATE_USE_CPU": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)})
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    run = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1",
+                          "--mixed_precision", "no", "--dynamo_backend", "no", *options, str(script)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"launcher default: {expected}" in run.stdout
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert "launcher default: False" in plain.stdout  # not launched: nothing to replace

@@ -34,7 +34,7 @@ ROWS = [
     sharegpt(("human", "What is the capital of France?"), ("gpt", "Paris."), id="a_0"),
     sharegpt(("system", "You are terse."), ("human", "Hello"), ("gpt", "Hi."), ("human", "Thanks!"),
              ("gpt", "Welcome."), ("human", "a trailing question nobody answered"), id="b_0"),
-    {"text": "def add(a, b): return a + b"},  # 2: bad row (no turns to regenerate)
+    {"text": "def add(a, b): return a + b"},  # 2: plain text: continued (hf), refused by a chat server
     sharegpt(("gpt", "dropped"), ("human", "Rome is the capital of Italy?"), ("gpt", "Yes."), id="c_0"),
     sharegpt(("human", "Say hello. " * 60), ("gpt", "Hello."), id="d_0"),  # 4: too long for the server
     sharegpt(("human", "Answer in one line, please."), ("gpt", "OK."), id="e_0"),
@@ -85,9 +85,9 @@ def test_hf_engine_regenerates_every_assistant_turn(target_dir, data_file, tmp_p
     assert run("--target", target_dir, "--data", data_file, "--out", out, "--max-new-tokens", 12,
                "--batch-size", 3, "--max-length", 256) == 0
     rows = {r["source_index"]: r for r in read(out)}
-    assert sorted(rows) == [0, 1, 3, 5]  # rows 2 and 4 are skipped and counted
+    assert sorted(rows) == [0, 1, 2, 3, 5]  # row 4 is skipped and counted
     report = capsys.readouterr().out
-    assert "rows written 4" in report and "skipped not_a_conversation: 1" in report
+    assert "rows written 5" in report and "not_a_conversation" not in report
     assert "skipped prompt_too_long: 1" in report  # row 4's prompt alone passes --max-length
 
     conv = rows[1]["messages"]  # system and user turns kept, the trailing user turn dropped
@@ -100,7 +100,7 @@ def test_hf_engine_regenerates_every_assistant_turn(target_dir, data_file, tmp_p
     assert rows[3]["messages"][0] == {"role": "user", "content": "Rome is the capital of Italy?"}
     assert rows[1]["id"] == "b_0" and rows[1]["provenance"] == {
         "target": str(target_dir), "engine": "hf", "max_new_tokens": 12, "temperature": 0.0, "max_length": 256,
-        "seed": 0, "source_index": 1}
+        "seed": 0, "prompt_tokens": 32, "source_index": 1}
 
     with pytest.raises(FileExistsError, match="--resume"):
         run("--target", target_dir, "--data", data_file, "--out", out, "--max-new-tokens", 12)
@@ -115,11 +115,38 @@ def test_hf_engine_resume_skips_written_rows_and_repairs_a_cut_line(target_dir, 
         f.write(b'{"id": "c_0", "source_ind')  # a crash in the middle of a write
     run(*args, "--resume")
     rows = read(out)
-    assert rows[:2] == first and sorted(r["source_index"] for r in rows) == [0, 1, 3, 4, 5]
+    assert rows[:2] == first and sorted(r["source_index"] for r in rows) == [0, 1, 2, 3, 4, 5]
     report = capsys.readouterr().out
     assert "already there 2" in report and "removed a cut last line (25 bytes)" in report  # and says so
     with pytest.raises(ValueError, match="generated with .*max_new_tokens': 6.*use another --out"):
         run("--target", target_dir, "--data", data_file, "--out", out, "--max-new-tokens", 7, "--resume")
+
+
+def reference_continuation(target_dir, text, prompt_tokens, max_new_tokens):
+    """The target's own greedy continuation of the first ``prompt_tokens`` tokens of ``text``, unbatched."""
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    ids = tok(text, add_special_tokens=False)["input_ids"][:prompt_tokens]
+    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                         pad_token_id=0)[0, len(ids):].tolist()
+    eos = model.generation_config.eos_token_id
+    return tok.decode(ids + (out[: out.index(eos)] if eos in out else out), skip_special_tokens=True)
+
+
+def test_hf_engine_continues_plain_text_rows_from_their_first_tokens(target_dir, tmp_path, capsys):
+    texts = ["def add(a, b):\n    return a + b\n" * 3, "x=1", "class Queue:\n    pass\n" * 4]
+    data = tmp_path / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "out.jsonl"
+    assert run("--target", target_dir, "--data", data, "--out", out, "--max-new-tokens", 9, "--prompt-tokens", 5,
+               "--batch-size", 2) == 0
+    rows = {r["source_index"]: r for r in read(out)}
+    assert sorted(rows) == [0, 1, 2] and "rows written 3" in capsys.readouterr().out
+    for i, text in enumerate(texts):  # batched (left-padded: "x=1" is shorter than 5 tokens) = unbatched
+        assert rows[i]["text"] == reference_continuation(target_dir, text, 5, 9)
+        assert rows[i]["text"] != text and rows[i]["provenance"]["prompt_tokens"] == 5
+    short = AutoTokenizer.from_pretrained(target_dir)(texts[1], add_special_tokens=False)["input_ids"]
+    assert len(short) < 5 and rows[1]["text"].startswith("x=1")
 
 
 # ------------------------------------------------------------------ a real OpenAI-compatible server

@@ -76,6 +76,21 @@ class HeadConfig:
 
 
 @dataclass
+class SelfDistillConfig:
+    """``data.self_distill.*``: train on the target's own text, regenerated once before training and cached
+    (``data.self_distill``; ``scripts/regenerate.py`` makes the same rows as a file)."""
+
+    rows: int = _doc(
+        "regenerate N rows of data.train, spread evenly (and data.eval_rows rows of data.eval), with the target: "
+        "conversations get its own assistant turns, plain-text rows its continuation of their first prompt_tokens "
+        "tokens; 0 = train on the data as it is", 0)
+    max_new_tokens: int = _doc("tokens the target writes per assistant turn or text row", 256)
+    prompt_tokens: int = _doc("plain-text rows: the tokens kept from the source before the target continues", 32)
+    temperature: float = _doc("0 = greedy, what greedy decoding accepts; > 0 samples", 0.0)
+    batch_size: int = _doc("rows per generate call", 64)
+
+
+@dataclass
 class DataConfig:
     """Training and held-out data (see ``data.pipeline.build_examples``)."""
 
@@ -95,6 +110,7 @@ class DataConfig:
     feature_cache: str | None = _doc(
         "fill this folder with the target's hidden states during the first epoch and read them after "
         "(made if absent or empty; refused if made for another target or config); null = no cache", None)
+    self_distill: SelfDistillConfig = field(default_factory=SelfDistillConfig)
 
 
 @dataclass
@@ -397,12 +413,15 @@ def _validate(cfg: TrainConfig) -> None:
         "data.eval_rows": data.eval_rows, "train.max_steps": opt.max_steps, "train.epochs": opt.epochs,
         "train.micro_batch_size": opt.micro_batch_size, "train.grad_accum_steps": opt.grad_accum_steps,
         "train.keep_last_checkpoints": opt.keep_last_checkpoints, "train.log_every": opt.log_every,
-        "train.eval_depth": opt.eval_depth,
+        "train.eval_depth": opt.eval_depth, "data.self_distill.max_new_tokens": data.self_distill.max_new_tokens,
+        "data.self_distill.prompt_tokens": data.self_distill.prompt_tokens,
+        "data.self_distill.batch_size": data.self_distill.batch_size,
     }
     non_negative = {
         "train.warmup_steps": opt.warmup_steps, "train.eval_every": opt.eval_every,
         "train.save_every": opt.save_every, "train.weight_decay": opt.weight_decay,
-        "train.feature_noise": opt.feature_noise,
+        "train.feature_noise": opt.feature_noise, "data.self_distill.rows": data.self_distill.rows,
+        "data.self_distill.temperature": data.self_distill.temperature,
     }
     for values, least in ((positive, 1), (non_negative, 0)):
         for key, value in values.items():
@@ -425,6 +444,13 @@ def _validate(cfg: TrainConfig) -> None:
     if stored and opt.backbone_lora_rank:
         raise ConfigError(f"{stored} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 trains the "
                           "target, so its hidden states change every step and stored ones are stale; set one to null")
+    if data.self_distill.rows and data.features is not None:
+        raise ConfigError("data.self_distill.rows with data.features: the stored features were made from data.train "
+                          "as it is; regenerate first (scripts/regenerate.py), dump features of that file, or set "
+                          "data.features=null")
+    if data.self_distill.rows and opt.target_sharding == "fsdp":
+        raise ConfigError("data.self_distill.rows with train.target_sharding=fsdp: one process cannot generate with a "
+                          "sharded target; regenerate first (scripts/regenerate.py --engine openai) and train on the file")
     if data.feature_cache is not None and opt.target_sharding == "fsdp":
         raise ConfigError("data.feature_cache with train.target_sharding=fsdp: processes reading the cache would skip "
                           "the sharded target's collective forward while others run it; use data.features (a dump)")

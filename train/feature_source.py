@@ -9,6 +9,7 @@ held-out evaluation runs it online.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 
@@ -49,6 +50,7 @@ def feature_fingerprint(cfg: TrainConfig, target: nn.Module, tokenizer, aux_laye
         "head.kind": cfg.head.kind, "aux_layer_ids": list(aux_layer_ids),
         "data.train": cfg.data.train, "data.max_length": cfg.data.max_length, "data.overlong": cfg.data.overlong,
         "data.lenient_json": cfg.data.lenient_json, "data.rows": rows, "tokenizer": tokenizer_fingerprint(tokenizer),
+        **({"data.self_distill": dataclasses.asdict(cfg.data.self_distill)} if cfg.data.self_distill.rows else {}),
     }
 
 

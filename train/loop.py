@@ -31,11 +31,12 @@ from data.targets import load_target, load_target_tokenizer, resolve_target
 from heads import build_head
 from infer.target import decoder_layers, loaded_target_identity
 from infer.threads import choose_threads
+from train.launcher import threads_are_launcher_default
 from train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
 from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
 from train.config import TrainConfig, load_config
 from train.evaluate import eval_and_keep_best
-from train.examples import IndexedRows, collate, load_examples, run_cache_dir
+from train.examples import IndexedRows, collate, data_sources, load_examples, run_cache_dir
 from train.feature_source import FeatureSource
 from train.fit import fit
 from train.metrics_log import MetricsLog
@@ -94,6 +95,7 @@ def parse_args(argv: list[str] | None = None, default_config: str | Path | None 
 def setup(cfg: TrainConfig) -> TrainResult:
     """Resolve the target (before any ``Accelerator`` exists: the demo build makes its own), then train."""
     check_output_dir(cfg)  # before the (maybe long) demo build
+    _choose_cpu_threads()  # before the demo build too: it trains on the same threads
     target_path = resolve_target(cfg.target)
     output_dir = Path(cfg.output_dir)
     trackers = [name for name, on in (("wandb", cfg.log.wandb), ("tensorboard", cfg.log.tensorboard)) if on]
@@ -112,6 +114,19 @@ def setup(cfg: TrainConfig) -> TrainResult:
         accelerator.end_training()
 
 
+def _choose_cpu_threads() -> None:
+    """The one thread policy (``infer.threads``) for CPU training, also under ``accelerate launch``: its default
+    of 1 thread per process is measured against every core when one process has them all; a count the user
+    set (``OMP_NUM_THREADS``, ``--num_cpu_threads_per_process N``) is kept. Several processes keep theirs."""
+    if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true"):
+        return
+    alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    line = choose_threads(ignore_env=alone and threads_are_launcher_default(),
+                          override="OMP_NUM_THREADS=N or accelerate launch --num_cpu_threads_per_process N overrides")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"training {line}", file=sys.stderr, flush=True)
+
+
 def _check_launch(accelerator: Accelerator) -> None:
     """Refuse several processes that each think they are alone (they would all train on all data
     and write the same files): ``accelerate launch --multi_gpu`` on a machine without GPUs."""
@@ -121,9 +136,6 @@ def _check_launch(accelerator: Accelerator) -> None:
             f"{world} processes were launched but accelerate runs each as a single process (no GPU here). "
             f"For multi-process CPU training launch with ACCELERATE_USE_CPU=1, e.g. ACCELERATE_USE_CPU=1 "
             f"accelerate launch --multi_gpu --num_processes {world} train/train_head.py ...")
-    if accelerator.device.type == "cpu":  # accelerate launch sets OMP_NUM_THREADS (1 unless
-        # --num_cpu_threads_per_process N); a plain `python train/train_head.py` measures
-        logger.info("training %s", choose_threads())
     if world == 1 and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") \
             and "MASTER_ADDR" in os.environ:
         logger.warning("accelerate launch --cpu starts a single process (accelerate runs several CPU processes "
@@ -181,11 +193,12 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     tokenizer, target, identity = load_frozen_target(cfg, target_path, accelerator.device, accelerator)
     vocab_size = identity["vocab_size"]
 
-    with accelerator.main_process_first():  # the first process fills the data cache
-        train_set, train_summary = load_examples(cfg.data.train, tokenizer, cfg, vocab_size, "data.train")
+    with accelerator.main_process_first():  # the first process regenerates (data.self_distill) and fills the cache
+        train_source, eval_source = data_sources(cfg, target, tokenizer, progress=accelerator.is_main_process)
+        train_set, train_summary = load_examples(train_source, tokenizer, cfg, vocab_size, "data.train")
         eval_set = None
-        if cfg.data.eval is not None:
-            eval_set, _ = load_examples(cfg.data.eval, tokenizer, cfg, vocab_size, "data.eval")
+        if eval_source is not None:
+            eval_set, _ = load_examples(eval_source, tokenizer, cfg, vocab_size, "data.eval")
             if cfg.data.eval_rows is not None:
                 eval_set = eval_set.select(range(min(cfg.data.eval_rows, len(eval_set))))
     logger.info("training data %s:\n%s", cfg.data.train, train_summary)

@@ -71,15 +71,14 @@ def _end_launcher_quietly() -> None:
     process, so end it first with SIGTERM (exit status 143, no traceback); nothing else is running.
     Linux only (reads /proc); multi-process launches are left alone, and so is ``draftsmith launch``
     (``scripts/launch.py``), which ends with this process's own exit code."""
-    if os.environ.get("LOCAL_RANK") is not None or "ACCELERATE_MIXED_PRECISION" not in os.environ:
+    from train.launcher import launched_by_accelerate, parent_cmdline
+
+    if os.environ.get("LOCAL_RANK") is not None or not launched_by_accelerate():
         return
     if os.environ.get("DRAFTSMITH_OWN_LAUNCH"):  # scripts/launch.py reads this process's exit code itself
         return
-    try:
-        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return
-    if any(part.endswith(b"accelerate") for part in parent) and b"launch" in parent:
+    parent = parent_cmdline()
+    if parent and any(part.endswith(b"accelerate") for part in parent) and b"launch" in parent:
         sys.stdout.flush()
         os.kill(os.getppid(), signal.SIGTERM)
 
