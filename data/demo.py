@@ -28,7 +28,7 @@ from data.demo_lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 # Bump when data/demo_lm.py or data/tokenizer.py change what the same settings produce.
 RECIPE_VERSION = 2
 # What a first build costs (README's table), said in the one line printed before it starts.
-BUILD_TIME = {"tiny": "about 12 minutes on 2 CPU cores", "assistant": "about 4 minutes on 2 CPU cores",
+BUILD_TIME = {"tiny": "about 9 minutes on 2 idle CPU cores, longer on busy ones", "assistant": "about 4 minutes on 2 CPU cores",
               "small": "a GPU recipe: about an hour on one GPU, days on CPU"}
 # Sizes that borrow the tokenizer of another demo LM by default (same seed).
 TOKENIZER_SOURCE = {"assistant": "tiny"}

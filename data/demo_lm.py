@@ -76,7 +76,7 @@ class LMSettings:
                              f"min_lr_ratio={self.min_lr_ratio} in [0, 1]")
 
 
-# tiny: 4.7M params, ~12 min on 2 shared CPU cores (OMP_NUM_THREADS=1). small: ~90M
+# tiny: 4.7M params, ~9 min on 2 idle CPU cores (2 threads), ~12 on shared ones (1 thread). small: ~90M
 # params, minutes on one GPU (about 5 epochs of the corpus; more only overfits). assistant: a
 # cheap drafter for HF assisted generation that shares the target's tokenizer.
 SIZES: dict[str, LMSettings] = {

@@ -32,7 +32,7 @@ from heads import build_head
 from infer.target import target_forward
 from infer.threads import choose_threads
 from train.config import load_config
-from train.examples import collate, load_examples
+from train.examples import collate, data_sources, load_examples
 from train.feature_source import feature_fingerprint, row_states
 from train.loop import load_frozen_target
 from train.train_head import DEMO_CONFIG
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":  # as training: one thread was 10-50x faster than two on a busy machine
         print(f"dump_features: {choose_threads()}", file=sys.stderr, flush=True)
     tokenizer, target, identity = load_frozen_target(cfg, resolve_target(cfg.target), device)
-    train_set, _ = load_examples(cfg.data.train, tokenizer, cfg, identity["vocab_size"], "data.train")
+    train_source, _ = data_sources(cfg, target, tokenizer)  # the rows training reads (data.self_distill too)
+    train_set, _ = load_examples(train_source, tokenizer, cfg, identity["vocab_size"], "data.train")
     head = build_head(cfg.head.kind, target, **cfg.head.build_options())  # only for its aux layer ids
     aux_ids = objective_class(cfg.head.kind).aux_layer_ids(head)
     del head

@@ -1,13 +1,14 @@
 """Make (or reuse) the offline demo target: a Llama LM pretrained on the Python stdlib.
 
-    python scripts/make_demo_target.py --size tiny                 # ~12 min on 2 shared CPU cores
+    python scripts/make_demo_target.py --size tiny                 # ~9 min on 2 idle CPU cores
     python scripts/make_demo_target.py --size assistant            # drafter sharing tiny's tokenizer
     python scripts/make_demo_target.py --out DIR --size tiny --max-steps 20
 
 Without --out the result goes to the cache (``$DRAFTSMITH_CACHE``, default ``~/.cache/draftsmith``)
 under a key of corpus and settings; an existing matching build is reused, never retrained.
-On a CPU shared with other jobs, ``OMP_NUM_THREADS=1`` trains several times faster than torch's
-default of one thread per core (threads stall waiting for each other).
+On CPU the thread count follows the one policy (``infer.threads``: one thread against all cores,
+measured; ``OMP_NUM_THREADS`` overrides): on a CPU shared with other jobs one thread trains several
+times faster than two (threads stall waiting for each other), on an idle one two are faster.
 """
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from data.demo import TOKENIZER_SOURCE, ensure_demo_target
 from data.demo_lm import SIZES, SUMMARY_FILE, format_summary
+from infer.threads import choose_threads
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     """Build (or reuse) the demo LM; prints its summary and returns its directory."""
     args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(choose_threads(), file=sys.stderr, flush=True)  # the one thread policy (infer.threads)
     overrides = {"max_steps": args.max_steps} if args.max_steps is not None else {}
     out = ensure_demo_target(args.size, args.seed, out_dir=args.out, tokenizer_dir=args.tokenizer, **overrides)
     print(format_summary(json.loads((out / SUMMARY_FILE).read_text())))

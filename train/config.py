@@ -444,10 +444,6 @@ def _validate(cfg: TrainConfig) -> None:
     if stored and opt.backbone_lora_rank:
         raise ConfigError(f"{stored} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 trains the "
                           "target, so its hidden states change every step and stored ones are stale; set one to null")
-    if data.self_distill.rows and data.features is not None:
-        raise ConfigError("data.self_distill.rows with data.features: the stored features were made from data.train "
-                          "as it is; regenerate first (scripts/regenerate.py), dump features of that file, or set "
-                          "data.features=null")
     if data.self_distill.rows and opt.target_sharding == "fsdp":
         raise ConfigError("data.self_distill.rows with train.target_sharding=fsdp: one process cannot generate with a "
                           "sharded target; regenerate first (scripts/regenerate.py --engine openai) and train on the file")
