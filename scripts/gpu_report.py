@@ -195,6 +195,7 @@ def train_head(args, pl: Plan, kind: str, data: Path | str, eval_data: Path, out
     on ``eval_data`` (32 rows); resumes a cut run."""
     evaluate = f"data.eval={eval_data}" if Path(data) != eval_data else "data.eval=null"
     overrides = [f"target={args.target}", f"output_dir={out}", f"data.train={data}", evaluate, "data.eval_rows=32",
+                 "data.self_distill.rows=0",  # the data is regenerated already (the regenerate phase)
                  "train.eval_every=0", f"data.max_length={pl.max_length}", f"train.max_steps={pl.train_max_steps}",
                  f"train.max_minutes={pl.train_minutes}", "train.save_every=200", "train.log_every=50"]
     if args.smoke:

@@ -43,12 +43,20 @@ def test_realistic_configs_use_the_reference_recipe():
 @pytest.mark.parametrize("name, kind", [("demo.yaml", "eagle3"), ("demo-eagle.yaml", "eagle"), ("demo-medusa.yaml", "medusa"),
                                         ("demo-dflash.yaml", "dflash"), ("demo-early-exit.yaml", "early-exit")])
 def test_demo_configs_share_data_and_budget(name, kind):
+    """Every demo config reads the same stdlib splits; the main job's (demo.yaml) has the target regenerate
+    them first (data.self_distill) and trains 300 steps, the others train 400 on the text as it is."""
     cfg = load_config(CONFIGS[0].parent / name)
     demo = load_config(CONFIGS[0].parent / "demo.yaml")
     assert cfg.head.kind == kind and cfg.target == "demo:tiny"
-    assert (cfg.data, cfg.train.max_steps, cfg.train.micro_batch_size) == (demo.data, 400, 4)
+    source = ("train", "eval", "max_length", "eval_rows")
+    assert [getattr(cfg.data, k) for k in source] == [getattr(demo.data, k) for k in source]
+    assert cfg.train.micro_batch_size == 4
     if kind == "eagle3":
         assert cfg.head.init_from_target is True and cfg.head.draft_vocab_size == 1024
+        assert (cfg.data.self_distill.rows, cfg.train.max_steps) == (768, 300)
+        assert cfg.data.self_distill.prompt_tokens + cfg.data.self_distill.max_new_tokens == cfg.data.max_length
+    else:
+        assert (cfg.data.self_distill.rows, cfg.train.max_steps) == (0, 400)
 
 
 def test_demo_config_refuses_another_kind_by_name():

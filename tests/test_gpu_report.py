@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from conftest import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
 
@@ -42,6 +43,8 @@ def test_smoke_runs_every_phase_and_resumes(inputs, capsys):
     status = json.loads((work / "status.json").read_text())
     assert list(status["done"]) == ["assets", "regenerate", "train-eagle3", "bench"]
     assert status["done"]["regenerate"]["rows"] == 4  # plan(smoke).conversations
+    trained = yaml.safe_load((work / "eagle3" / "config.yaml").read_text())
+    assert trained["data"]["self_distill"]["rows"] == 0  # regenerated once, by its own phase, not again in training
     assert status["done"]["train-eagle3"]["step"] == 2
     assert status["done"]["train-eagle3"]["simulated_tau"] >= 1  # evaluated on the regenerated rows
     regenerated = [json.loads(line) for line in (work / "regenerated.jsonl").read_text().splitlines()]

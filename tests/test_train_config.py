@@ -110,4 +110,4 @@ def test_help_shows_the_effective_defaults():
     from train.train_head import DEMO_CONFIG
 
     text = help_text(load_config(DEMO_CONFIG))
-    assert "train.lr = 0.001" in text and "data.max_length = 256" in text and "train.max_steps = 400" in text
+    assert "train.lr = 0.001" in text and "data.max_length = 256" in text and "train.max_steps = 300" in text and "data.self_distill.rows = 768" in text
