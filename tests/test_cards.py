@@ -72,3 +72,20 @@ def test_engine_commands_never_name_a_demo_target():
     assert "from_pretrained('demo:tiny'" in card  # draftsmith loads demo names
     assert "vllm serve TARGET_DIR" in card and "--model-path TARGET_DIR" in card  # engines load a directory
     assert "vllm serve demo:" not in card and "resolve_target('demo:tiny')" in card
+
+
+@pytest.mark.parametrize("fmt", [None, *__import__("heads.formats", fromlist=["FORMATS"]).FORMATS])
+def test_no_export_readme_tells_an_engine_to_load_a_demo_name(fmt):
+    """The README of every export format, for every kind it takes: engines load a directory, never demo:<size>."""
+    from heads.formats import FORMAT_KINDS
+
+    target = make_tiny_target("llama", num_layers=8)
+    kinds = FORMAT_KINDS[fmt] if fmt is not None else ("eagle3", "eagle", "medusa", "dflash")
+    for kind in kinds:
+        head = build_head(kind, target)
+        head.config.target_name_or_path = "demo:tiny"
+        card = model_card(head, fmt=fmt)
+        commands = [line for line in card.splitlines()
+                    if any(word in line for word in ("serve", "--model-path", "launch_server", "trtllm", "--model-id"))]
+        assert commands, f"{kind} {fmt}: no engine command in the card"
+        assert not [line for line in commands if "demo:" in line], (kind, fmt)

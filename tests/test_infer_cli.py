@@ -206,3 +206,72 @@ def test_from_pretrained_follows_the_one_thread_policy(saved, capsys):
     assert "threads: 1 of" in capsys.readouterr().err and torch.get_num_threads() == 1
     SpeculativeGenerator.from_pretrained(str(saved / "target"), str(saved / "head"), device="cpu")
     assert "(OMP_NUM_THREADS)" in capsys.readouterr().err  # the suite sets it; otherwise a probe decides
+
+
+def test_compare_alternates_timed_rounds(saved, capsys, monkeypatch):
+    """--compare times R decodes of each method, alternating, after the streamed one and the warm-ups."""
+    calls = []
+    spec_generate, hf_generate = SpeculativeGenerator.generate, type(make_tiny_target("llama")).generate
+
+    def spec(self, *args, **kwargs):
+        calls.append(("spec", kwargs.get("max_new_tokens")))
+        return spec_generate(self, *args, **kwargs)
+
+    def hf(self, *args, **kwargs):
+        calls.append(("hf", kwargs.get("max_new_tokens")))
+        return hf_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeGenerator, "generate", spec)
+    monkeypatch.setattr(type(make_tiny_target("llama")), "generate", hf)
+    args = ["--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
+            "--max-new-tokens", "12", "--compare", "--device", "cpu"]
+    assert main([*args, "--rounds", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "over 2 rounds" in err and "2 rounds interleaved" in err and "outputs identical: yes" in err
+    # warm-up, streamed, then the two methods alternating at the real size (the target's warm-up is 4 tokens)
+    assert [c for c in calls if c != ("hf", 4)] == [("spec", 4), ("spec", 12), ("spec", 12), ("hf", 12), ("spec", 12),
+                                                  ("hf", 12)]
+    with pytest.raises(SystemExit):
+        main([*args, "--rounds", "0"])
+    assert "--rounds" in capsys.readouterr().err
+
+
+def test_a_compiled_generator_warms_up_at_the_real_size(saved, capsys, monkeypatch):
+    """A compiled step's shapes include the cache size: the warm-up decodes max_new_tokens, not 4 (no real
+    compilation here: the compile function is replaced by the identity)."""
+    import infer.drafters.base as drafter_base
+    import infer.generator as generator
+
+    monkeypatch.setattr(generator.SpeculativeGenerator, "_make_verify_fn",
+                        staticmethod(lambda compile, device: generator.masked_forward))
+    import infer.drafters.eagle as eagle
+
+    for drafter in (drafter_base.Drafter, eagle.EagleDrafter):  # the EAGLE-3 head's drafter compiles its chain
+        monkeypatch.setattr(drafter, "compile_with", lambda self, compile: None)
+    sizes = []
+    spec_generate = SpeculativeGenerator.generate
+
+    def spec(self, *args, **kwargs):
+        sizes.append((self.compile, kwargs.get("max_new_tokens")))
+        return spec_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeGenerator, "generate", spec)
+    assert main(["--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
+                 "--max-new-tokens", "10", "--device", "cpu", "--compile"]) == 0
+    assert sizes == [(True, 10), (True, 10)]
+
+
+def test_the_stream_shows_no_special_tokens(saved, tmp_path, capsys):
+    """A target whose every logit ties picks token 0 (<pad>) each step: the streamed text must not print it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(saved / "target")
+    with torch.no_grad():
+        target.get_output_embeddings().weight.zero_()
+    target.save_pretrained(tmp_path / "target")
+    AutoTokenizer.from_pretrained(saved / "target").save_pretrained(tmp_path / "target")
+    assert main(["--target", str(tmp_path / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
+                 "--max-new-tokens", "6", "--device", "cpu", "--compare", "--rounds", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "outputs identical: yes" in captured.err
+    assert "<pad>" not in captured.out and "<|im_end|>" not in captured.out
