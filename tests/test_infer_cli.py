@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import make_tiny_target
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from heads import build_head
 from infer import SpeculativeGenerator
@@ -211,7 +211,7 @@ def test_from_pretrained_follows_the_one_thread_policy(saved, capsys):
 def test_compare_alternates_timed_rounds(saved, capsys, monkeypatch):
     """--compare times R decodes of each method, alternating, after the streamed one and the warm-ups."""
     calls = []
-    spec_generate, hf_generate = SpeculativeGenerator.generate, type(make_tiny_target("llama")).generate
+    spec_generate, hf_generate = SpeculativeGenerator.generate, LlamaForCausalLM.generate
 
     def spec(self, *args, **kwargs):
         calls.append(("spec", kwargs.get("max_new_tokens")))
@@ -222,7 +222,7 @@ def test_compare_alternates_timed_rounds(saved, capsys, monkeypatch):
         return hf_generate(self, *args, **kwargs)
 
     monkeypatch.setattr(SpeculativeGenerator, "generate", spec)
-    monkeypatch.setattr(type(make_tiny_target("llama")), "generate", hf)
+    monkeypatch.setattr(LlamaForCausalLM, "generate", hf)
     args = ["--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
             "--max-new-tokens", "12", "--compare", "--device", "cpu"]
     assert main([*args, "--rounds", "2"]) == 0

@@ -77,7 +77,7 @@ def test_rows_are_the_targets_own_text_made_once_and_cached(target, tmp_path, mo
     assert other != path and len(read(other)) == 3  # another row count, another file
 
 
-def test_the_key_follows_the_weights_not_the_name(target):
+def test_the_key_follows_every_weight(target):
     model, _ = target
     before = weights_fingerprint(model)
     with torch.no_grad():

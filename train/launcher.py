@@ -23,14 +23,12 @@ def threads_are_launcher_default() -> bool:
     """Whether ``OMP_NUM_THREADS`` here is only ``accelerate launch``'s default of 1 thread per CPU process:
     the launcher was given neither ``--num_cpu_threads_per_process`` nor an ``OMP_NUM_THREADS`` of its own.
     False when that cannot be told (no /proc): the count is then left as it is."""
-    if not launched_by_accelerate():
+    cmdline = parent_cmdline() if launched_by_accelerate() else None
+    if cmdline is None:
         return False
-    cmdline = parent_cmdline()
     try:
         environ = Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\0")
     except OSError:
-        return False
-    if cmdline is None:
         return False
     chosen = any(part.startswith(b"--num_cpu_threads_per_process") for part in cmdline)
     return not chosen and not any(item.startswith(b"OMP_NUM_THREADS=") for item in environ)
