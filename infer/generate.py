@@ -42,7 +42,7 @@ from infer.ngram import NgramDrafter
 from data.cli import run
 from data.targets import resolve_target
 from data.base.device import default_device, sync
-from data.base.checks import cli_count
+from data.base.checks import cli_count, cli_real
 
 LAYER_SKIP = re.compile(r"layer-skip(?::([1-9][0-9]*))?")  # --drafter layer-skip[:K]
 
@@ -78,16 +78,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "otherwise (the suffix + model hybrid)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0, help="0 = disabled")
+    p.add_argument("--max-new-tokens", type=cli_count(), default=128)
+    p.add_argument("--temperature", type=cli_real(0), default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=cli_real(0, 1, above=True), default=1.0)
+    p.add_argument("--top-k", type=cli_count(0), default=0, help="0 = disabled")
     p.add_argument("--tree", choices=("default", "tree", "chain"), default="default",
                    help="default: the head kind's default for the device (EAGLE on CPU: a chain of 4); "
                         "tree: Medusa's static or an EAGLE dynamic tree; chain: a plain chain of --depth drafts")
-    p.add_argument("--depth", type=int, help="draft levels (EAGLE tree depth or chain length)")
-    p.add_argument("--branch", type=int, help="EAGLE tree: children kept per expanded node (top_k)")
-    p.add_argument("--total-tokens", type=int, help="EAGLE tree: nodes verified per step, root included")
+    p.add_argument("--depth", type=cli_count(), help="draft levels (EAGLE tree depth or chain length)")
+    p.add_argument("--branch", type=cli_count(), help="EAGLE tree: children kept per expanded node (top_k)")
+    p.add_argument("--total-tokens", type=cli_count(2), help="EAGLE tree: nodes verified per step, root included")
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16", "float64"), default="auto")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -97,14 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=cli_count(), default=3,
                    help="--compare: timed decodes of each, speculative and vanilla alternating (default 3); "
                         "tokens/s are all tokens over all seconds")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, help="CPU threads (default: 1 or all cores, whichever a short probe "
+    p.add_argument("--seed", type=cli_count(0), default=0)
+    p.add_argument("--threads", type=cli_count(), help="CPU threads (default: 1 or all cores, whichever a short probe "
                    "measures faster; OMP_NUM_THREADS is respected)")
     args = p.parse_args(argv)
-    for name in ("depth", "branch", "total_tokens", "max_new_tokens"):  # 0 means 0: refused, never a default
-        value = getattr(args, name)
-        if value is not None and value < (2 if name == "total_tokens" else 1):
-            p.error(f"--{name.replace('_', '-')} must be >= {2 if name == 'total_tokens' else 1}, got {value}")
     if (args.head is None) == (args.drafter is None):
         p.error("pass exactly one of --head and --drafter")
     if args.lookup_first and args.head is None:

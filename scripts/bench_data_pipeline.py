@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from data.base.checks import cli_count
 from data.pipeline import build_examples
 from data.tokenizer import train_tokenizer
 
@@ -56,9 +57,9 @@ def main() -> None:
     """Write the synthetic file, then time a cold build and a cached rebuild with each mask method
     (template markers, prefix diff), check both give the same examples; print rows/s and tokens/s."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=10_000)
-    parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rows", type=cli_count(), default=10_000)
+    parser.add_argument("--max-length", type=cli_count(), default=2048)
+    parser.add_argument("--seed", type=cli_count(0), default=0)
     args = parser.parse_args()
 
     rng = random.Random(args.seed)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from data.base.checks import cli_count
 from data.cli import run
 from data.targets import resolve_target
 from infer.threads import choose_threads
@@ -30,11 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="the training run's YAML config")
     p.add_argument("--stores", nargs="+", type=Path, required=True, help="dump_features folders for this config")
-    p.add_argument("--batches", type=int, default=60, help="micro-batches per source (default 60)")
+    p.add_argument("--batches", type=cli_count(), default=60, help="micro-batches per source (default 60)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = p.parse_intermixed_args(argv)
-    if args.batches < 1:
-        p.error(f"--batches must be >= 1, got {args.batches}")
     from accelerate import Accelerator
 
     cfg = load_config(args.config, args.overrides)

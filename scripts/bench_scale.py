@@ -57,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=cli_count(), default=None, help="torch CPU threads")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=cli_count(0), default=0)
     p.add_argument("--out", default=None, help="directory for results.json and results.md")
     args = p.parse_args(argv)
     args.sizes = sorted(set(args.sizes) | {1})

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from data.base.checks import cli_count, cli_counts
+from data.base.checks import cli_count, cli_counts, cli_real
 from data.base.device import default_device
 from data.base.paths import claim_report_dir
 from data.targets import load_target, load_target_tokenizer, resolve_target
@@ -100,13 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also time each phase of a speculative step per head method (an extra, untimed pass)")
     p.add_argument("--batch-sizes", type=cli_counts(), default=[],
                    help="comma-separated batch sizes, e.g. 1,4: batch speculation against HF's batched static generate")
-    p.add_argument("--max-minutes", type=float, default=None,
+    p.add_argument("--max-minutes", type=cli_real(0, above=True), default=None,
                    help="start no new prompt after this many minutes (every method keeps the same prompts; "
                         "the report counts the prompts timed)")
     p.add_argument("--out", default="bench-out")
     args = p.parse_args(argv)
-    if args.max_minutes is not None and not args.max_minutes > 0:
-        p.error(f"--max-minutes must be > 0, got {args.max_minutes}")
     if args.assistant_head and not args.assistant:
         p.error("--assistant-head guesses the assistant's drafts: pass --assistant too")
     args.compile = {None: None, "true": True, "false": False}.get(args.compile, args.compile)

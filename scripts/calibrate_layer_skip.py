@@ -19,6 +19,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from data.base.checks import cli_count
 from data.base.device import default_device
 from data.targets import resolve_target
 from infer.bench.calibrate_layer_skip import calibrate_layer_skip, calibration_markdown
@@ -32,22 +33,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory, hub id or demo:<size>")
     p.add_argument("--layers", default="", help="comma-separated k to try (default: every k from 1 to L-1)")
-    p.add_argument("--depth", type=int, default=4, help="drafts per step (the CLI's default chain)")
+    p.add_argument("--depth", type=cli_count(), default=4, help="drafts per step (the CLI's default chain)")
     p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows (default: held-out corpus)")
-    p.add_argument("--num-prompts", type=int, default=4)
-    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length for held-out corpus prompts")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--num-prompts", type=cli_count(), default=4)
+    p.add_argument("--prompt-tokens", type=cli_count(), default=128, help="prompt length for held-out corpus prompts")
+    p.add_argument("--max-new-tokens", type=cli_count(), default=64)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: infer.threads' policy)")
+    p.add_argument("--threads", type=cli_count(), default=None, help="torch CPU threads (default: infer.threads' policy)")
     args = p.parse_args(argv)
     try:
         args.layers = [int(k) for k in args.layers.split(",") if k.strip()]
     except ValueError:
         p.error(f"--layers takes comma-separated layer counts, got {args.layers!r}")
-    for name in ("depth", "num_prompts", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
 
 

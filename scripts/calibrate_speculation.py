@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from data.base.checks import cli_count, cli_counts
 from data.base.device import default_device
 from infer.bench.calibrate_speculation import calibrate, plan_markdown
 from infer.bench.prompts import load_prompts
@@ -24,36 +25,23 @@ from infer.generator import SpeculativeGenerator
 from infer.plan import PLAN_FILE
 
 
-def _ints(p: argparse.ArgumentParser, name: str, text: str, least: int) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        p.error(f"{name}: comma-separated ints expected, got {text!r}")
-    if not values or min(values) < least:
-        p.error(f"{name}: every value must be >= {least}, got {text!r}")
-    return sorted(set(values))
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory, hub id, demo:<size> or demo:smollm2")
     p.add_argument("--head", required=True, help="trained head directory")
-    p.add_argument("--batch-sizes", default="1,2,4,8")
-    p.add_argument("--lengths", default="0,1,2,3,4", help="draft lengths to try (0 = no drafting)")
+    p.add_argument("--batch-sizes", type=cli_counts(), default="1,2,4,8")
+    p.add_argument("--lengths", type=cli_counts(0), default="0,1,2,3,4", help="draft lengths to try (0 = no drafting)")
     p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows, or demo:mtbench")
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--num-prompts", type=cli_count(), default=8)
+    p.add_argument("--prompt-tokens", type=cli_count(), default=128)
+    p.add_argument("--max-new-tokens", type=cli_count(), default=64)
+    p.add_argument("--warmup", type=cli_count(0), default=1)
+    p.add_argument("--repeats", type=cli_count(), default=1)
     p.add_argument("--device", default=None)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=cli_count(), default=None)
     p.add_argument("--out", default=None, help=f"where to write the plan (default HEAD_DIR/{PLAN_FILE})")
     args = p.parse_args(argv)
-    batch_sizes = _ints(p, "--batch-sizes", args.batch_sizes, 1)
-    lengths = _ints(p, "--lengths", args.lengths, 0)
-    if args.repeats < 1 or args.num_prompts < 1 or args.max_new_tokens < 1:
-        p.error("--repeats, --num-prompts and --max-new-tokens must be >= 1")
+    batch_sizes, lengths = sorted(set(args.batch_sizes)), sorted(set(args.lengths))
     out = Path(args.out) if args.out else Path(args.head) / PLAN_FILE
     gen = SpeculativeGenerator.from_pretrained(args.target, args.head, device=default_device(args.device),
                                                threads=args.threads, tree=Chain(max(1, max(lengths))), plan=None)

@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from data.base.checks import cli_count
 from heads import AutoHead
 from infer import Chain, SpeculativeGenerator
 from infer.drafters.eagle import EagleDrafter
@@ -58,9 +59,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
     p.add_argument("--heads", nargs="+", required=True)
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--num-prompts", type=cli_count(), default=8)
+    p.add_argument("--prompt-tokens", type=cli_count(), default=128)
+    p.add_argument("--max-new-tokens", type=cli_count(), default=96)
     args = p.parse_args(argv)
     from data.targets import load_target, load_target_tokenizer, resolve_target  # demo:<size>, adapters
 

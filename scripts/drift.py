@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from data.base.checks import cli_count, cli_real
 from data.cli import run
 from data.corpus import split_texts
 from data.demo_lm import pack
@@ -35,16 +36,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", required=True, help="the new target (directory, PEFT adapter, Hub id, demo:<size>)")
     p.add_argument("--old-target", help="the target the head was trained for (default: the head's own)")
     p.add_argument("--prompts", help="JSONL of {'prompt'} or {'messages'} rows (default: held-out demo code)")
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--heldout-tokens", type=int, default=16384, help="held-out corpus tokens scored per target")
-    p.add_argument("--threshold", type=float, default=0.05, help="relative τ loss from which a refresh is advised")
-    p.add_argument("--threads", type=int, help="CPU threads (default: measured, as infer.generate)")
+    p.add_argument("--num-prompts", type=cli_count(), default=16)
+    p.add_argument("--prompt-tokens", type=cli_count(), default=64)
+    p.add_argument("--max-new-tokens", type=cli_count(), default=64)
+    p.add_argument("--heldout-tokens", type=cli_count(), default=16384, help="held-out corpus tokens scored per target")
+    p.add_argument("--threshold", type=cli_real(0, 1, above=True), default=0.05, help="relative τ loss from which a refresh is advised")
+    p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, as infer.generate)")
     p.add_argument("--out", help="also write the report as JSON here")
     args = p.parse_args(argv)
-    if not 0 < args.threshold < 1:
-        p.error(f"--threshold must lie in (0, 1), got {args.threshold}")
     return args
 
 

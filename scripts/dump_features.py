@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from data.base.checks import cli_count, cli_real
 from data.base.device import default_device
 from data.base.progress import progress
 from data.cli import run
@@ -45,14 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the training run's YAML config (default, as train/train_head.py's: %(default)s)")
     p.add_argument("--out", required=True, type=Path, help="feature folder (absent, empty, or an earlier dump's)")
     p.add_argument("--dtype", choices=tuple(DTYPES), help="storage precision (default: the target's own)")
-    p.add_argument("--shard-mb", type=float, default=512, help="write a shard every this many MB (default 512)")
-    p.add_argument("--batch-size", type=int, help="rows per target forward (default: train.micro_batch_size)")
+    p.add_argument("--shard-mb", type=cli_real(0, above=True), default=512, help="write a shard every this many MB (default 512)")
+    p.add_argument("--batch-size", type=cli_count(), help="rows per target forward (default: train.micro_batch_size)")
     p.add_argument("--device", help="default: cuda when present, else cpu")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. head.kind=eagle")
     args = p.parse_intermixed_args(argv)
-    for name in ("shard_mb", "batch_size"):
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     return args
 
 

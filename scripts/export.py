@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from data.base.checks import cli_count
 from data.cli import run
 from data.targets import load_target_config, resolve_target
 from heads import AutoHead
@@ -35,11 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", help="target path, Hub id or demo:<size>: checked against the head, fills "
                         "missing facts")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the weights (default: as saved)")
-    parser.add_argument("--num-speculative-tokens", type=int, default=3,
+    parser.add_argument("--num-speculative-tokens", type=cli_count(), default=3,
                         help="speculators format: proposal length vLLM uses by default")
     parser.add_argument("--verifier", help="speculators format: the target as `vllm serve DIR` loads it (a Hub id "
                         "or a path, written as given; default the head's target by Hub id)")
-    parser.add_argument("--max-position-embeddings", type=int,
+    parser.add_argument("--max-position-embeddings", type=cli_count(),
                         help="context to declare (default: the larger of the head's and the target's)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier draftsmith export at --out (never any other folder)")

@@ -40,6 +40,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from data.base.checks import cli_real
 from data.base.paths import claim_report_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ def plan(budget_min: float, kinds: int, smoke: bool) -> Plan:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The report's options (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--budget-min", type=float, default=25.0, help="minutes for the whole run")
+    p.add_argument("--budget-min", type=cli_real(0, above=True), default=25.0, help="minutes for the whole run")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "bench-gpu-smollm2", help="report folder")
     p.add_argument("--work", type=Path, default=Path("runs/gpu-report"), help="cached phases (data, heads, logs)")
     p.add_argument("--kinds", default="eagle3", help=f"comma-separated head kinds to train, of {', '.join(KINDS)}")
@@ -109,8 +110,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [k for k in args.kinds if k not in KINDS]
     if bad or not args.kinds:
         p.error(f"--kinds: unknown kind(s) {bad}; use {', '.join(KINDS)}")
-    if not args.budget_min > 0:
-        p.error("--budget-min must be > 0")
     return args
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from data.base.checks import cli_count
 from data.demo import TOKENIZER_SOURCE, ensure_demo_target
 from data.demo_lm import SIZES, SUMMARY_FILE, format_summary
 from infer.threads import choose_threads
@@ -29,8 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="output directory (default: the cache)")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-steps", type=int, help="override the size's number of optimizer steps")
+    parser.add_argument("--seed", type=cli_count(0), default=0)
+    parser.add_argument("--max-steps", type=cli_count(), help="override the size's number of optimizer steps")
     parser.add_argument("--tokenizer", type=Path,
                         help="tokenizer directory to reuse instead of training one; sizes "
                              f"{sorted(TOKENIZER_SOURCE)} default to the demo target's ({TOKENIZER_SOURCE})")

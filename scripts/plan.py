@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 
+from data.base.checks import cli_count, cli_real
 from data.cli import run
 from train.config import load_config
 from train.plan import GIB, format_plan, make_plan, measure_peak, target_config
@@ -27,11 +28,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="training YAML (as train/train_head.py takes it)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.micro_batch_size=2")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs (training processes) per node")
-    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
-    p.add_argument("--tokens-per-s", type=float, help="measured training tokens/s of one process")
-    p.add_argument("--rows", type=int, help="training rows, for the disk of offline features")
+    p.add_argument("--gpus", type=cli_count(), required=True, help="GPUs (training processes) per node")
+    p.add_argument("--nodes", type=cli_count(), default=1, help="nodes (default 1)")
+    p.add_argument("--gpu-memory-gib", type=cli_real(0, above=True), default=80.0, help="memory of one GPU in GiB (default 80)")
+    p.add_argument("--tokens-per-s", type=cli_real(0, above=True), help="measured training tokens/s of one process")
+    p.add_argument("--rows", type=cli_count(), help="training rows, for the disk of offline features")
     p.add_argument("--feature-dtype", default="bfloat16", choices=("float32", "bfloat16", "float16", "fp8"),
                    help="dtype of offline features (scripts/dump_features.py --dtype; default bfloat16)")
     p.add_argument("--measure", action="store_true", help="also train a few steps here and compare the peak")

@@ -26,6 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from data.base.checks import cli_count, cli_real
 from data.cli import run
 from data.regenerate import HFEngine, OpenAIEngine, Settings, check_base_url, regenerate
 
@@ -41,25 +42,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("hf", "openai"), default="hf")
     p.add_argument("--base-url", help="openai engine: server URL up to /v1, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", help="openai engine: model name the server knows (default: --target)")
-    p.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=Settings.temperature, help="0 = greedy")
-    p.add_argument("--max-length", type=int, default=Settings.max_length,
+    p.add_argument("--max-new-tokens", type=cli_count(), default=Settings.max_new_tokens)
+    p.add_argument("--temperature", type=cli_real(0), default=Settings.temperature, help="0 = greedy")
+    p.add_argument("--max-length", type=cli_count(), default=Settings.max_length,
                    help="hf engine: prompt + answer tokens; a conversation stops at the turn that would pass it")
-    p.add_argument("--seed", type=int, default=Settings.seed)
-    p.add_argument("--prompt-tokens", type=int, default=Settings.prompt_tokens,
+    p.add_argument("--seed", type=cli_count(0), default=Settings.seed)
+    p.add_argument("--prompt-tokens", type=cli_count(), default=Settings.prompt_tokens,
                    help="plain-text rows (hf engine): the target continues their first N tokens")
     p.add_argument("--resume", action="store_true", help="keep the rows already in --out and add the rest")
-    p.add_argument("--limit", type=int, help="only the first N source rows")
+    p.add_argument("--limit", type=cli_count(0), help="only the first N source rows")
     p.add_argument("--lenient-json", action="store_true", help="read a truncated .json array (data.lenient_json)")
-    p.add_argument("--batch-size", type=int, default=16, help="hf engine: conversations per generate call")
+    p.add_argument("--batch-size", type=cli_count(), default=16, help="hf engine: conversations per generate call")
     p.add_argument("--device", help="hf engine: torch device (default: cuda if available)")
-    p.add_argument("--concurrency", type=int, default=32, help="openai engine: conversations in flight")
-    p.add_argument("--retries", type=int, default=4,
+    p.add_argument("--concurrency", type=cli_count(), default=32, help="openai engine: conversations in flight")
+    p.add_argument("--retries", type=cli_count(0), default=4,
                    help=f"openai engine: retries per request (429, 5xx, network), at most {MAX_RETRIES}")
-    p.add_argument("--connect-timeout", type=float, default=10.0, help="openai engine: seconds to connect")
-    p.add_argument("--timeout", type=float, default=120.0, help="openai engine: seconds for each read of a reply")
-    p.add_argument("--deadline", type=float, help="openai engine: seconds for the whole run (default: no limit)")
-    p.add_argument("--max-failures", type=int, default=10,
+    p.add_argument("--connect-timeout", type=cli_real(0, above=True), default=10.0, help="openai engine: seconds to connect")
+    p.add_argument("--timeout", type=cli_real(0, above=True), default=120.0, help="openai engine: seconds for each read of a reply")
+    p.add_argument("--deadline", type=cli_real(0, above=True), help="openai engine: seconds for the whole run (default: no limit)")
+    p.add_argument("--max-failures", type=cli_count(0), default=10,
                    help="stop when this many conversations in a row fail on the server (0: never stop)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -67,17 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--engine openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
     if args.engine == "hf" and (args.base_url or args.model):
         p.error("--base-url and --model apply to --engine openai")
-    for name in ("max_new_tokens", "max_length", "batch_size", "concurrency", "prompt_tokens"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.temperature < 0 or args.retries < 0 or args.max_failures < 0 or (args.limit is not None and args.limit < 0):
-        p.error("--temperature, --retries, --max-failures and --limit must be >= 0")
     if args.retries > MAX_RETRIES:
         p.error(f"--retries {args.retries}: at most {MAX_RETRIES}")
-    for name in ("connect_timeout", "timeout", "deadline"):
-        value = getattr(args, name)
-        if value is not None and not (0 < value < float("inf")):
-            p.error(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value}")
     if args.base_url:
         try:
             check_base_url(args.base_url)

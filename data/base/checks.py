@@ -52,3 +52,21 @@ def cli_counts(least: int = 1):
             raise argparse.ArgumentTypeError(f"comma-separated whole numbers >= {least} expected, got {text!r}") from None
     parse.__name__ = f"counts >= {least}"
     return parse
+
+
+def cli_real(least: float = 0.0, most: float = math.inf, *, above: bool = False):
+    """An argparse ``type``: a finite number in [``least``, ``most``], or in (``least``, ``most``] with
+    ``above`` (a timeout of 0 seconds or a top-p of 0 is no value)."""
+    low = f"> {least:g}" if above else f">= {least:g}"
+    wanted = f"a number {low}" + (f" and <= {most:g}" if most != math.inf else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{wanted} expected, got {text!r}") from None
+        if not math.isfinite(value) or (value <= least if above else value < least) or value > most:
+            raise argparse.ArgumentTypeError(f"{wanted} expected, got {text!r}")
+        return value
+    parse.__name__ = wanted
+    return parse
