@@ -19,7 +19,8 @@ with the target's own first K layers (self-speculation; ``infer.layer_skip``); w
 layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
 (``infer.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
 ``--drafter lm:DIR+head:HEAD`` the same with a head trained on the draft LM (``target=DIR``) guessing.
-``--adaptive`` lets the draft length follow the acceptance. ``--lookup-first`` drafts by prompt lookup
+``--adaptive`` lets the draft length follow the acceptance (what an EAGLE head does by default on CPU;
+``--tree chain --depth D`` fixes it). ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.lookup_first``).
 """
 from __future__ import annotations
@@ -34,8 +35,8 @@ import torch
 from transformers import TextStreamer
 
 from heads import AutoHead
-from infer.adaptive import AdaptiveLength
-from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, drafter_class, make_drafter
+from infer.drafters import (AdaptiveLength, Chain, StaticTree, adaptive_chain, default_branching_tree, default_tree,
+                            drafter_class, make_drafter)
 from infer.generator import SpeculativeGenerator
 from infer.lookup_first import LookupFirst
 from infer.ngram import NgramDrafter
@@ -83,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=cli_real(0, 1, above=True), default=1.0)
     p.add_argument("--top-k", type=cli_count(0), default=0, help="0 = disabled")
     p.add_argument("--tree", choices=("default", "tree", "chain"), default="default",
-                   help="default: the head kind's default for the device (EAGLE on CPU: a chain of 4); "
+                   help="default: the head kind's default for the device (EAGLE on CPU: a chain adapting its length, 4 to 16; "
+                        "with --depth D a chain of D); "
                         "tree: Medusa's static or an EAGLE dynamic tree; chain: a plain chain of --depth drafts")
     p.add_argument("--depth", type=cli_count(), help="draft levels (EAGLE tree depth or chain length)")
     p.add_argument("--branch", type=cli_count(), help="EAGLE tree: children kept per expanded node (top_k)")
@@ -119,9 +121,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def tree_option(kind: str, device: str, args: argparse.Namespace):
-    """The tree for ``kind`` from the device's defaults plus whatever flags were given."""
+    """The tree for ``kind`` from the device's defaults plus whatever flags were given; None for the
+    kind's default drafter (``make_drafter``: on CPU an EAGLE head's chain adapts its length)."""
     shape = {"depth": args.depth, "top_k": args.branch, "total_tokens": args.total_tokens}
     given = {k: v for k, v in shape.items() if v is not None}
+    if args.tree == "default" and not given and drafter_class(kind).adapts_by_default(torch.device(device)):
+        return None
     tree = {"default": default_tree, "tree": default_branching_tree}.get(args.tree, lambda *_: Chain())(kind, device)
     if tree is None:
         raise SystemExit(f"--tree {args.tree}: {kind} heads draft chains only; pass --tree chain (or default)")
@@ -136,23 +141,14 @@ def tree_option(kind: str, device: str, args: argparse.Namespace):
     return dataclasses.replace(tree, **given)
 
 
-def max_chain(head) -> int:
-    """The longest chain an adaptive head drafter may grow to (Medusa: its head count)."""
-    return drafter_class(head.head_kind).longest_chain(head)
-
-
 def head_drafter(head, tree, adaptive: bool, lookup_first: bool):
     """A factory for ``from_pretrained``: the head's drafter for ``tree`` (None: the kind's default on
-    the target's device); ``adaptive``: its chain's length adapted (up to ``max_chain``);
+    the target's device); ``adaptive``: its chain's length adapted (``adaptive_chain``);
     ``lookup_first``: behind prompt lookup."""
     def build(target):
         head.check_target(target)
         head.to(device=target.device, dtype=target.dtype).eval()
-        if adaptive:
-            n = max_chain(head)
-            drafter = AdaptiveLength(make_drafter(head, target, Chain(n)), initial=min(4, n), maximum=n)
-        else:
-            drafter = make_drafter(head, target, tree)
+        drafter = adaptive_chain(head, target) if adaptive else make_drafter(head, target, tree)
         return LookupFirst(drafter, NgramDrafter(max_ngram=3, length=8)) if lookup_first else drafter
     return build
 
@@ -189,7 +185,7 @@ def classic_drafter(args: argparse.Namespace, target):
                 guesser = NgramDrafter(max_ngram=3, length=length)
             else:  # a head trained on the draft LM guesses up to a chain of the same length
                 head = AutoHead.from_pretrained(inner.removeprefix("head:")).to(device=target.device, dtype=target.dtype)
-                guesser = make_drafter(head, model, Chain(min(length, max_chain(head))))
+                guesser = make_drafter(head, model, Chain(min(length, drafter_class(head.head_kind).longest_chain(head))))
             drafter = HierarchicalDrafter(model, target, guesser, Chain(length))
     return AdaptiveLength(drafter, initial=min(4, length), maximum=length) if args.adaptive else drafter
 
@@ -272,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         if not target:
             raise SystemExit(f"{args.head} records no target (target_name_or_path); pass --target")
         tree = tree_option(kind, device, args)
-        if args.adaptive and not isinstance(tree, Chain):
+        if args.adaptive and tree is not None and not isinstance(tree, Chain):
             raise SystemExit("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
         if args.adaptive or args.lookup_first:
             head, tree = head_drafter(head, tree, args.adaptive, args.lookup_first), None
@@ -291,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     streamer = TextStreamer(gen.tokenizer, skip_prompt=True, skip_special_tokens=True)
     out = gen.generate(ids, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)
     s = gen.last_stats
-    adaptive = (", adaptive length" if args.adaptive else "") + (", prompt lookup first" if args.lookup_first else "")
+    drafter = gen.drafter.drafter if isinstance(gen.drafter, LookupFirst) else gen.drafter
+    adaptive = (", adaptive length" if isinstance(drafter, AdaptiveLength) else "") + \
+        (", prompt lookup first" if args.lookup_first else "")
     compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
     print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "
           f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{adaptive})", file=sys.stderr)

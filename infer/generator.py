@@ -139,8 +139,8 @@ class SpeculativeGenerator:
             target's device and dtype; or any object following ``infer.drafters.Drafter``.
         tokenizer: optional, kept for callers (the CLI); generation works on ids.
         tree: ``StaticTree`` (Medusa), ``DynamicTree`` (EAGLE) or ``Chain``; None = the kind's
-            default for the target's device (``infer.drafters.default_tree``: on CPU, EAGLE heads
-            draft a chain of 4).
+            default for the target's device (``infer.drafters.make_drafter``: on CPU, EAGLE heads
+            draft a chain adapting its length from 4 up to 16).
         acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance: LOSSY, only used
             at temperature > 0, with ``typical_threshold`` and ``typical_alpha``).
         profile: time each phase of the loop into ``last_stats.phase_times`` (adds a device sync

@@ -17,7 +17,7 @@ from conftest import make_tiny_target
 
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.adaptive import AdaptiveLength
+from infer.drafters.adaptive import AdaptiveLength
 from infer.cache import StaticHeadCache
 from infer.drafters import Draft, Drafter, Sampling, make_drafter
 from infer.layer_skip import LayerSkipDrafter

@@ -11,7 +11,7 @@ from conftest import make_tiny_target, record_drafts
 from test_infer_sampling import VOCAB as SMALL_VOCAB, exact_law, joint_pvalue, sample_triples
 
 from infer import Chain, SpeculativeGenerator
-from infer.adaptive import AdaptiveLength
+from infer.drafters.adaptive import AdaptiveLength
 from infer.layer_skip import LayerSkipDrafter, early_exit_view
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter, find_continuations, prefix_tree
@@ -253,3 +253,21 @@ def test_layer_skip_sampling_follows_the_target_law(arch):
     samples, forwards = sample_triples(gen, 2000, temperature=1.0)
     assert joint_pvalue(samples, law) > 1e-3
     assert forwards < 2.99, forwards  # some drafts were accepted
+
+
+def test_eagle_heads_adapt_their_chain_by_default_on_cpu():
+    """On CPU a generator given an EAGLE head and no tree drafts an adaptive chain (from 4, up to 16),
+    which beat every fixed chain measured (docs/benchmarks.md); a tree given, or Medusa, stays as it is."""
+    from heads import build_head
+    from infer.drafters import HeadDrafter, StaticTree
+
+    target = _target("llama")
+    ids = _repetitive_prompt(random.Random(4), 12)
+    for kind in ("eagle", "eagle3"):
+        gen = SpeculativeGenerator(target, build_head(kind, target))
+        assert isinstance(gen.drafter, AdaptiveLength) and (gen.drafter.initial, gen.drafter.maximum) == (4, 16)
+        assert torch.equal(gen.generate(ids, max_new_tokens=24), _hf(target, ids, 24))
+        fixed = SpeculativeGenerator(target, build_head(kind, target), tree=Chain(4)).drafter
+        assert isinstance(fixed, HeadDrafter) and fixed.option == Chain(4)
+    medusa = SpeculativeGenerator(target, build_head("medusa", target)).drafter
+    assert isinstance(medusa, HeadDrafter) and isinstance(medusa.option, StaticTree)

@@ -17,7 +17,7 @@ from test_infer_sampling import exact_law, joint_pvalue, sample_triples
 
 from heads import build_head
 from infer import Chain, SpeculativeGenerator
-from infer.adaptive import AdaptiveLength
+from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters import DynamicTree, Sampling, make_drafter
 from infer.hierarchical import HierarchicalDrafter
 from infer.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path

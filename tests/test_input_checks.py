@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from data.base.checks import count, probability
 from heads import AutoHead, build_head
 from heads.formats import export_head
-from infer.adaptive import AdaptiveLength
+from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters import Chain, DynamicTree, make_drafter
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter

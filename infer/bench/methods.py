@@ -15,10 +15,9 @@ from data.base.device import sync
 from data.targets import resolve_target
 from heads import AutoHead
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.adaptive import AdaptiveLength
 from infer.lookup_first import LookupFirst
 from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
-from infer.drafters import TreeOption, drafter_class, make_drafter
+from infer.drafters import AdaptiveLength, TreeOption, adaptive_chain, drafter_class, make_drafter
 from infer.hierarchical import HierarchicalDrafter
 from infer.layer_skip import LayerSkipDrafter
 from infer.lm_drafter import LMDrafter
@@ -42,15 +41,14 @@ TREE_SPEC = re.compile(r"^(tree|default|chain(\d+)|dyn(\d+)-(\d+)-(\d+)|medusa(\
 
 
 def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:
-    """The tree named by a ``--trees`` entry for this head, or None when it does not fit its kind."""
+    """The tree named by a ``--trees`` entry other than ``default`` (the generator's own default, on
+    CPU an EAGLE head's adaptive chain) for this head, or None when it does not fit its kind."""
     match = TREE_SPEC.match(spec)
-    if match is None:
+    if match is None or spec == "default":
         raise ValueError(f"--trees: unknown tree {spec!r}; use tree, default, chainN, dynD-K-N or medusaN")
     drafter = drafter_class(head.head_kind)
     if spec == "tree":
         return drafter.branching_tree(device)
-    if spec == "default":
-        return drafter.default_tree(device)
     chain, depth, top_k, total, medusa = match.group(2, 3, 4, 5, 6)
     if chain:
         tree = Chain(int(chain))
@@ -110,9 +108,9 @@ def build_methods(args, target, tokenizer) -> list[Method]:
     for head_dir in args.heads:
         head = AutoHead.from_pretrained(head_dir).eval()
         label = Path(head_dir).name
-        variants = [(spec, tree_from_spec(spec, head, target.device)) for spec in args.trees]
-        for variant, tree in variants:
-            if tree is None:
+        for variant in args.trees:
+            tree = None if variant == "default" else tree_from_spec(variant, head, target.device)
+            if tree is None and variant != "default":  # the kind cannot draft it
                 continue
             gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree, compile=args.compile)
             run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
@@ -123,8 +121,7 @@ def build_methods(args, target, tokenizer) -> list[Method]:
             name = f"{head.head_kind}:{label}:lookup-first" if len(args.heads) > 1 else f"{head.head_kind}:lookup-first"
             methods.append(ours(name, "head", drafter))
         if args.adaptive:  # a chain whose length follows acceptance (Medusa: at most its head count)
-            longest = drafter_class(head.head_kind).longest_chain(head)
-            drafter = AdaptiveLength(make_drafter(head, target, Chain(longest)), initial=min(4, longest), maximum=longest)
+            drafter = adaptive_chain(head, target)
             name = f"{head.head_kind}:{label}:adaptive" if len(args.heads) > 1 else f"{head.head_kind}:adaptive"
             methods.append(ours(name, "head", drafter))
     return methods

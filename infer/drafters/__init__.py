@@ -7,6 +7,7 @@ import importlib
 import torch
 from torch import nn
 
+from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters.base import (
     Chain,
     Draft,
@@ -42,14 +43,26 @@ def default_tree(kind: str, device: torch.device | str) -> TreeOption:
 
 
 def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = None,
-                 confidence: float | None = None) -> HeadDrafter:
-    """The drafter for a head's kind; ``tree=None`` = the kind's default on the target's device;
-    ``confidence``: EAGLE greedy chains stop a level early below this head probability."""
+                 confidence: float | None = None) -> HeadDrafter | AdaptiveLength:
+    """The drafter for a head's kind drafting ``tree``; ``tree=None``: the kind's default on the
+    target's device (``default_tree``, or ``adaptive_chain`` where the kind ``adapts_by_default``:
+    EAGLE heads on CPU); ``confidence``: EAGLE greedy chains stop a level early below this head
+    probability."""
     cls = drafter_class(getattr(head, "head_kind", None))
-    tree = tree or cls.default_tree(target.get_input_embeddings().weight.device)
-    return cls(head, target, tree, confidence)
+    device = target.get_input_embeddings().weight.device
+    if tree is None and cls.adapts_by_default(device):
+        return adaptive_chain(head, target, confidence)
+    return cls(head, target, tree or cls.default_tree(device), confidence)
 
 
-__all__ = ["Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling", "StaticTree", "TreeOption",
+def adaptive_chain(head: nn.Module, target: nn.Module, confidence: float | None = None) -> AdaptiveLength:
+    """The head's chain with its length following the acceptance (``AdaptiveLength``: from 4, +2 after
+    a fully accepted step, -1 otherwise), up to the longest chain the kind drafts (Medusa: its heads)."""
+    cls = drafter_class(getattr(head, "head_kind", None))
+    longest = cls.longest_chain(head)
+    return AdaptiveLength(cls(head, target, Chain(longest), confidence), initial=min(4, longest), maximum=longest)
+
+
+__all__ = ["AdaptiveLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling", "StaticTree", "TreeOption",
            "chain_buffers", "chain_draft", "root_only", "drafter_class", "default_branching_tree", "default_tree",
-           "make_drafter"]
+           "make_drafter", "adaptive_chain"]

@@ -219,6 +219,12 @@ class HeadDrafter(Drafter):
         """What a generator drafts when given no shape (``branching_tree`` unless a kind says otherwise)."""
         return cls.branching_tree(device)
 
+    @classmethod
+    def adapts_by_default(cls, device: torch.device) -> bool:
+        """Whether the default drafter on ``device`` is a chain whose length follows the acceptance
+        (``infer.drafters.adaptive_chain``) rather than ``default_tree``."""
+        return False
+
     @staticmethod
     def longest_chain(head: nn.Module) -> int:
         """The longest chain this head can draft (for a CLI's ``--chain`` range)."""

@@ -14,7 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from data.base.checks import count
-from infer.drafters import Draft, Drafter, Sampling
+from infer.drafters.base import Draft, Drafter, Sampling
 
 
 @dataclass
