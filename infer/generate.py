@@ -129,14 +129,14 @@ def tree_option(kind: str, device: str, args: argparse.Namespace):
         return None
     tree = {"default": default_tree, "tree": default_branching_tree}.get(args.tree, lambda *_: Chain())(kind, device)
     if tree is None:
-        raise SystemExit(f"--tree {args.tree}: {kind} heads draft chains only; pass --tree chain (or default)")
+        raise ValueError(f"--tree {args.tree}: {kind} heads draft chains only; pass --tree chain (or default)")
     if isinstance(tree, Chain):
         if args.branch is not None or args.total_tokens is not None:
-            raise SystemExit("--branch/--total-tokens shape EAGLE dynamic trees; this is a chain (pass --tree tree)")
+            raise ValueError("--branch/--total-tokens shape EAGLE dynamic trees; this is a chain (pass --tree tree)")
         return Chain(args.depth) if args.depth else tree
     if isinstance(tree, StaticTree):
         if given:
-            raise SystemExit("--depth/--branch/--total-tokens shape EAGLE trees; Medusa uses its static tree")
+            raise ValueError("--depth/--branch/--total-tokens shape EAGLE trees; Medusa uses its static tree")
         return tree
     return dataclasses.replace(tree, **given)
 
@@ -193,7 +193,7 @@ def classic_drafter(args: argparse.Namespace, target):
 def encode(tokenizer, prompt: str, chat: bool) -> torch.Tensor:
     if chat:
         if not tokenizer.chat_template:
-            raise SystemExit("--chat: this tokenizer has no chat template")
+            raise ValueError("--chat: this tokenizer has no chat template")
         enc = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True, return_tensors="pt"
         )
@@ -266,16 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{kind} head"
         target = args.target or head.config.target_name_or_path
         if not target:
-            raise SystemExit(f"{args.head} records no target (target_name_or_path); pass --target")
+            raise ValueError(f"{args.head} records no target (target_name_or_path); pass --target")
         tree = tree_option(kind, device, args)
         if args.adaptive and tree is not None and not isinstance(tree, Chain):
-            raise SystemExit("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
+            raise ValueError("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
         if args.adaptive or args.lookup_first:
             head, tree = head_drafter(head, tree, args.adaptive, args.lookup_first), None
         gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree,
                                                    threads=args.threads, compile=args.compile)
     if gen.tokenizer is None:
-        raise SystemExit(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
+        raise ValueError(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
     ids = encode(gen.tokenizer, args.prompt, args.chat).to(gen.device)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
 

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
     layers = args.layers or list(range(1, num_layers))
     bad = [k for k in layers if not 1 <= k < num_layers]
     if bad:
-        raise SystemExit(f"--layers: {bad} are not in 1..{num_layers - 1} (the target has {num_layers} layers)")
+        raise ValueError(f"--layers: {bad} are not in 1..{num_layers - 1} (the target has {num_layers} layers)")
     prompts = load_prompts(args, AutoTokenizer.from_pretrained(path))
     result = calibrate_layer_skip(target, prompts, layers, args.depth, args.max_new_tokens)
     result["target"] = args.target

@@ -57,11 +57,19 @@ def test_cli_streams_and_compares(saved, capsys, extra):
     assert "outputs identical: yes" in captured.err and "speedup" in captured.err
 
 
-def test_cli_rejects_medusa_tree_flags(saved, tmp_path):
+def test_cli_rejects_medusa_tree_flags(saved, tmp_path, capsys):
+    """Through the entry point: one line and exit code 2 (a SystemExit with a message exited with 1)."""
+    from infer.generate import cli
+
     target = make_tiny_target("llama")
     build_head("medusa", target).save_pretrained(tmp_path / "medusa")
-    with pytest.raises(SystemExit, match="Medusa"):
-        main(["--target", str(saved / "target"), "--head", str(tmp_path / "medusa"), "--prompt", "w7", "--depth", "3"])
+    base = ["--target", str(saved / "target"), "--head", str(tmp_path / "medusa"), "--prompt", "w7"]
+    with pytest.raises(ValueError, match="Medusa"):
+        main([*base, "--depth", "3"])
+    assert cli([*base, "--depth", "3"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --depth/--branch/--total-tokens")
+    assert cli([*base, "--adaptive", "--tree", "tree"]) == 2
+    assert "error: --adaptive adapts a chain" in capsys.readouterr().err
 
 
 def test_cli_tree_flags_shape_the_devices_defaults():
@@ -80,7 +88,7 @@ def test_cli_tree_flags_shape_the_devices_defaults():
     assert tree("cuda", "eagle", "--branch", "4") == DynamicTree(depth=6, top_k=4, total_tokens=60)
     assert tree("cuda", "eagle", "--tree", "chain") == Chain(4)
     assert isinstance(tree("cpu", "medusa"), StaticTree) and len(tree("cpu", "medusa").choices) == 15
-    with pytest.raises(SystemExit, match="--tree tree"):
+    with pytest.raises(ValueError, match="--tree tree"):
         tree("cpu", "eagle3", "--branch", "2")
 
 
@@ -92,7 +100,7 @@ def test_cli_defaults_to_the_target_the_head_was_made_for(saved, tmp_path, capsy
     code = main(["--head", str(tmp_path / "head"), "--prompt", "w7 w8", "--max-new-tokens", "8", "--compare",
                  "--device", "cpu"])
     assert code == 0 and "outputs identical: yes" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="records no target"):  # built from an in-memory model
+    with pytest.raises(ValueError, match="records no target"):  # built from an in-memory model
         main(["--head", str(saved / "head"), "--prompt", "w7"])
 
 
@@ -178,7 +186,7 @@ def test_cli_early_exit_head_and_calibrated_layer_skip(saved, capsys, monkeypatc
     base = ["--target", str(saved / "target"), "--prompt", "w7 w8 w9 w7 w8", "--max-new-tokens", "12", "--device", "cpu"]
     assert main([*base, "--head", str(saved / "early-exit"), "--compare"]) == 0
     assert "outputs identical: yes" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="early-exit heads draft chains only"):
+    with pytest.raises(ValueError, match="early-exit heads draft chains only"):
         main([*base, "--head", str(saved / "early-exit"), "--tree", "tree"])
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
     assert main([*base, "--drafter", "layer-skip"]) == 0
