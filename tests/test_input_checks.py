@@ -237,3 +237,18 @@ def test_a_file_given_as_the_head_is_named(tmp_path):
     notes.write_text("hello\n")
     with pytest.raises(FileNotFoundError, match=r"head .*notes\.txt: is a file; pass the head's directory"):
         check_head_source(notes)
+
+
+def test_a_device_this_torch_cannot_use_is_refused_naming_it(capsys):
+    """--device cuda on a machine without CUDA ended in torch's AssertionError traceback (exit code 1)."""
+    from data.base.device import default_device
+    from infer.generate import cli
+
+    with pytest.raises(ValueError, match="device 'foo' is not a torch device"):
+        default_device("foo")
+    missing = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+    with pytest.raises(ValueError, match=f"device '{missing}'"):
+        default_device(missing)
+    assert default_device("cpu") == torch.device("cpu")
+    assert cli(["--head", "h", "--prompt", "p", "--device", missing]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: device '{missing}'")
