@@ -1,7 +1,8 @@
 """Where the demo LMs live, and reusing them instead of retraining.
 
 A demo LM directory is complete when its ``demo_target.json`` carries the fingerprint of what
-was asked for: recipe version, corpus, every ``LMSettings`` field and the tokenizer it borrowed.
+was asked for (recipe version, corpus, every ``LMSettings`` field and the tokenizer it borrowed) and
+every file still has the size and sha256 recorded when it was built; a damaged one is said and rebuilt.
 The default location is ``$DRAFTSMITH_CACHE/demo/<size>-seed<N>-<fingerprint>`` (the cache root
 defaults to ``~/.cache/draftsmith``). Builds go to a temporary sibling that is renamed into place,
 so an interrupted build never looks complete, under a file lock, so concurrent requests for the
@@ -22,7 +23,7 @@ from transformers import AutoTokenizer
 
 from data.corpus import corpus_fingerprint
 from data.base.names import DEMO_PREFIX
-from data.base.paths import cache_root, share_readable
+from data.base.paths import cache_root, file_digest, share_readable
 from data.demo_lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 
 # Bump when data/demo_lm.py or data/tokenizer.py change what the same settings produce.
@@ -33,6 +34,7 @@ BUILD_TIME = {"tiny": "about 9 minutes on 2 idle CPU cores, longer on busy ones"
 # Sizes that borrow the tokenizer of another demo LM by default (same seed).
 TOKENIZER_SOURCE = {"assistant": "tiny"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+FILES_KEY = "files"  # in the summary: {name: {"bytes", "sha256"}} of every file as built
 
 
 def tokenizer_key(tokenizer_dir: str | Path) -> str:
@@ -74,9 +76,65 @@ def demo_target_dir(size: str = "tiny", seed: int = 0, *, tokenizer_dir: str | P
 
 
 def is_built(directory: Path, fp: str) -> bool:
-    """Whether ``directory`` holds a complete demo LM with fingerprint ``fp``."""
-    summary = directory / SUMMARY_FILE
-    return summary.is_file() and json.loads(summary.read_text()).get("fingerprint") == fp
+    """Whether ``directory`` holds a complete demo LM with fingerprint ``fp``, every file as it was built."""
+    return _summary(directory, fp) is not None and not damaged_files(directory)
+
+
+def _summary(directory: Path, fp: str) -> dict | None:
+    """The summary of the demo LM with fingerprint ``fp`` in ``directory`` (None: not that LM)."""
+    try:
+        summary = json.loads((directory / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("fingerprint") == fp else None
+
+
+def unreadable_files(directory: Path) -> list[str]:
+    """The JSON files that do not parse and the safetensors files whose header does not describe them."""
+    from safetensors import safe_open
+
+    bad = []
+    for f in sorted(directory.iterdir()):
+        try:
+            if f.suffix == ".json":
+                json.loads(f.read_text())
+            elif f.suffix == ".safetensors":
+                with safe_open(f, "pt") as weights:
+                    weights.keys()
+        except Exception:  # noqa: BLE001 - any failure to read is damage
+            bad.append(f.name)
+    return bad
+
+
+def record_files(directory: Path) -> None:
+    """Write the size and sha256 of every file of a built demo LM into its summary (``FILES_KEY``)."""
+    path = directory / SUMMARY_FILE
+    summary = json.loads(path.read_text())
+    summary[FILES_KEY] = {f.name: file_digest(f) for f in sorted(directory.iterdir())
+                          if f.is_file() and f.name != SUMMARY_FILE}
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def damaged_files(directory: Path) -> list[str]:
+    """The files of a built demo LM that are missing or differ from the record written when it was built.
+    A summary without a record (built by an earlier draftsmith) gets one now if its JSON files parse and
+    its weights' headers cover their files (``unreadable_files``)."""
+    summary = json.loads((directory / SUMMARY_FILE).read_text())
+    recorded = summary.get(FILES_KEY)
+    if recorded is None:
+        unreadable = unreadable_files(directory)
+        if not unreadable:
+            try:
+                record_files(directory)
+            except OSError:  # a cache another user built and shares read-only: checked as before
+                pass
+        return unreadable
+    damaged = []
+    for name, expected in recorded.items():
+        f = directory / name
+        if not f.is_file() or f.stat().st_size != expected["bytes"] or file_digest(f) != expected:
+            damaged.append(name)
+    return damaged
 
 
 def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path | None = None,
@@ -90,8 +148,13 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
     """
     settings, fp, name = _resolve(size, seed, tokenizer_dir, overrides)
     out = Path(out_dir) if out_dir is not None else cache_root() / "demo" / name
-    if is_built(out, fp):
-        return out
+    if _summary(out, fp) is not None:
+        damaged = damaged_files(out)
+        if not damaged:
+            return out
+        print(f"draftsmith: the cached demo target {out} is damaged ({', '.join(damaged)} missing or changed "
+              "since it was built): building it again", file=sys.stderr, flush=True)
+        shutil.rmtree(out)  # our own cache entry, marked by its fingerprint
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists but is not a demo LM with fingerprint {fp} "
                               f"(size={size}, seed={seed}, overrides={overrides}); remove it or choose another --out")
@@ -116,6 +179,7 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
             train_lm(tmp, settings, tokenizer=tokenizer, show_progress=show_progress,
                      metadata={"fingerprint": fp, "size": size,
                                "tokenizer_source": str(tokenizer_dir) if tokenizer_dir is not None else None})
+            record_files(tmp)  # what is_built checks on every later use
             share_readable(tmp)  # 0644/0755: a server running as another user reads the cache too
             os.replace(tmp, out)  # atomic; succeeds over an empty directory
         finally:

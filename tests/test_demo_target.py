@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.tokenizer import IM_END
-from data.demo import demo_target_dir, ensure_demo_target, is_built
+from data.demo import damaged_files, demo_target_dir, ensure_demo_target, is_built
 from data.demo_lm import EMBED_INIT_STD, SIZES, SUMMARY_FILE, LMSettings, build_model, settings_for
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_demo_target.py"
@@ -82,6 +82,31 @@ def test_mismatching_out_dir_is_refused(micro, tmp_path):
     assert is_built(micro, fp) and not is_built(micro, "0" * 12)
 
 
+def test_a_damaged_cached_target_is_named_and_rebuilt(cache, capsys):
+    """A cut model.safetensors in the cache made every later use fail in safetensors' traceback."""
+    settings = {**MICRO, "max_steps": 4}
+    out = ensure_demo_target("tiny", 0, show_progress=False, **settings)
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(summary["files"])
+    assert damaged_files(out) == []
+    for name, damage in [("model.safetensors", lambda b: b[:-1000]), ("config.json", lambda b: b.replace(b"64", b"65"))]:
+        path = out / name
+        path.write_bytes(damage(path.read_bytes()))
+        assert damaged_files(out) == [name] and not is_built(out, summary["fingerprint"])
+        capsys.readouterr()
+        assert ensure_demo_target("tiny", 0, show_progress=False, **settings) == out
+        assert f"the cached demo target {out} is damaged ({name} missing or changed" in capsys.readouterr().err
+        assert damaged_files(out) == []
+        AutoModelForCausalLM.from_pretrained(out)
+    del summary["files"]  # a cache built by an earlier draftsmith: recorded on first use when it reads
+    (out / SUMMARY_FILE).write_text(json.dumps(summary))
+    good = (out / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(good[:-1000])
+    assert damaged_files(out) == ["model.safetensors"] and "files" not in json.loads((out / SUMMARY_FILE).read_text())
+    (out / "model.safetensors").write_bytes(good)
+    assert is_built(out, summary["fingerprint"]) and "files" in json.loads((out / SUMMARY_FILE).read_text())
+
+
 def test_missing_target_in_distributed_launch_raises(cache, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="make_demo_target.py"):
@@ -137,6 +162,7 @@ def test_building_a_demo_target_says_so_in_one_line(tmp_path, monkeypatch, capsy
     def fake_train(out, settings, **kwargs):  # the 12-minute part, skipped
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
+        (out / SUMMARY_FILE).write_text("{}")
 
     monkeypatch.setattr(demo, "train_lm", fake_train)
     demo.ensure_demo_target("tiny")
