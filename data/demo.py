@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from data.corpus import corpus_fingerprint
 from data.base.names import DEMO_PREFIX
-from data.base.paths import cache_root, file_digest, share_readable
+from data.base.paths import cache_root, changed_files, folder_digests, share_readable
 from data.demo_lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 
 # Bump when data/demo_lm.py or data/tokenizer.py change what the same settings produce.
@@ -110,8 +110,7 @@ def record_files(directory: Path) -> None:
     """Write the size and sha256 of every file of a built demo LM into its summary (``FILES_KEY``)."""
     path = directory / SUMMARY_FILE
     summary = json.loads(path.read_text())
-    summary[FILES_KEY] = {f.name: file_digest(f) for f in sorted(directory.iterdir())
-                          if f.is_file() and f.name != SUMMARY_FILE}
+    summary[FILES_KEY] = folder_digests(directory, skip=(SUMMARY_FILE,))
     path.write_text(json.dumps(summary, indent=2) + "\n")
 
 
@@ -129,12 +128,7 @@ def damaged_files(directory: Path) -> list[str]:
             except OSError:  # a cache another user built and shares read-only: checked as before
                 pass
         return unreadable
-    damaged = []
-    for name, expected in recorded.items():
-        f = directory / name
-        if not f.is_file() or f.stat().st_size != expected["bytes"] or file_digest(f) != expected:
-            damaged.append(name)
-    return damaged
+    return changed_files(directory, recorded)
 
 
 def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path | None = None,

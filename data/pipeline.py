@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from data.base.names import DEMO_PREFIX
-from data.base.paths import cache_root
+from data.base.paths import cache_root, changed_files, folder_digests
 from data.jsonfile import read_json
 from data.conversations import NO_LOSS_AFTER_TRUNCATION, OVERLONG, REASONS, RowError, normalize_row
 from data.masks import Method, encode_conversation, encode_text, mask_method
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     import datasets
     from transformers import PreTrainedTokenizerBase
 
+logger = logging.getLogger("draftsmith.data")
 Overlong = Literal["truncate", "drop"]
 _CODE_FILES = ("conversations.py", "masks.py", "pipeline.py")
 
@@ -151,7 +153,7 @@ def build_examples(
     path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = path / key
 
-    if (path / "summary.json").is_file():
+    if _intact(path):
         summary = Summary(**json.loads((path / "summary.json").read_text()))
         summary.cache_hit = True
     else:
@@ -251,13 +253,32 @@ def _encode_rows(
     return columns, summary
 
 
+def _intact(path: Path) -> bool:
+    """Whether the cache entry ``path`` is complete and every file still as written (``files.json``); a
+    damaged entry (ours: named by its key) is said and removed, to be made again."""
+    if not (path / "summary.json").is_file():
+        return False
+    try:
+        changed = changed_files(path, json.loads((path / "files.json").read_text()))
+    except (OSError, ValueError, AttributeError):
+        changed = ["files.json"]
+    if not changed:
+        return True
+    logger.warning("the cached data %s is damaged (%s missing or changed since it was written): making it again",
+                   path, ", ".join(changed))
+    shutil.rmtree(path)
+    return False
+
+
 def _save(dataset: datasets.Dataset, summary: Summary, key_parts: dict, path: Path) -> None:
-    """Write to a private temp dir, then rename: readers never see a half-written entry."""
+    """Write to a private temp dir, then rename: readers never see a half-written entry. ``files.json``,
+    written last, records every other file (``_intact`` checks it on every use)."""
     tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
     dataset.save_to_disk(str(tmp / "dataset"))
     record = {k: v for k, v in asdict(summary).items() if k not in ("cache_hit", "cache_path")}
     (tmp / "key.json").write_text(json.dumps(key_parts, indent=1, sort_keys=True))
     (tmp / "summary.json").write_text(json.dumps(record, indent=1))
+    (tmp / "files.json").write_text(json.dumps(folder_digests(tmp), indent=1))
     try:
         tmp.rename(path)
     except OSError:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 
 import datasets
 import pytest
@@ -219,6 +221,22 @@ def test_cache_hits_and_misses(chatml, tmp_path, monkeypatch):
     assert list(workdir.iterdir()) == []  # nothing written to the working directory
     entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert len(entries) == 6 and not any(".tmp-" in name for name in entries)
+
+
+@pytest.mark.parametrize("victim", ["dataset/data-00000-of-00001.arrow", "summary.json", "files.json"])
+def test_a_damaged_cache_entry_is_named_and_made_again(chatml, tmp_path, caplog, victim):
+    """A cut arrow file was pyarrow's 'Expected to be able to read N bytes', naming no file."""
+    first, summary = build(ROWS, chatml, tmp_path)
+    first = [list(ids) for ids in first["input_ids"]]  # read now: the dataset maps the file about to be cut
+    path = Path(summary.cache_path) / victim
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data"):
+        again, s2 = build(ROWS, chatml, tmp_path)
+    if victim == "summary.json":  # an entry without its summary is not one: made again silently
+        assert not s2.cache_hit
+    else:
+        assert not s2.cache_hit and f"the cached data {summary.cache_path} is damaged ({victim}" in caplog.text
+    assert [list(ids) for ids in again["input_ids"]] == first and build(ROWS, chatml, tmp_path)[1].cache_hit
 
 
 def test_default_cache_dir_follows_env(chatml, tmp_path, monkeypatch):

@@ -72,6 +72,13 @@ def test_rows_are_the_targets_own_text_made_once_and_cached(target, tmp_path, mo
     with caplog.at_level(logging.WARNING, logger="draftsmith.data"):
         assert self_distilled(TEXTS + CHATS, 4, model, tokenizer, SETTINGS, tmp_path, progress=False) == path
     assert "does not match its manifest" in caplog.text and path.read_bytes() == made
+    manifest = path.with_suffix(".json")
+    manifest.write_text('{"file": ')  # a cut manifest vouches for nothing (it was json's traceback)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="draftsmith.data"):
+        assert self_distilled(TEXTS + CHATS, 4, model, tokenizer, SETTINGS, tmp_path, progress=False) == path
+    assert f"does not match its manifest {manifest}" in caplog.text and path.read_bytes() == made
+    assert json.loads(manifest.read_text())["file"]["sha256"]
 
     other = self_distilled(TEXTS + CHATS, 3, model, tokenizer, SETTINGS, tmp_path, progress=False)
     assert other != path and len(read(other)) == 3  # another row count, another file

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,3 +60,18 @@ def test_build_is_cached_by_key(tmp_path):
 def test_coverage():
     ids = torch.tensor([1, 4, 6])
     assert coverage(ids, torch.tensor([[1, 2], [4, 4]])) == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("damage", ['{"ids": [1, ', '{"ids": [7, 1], "coverage": 0.5}', '{"ids": [1, 9], "coverage": 0.5}',
+                                    '{"ids": [1, 7]}', '[1, 7]'])
+def test_a_damaged_cached_vocab_is_named_and_chosen_again(tmp_path, caplog, damage):
+    """A cut cached selection was json's 'Expecting ...' error, naming no file; an edited one was used."""
+    rows = [{"input_ids": [1, 7, 7, 2], "loss_mask": [1, 1, 1, 0]}]
+    first = build_draft_vocab(rows, vocab_size=8, size=2, data_key="abc", cache_dir=tmp_path)
+    Path(first.cache_path).write_text(damage)
+    with caplog.at_level(logging.WARNING, logger="draftsmith.train"):
+        again = build_draft_vocab(rows, vocab_size=8, size=2, data_key="abc", cache_dir=tmp_path)
+    assert not again.cache_hit and again.ids.tolist() == [1, 7] and again.coverage == first.coverage
+    assert f"the cached draft vocabulary {first.cache_path} is damaged" in caplog.text
+    assert build_draft_vocab([], vocab_size=8, size=2, data_key="abc", cache_dir=tmp_path).cache_hit
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import uuid
 from collections.abc import Iterable
@@ -16,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+
+logger = logging.getLogger("draftsmith.train")
 
 
 @dataclass
@@ -67,6 +70,22 @@ def coverage(ids: Tensor, tokens: Tensor) -> float:
     return torch.isin(tokens, ids.to(tokens.device)).float().mean().item()
 
 
+def _read_cached(path: Path, vocab_size: int, size: int) -> tuple[Tensor, float] | None:
+    """The ids and coverage a cached selection holds, None when the file is cut, edited or not one."""
+    try:
+        record = json.loads(path.read_text())
+        ids, covered = record["ids"], record["coverage"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not (isinstance(ids, list) and len(ids) == size and all(type(i) is int for i in ids)
+            and isinstance(covered, float) and 0 <= covered <= 1):
+        return None
+    tensor = torch.tensor(ids, dtype=torch.long)
+    if size and (int(tensor[0]) < 0 or int(tensor[-1]) >= vocab_size or not bool((tensor[1:] > tensor[:-1]).all())):
+        return None
+    return tensor, covered
+
+
 def build_draft_vocab(
     examples: Iterable[dict], *, vocab_size: int, size: int, data_key: str, cache_dir: str | os.PathLike
 ) -> DraftVocab:
@@ -77,8 +96,11 @@ def build_draft_vocab(
     key = hashlib.sha256(json.dumps([data_key, vocab_size, size]).encode()).hexdigest()[:24]
     path = Path(cache_dir) / f"{key}.json"
     if path.is_file():
-        record = json.loads(path.read_text())
-        return DraftVocab(torch.tensor(record["ids"], dtype=torch.long), record["coverage"], str(path), True)
+        cached = _read_cached(path, vocab_size, size)
+        if cached is not None:
+            return DraftVocab(*cached, str(path), True)
+        logger.warning("the cached draft vocabulary %s is damaged (not %d increasing ids below %d with their "
+                       "coverage): choosing it again", path, size, vocab_size)
     counts = token_counts(examples, vocab_size)
     total = int(counts.sum())
     if total == 0:

@@ -64,3 +64,23 @@ def file_digest(path: str | os.PathLike) -> dict:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def folder_digests(folder: str | os.PathLike, skip: tuple[str, ...] = ()) -> dict[str, dict]:
+    """``{relative path: file_digest}`` of every file under ``folder`` but those named in ``skip``: the record
+    a cache entry is checked against when it is used."""
+    folder = Path(folder)
+    return {f.relative_to(folder).as_posix(): file_digest(f) for f in sorted(folder.rglob("*"))
+            if f.is_file() and f.name not in skip}
+
+
+def changed_files(folder: str | os.PathLike, recorded: dict[str, dict]) -> list[str]:
+    """The files of ``recorded`` (``folder_digests``) missing under ``folder`` or differing from it."""
+    folder = Path(folder)
+    changed = []
+    for name, expected in recorded.items():
+        f = folder / name
+        if not f.is_file() or f.stat().st_size != expected.get("bytes") or file_digest(f) != expected:
+            changed.append(name)
+    return changed
+
