@@ -59,7 +59,11 @@ def calibrated_layers(target: nn.Module) -> int | None:
     path = calibration_path(target)
     if not path.is_file():
         return None
-    record = json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path}: not a layer-skip calibration ({err}); run scripts/calibrate_layer_skip.py "
+                         "again (it rewrites the file)") from None
     k = record.get("best_layers") if isinstance(record, dict) else None
     if not isinstance(k, int) or not 1 <= k < len(decoder_layers(target)):
         raise ValueError(f"{path}: best_layers={k!r} is not a layer count of this {len(decoder_layers(target))}-layer "

@@ -346,3 +346,6 @@ def test_calibration_file_sets_the_default_k(monkeypatch, tmp_path):
     path.write_text(json.dumps({"best_layers": 6}))
     with pytest.raises(ValueError, match="best_layers=6 is not a layer count of this 6-layer target"):
         LayerSkipDrafter(target)
+    path.write_text('{"best_layers": ')  # cut: it was json's message, naming no file
+    with pytest.raises(ValueError, match=f"{path}: not a layer-skip calibration .*run scripts/calibrate_layer_skip.py"):
+        LayerSkipDrafter(target)
