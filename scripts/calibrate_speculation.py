@@ -18,6 +18,7 @@ from pathlib import Path
 
 from data.base.checks import cli_count, cli_counts
 from data.base.device import default_device
+from data.base.paths import claim_report_file, json_with_keys
 from infer.bench.calibrate_speculation import calibrate, plan_markdown
 from infer.bench.prompts import load_prompts
 from infer.drafters import Chain
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None, help=f"where to write the plan (default HEAD_DIR/{PLAN_FILE})")
     args = p.parse_args(argv)
     batch_sizes, lengths = sorted(set(args.batch_sizes)), sorted(set(args.lengths))
-    out = Path(args.out) if args.out else Path(args.head) / PLAN_FILE
+    out = claim_report_file(Path(args.out) if args.out else Path(args.head) / PLAN_FILE, json_with_keys("lengths"),
+                            "speculation plan")
     gen = SpeculativeGenerator.from_pretrained(args.target, args.head, device=default_device(args.device),
                                                threads=args.threads, tree=Chain(max(1, max(lengths))), plan=None)
     tok = gen.tokenizer

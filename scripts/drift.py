@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 
 from data.base.checks import cli_count, cli_real
+from data.base.paths import claim_report_file, json_with_keys
 from data.cli import run
 from data.corpus import split_texts
 from data.demo_lm import pack
@@ -82,6 +82,7 @@ def agreement(old: list[list[int]], new: list[list[int]]) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    out = claim_report_file(args.out, json_with_keys("targets", "tau_lost"), "drift report") if args.out else None
     check_head_source(args.head)
     head = AutoHead.from_pretrained(args.head)
     old_target = args.old_target or head.config.target_name_or_path
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"greedy agreement {report['greedy_agreement']:.3f}; the head {change} on the new target "
           f"(refresh from a {100 * args.threshold:.0f}% loss): {advice}")
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        out.write_text(json.dumps(report, indent=1) + "\n")
     return report
 
 

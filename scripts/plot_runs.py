@@ -3,7 +3,8 @@
     python scripts/plot_runs.py --runs runs/a runs/b [--labels A B] --out docs/plot.png
 
 Reads each run's ``metrics.jsonl`` (the evaluation records, those with ``tau``); a run with none is
-named in a one-line error. Prints each run's last and best τ.
+named in a one-line error. Prints each run's last and best τ. ``--out`` is a new file or a plot this
+script wrote (marked in the PNG's ``Software`` text); any other file there is refused, never replaced.
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import json
 import sys
 from pathlib import Path
 
+from data.base.paths import claim_report_file
+
+PLOT_SOFTWARE = "draftsmith scripts/plot_runs.py"
 
 def tau_curve(run: Path) -> list[tuple[int, float]]:
     """(step, simulated τ) of a run's evaluation records, in order."""
@@ -31,6 +35,17 @@ def tau_curve(run: Path) -> list[tuple[int, float]]:
     return curve
 
 
+def _our_plot(path: Path) -> bool:
+    """Whether ``path`` is a PNG this script wrote (its ``Software`` text chunk)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return image.info.get("Software") == PLOT_SOFTWARE
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, type=Path, help="training output directories")
@@ -41,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     labels = args.labels or [run.name for run in args.runs]
     if len(labels) != len(args.runs):
         p.error(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
-    if args.out.suffix.lower() != ".png" or args.out.is_dir():
+    if args.out.suffix.lower() != ".png":
         p.error(f"--out {args.out}: name a .png file")
+    claim_report_file(args.out, _our_plot, "plot")
     curves = [tau_curve(run) for run in args.runs]
 
     import matplotlib
@@ -61,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ax.legend()
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    fig.savefig(args.out, dpi=110, metadata={"Software": PLOT_SOFTWARE})
     print(f"plot: {args.out}")
     return 0
 

@@ -252,3 +252,25 @@ def test_a_device_this_torch_cannot_use_is_refused_naming_it(capsys):
     assert default_device("cpu") == torch.device("cpu")
     assert cli(["--head", "h", "--prompt", "p", "--device", missing]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: device '{missing}'")
+
+
+def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
+    """drift --out and calibrate_speculation --out wrote over any file named (a README.md, say)."""
+    from data.base.paths import claim_report_file, json_with_keys
+
+    ours = json_with_keys("lengths")
+    theirs = tmp_path / "README.md"
+    theirs.write_text("# mine\n")
+    with pytest.raises(FileExistsError, match=f"--out {theirs} exists and is not a speculation plan draftsmith wrote"):
+        claim_report_file(theirs, ours, "speculation plan")
+    (tmp_path / "plan.json").write_text('{"lengths": {"1": 3}}')
+    assert claim_report_file(tmp_path / "plan.json", ours, "speculation plan") == tmp_path / "plan.json"
+    assert claim_report_file(tmp_path / "new.json", ours, "speculation plan") == tmp_path / "new.json"
+    with pytest.raises(IsADirectoryError):
+        claim_report_file(tmp_path, ours, "speculation plan")
+    for script, argv in [("scripts.drift", ["--head", "h", "--target", "t", "--out", str(theirs)]),
+                         ("scripts.calibrate_speculation", ["--target", "t", "--head", "h", "--out", str(theirs)])]:
+        with pytest.raises(FileExistsError, match="never replaced"):  # refused before anything loads
+            __import__(script, fromlist=["main"]).main(argv)
+    assert theirs.read_text() == "# mine\n"
+

@@ -35,3 +35,19 @@ def test_bad_input_is_named(tmp_path):
         tau_curve(tmp_path)
     with pytest.raises(SystemExit):  # argparse: one label for two runs
         main(["--runs", str(empty), str(empty), "--labels", "x", "--out", str(tmp_path / "p.png")])
+
+
+def test_a_file_not_written_here_is_never_replaced(tmp_path):
+    """--out over a file of the user's replaced it; a plot this script wrote is replaced."""
+    run = _run(tmp_path / "a", [1.1, 1.3])
+    mine = tmp_path / "figure.png"
+    mine.write_bytes(b"\x89PNG\r\n\x1a\n not a plot of ours")
+    with pytest.raises(FileExistsError, match=f"--out {mine} exists and is not a plot draftsmith wrote"):
+        main(["--runs", str(run), "--out", str(mine)])
+    assert mine.read_bytes().endswith(b"not a plot of ours")
+    ours = tmp_path / "p.png"
+    assert main(["--runs", str(run), "--out", str(ours)]) == 0 and main(["--runs", str(run), "--out", str(ours)]) == 0
+    (tmp_path / "dir.png").mkdir()
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        main(["--runs", str(run), "--out", str(tmp_path / "dir.png")])
+

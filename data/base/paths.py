@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -45,6 +46,29 @@ def claim_report_dir(out: str | os.PathLike) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_MARKER).write_text("a draftsmith report: its results.json, results.md and plots are rewritten\n")
     return out
+
+
+def claim_report_file(out: str | os.PathLike, ours: Callable[[Path], bool], what: str) -> Path:
+    """``out`` as a file a report may be written to: absent, or a ``what`` draftsmith wrote (``ours``
+    reads it). A folder, or an existing file of someone else's, is refused by name, never replaced."""
+    out = Path(out)
+    if out.is_dir():
+        raise IsADirectoryError(f"--out {out} is a folder; name a file for the {what}")
+    if out.exists() and not ours(out):
+        raise FileExistsError(f"--out {out} exists and is not a {what} draftsmith wrote; name a new file "
+                              "(a file draftsmith did not write is never replaced)")
+    return out
+
+
+def json_with_keys(*keys: str) -> Callable[[Path], bool]:
+    """A test for ``claim_report_file``: the file is a JSON object holding every one of ``keys``."""
+    def test(path: Path) -> bool:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(record, dict) and all(key in record for key in keys)
+    return test
 
 
 def _is_report_dir(out: Path) -> bool:
