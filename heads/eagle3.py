@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from data.base.checks import count
 from heads.common import DraftHead, final_norm_scale
 from heads.eagle import EagleConfig, EagleHead
 from heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
@@ -83,7 +84,8 @@ class Eagle3Config(EagleConfig):
         self.fc_norm, self.norm_output = fc_norm, norm_output
         layers = self.target_num_layers
         self.aux_layer_ids = list(aux_layer_ids) if aux_layer_ids else (default_aux_layer_ids(layers) if layers else [])
-        self.draft_vocab_size = int(draft_vocab_size or self.vocab_size)
+        # None: the target's whole vocabulary; 0 is no size (refused, never the default)
+        self.draft_vocab_size = self.vocab_size if draft_vocab_size is None else count("draft_vocab_size", draft_vocab_size)
         self.fc_bias = False
         if self.draft_vocab_size > self.vocab_size:
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size} exceeds vocab_size={self.vocab_size}")

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
+from data.base.checks import count
 from heads.common import DraftHead, DraftHeadConfig, text_config
 
 
@@ -32,8 +33,8 @@ class MedusaConfig(DraftHeadConfig):
     head_kind = "medusa"
 
     def __init__(self, num_heads: int = 4, num_layers: int = 1, hidden_size: int = 4096, vocab_size: int = 32000, **kwargs):
-        if num_heads < 1 or num_layers < 1:
-            raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {num_heads} and {num_layers}")
+        count("Medusa num_heads", num_heads)
+        count("Medusa num_layers", num_layers)
         self.num_heads = num_heads
         self.num_layers = num_layers
         self.hidden_size = hidden_size

@@ -13,6 +13,19 @@ from collections.abc import Callable
 import torch
 
 
+def check_compile(compile: object) -> bool | str | None:
+    """``compile`` as a generator takes it: None (the device's default), True/False, or the name of a
+    ``torch.compile`` backend; anything else is refused here rather than read as true."""
+    if compile is None or isinstance(compile, bool):
+        return compile
+    if isinstance(compile, str):
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if compile in backends:
+            return compile
+        raise ValueError(f"compile={compile!r} is not a torch.compile backend ({', '.join(sorted(backends))})")
+    raise ValueError(f"compile must be True, False, None or a torch.compile backend name, got {compile!r}")
+
+
 def compiled(fn: Callable, compile: bool | str, device: torch.device) -> Callable:
     if not compile:
         return fn

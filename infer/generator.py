@@ -43,12 +43,13 @@ from infer.accept import (
 )
 from infer.batch import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
-from infer.compiling import compiled, step_begin
+from infer.compiling import check_compile, compiled, step_begin
 from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter, root_only
 from infer.plan import SpeculationPlan, find_plan
 from infer.target import TargetOutput, decoder_layers
 from infer.threads import choose_threads
 from infer.tree import pad_tree
+from data.base.checks import probability
 from data.base.device import default_device, sync
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # flash attention takes no arbitrary tree mask
@@ -195,18 +196,22 @@ class SpeculativeGenerator:
             self.head = None
             self.drafter = head
         self.acceptance = acceptance
-        self.typical = (typical_threshold, typical_alpha)
+        self.typical = (probability("typical_threshold", typical_threshold, allow_none=False),
+                        probability("typical_alpha", typical_alpha, allow_none=False))
         self.profile = profile
         if cache_implementation not in (None, "static"):
             raise ValueError(f"cache_implementation={cache_implementation!r}: draftsmith decodes on a preallocated "
                              "static cache on every device; leave it unset (compile=True/False is the one switch)")
         self.cache_implementation = "static"
+        compile = check_compile(compile)
         self.compile = default_compile(self.device) if compile is None else compile
         self._verify_fn = self._make_verify_fn(self.compile, self.device)
         self.drafter.compile_with(self.compile)  # the same switch for the draft step
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
+        if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
+            raise ValueError(f"plan must be a SpeculationPlan, the path of one or None, got {type(plan).__name__}")
         self.plan = plan if plan is None or isinstance(plan, SpeculationPlan) else SpeculationPlan.load(plan)
         self.last_stats = GenerationStats()
 
@@ -302,8 +307,14 @@ class SpeculativeGenerator:
         if eos_token_id is None:  # as HF generate: the model's generation config decides
             gen_config = getattr(self.target, "generation_config", None)
             eos_token_id = getattr(gen_config, "eos_token_id", None)
-        ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        return torch.tensor(ids, dtype=torch.long, device=self.device)
+        if isinstance(eos_token_id, Tensor):
+            eos_token_id = eos_token_id.tolist()
+        ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+        vocab = _text_config(self.target).vocab_size
+        if not isinstance(ids, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+            raise ValueError(f"eos_token_id must be a token id or a list of them in [0, {vocab}), got {eos_token_id!r}")
+        return torch.tensor(list(ids), dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------------------- steps
 

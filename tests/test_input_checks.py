@@ -13,7 +13,8 @@ from data.base.checks import count, probability
 from heads import AutoHead, build_head
 from heads.formats import export_head
 from infer.drafters.adaptive import AdaptiveLength
-from infer.drafters import Chain, DynamicTree, make_drafter
+from infer import SpeculativeGenerator
+from infer.drafters import Chain, DynamicTree, StaticTree, make_drafter
 from infer.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from train.config import ConfigError, load_config
@@ -102,7 +103,7 @@ ENTRY_POINTS = [*({module for module, _, _ in __import__("scripts.cli").cli.COMM
                 "scripts.calibrate_layer_skip"]
 
 
-def _parser_of(module_name: str, monkeypatch) -> "argparse.ArgumentParser":
+def _parser_of(module_name: str, monkeypatch):
     import importlib
     import inspect
 
@@ -274,3 +275,28 @@ def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
             __import__(script, fromlist=["main"]).main(argv)
     assert theirs.read_text() == "# mine\n"
 
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda t, h: SpeculativeGenerator(t, h, acceptance="typical", typical_threshold=-1),
+     r"typical_threshold must lie in \(0, 1\], got -1"),
+    (lambda t, h: SpeculativeGenerator(t, h, typical_alpha=0), r"typical_alpha must lie in \(0, 1\], got 0"),
+    (lambda t, h: SpeculativeGenerator(t, h, compile=5), "compile must be True, False, None or a torch.compile backend"),
+    (lambda t, h: SpeculativeGenerator(t, h, compile="inductr"), "compile='inductr' is not a torch.compile backend"),
+    (lambda t, h: SpeculativeGenerator(t, h, plan=5), "plan must be a SpeculationPlan, the path of one or None, got int"),
+    (lambda t, h: SpeculativeGenerator(t, h).generate(torch.tensor([[1, 2]]), max_new_tokens=2, eos_token_id=-1),
+     r"eos_token_id must be a token id or a list of them in \[0, \d+\), got -1"),
+    (lambda t, h: SpeculativeGenerator(t, h).generate(torch.tensor([[1, 2]]), max_new_tokens=2, eos_token_id="</s>"),
+     "eos_token_id must be a token id"),
+    (lambda t, h: build_head("eagle3", t, draft_vocab_size=0), "draft_vocab_size must be >= 1, got 0"),
+    (lambda t, h: build_head("medusa", t, num_heads=2.5), "Medusa num_heads must be a whole number >= 1, got 2.5"),
+    (lambda t, h: StaticTree([]), "non-empty paths"),
+    (lambda t, h: StaticTree([[0, -1]]), "non-negative ranks"),
+    (lambda t, h: StaticTree([[0, 0]]), r"Medusa choice \[0, 0\] has no parent path \[0\]"),
+    (lambda t, h: StaticTree(5), "StaticTree choices must be paths of ranks"),
+])
+def test_generator_heads_and_trees_refuse_bad_values_where_they_enter(target, make, message):
+    """Each was accepted (a negative threshold, compile=5 read as true, draft_vocab_size=0 read as the whole
+    vocabulary, an eos id no token has) or failed later with a message naming nothing."""
+    with pytest.raises(ValueError, match=message):
+        make(target, build_head("eagle3", target))

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from data.base.checks import count
 from infer.accept import sampling_probs
-from infer.tree import MEDUSA_DEFAULT_CHOICES, TreeBuffers, chain_parents, tree_from_parents
+from infer.tree import MEDUSA_DEFAULT_CHOICES, TreeBuffers, chain_parents, medusa_tree, tree_from_parents
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,18 @@ class StaticTree:
     """Medusa static tree from choices (paths of per-head ranks)."""
 
     choices: tuple[tuple[int, ...], ...] = MEDUSA_DEFAULT_CHOICES
+
+    def __post_init__(self) -> None:
+        """Refused here, not when a generator builds it: no path, an empty or negative one, a duplicate,
+        a path without its parent (``medusa_tree``'s checks)."""
+        try:
+            choices = tuple(tuple(path) for path in self.choices)
+        except TypeError:
+            raise ValueError(f"StaticTree choices must be paths of ranks, e.g. ((0,), (1,), (0, 0)); got {self.choices!r}") from None
+        if any(isinstance(r, bool) or not isinstance(r, int) for path in choices for r in path):
+            raise ValueError(f"StaticTree choices must hold whole-number ranks, got {self.choices!r}")
+        medusa_tree(choices)
+        object.__setattr__(self, "choices", choices)
 
 
 @dataclass(frozen=True)
