@@ -358,8 +358,10 @@ def test_a_server_answering_500_stops_after_max_failures(target_dir, data_file, 
 @pytest.mark.parametrize("args, message", [
     (("--base-url", "notaurl", "--engine", "openai"), "is not an http(s) URL"),
     (("--base-url", "http://127.0.0.1:8000/v1", "--engine", "openai", "--retries", 1000), "at most 20"),
-    (("--base-url", "http://127.0.0.1:8000/v1", "--engine", "openai", "--timeout", 0), "--timeout must be"),
-    (("--base-url", "http://127.0.0.1:8000/v1", "--engine", "openai", "--deadline", "nan"), "--deadline must be"),
+    (("--base-url", "http://127.0.0.1:8000/v1", "--engine", "openai", "--timeout", 0),
+     "argument --timeout: a number > 0 expected, got '0'"),
+    (("--base-url", "http://127.0.0.1:8000/v1", "--engine", "openai", "--deadline", "nan"),
+     "argument --deadline: a number > 0 expected, got 'nan'"),
 ])
 def test_bad_values_are_refused_at_parse_time(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_:
