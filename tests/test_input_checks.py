@@ -276,7 +276,6 @@ def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
     assert theirs.read_text() == "# mine\n"
 
 
-
 @pytest.mark.parametrize("make, message", [
     (lambda t, h: SpeculativeGenerator(t, h, acceptance="typical", typical_threshold=-1),
      r"typical_threshold must lie in \(0, 1\], got -1"),
