@@ -12,17 +12,7 @@ from train.config import ConfigError, load_config
 from train.features import Features
 from train.loop import setup
 from train.objectives import objective_class
-from train.objectives.dflash import block_mask, draw_anchors
-
-
-def test_anchors_have_a_trainable_first_label():
-    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0, 1, 0]])
-    anchors, keep = draw_anchors(loss_mask, 10, torch.Generator().manual_seed(0))
-    assert anchors.shape == keep.shape == (2, 4)
-    assert anchors[0].tolist() == [2, 3, 4, 5] and keep[0].all()
-    assert anchors[1][keep[1]].tolist() == [5] and keep[1].sum() == 1
-    few, _ = draw_anchors(loss_mask, 2, torch.Generator().manual_seed(0))
-    assert few.shape == (2, 2) and few[0, 1] > few[0, 0] and few[1, 0] == 5  # sorted, padding last
+from train.objectives.dflash import block_mask
 
 
 def test_block_mask_sees_context_before_its_anchor_and_its_own_block():
