@@ -15,7 +15,8 @@ from train.config import ConfigError, load_config
 from train.features import Features
 from train.losses import DraftTargets
 from train.objectives import objective_class
-from train.objectives.dflash import block_labels, block_mask, check_mask_token, default_gamma, draw_anchors
+from train.anchors import draw_anchors
+from train.objectives.dflash import block_labels, block_mask, check_mask_token, default_gamma
 
 
 def test_anchors_start_where_the_anchor_and_its_first_label_are_training_targets():

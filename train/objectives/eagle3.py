@@ -12,6 +12,7 @@ from train.config import TrainConfig
 from train.draft_vocab import build_draft_vocab
 from train.examples import collate
 from train.features import Features
+from train.anchors import draw_anchors
 from train.losses import (LossOutput, decayed_sum, dpace_weights, restrict_to_draft_vocab, soft_ce, ttt_step_loss,
                           ttt_step_view, weighted_mean)
 from train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
@@ -78,8 +79,6 @@ class Eagle3Objective(Objective):
     def rollout(self, features: Features, target: nn.Module, cfg: TrainConfig, seed: int) -> None:
         """On-policy stage: roots drawn as DFlash's anchors (root token a = position i+1), every position's
         chain drafted with the head's own tokens as the next step's input, the drawn chains verified."""
-        from train.objectives.dflash import draw_anchors  # one rule for where chains start
-
         f = features
         generator = torch.Generator(f.loss_mask.device).manual_seed(seed)
         roots, keep = draw_anchors(f.loss_mask, self.anchors, generator, spacing=self.spacing)
