@@ -3,6 +3,8 @@ tokens), the accepted length and the loss by hand, and a stage run that continue
 resumes exactly."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from conftest import make_tiny_target
@@ -103,3 +105,26 @@ def test_the_on_policy_stage_continues_a_head_and_resumes_exactly(tiny_files, tm
     moved = any(not torch.equal(a, b) for a, b in zip(base.head.state_dict().values(),
                                                        straight.head.state_dict().values()))
     assert moved  # the stage trained the head it started from
+
+
+def test_the_stage_reads_stored_features_like_any_run(tiny_files, tmp_path, caplog):  # noqa: F811
+    """Online and from a feature dump (scripts/dump_features.py + data.features), the stage's losses agree: the
+    head's context comes from the store, the verification of its drafts from the target."""
+    from scripts.dump_features import main as dump_main
+
+    extra = ["head.kind=dflash", "head.block_size=4", "head.num_layers=1", "data.eval=null", "train.log_every=1"]
+    base = setup(tiny_config(tiny_files, tmp_path / "supervised", *extra, "train.max_steps=3", "train.lr=1e-2"))
+    stage = [*extra, "train.stage=on-policy", f"train.init_from={base.output_dir}", "train.max_steps=3",
+             "train.anchors_per_document=4"]
+    online = setup(tiny_config(tiny_files, tmp_path / "online", *stage))
+    store = tmp_path / "features"
+    cfg = tiny_config(tiny_files, tmp_path / "offline", *stage, f"data.features={store}")
+    (tmp_path / "cfg.yaml").write_text(cfg.to_yaml())
+    assert dump_main(["--config", str(tmp_path / "cfg.yaml"), "--out", str(store), "--dtype", "float32",
+                      "data.features=null"]) == 0
+    caplog.set_level(logging.INFO, logger="draftsmith.train")
+    offline = setup(cfg)
+    assert "3 micro-batches read from stored features, 0 run through the target" in caplog.text
+    losses = [[r["loss"] for r in result.history if "loss" in r] for result in (online, offline)]
+    assert len(losses[0]) == 3
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=1e-4)
