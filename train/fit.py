@@ -110,9 +110,10 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                 metrics_log.log(record)
                 history.append(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{record['train_acc'][0]:.3f}")
-                logger.info("step %d/%d | loss %.4f | train acc_k %s | lr %.2e | %.0f tok/s", state.step, max_steps,
-                            record["loss"], " ".join(f"{a:.3f}" for a in record["train_acc"]), record["lr"],
-                            record["tokens_per_s"])
+                accept = "".join(f" {a:.3f}" for a in record.get("train_accept", []))
+                logger.info("step %d/%d | loss %.4f | train acc_k %s%s | lr %.2e | %.0f tok/s", state.step, max_steps,
+                            record["loss"], " ".join(f"{a:.3f}" for a in record["train_acc"]),
+                            f" | accept_k{accept}" if accept else "", record["lr"], record["tokens_per_s"])
                 window = _window()
             if eval_loader is not None and opt.eval_every and state.step % opt.eval_every == 0:
                 history.append(eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state,
