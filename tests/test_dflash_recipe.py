@@ -171,3 +171,4 @@ def test_recipe_keys_are_checked_at_parse_time():
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message):
             load_config(None, overrides)
+
