@@ -52,7 +52,8 @@ def test_dflash_dpace_loss_by_hand():
                 a = int(features.anchors[b, n])
                 chain = [(k, min(a + k, 13)) for k in range(1, 4)]
                 logits = [lm_head(blocks[b, n, k]) for k, _ in chain]
-                elements.append([float(soft_ce(lg, features.targets.probs[b, t - 1])) for lg, (_, t) in zip(logits, chain)])
+                elements.append([float(soft_ce(lg, features.targets.probs[b, t - 1]))
+                                 for lg, (_, t) in zip(logits, chain)])
                 confidence.append([float(lg.softmax(-1)[features.top1[b, t - 1]]) for lg, (_, t) in zip(logits, chain)])
                 valid.append([bool(trained[b, n, k]) for k, _ in chain])
     assert sum(map(sum, valid)) > 0 and not all(map(all, valid))

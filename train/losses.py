@@ -22,7 +22,6 @@ EAGLE_CE_WEIGHT = 0.1  # EAGLE-1: SmoothL1 + 0.1 * soft CE (docs/recipes.md)
 # training script (--kl-scale 1.0, --kl-decay 3.0; docs/dflash.md)
 LK_KL_SCALE, LK_KL_DECAY = 1.0, 3.0
 DRAFT_LOSSES = ("ce", "lk", "lk-lambda", "dpace")
-DPACE_ALPHA = 0.5  # D-PACE's confidence floor: ModelOpt's dflash_dpace_alpha and speculators' dpace_alpha (docs/objectives.md)
 
 
 class LossOutput(NamedTuple):
@@ -98,7 +97,7 @@ def soft_loss(logits: Tensor, probs: Tensor, mask: Tensor, loss: str = "ce") -> 
     return (weight * ce + (1 - weight) * (1 - rate)) * (count > 0), count
 
 
-def dpace_weights(confidence: Tensor, valid: Tensor, alpha: float = DPACE_ALPHA) -> Tensor:
+def dpace_weights(confidence: Tensor, valid: Tensor, alpha: float) -> Tensor:
     """D-PACE's detached per-position weights (arXiv 2605.18810, as ModelOpt's ``_dpace_position_weights`` and
     speculators' ``dpace_loss_decay`` compute them) over the last dim, the K positions of one draft chain:
 
@@ -106,7 +105,8 @@ def dpace_weights(confidence: Tensor, valid: Tensor, alpha: float = DPACE_ALPHA)
         C_m  = valid_m * prod_{i<=m} q~_i   (the chance the chain survives to m)
         w_j  = valid_j * sum_{m>=j} C_m     (C_j times the accepted length still to come)
 
-    confidence (..., K): q_i, the draft's probability of the target's token; valid (..., K) bool."""
+    confidence (..., K): q_i, the draft's probability of the target's token; valid (..., K) bool; alpha:
+    ``train.dpace_alpha`` (docs/objectives.md)."""
     if not 0 < alpha <= 1:
         raise ValueError(f"D-PACE alpha must lie in (0, 1], got {alpha}")
     with torch.no_grad():

@@ -80,4 +80,5 @@ def on_policy_output(logits_at: Callable[[int], Tensor], rollout: Rollout, decay
         count.append(n)
         accept.append((acceptance_rate(logits.detach(), rollout.target_logp[:, :, k].exp()) * rollout.keep).sum())
     chains = rollout.keep.sum().clamp(min=1)
-    return LossOutput(total / chains, torch.stack(losses), torch.stack(correct), torch.stack(count), torch.stack(accept))
+    return LossOutput(total / chains, torch.stack(losses), torch.stack(correct), torch.stack(count),
+                      torch.stack(accept))
