@@ -27,7 +27,7 @@ from heads.layers import MLP, RMSNorm, Rotary, rotate_half
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's published drafters; heads.formats.dflash writes and reads it
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters (z-lab *-DFlash-b16) and SpecForge's default
-DEFAULT_NUM_LAYERS = 1  # small: the CPU demo drafts with one layer (the published drafters use 5 to 8)
+DEFAULT_NUM_LAYERS = 5  # the published drafters for 4B-8B targets and speculators' DFlash default (docs/dflash.md)
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -12,17 +12,7 @@ from train.config import ConfigError, load_config
 from train.features import Features
 from train.loop import setup
 from train.objectives import objective_class
-from train.objectives.dflash import block_mask, draw_anchors
-
-
-def test_anchors_have_a_trainable_first_label():
-    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0, 1, 0]])
-    anchors, keep = draw_anchors(loss_mask, 10, torch.Generator().manual_seed(0))
-    assert anchors.shape == keep.shape == (2, 4)
-    assert anchors[0].tolist() == [2, 3, 4, 5] and keep[0].all()
-    assert anchors[1][keep[1]].tolist() == [5] and keep[1].sum() == 1
-    few, _ = draw_anchors(loss_mask, 2, torch.Generator().manual_seed(0))
-    assert few.shape == (2, 2) and few[0, 1] > few[0, 0] and few[1, 0] == 5  # sorted, padding last
+from train.objectives.dflash import block_mask
 
 
 def test_block_mask_sees_context_before_its_anchor_and_its_own_block():
@@ -185,13 +175,18 @@ def test_lk_lambda_mixes_ce_and_acceptance_by_the_acceptance_rate():
     ("dflash", "lk", ["head.block_size=4"]), ("eagle3", "lk", ["head.ttt_steps=2"]),
     ("eagle3", "lk-lambda", ["head.ttt_steps=2"]), ("eagle", "lk", []), ("eagle", "lk-lambda", []),
     ("medusa", "lk", []), ("medusa", "lk-lambda", []),
+    ("dflash", "dpace", ["head.block_size=4"]), ("eagle3", "dpace", ["head.ttt_steps=2"]),
 ])
 def test_lk_loss_trains(tiny_files, tmp_path, kind, loss, extra):  # noqa: F811
-    """train.loss=lk / lk-lambda: the loop runs and the loss falls (eagle: SmoothL1 + 0.1 x the LK term)."""
+    """train.loss=lk / lk-lambda / dpace: the loop runs and the loss falls (eagle: SmoothL1 + 0.1 x the LK
+    term); eagle3 and dflash log the exact acceptance rate per draft position."""
     result = setup(tiny_config(tiny_files, tmp_path / kind, f"head.kind={kind}", f"train.loss={loss}",
                                "train.lr=1e-2", *extra))
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert all(0 <= x < 100 for x in losses) and losses[-1] < losses[0], losses
+    if kind in ("eagle3", "dflash"):
+        accept = [r["train_accept"] for r in result.history if "loss" in r]
+        assert all(len(a) == len(result.metrics["acc"]) and all(0 < x <= 1 for x in a) for a in accept), accept
 
 
 def test_bad_head_options_are_one_line_errors_naming_the_value():

@@ -139,3 +139,45 @@ def test_ttt_step_alignment(step):
     assert good.loss.item() < 1e-6 and good.correct.item() == good.count.item() == seq_len - 2 - step
     shifted = ttt_step_loss(torch.roll(right, 1, dims=1), targets, mask, step)
     assert shifted.loss.item() > 1.0
+
+
+def test_dpace_weights_by_hand():
+    from train.losses import dpace_weights
+
+    # q = [0.8, 0.5], alpha 0.5: q~ = [0.9, 0.75], survival C = [0.9, 0.675], w_j = sum_{m>=j} C_m
+    w = dpace_weights(torch.tensor([[0.8, 0.5]]), torch.ones(1, 2, dtype=torch.bool), 0.5)
+    torch.testing.assert_close(w, torch.tensor([[1.575, 0.675]]))
+    # an invalid middle position: a no-op in the product, no weight of its own
+    w = dpace_weights(torch.tensor([[0.8, 0.1, 0.5]]), torch.tensor([[True, False, True]]), 0.5)
+    torch.testing.assert_close(w, torch.tensor([[1.575, 0.0, 0.675]]))
+    # alpha = 1: every q~ is 1, w_j = the number of valid positions from j on
+    w = dpace_weights(torch.tensor([[0.3, 0.2, 0.9]]), torch.ones(1, 3, dtype=torch.bool), 1.0)
+    torch.testing.assert_close(w, torch.tensor([[3.0, 2.0, 1.0]]))
+    with pytest.raises(ValueError, match="alpha must lie in"):
+        dpace_weights(torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool), 0.0)
+
+
+def test_acceptance_rate_is_the_overlap_of_the_two_laws():
+    from train.metrics import acceptance_rate
+
+    p = torch.tensor([0.5, 0.5, 0.0])
+    q_logits = torch.tensor([1.0, 1.0, 2.0]).log()  # q = [0.25, 0.25, 0.5]
+    assert acceptance_rate(q_logits, p).item() == pytest.approx(0.5)
+    assert acceptance_rate(p.clamp(min=1e-12).log(), p).item() == pytest.approx(1.0)
+
+
+def test_on_policy_loss_by_hand():
+    from train.losses import on_policy_loss
+
+    p = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]])
+    q = torch.tensor([[0.5, 0.25, 0.25], [0.6, 0.2, 0.2], [0.2, 0.2, 0.6]])
+    since = torch.tensor([-1, 0, 1])  # accepted, the first rejection, one past it
+    total, fkl, rkl = on_policy_loss(q.log(), p.log(), since, torch.ones(3, dtype=torch.bool), decay=0.5)
+    f0 = -(p[0] * q[0].log()).sum()
+    r1 = (q[1] * (q[1] / p[1]).log()).sum()
+    r2 = (q[2] * (q[2] / p[2]).log()).sum()
+    torch.testing.assert_close(total, f0 + r1 + 0.5 * r2)
+    torch.testing.assert_close(fkl, torch.stack([f0, torch.tensor(0.0), torch.tensor(0.0)]))
+    torch.testing.assert_close(rkl, torch.stack([torch.tensor(0.0), r1, r2]))
+    masked, _, _ = on_policy_loss(q.log(), p.log(), since, torch.tensor([True, False, True]), decay=0.5)
+    torch.testing.assert_close(masked, f0 + 0.5 * r2)

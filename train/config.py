@@ -130,13 +130,14 @@ class OptimConfig:
     warmup_steps: int = _doc("linear warm-up steps", 0)
     decay: Literal["cosine", "linear", "constant"] = _doc("schedule after warm-up", "cosine")
     max_grad_norm: float = _doc("clip gradients to this total norm", 0.5)
-    loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3; dflash: block position "
-                             "k+1)", 0.8)
-    loss: Literal["ce", "lk", "lk-lambda"] = _doc(
+    loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3); dflash weighs its block "
+                             "positions by train.gamma instead", 0.8)
+    loss: Literal["ce", "lk", "lk-lambda", "dpace"] = _doc(
         "ce = soft cross-entropy to the target's distribution (eagle: its classification term; medusa: hard CE "
         "on the data's tokens); lk = LK^alpha (arXiv 2602.23881): -log of the expected acceptance rate sum(min(p, q)) per draft "
         "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-3*rate) (medusa: both against the "
-        "target's distribution); early-exit: ce only", "ce")
+        "target's distribution); dpace = soft CE weighted per draft position by D-PACE's detached weights (eagle3, "
+        "dflash; docs/objectives.md); early-exit: ce only", "ce")
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(
@@ -164,6 +165,22 @@ class OptimConfig:
     init_from: str | None = _doc(
         "warm start: a trained head's directory (same kind and shape, e.g. trained on the base model of an "
         "adapter target) whose weights the new head starts from; null = a fresh head", None)
+    # DFlash as published, acceptance-aware objectives and the on-policy stage (docs/objectives.md); one block,
+    # checked by _validate_recipe
+    gamma: float | None = _doc(
+        "dflash only: block position k's loss weight exp(-(k-1)/gamma); null = the DFlash paper's 7 for blocks of "
+        "more than 8 tokens, 4 up to 8", None)
+    anchors_per_document: int = _doc(
+        "dflash (and the on-policy stage): random anchors drawn per document and step (fewer where a document has "
+        "fewer valid positions)", 64)
+    anchor_spacing: int = _doc(
+        "dflash (and the on-policy stage): least distance between two anchors of one document (1 = any distinct "
+        "positions; block_size = blocks that never overlap)", 1)
+    dpace_alpha: float = _doc("train.loss=dpace: the confidence floor alpha in (0, 1] (ModelOpt's and speculators' "
+                              "0.5)", 0.5)
+    stage: Literal["supervised", "on-policy"] = _doc(
+        "supervised = train on the data's contexts; on-policy = continue a trained head (train.init_from or "
+        "resume_from) on its own drafts, verified by the frozen target (Draft-OPD; eagle3 and dflash)", "supervised")
 
 
 @dataclass
@@ -466,6 +483,7 @@ def _validate(cfg: TrainConfig) -> None:
                           "keeps its own combined loss (self-distillation + the heads' CE); set one of them back")
     if not 0 < opt.loss_decay <= 1:
         raise ConfigError(f"train.loss_decay must lie in (0, 1], got {opt.loss_decay}")
+    _validate_recipe(cfg)
     if head.kind == "medusa" and head.num_heads is not None and opt.eval_depth is not None \
             and opt.eval_depth > head.num_heads:
         raise ConfigError(f"train.eval_depth={opt.eval_depth} exceeds head.num_heads={head.num_heads}")
@@ -476,6 +494,38 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError("resume_from must be null, 'latest' or a checkpoint path")
     if cfg.output_dir is None:
         cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
+
+
+ON_POLICY_KINDS = ("eagle3", "dflash")
+
+
+def _validate_recipe(cfg: TrainConfig) -> None:
+    """The DFlash recipe's keys, D-PACE and the on-policy stage: which kinds read them, their ranges."""
+    opt, kind = cfg.train, cfg.head.kind
+    if kind == "dflash" and opt.loss_decay != OptimConfig.loss_decay:
+        raise ConfigError(f"train.loss_decay={opt.loss_decay} is not read by head.kind=dflash: its block positions "
+                          "are weighted exp(-(k-1)/train.gamma); set train.gamma")
+    if opt.gamma is not None and kind != "dflash":
+        raise ConfigError(f"train.gamma applies only to head.kind=dflash (head.kind={kind}); use train.loss_decay")
+    if opt.gamma is not None and not opt.gamma > 0:
+        raise ConfigError(f"train.gamma must be > 0, got {opt.gamma}")
+    if opt.loss == "dpace" and kind not in ("eagle3", "dflash"):
+        raise ConfigError(f"train.loss=dpace applies only to head.kind=eagle3/dflash (head.kind={kind}): its "
+                          "weights span the positions of one draft chain")
+    if not 0 < opt.dpace_alpha <= 1:
+        raise ConfigError(f"train.dpace_alpha must lie in (0, 1], got {opt.dpace_alpha}")
+    for key in ("anchors_per_document", "anchor_spacing"):
+        if getattr(opt, key) < 1:
+            raise ConfigError(f"train.{key} must be >= 1, got {getattr(opt, key)}")
+    if opt.stage == "on-policy":
+        if kind not in ON_POLICY_KINDS:
+            raise ConfigError(f"train.stage=on-policy applies only to head.kind={'/'.join(ON_POLICY_KINDS)} "
+                              f"(head.kind={kind})")
+        if opt.init_from is None and cfg.resume_from is None:
+            raise ConfigError("train.stage=on-policy continues a trained head: set train.init_from to its directory")
+        if opt.loss != "ce":
+            raise ConfigError(f"train.stage=on-policy has its own loss (forward KL where the target accepted, decayed "
+                              f"reverse KL where it rejected); train.loss={opt.loss} must be ce")
 
 
 def _validate_backbone(cfg: TrainConfig) -> None:

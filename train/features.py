@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -25,3 +26,5 @@ class Features:
     anchors: Tensor | None = None  # (B, N) dflash: block start positions drawn for this step
     anchor_keep: Tensor | None = None  # (B, N) bool dflash: which drawn anchors are real (rows differ in length)
     mask_embed: Tensor | None = None  # (H_t,) dflash: the target's embedding of the head's mask token, fp32
+    document_ids: Tensor | None = None  # (B, T) dflash: the document of each token in packed rows; None = one per row
+    rollout: Any = None  # train.on_policy.Rollout: the on-policy stage's drafted chains and the target's verdict

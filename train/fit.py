@@ -38,7 +38,7 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     output_dir = Path(cfg.output_dir)
     micro_batches = _micro_batches(accelerator, train_loader, state)
     history: list[dict] = []
-    window = {"loss": 0.0, "steps": 0, "tokens": 0, "correct": 0, "count": 0, "seconds": 0.0}
+    window = _window()
     run_tokens, run_seconds = 0, 0.0  # training steps only: evaluation and checkpoints excluded
     guard = DivergenceGuard(check_grad=opt.mixed_precision != "fp16")
     guard.load_state_dict(state.guard)
@@ -55,8 +55,10 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
             for micro in range(opt.grad_accum_steps):
                 batch = next(micro_batches)
                 features = source.features(type(accelerator.unwrap_model(objective)), target, batch, head)
-                accelerator.unwrap_model(objective).perturb(
-                    features, cfg, seed=_noise_seed(cfg.seed, state.step, micro, accelerator.process_index))
+                seed = _noise_seed(cfg.seed, state.step, micro, accelerator.process_index)
+                accelerator.unwrap_model(objective).perturb(features, cfg, seed=seed)
+                if opt.stage == "on-policy":  # the head drafts, the frozen target verifies (train/on_policy.py)
+                    accelerator.unwrap_model(objective).rollout(features, target, cfg, seed=seed)
                 last = micro == opt.grad_accum_steps - 1
                 with nullcontext() if last else accelerator.no_sync(objective):
                     out = objective(features, lm_head)
@@ -64,6 +66,8 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                 step_loss += out.loss.detach() / opt.grad_accum_steps
                 window["correct"] = window["correct"] + out.correct
                 window["count"] = window["count"] + out.count
+                if out.accept is not None:
+                    window["accept"] = window["accept"] + out.accept
                 tokens += int(batch["lengths"].sum())
             tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum"))
             step_loss = accelerator.reduce(step_loss, reduction="mean")
@@ -100,13 +104,17 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                           "train_acc": (correct / count.clamp(min=1)).tolist(),
                           "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
                           "tokens_per_s": window["tokens"] / window["seconds"], "tokens": state.tokens}
+                if torch.is_tensor(window["accept"]):  # the exact acceptance rate sum(min(p, q)) per position
+                    accept = accelerator.reduce(window["accept"], "sum")
+                    record["train_accept"] = (accept / count.clamp(min=1)).tolist()
                 metrics_log.log(record)
                 history.append(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{record['train_acc'][0]:.3f}")
-                logger.info("step %d/%d | loss %.4f | train acc_k %s | lr %.2e | %.0f tok/s", state.step, max_steps,
-                            record["loss"], " ".join(f"{a:.3f}" for a in record["train_acc"]), record["lr"],
-                            record["tokens_per_s"])
-                window = {"loss": 0.0, "steps": 0, "tokens": 0, "correct": 0, "count": 0, "seconds": 0.0}
+                accept = "".join(f" {a:.3f}" for a in record.get("train_accept", []))
+                logger.info("step %d/%d | loss %.4f | train acc_k %s%s | lr %.2e | %.0f tok/s", state.step, max_steps,
+                            record["loss"], " ".join(f"{a:.3f}" for a in record["train_acc"]),
+                            f" | accept_k{accept}" if accept else "", record["lr"], record["tokens_per_s"])
+                window = _window()
             if eval_loader is not None and opt.eval_every and state.step % opt.eval_every == 0:
                 history.append(eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state,
                                                    metrics_log))
@@ -114,6 +122,11 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                 save_checkpoint(accelerator, output_dir, state, head, optimizer, scheduler, opt.keep_last_checkpoints,
                                 backbone=accelerator.unwrap_model(objective).backbone)
     return history, run_tokens / max(run_seconds, 1e-9)
+
+
+def _window() -> dict:
+    """What the loop sums between two log lines."""
+    return {"loss": 0.0, "steps": 0, "tokens": 0, "correct": 0, "count": 0, "accept": 0, "seconds": 0.0}
 
 
 def _clock(accelerator: Accelerator, minutes: float | None):

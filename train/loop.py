@@ -207,7 +207,7 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     objective = objective_class(kind)
     vocab_report = objective.prepare_head(head, HeadSetup(
         accelerator, cfg, target, train_set, data_key=Path(train_summary.cache_path).name, vocab_size=vocab_size,
-        cache_dir=run_cache_dir(cfg)))
+        cache_dir=run_cache_dir(cfg), tokenizer=tokenizer))
     if cfg.train.init_from is not None:  # a warm start replaces the fresh weights (kept: this run's target identity)
         warm_start(head, cfg.train.init_from)
         logger.info("head initialised from %s", cfg.train.init_from)

@@ -15,11 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from train.metrics import acceptance_rate
+
 EAGLE_CE_WEIGHT = 0.1  # EAGLE-1: SmoothL1 + 0.1 * soft CE (docs/recipes.md)
 # LK^lambda's KL weight w = LK_KL_SCALE * exp(-LK_KL_DECAY * acceptance): the defaults of SpecForge's
 # training script (--kl-scale 1.0, --kl-decay 3.0; docs/dflash.md)
 LK_KL_SCALE, LK_KL_DECAY = 1.0, 3.0
-DRAFT_LOSSES = ("ce", "lk", "lk-lambda")
+DRAFT_LOSSES = ("ce", "lk", "lk-lambda", "dpace")
 
 
 class LossOutput(NamedTuple):
@@ -27,6 +29,7 @@ class LossOutput(NamedTuple):
     step_losses: Tensor  # (K,) detached, per draft step
     correct: Tensor  # (K,) detached, positions whose draft top-1 equals the target's
     count: Tensor  # (K,) detached, trained positions per step
+    accept: Tensor | None = None  # (K,) detached, sum over trained positions of sum_v min(p_v, q_v) (metrics.py)
 
 
 class DraftTargets(NamedTuple):
@@ -56,7 +59,7 @@ def restrict_to_draft_vocab(target_logits: Tensor, t2d: Tensor | None) -> DraftT
     return DraftTargets(probs, top1, t2d[top1])
 
 
-def _soft_ce(logits: Tensor, probs: Tensor) -> Tensor:
+def soft_ce(logits: Tensor, probs: Tensor) -> Tensor:
     """Cross-entropy of ``logits`` (..., V) against a distribution ``probs`` (..., V) -> (...)."""
     shape = logits.shape[:-1]
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), probs.float().reshape(-1, probs.shape[-1]),
@@ -81,17 +84,64 @@ def soft_loss(logits: Tensor, probs: Tensor, mask: Tensor, loss: str = "ce") -> 
     ``w * CE + (1 - w) * (1 - rate)`` with ``w = LK_KL_SCALE * exp(-LK_KL_DECAY * rate)`` (rate
     detached): the CE term leads while acceptance is low, the acceptance term once it is high.
     """
-    if loss == "ce":
-        return _masked_mean(_soft_ce(logits, probs), mask)
+    if loss in ("ce", "dpace"):  # dpace: CE per element; its weights span positions (``dpace_weights``)
+        return _masked_mean(soft_ce(logits, probs), mask)
     if loss not in DRAFT_LOSSES:
         raise ValueError(f"unknown draft loss {loss!r}; expected one of {', '.join(DRAFT_LOSSES)}")
-    accept = torch.minimum(logits.float().softmax(-1), probs.float()).sum(-1)  # (...)
+    accept = acceptance_rate(logits, probs)  # (...)
     rate, count = _masked_mean(accept, mask)
     if loss == "lk":
         return -torch.log(rate.clamp(min=1e-6)) * (count > 0), count
-    ce, _ = _masked_mean(_soft_ce(logits, probs), mask)
+    ce, _ = _masked_mean(soft_ce(logits, probs), mask)
     weight = LK_KL_SCALE * torch.exp(-LK_KL_DECAY * rate.detach())
     return (weight * ce + (1 - weight) * (1 - rate)) * (count > 0), count
+
+
+def dpace_weights(confidence: Tensor, valid: Tensor, alpha: float) -> Tensor:
+    """D-PACE's detached per-position weights (arXiv 2605.18810, as ModelOpt's ``_dpace_position_weights`` and
+    speculators' ``dpace_loss_decay`` compute them) over the last dim, the K positions of one draft chain:
+
+        q~_i = alpha + (1 - alpha) * q_i    (1 where ``valid`` is 0: a no-op in the product)
+        C_m  = valid_m * prod_{i<=m} q~_i   (the chance the chain survives to m)
+        w_j  = valid_j * sum_{m>=j} C_m     (C_j times the accepted length still to come)
+
+    confidence (..., K): q_i, the draft's probability of the target's token; valid (..., K) bool; alpha:
+    ``train.dpace_alpha`` (docs/objectives.md)."""
+    if not 0 < alpha <= 1:
+        raise ValueError(f"D-PACE alpha must lie in (0, 1], got {alpha}")
+    with torch.no_grad():
+        keep = valid.bool()
+        smoothed = torch.where(keep, alpha + (1 - alpha) * confidence.float(), torch.ones_like(confidence.float()))
+        survive = torch.cumprod(smoothed, dim=-1) * keep
+        suffix = survive.flip(-1).cumsum(-1).flip(-1)  # sum over m >= j
+        return suffix * keep
+
+
+def weighted_mean(elements: Tensor, weights: Tensor) -> Tensor:
+    """sum(w * l) / sum(w) (0 when every weight is 0): D-PACE's reduction, as ModelOpt's DFlash loss divides
+    by the weights' sum so the loss stays in CE units."""
+    return (elements * weights).sum() / weights.sum().clamp(min=1e-6)
+
+
+def on_policy_loss(logits: Tensor, target_logp: Tensor, since_rejection: Tensor, valid: Tensor,
+                   decay: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Draft-OPD's loss at one chain position k (docs/objectives.md): (weighted sum over ``valid``, forward-KL
+    elements of accepted positions, reverse-KL elements of rejected ones; both detached).
+
+    logits (..., V): the draft's logits; target_logp (..., V): the target's log-law at that position given the
+    *drafted* prefix (the verifier's, ``verify_drafts``); since_rejection (...) long: ``k - n`` with n the
+    chain's accepted length (< 0: k was accepted; j >= 0: k is the j-th position after the first rejection).
+    Accepted positions take forward KL(p || q) (as soft CE: the same gradient), rejected ones reverse
+    KL(q || p) weighted ``decay ** j``.
+    """
+    logq = F.log_softmax(logits.float(), dim=-1)
+    fkl = -(target_logp.exp() * logq).sum(-1)  # KL(p||q) + H(p)
+    rkl = (logq.exp() * (logq - target_logp.float())).sum(-1)  # KL(q||p)
+    rejected = since_rejection >= 0
+    weight = torch.where(rejected, decay ** since_rejection.clamp(min=0).float(), torch.ones_like(fkl))
+    valid = valid.bool()
+    total = torch.where(rejected, rkl, fkl) * weight * valid
+    return total.sum(), (fkl * (~rejected & valid)).detach(), (rkl * (rejected & valid)).detach()
 
 
 def decayed_sum(step_losses: list[Tensor], decay: float) -> Tensor:
@@ -175,10 +225,15 @@ def ttt_step_loss(draft_logits: Tensor, targets: DraftTargets, loss_mask: Tensor
     vocabulary are masked out. Accuracy compares draft-vocab argmaxes (equal to target top-1
     agreement on the trained positions, where the target top-1 is in the draft vocab).
     """
-    pos, tgt, label = step_slices(draft_logits.shape[1], step)
-    logits = draft_logits[:, pos]  # (B, n, Vd)
-    probs = targets.probs[:, tgt]  # (B, n, Vd)
-    mask = loss_mask[:, label].bool() & targets.in_vocab[:, tgt]
+    logits, probs, mask = ttt_step_view(draft_logits, targets, loss_mask, step)
     value, n = soft_loss(logits, probs, mask, loss)
     correct = ((logits.argmax(-1) == probs.argmax(-1)) & mask).sum()
-    return LossOutput(value, value.detach()[None], correct.float()[None], n.float()[None])
+    accept = (acceptance_rate(logits.detach(), probs) * mask).sum()
+    return LossOutput(value, value.detach()[None], correct.float()[None], n.float()[None], accept[None])
+
+
+def ttt_step_view(draft_logits: Tensor, targets: DraftTargets, loss_mask: Tensor,
+                  step: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(logits (B, n, Vd), target probs (B, n, Vd), trained mask (B, n)) of TTT step ``step``."""
+    pos, tgt, label = step_slices(draft_logits.shape[1], step)
+    return draft_logits[:, pos], targets.probs[:, tgt], loss_mask[:, label].bool() & targets.in_vocab[:, tgt]

@@ -12,6 +12,13 @@ import torch
 from torch import Tensor
 
 
+def acceptance_rate(draft_logits: Tensor, target_probs: Tensor) -> Tensor:
+    """(...) the exact chance that a token sampled from q = softmax(draft_logits) (..., V) passes speculative
+    sampling's min(1, p/q) test against p = target_probs (..., V): sum_v min(p_v, q_v) (Leviathan et al. 2023;
+    the quantity the LK losses train). Logged per draft position while training (``train_accept``)."""
+    return torch.minimum(draft_logits.float().softmax(-1), target_probs.float()).sum(-1)
+
+
 def step_correctness(draft_top1: Tensor, target_top1: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
     """(correct, valid), both (K, B, T-2) bool, from draft_top1 (K, B, T) target ids,
     target_top1 (B, T) and loss_mask (B, T); entry [k, b, i] is draft step k at position i."""

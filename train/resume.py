@@ -31,7 +31,7 @@ logger = logging.getLogger("draftsmith.train")
 # the saved data position means (data order, batch shapes); head.* is checked by check_resumable.
 RESUME_FIXED = ("seed", "data.train", "data.max_length", "data.overlong", "data.self_distill", "train.micro_batch_size",
                 "train.grad_accum_steps", "train.lr", "train.betas", "train.weight_decay",
-                "train.backbone_lora_rank", "train.backbone_lr")
+                "train.backbone_lora_rank", "train.backbone_lr", "train.stage")
 
 
 class RunComplete(Exception):

@@ -1,7 +1,7 @@
 """EAGLE's training-time test: draft several steps in parallel over every position of a sequence."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -25,17 +25,21 @@ def ttt_attention_mask(seq_len: int, step: int, dtype: torch.dtype, device: torc
     return additive_mask(allowed, dtype)
 
 
-def unroll(head: nn.Module, hidden: Tensor, embeds: Tensor, steps: int) -> Iterator[Tensor]:
+def unroll(head: nn.Module, hidden: Tensor, embeds: Tensor, steps: int,
+           drafted: Callable[[int, Tensor], Tensor] | None = None) -> Iterator[Tensor]:
     """Draft ``steps`` steps in parallel over all positions (EAGLE training-time test).
 
     Step k at position i reads token i+1+k (teacher-forced) and step k-1's un-normed output,
-    at RoPE position i+k; yields each step's output (B, T, H).
+    at RoPE position i+k; yields each step's output (B, T, H). ``drafted(k, previous output)``: the
+    embeddings (B, T, H) step k >= 1 reads instead, those of the token step k-1 drafted at the same
+    position (the on-policy stage: the head's own context, not the data's).
     """
     batch, seq_len, _ = hidden.shape
     cache = HeadCache()
     for k in range(steps):
         positions = (torch.arange(seq_len, device=hidden.device) + k).expand(batch, seq_len)
         mask = None if k == 0 else ttt_attention_mask(seq_len, k, hidden.dtype, hidden.device).expand(batch, -1, -1, -1)
-        hidden = head(hidden_states=hidden, inputs_embeds=shift_left(embeds, 1 + k), position_ids=positions,
+        inputs = shift_left(embeds, 1 + k) if drafted is None or k == 0 else drafted(k, hidden)
+        hidden = head(hidden_states=hidden, inputs_embeds=inputs, position_ids=positions,
                       attention_mask=mask, past_key_values=cache).hidden_states
         yield hidden

@@ -28,6 +28,7 @@ class HeadSetup:
     data_key: str  # names the tokenized training data (its cache entry)
     vocab_size: int
     cache_dir: Any  # pathlib.Path of the run's cache
+    tokenizer: Any = None  # the target's tokenizer (dflash checks its mask token against it)
 
 
 class Objective(nn.Module):
@@ -96,6 +97,11 @@ class Objective(nn.Module):
 
     def perturb(self, features: Features, cfg: TrainConfig, seed: int) -> None:
         """Augment ``features`` in place before the forward (reproducibly from ``seed``)."""
+
+    def rollout(self, features: Features, target: nn.Module, cfg: TrainConfig, seed: int) -> None:
+        """``train.stage=on-policy``: draft chains with the head, verify them with ``target`` and set
+        ``features.rollout`` (``train.on_policy``); the kinds of ``config.ON_POLICY_KINDS`` define it."""
+        raise NotImplementedError(f"{type(self).__name__} has no on-policy stage")
 
 
 @torch.no_grad()

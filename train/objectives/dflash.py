@@ -1,18 +1,21 @@
 """DFlash: blocks ``[t_a, MASK, ...]`` at random anchors a, all blocks of a sequence in one head
 forward over context K/V built once per sequence; block position k (1..B-1) learns the target's
 next-token distribution at a+k-1 (its prediction of token a+k) by soft cross-entropy (``train.loss=lk``:
-LK^alpha, -log of the expected acceptance rate, instead).
+LK^alpha, -log of the expected acceptance rate, instead; ``dpace``: D-PACE's weights).
 
 A block sees the context strictly before its anchor (the anchor token's own features are not known
-at inference: it is the token just emitted), every position of its own block, and no other block
-(SpecForge's ``create_dflash_block_mask``). Anchors are positions whose first label is a training
-target (``loss_mask[a + 1] = 1``), drawn per step from ``perturb``'s seed so a resumed run draws the
-same ones. Position k's loss is weighted ``train.loss_decay ** (k - 1)`` (SpecForge's decay
-``exp(-(k-1)/gamma)`` with ``loss_decay = exp(-1/gamma)``).
+at inference: it is the token just emitted) within its own document, every position of its own block,
+and no other block (SpecForge's ``create_dflash_block_mask``). Anchors are drawn per document and step
+from ``perturb``'s seed (a resumed run draws the same ones): ``train.anchors_per_document`` of them, at
+least ``train.anchor_spacing`` apart, where the anchor and its first label are both training targets
+(SpecForge's rule). A block's label a+k is trained while the run of training targets from the anchor is
+unbroken: it stops at the first loss-masked token and at the document's end (docs/dflash.md). Position
+k's loss is weighted ``exp(-(k-1)/gamma)`` (the DFlash paper's decay; ``train.gamma``).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import Tensor, nn
@@ -20,38 +23,49 @@ from torch import Tensor, nn
 from infer.target import TargetOutput
 from train.config import TrainConfig
 from train.features import Features
-from train.losses import LossOutput, decayed_sum, soft_loss
-from train.objectives.base import Objective, no_grad_embeds
+from train.losses import LossOutput, decayed_sum, dpace_weights, soft_ce, soft_loss, weighted_mean
+from train.metrics import acceptance_rate
+from train.objectives.base import HeadSetup, Objective, no_grad_embeds
+from train.anchors import draw_anchors, segments
 from train.objectives.eagle3 import Eagle3Objective
+from train.on_policy import Rollout, on_policy_output, verify_drafts
 
-BLOCKS_PER_SEQUENCE = 64  # anchors drawn per sequence and step (SpecForge: up to 512 on GPUs)
 EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one): bounds (B, C, depth, V) logits
+# The DFlash paper's decay exp(-(k-1)/gamma) by block size, as ModelOpt's DFlash guide quotes it: 7 for
+# blocks of 16, 4 for blocks of 8 (docs/dflash.md)
+PAPER_GAMMA = {16: 7.0, 8: 4.0}
 
 
-def draw_anchors(loss_mask: Tensor, count: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """(anchors, keep), both (B, N): up to ``count`` distinct sorted anchors a per row, 1 <= a <= T-2
-    with ``loss_mask[a + 1] = 1``; rows with fewer fill with 1 and ``keep = False``."""
-    batch, seq_len = loss_mask.shape
-    valid = torch.zeros_like(loss_mask, dtype=torch.bool)
-    if seq_len >= 3:
-        valid[:, 1: seq_len - 1] = loss_mask[:, 2:].bool()
-    counts = valid.sum(1)
-    n = max(1, min(count, int(counts.max())))
-    scores = torch.rand(loss_mask.shape, generator=generator, device=loss_mask.device)
-    scores = scores.masked_fill(~valid, 2.0)
-    picked = scores.argsort(dim=1)[:, :n]
-    keep = torch.arange(n, device=loss_mask.device)[None] < counts[:, None]
-    anchors = torch.where(keep, picked, torch.ones_like(picked))
-    order = anchors.masked_fill(~keep, seq_len).argsort(dim=1)  # sorted, padding last
-    return anchors.gather(1, order), keep.gather(1, order)
+def default_gamma(block_size: int) -> float:
+    """The paper's gamma: 4 for blocks of up to 8 tokens, 7 above."""
+    return PAPER_GAMMA[8] if block_size <= 8 else PAPER_GAMMA[16]
 
 
-def block_mask(anchors: Tensor, seq_len: int, block_size: int, dtype: torch.dtype) -> Tensor:
-    """Additive (B, 1, N·bs, T + N·bs) mask: block n sees context t < anchors[n] and its own block."""
+def block_labels(loss_mask: Tensor, anchors: Tensor, keep: Tensor, block_size: int,
+                 document_ids: Tensor | None = None) -> Tensor:
+    """(B, N, bs) bool: block position k of the block at anchor a is trained (k >= 1, a+k inside the row, in
+    the anchor's run of training targets)."""
+    seq_len = loss_mask.shape[1]
+    seg = segments(loss_mask, document_ids)
+    label = anchors[..., None] + torch.arange(block_size, device=anchors.device)  # (B, N, bs)
+    inside = label < seq_len
+    same = seg.gather(1, label.clamp(max=seq_len - 1).flatten(1)).view(label.shape) == seg.gather(1, anchors)[..., None]
+    trained = keep[..., None] & inside & same
+    trained[..., 0] = False  # the anchor is given, not drafted
+    return trained
+
+
+def block_mask(anchors: Tensor, seq_len: int, block_size: int, dtype: torch.dtype,
+               document_ids: Tensor | None = None) -> Tensor:
+    """Additive (B, 1, N·bs, T + N·bs) mask: block n sees context t < anchors[n] of its anchor's document
+    (``document_ids`` (B, T); None: the whole row) and its own block."""
     batch, n = anchors.shape
     device = anchors.device
     q_block = torch.arange(n * block_size, device=device) // block_size  # (Q,)
-    context = torch.arange(seq_len, device=device)[None, None] < anchors.repeat_interleave(block_size, 1)[..., None]
+    starts = anchors.repeat_interleave(block_size, 1)  # (B, Q)
+    context = torch.arange(seq_len, device=device)[None, None] < starts[..., None]  # (B, Q, T)
+    if document_ids is not None:
+        context &= document_ids[:, None, :] == document_ids.gather(1, starts)[..., None]
     own = q_block[:, None] == q_block[None, :]  # (Q, Q)
     allowed = torch.cat([context, own[None].expand(batch, -1, -1)], dim=2)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -67,8 +81,8 @@ def block_outputs(head: nn.Module, features: Features, anchors: Tensor, context:
     masks = features.mask_embed.to(root)[None, None, None].expand(batch, n, bs - 1, -1)
     embeds = torch.cat([root[:, :, None], masks], dim=2).reshape(batch, n * bs, -1)
     positions = (anchors[..., None] + torch.arange(bs, device=anchors.device)).reshape(batch, n * bs)
-    out = head(embeds, positions, context, block_mask(anchors, seq_len, bs, embeds.dtype))
-    return out.view(batch, n, bs, -1)
+    mask = block_mask(anchors, seq_len, bs, embeds.dtype, features.document_ids)
+    return head(embeds, positions, context, mask).view(batch, n, bs, -1)
 
 
 def sequence_context(head: nn.Module, features: Features) -> list:
@@ -76,10 +90,37 @@ def sequence_context(head: nn.Module, features: Features) -> list:
     return head.context_kv(features.hidden, torch.arange(seq_len, device=features.hidden.device).expand(batch, -1))
 
 
+def check_mask_token(mask_id: int, target: nn.Module, tokenizer=None) -> None:
+    """Refuse (ValueError, one line naming the id) a mask token that is not an existing, ordinary row of the
+    target's embedding: outside it, past the tokenizer's ids (an untrained padding row), or an alias of the
+    pad, EOS or BOS token (whose embedding already means something; NeMo Automodel#2461, ModelOpt#1621)."""
+    rows = target.get_input_embeddings().weight.shape[0]
+    if not 0 <= mask_id < rows:
+        raise ValueError(f"head.mask_token_id={mask_id} is not a row of the target's embedding (0..{rows - 1})")
+    if tokenizer is not None and mask_id >= len(tokenizer):
+        raise ValueError(f"head.mask_token_id={mask_id} is past the tokenizer's {len(tokenizer)} ids: an untrained "
+                         "padding row of the embedding; pick an id the target was trained on")
+    special: dict[int, str] = {}
+    sources = [getattr(target, "config", None), getattr(target, "generation_config", None), tokenizer]
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        for source in sources:
+            ids = getattr(source, name, None) if source is not None else None
+            for i in ids if isinstance(ids, (list, tuple)) else [ids]:
+                if isinstance(i, int):
+                    special.setdefault(i, name.removesuffix("_id"))
+    if mask_id in special:
+        raise ValueError(f"head.mask_token_id={mask_id} is the target's {special[mask_id]}: the mask must not alias "
+                         "pad/EOS/BOS; set head.mask_token_id to a reserved or rare ordinary token")
+
+
 class DFlashObjective(Objective):
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
-        self.loss = cfg.train.loss
+        opt = cfg.train
+        self.loss, self.alpha, self.stage = opt.loss, opt.dpace_alpha, opt.stage
+        self.anchors, self.spacing = opt.anchors_per_document, opt.anchor_spacing
+        self.gamma = opt.gamma or default_gamma(head.config.block_size)
+        self.decay = math.exp(-1 / self.gamma)  # position k's weight decay ** (k-1)
 
     aux_layer_ids = staticmethod(Eagle3Objective.aux_layer_ids)
 
@@ -87,38 +128,71 @@ class DFlashObjective(Objective):
     @torch.no_grad()
     def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
                     need_top1: bool = False) -> Features:
-        """EAGLE-3's (the aux layers' hidden states, the embeddings, the target's own next-token law)
-        and the mask token's embedding, which fills every block position after the anchor."""
+        """EAGLE-3's (the aux layers' hidden states, the embeddings, the target's own next-token law),
+        the mask token's embedding, which fills every block position after the anchor, and the batch's
+        ``document_ids`` when its rows are packed."""
         features = Eagle3Objective.from_states(target, batch, states, head)
         mask_id = torch.tensor([head.config.mask_token_id], device=features.input_ids.device)
-        return dataclasses.replace(features, mask_embed=no_grad_embeds(target, mask_id)[0])
+        return dataclasses.replace(features, mask_embed=no_grad_embeds(target, mask_id)[0],
+                                   document_ids=batch.get("document_ids"))
+
+    @staticmethod
+    def prepare_head(head: nn.Module, setup: HeadSetup):
+        """Check the mask token against the target (fresh, warm-started and resumed heads alike)."""
+        check_mask_token(head.config.mask_token_id, setup.target, setup.tokenizer)
+        return None
 
     def perturb(self, features: Features, cfg: TrainConfig, seed: int) -> None:
         """Draw this step's anchors (from ``seed``: a resumed run draws the same)."""
         generator = torch.Generator(features.loss_mask.device).manual_seed(seed)
-        features.anchors, features.anchor_keep = draw_anchors(features.loss_mask, BLOCKS_PER_SEQUENCE, generator)
+        features.anchors, features.anchor_keep = draw_anchors(
+            features.loss_mask, self.anchors, generator, spacing=self.spacing, document_ids=features.document_ids)
+
+    @torch.no_grad()
+    def rollout(self, features: Features, target: nn.Module, cfg: TrainConfig, seed: int) -> None:
+        """On-policy stage: the head drafts a block at every drawn anchor, the target verifies it."""
+        f = features
+        lm_head = target.get_output_embeddings()
+        out = block_outputs(self.head, f, f.anchors, sequence_context(self.head, f))  # (B, N, bs, H)
+        drafts = lm_head(out[:, :, 1:].to(lm_head.weight.dtype)).argmax(-1)  # (B, N, bs-1)
+        logits = verify_drafts(target, f.input_ids, f.anchors, drafts)  # (B, N, bs-1, V)
+        f.rollout = Rollout(f.anchors, f.anchor_keep, drafts, logits.log_softmax(-1), logits.argmax(-1))
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         f = features
         if f.anchors is None:  # called without perturb (e.g. directly): a fixed draw
             self.perturb(f, None, seed=0)
         bs = self.head.config.block_size
-        seq_len = f.input_ids.shape[1]
         out = block_outputs(self.head, f, f.anchors, sequence_context(self.head, f))  # (B, N, bs, H)
-        losses, correct, count = [], [], []
+        if f.rollout is not None:  # the on-policy stage: position k of the chain is block position k+1
+            return on_policy_output(lambda k: lm_head(out[:, :, k + 1]).float(), f.rollout, self.decay)
+        seq_len = f.input_ids.shape[1]
+        trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, bs, f.document_ids)  # (B, N, bs)
+        losses, elements, confidence, correct, count, accept = [], [], [], [], [], []
         for k in range(1, bs):
-            label = f.anchors + k  # the token block position k drafts
-            inside = label < seq_len
-            safe = label.clamp(max=seq_len - 1)
-            mask = f.anchor_keep & inside & f.loss_mask.gather(1, safe).bool()  # (B, N)
+            safe = (f.anchors + k).clamp(max=seq_len - 1)  # the token block position k drafts
+            mask = trained[..., k]  # (B, N)
             probs = f.targets.probs.gather(1, (safe - 1)[..., None].expand(-1, -1, f.targets.probs.shape[-1]))
             logits = lm_head(out[:, :, k]).float()  # (B, N, V)
-            value, n = soft_loss(logits, probs, mask, self.loss)
+            top1 = f.top1.gather(1, safe - 1)
+            if self.loss == "dpace":
+                elements.append(soft_ce(logits, probs))
+                confidence.append(logits.detach().softmax(-1).gather(-1, top1[..., None])[..., 0])
+                value = (elements[-1] * mask).sum().detach() / mask.sum().clamp(min=1)
+                n = mask.sum().float()
+            else:
+                value, n = soft_loss(logits, probs, mask, self.loss)
             losses.append(value)
-            correct.append(((logits.argmax(-1) == f.top1.gather(1, safe - 1)) & mask).sum().float())
+            correct.append(((logits.argmax(-1) == top1) & mask).sum().float())
             count.append(n)
-        return LossOutput(decayed_sum(losses, self.decay), torch.stack(losses).detach(), torch.stack(correct),
-                          torch.stack(count))
+            accept.append((acceptance_rate(logits.detach(), probs) * mask).sum())
+        if self.loss == "dpace":  # weights over the block's positions 1..bs-1
+            weights = dpace_weights(torch.stack(confidence, -1), trained[..., 1:], self.alpha)
+            total = weighted_mean(torch.stack(elements, -1), weights)
+        else:
+            total = decayed_sum(losses, self.decay)
+        return LossOutput(total, torch.stack(losses).detach(), torch.stack(correct), torch.stack(count),
+                          torch.stack(accept))
 
     @staticmethod
     @torch.no_grad()

@@ -12,8 +12,11 @@ from train.config import TrainConfig
 from train.draft_vocab import build_draft_vocab
 from train.examples import collate
 from train.features import Features
-from train.losses import LossOutput, decayed_sum, restrict_to_draft_vocab, ttt_step_loss
+from train.anchors import draw_anchors
+from train.losses import (LossOutput, decayed_sum, dpace_weights, restrict_to_draft_vocab, soft_ce, ttt_step_loss,
+                          ttt_step_view, weighted_mean)
 from train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
+from train.on_policy import Rollout, on_policy_output, verify_drafts
 from train.unroll import unroll
 
 logger = logging.getLogger("draftsmith.train")
@@ -23,7 +26,8 @@ class Eagle3Objective(Objective):
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
         self.ttt_steps = cfg.head.ttt_steps
-        self.loss = cfg.train.loss
+        self.loss, self.alpha = cfg.train.loss, cfg.train.dpace_alpha
+        self.anchors, self.spacing = cfg.train.anchors_per_document, cfg.train.anchor_spacing
 
     @staticmethod
     def aux_layer_ids(head: nn.Module) -> tuple[int, ...]:
@@ -40,10 +44,71 @@ class Eagle3Objective(Objective):
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         f = features
+        if f.rollout is not None:
+            return self.on_policy_forward(f)
+        outs = unroll(self.head, self.head.project(f.hidden), f.embeds, self.ttt_steps)
+        if self.loss == "dpace":
+            return self.dpace_forward(f, [self.head.compute_logits(out) for out in outs])
         steps = [ttt_step_loss(self.head.compute_logits(out), f.targets, f.loss_mask, k, self.loss)
-                 for k, out in enumerate(unroll(self.head, self.head.project(f.hidden), f.embeds, self.ttt_steps))]
+                 for k, out in enumerate(outs)]
         return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
-                          *(torch.cat([getattr(s, n) for s in steps]) for n in ("step_losses", "correct", "count")))
+                          *(torch.cat([getattr(s, n) for s in steps]) for n in ("step_losses", "correct", "count",
+                                                                                 "accept")))
+
+    def dpace_forward(self, f: Features, step_logits: list[Tensor]) -> LossOutput:
+        """D-PACE over each position's chain of TTT steps: step k at position i is chain position k."""
+        seq_len = f.input_ids.shape[1]
+        n = max(seq_len - 2, 0)
+        elements = torch.zeros(len(step_logits), f.input_ids.shape[0], n, device=f.input_ids.device)  # (K, B, n)
+        confidence, valid = torch.zeros_like(elements), torch.zeros_like(elements, dtype=torch.bool)
+        stats = []
+        for k, logits in enumerate(step_logits):
+            out = ttt_step_loss(logits, f.targets, f.loss_mask, k, "ce")
+            logits, probs, mask = ttt_step_view(logits, f.targets, f.loss_mask, k)  # (B, n-k, Vd)
+            m = logits.shape[1]
+            elements[k, :, :m] = soft_ce(logits, probs)
+            confidence[k, :, :m] = logits.detach().softmax(-1).gather(-1, probs.argmax(-1, keepdim=True))[..., 0]
+            valid[k, :, :m] = mask
+            stats.append(out)
+        weights = dpace_weights(confidence.permute(1, 2, 0), valid.permute(1, 2, 0), self.alpha)  # (B, n, K)
+        total = weighted_mean(elements.permute(1, 2, 0), weights)
+        return LossOutput(total, *(torch.cat([getattr(s, n) for s in stats])
+                                   for n in ("step_losses", "correct", "count", "accept")))
+
+    @torch.no_grad()
+    def rollout(self, features: Features, target: nn.Module, cfg: TrainConfig, seed: int) -> None:
+        """On-policy stage: roots drawn as DFlash's anchors (root token a = position i+1), every position's
+        chain drafted with the head's own tokens as the next step's input, the drawn chains verified."""
+        f = features
+        generator = torch.Generator(f.loss_mask.device).manual_seed(seed)
+        roots, keep = draw_anchors(f.loss_mask, self.anchors, generator, spacing=self.spacing)
+        drafts, embeds = [], []
+        embed_table = target.get_input_embeddings()
+
+        def drafted(k: int, previous: Tensor) -> Tensor:
+            return embeds[k - 1]
+
+        for out in unroll(self.head, self.head.project(f.hidden), f.embeds, self.ttt_steps, drafted):
+            drafts.append(self.head.draft_to_target(self.head.compute_logits(out).argmax(-1)))  # (B, T)
+            embeds.append(embed_table(drafts[-1]).float())
+        at_roots = torch.stack(drafts, -1).gather(1, (roots - 1)[..., None].expand(-1, -1, len(drafts)))  # (B, N, K)
+        logits = verify_drafts(target, f.input_ids, roots, at_roots)  # (B, N, K, V)
+        targets = restrict_to_draft_vocab(logits, getattr(self.head, "t2d", None))
+        f.rollout = Rollout(roots, keep, at_roots, targets.probs.clamp(min=1e-30).log(), logits.argmax(-1),
+                            torch.stack(embeds[:-1]) if len(embeds) > 1 else None)
+
+    def on_policy_forward(self, f: Features) -> LossOutput:
+        """The drafted chains again, with grad: step k >= 1 reads the embeddings of step k-1's drafts."""
+        r = f.rollout
+        outs = list(unroll(self.head, self.head.project(f.hidden), f.embeds, self.ttt_steps,
+                           lambda k, previous: r.step_embeds[k - 1]))
+        index = (r.roots - 1)[..., None]  # (B, N, 1): chain position k of root a is step k at position a-1
+
+        def logits_at(k: int) -> Tensor:
+            at = outs[k].gather(1, index.expand(-1, -1, outs[k].shape[-1]))  # (B, N, H)
+            return self.head.compute_logits(at).float()
+
+        return on_policy_output(logits_at, r, self.decay, self.head.draft_to_target)
 
     @staticmethod
     @torch.no_grad()

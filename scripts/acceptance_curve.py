@@ -1,0 +1,178 @@
+"""Acceptance against training budget: simulated τ, real τ and ``--compare`` speedup per recipe and step count.
+
+    python scripts/acceptance_curve.py [--budgets 300,1200,4800] [--recipes eagle3,dflash-old,dflash-new,dflash-dpace]
+        [--on-policy-steps N] [--target demo:tiny] [--prompt "class Queue:"] [--max-new-tokens 96] [--rounds 3]
+        [--runs runs/acceptance-curve] [--out docs/acceptance-curve] [--set key=value ...]
+
+Per budget and recipe (``RECIPES``: a config file and its overrides, all on the demo's self-distilled data,
+``SELF_DISTILLED``) it trains a head for that many steps, then continues it with the on-policy stage
+(``train.stage=on-policy``, ``--on-policy-steps``, default a quarter of the budget) as ``<recipe>+opd``.
+Each head is measured three ways: the held-out simulated τ of training's evaluation, and one greedy decode
+of ``--prompt`` against the target's own ``generate`` (``infer.generate``'s ``--compare``: ``--rounds``
+rounds alternating, the same process): its τ (tokens per target forward) and its speedup. Writes
+results.json (after every head: a long run keeps what it measured), curve.md and curve.png to ``--out``.
+``--set`` overrides go to every training run (after the recipe's). Heads go to ``--runs``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The demo's self-distilled data (configs/demo.yaml): the target continues 768 stdlib chunks greedily, once, cached
+SELF_DISTILLED = ["data.self_distill.rows=768", "data.self_distill.max_new_tokens=224",
+                  "data.self_distill.prompt_tokens=32", "data.self_distill.batch_size=128"]
+# The DFlash recipe before issue 33: blocks of 8, 2 layers, a 0.8 decay per block position (gamma = -1/ln 0.8)
+OLD_GAMMA = -1 / math.log(0.8)
+RECIPES: dict[str, tuple[str, list[str]]] = {
+    "eagle3": ("configs/demo.yaml", []),
+    "dflash-old": ("configs/demo-dflash.yaml", ["head.block_size=8", "head.num_layers=2", f"train.gamma={OLD_GAMMA}"]),
+    "dflash-new": ("configs/demo-dflash.yaml", ["head.block_size=16", "head.num_layers=5", "train.gamma=null"]),
+    "dflash-dpace": ("configs/demo-dflash.yaml", ["head.block_size=16", "head.num_layers=5", "train.gamma=null",
+                                                  "train.loss=dpace"]),
+}
+ON_POLICY = ["train.stage=on-policy", "train.warmup_steps=0", "train.anchors_per_document=8"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budgets", default="300,1200,4800", help="comma-separated training steps")
+    p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
+    p.add_argument("--on-policy-steps", type=int, default=None,
+                   help="steps of the on-policy stage after each head (default: a quarter of its budget; 0 = none)")
+    p.add_argument("--target", default="demo:tiny")
+    p.add_argument("--prompt", default="class Queue:")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--runs", type=Path, default=Path("runs/acceptance-curve"))
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "acceptance-curve")
+    p.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    try:
+        args.budgets = [int(b) for b in args.budgets.split(",")]
+    except ValueError:
+        p.error(f"--budgets {args.budgets!r}: expected comma-separated integers, e.g. 300,1200")
+    if not args.budgets or min(args.budgets) < 1:
+        p.error(f"--budgets {args.budgets}: every budget must be >= 1")
+    args.recipes = args.recipes.split(",")
+    unknown = [r for r in args.recipes if r not in RECIPES]
+    if unknown:
+        p.error(f"--recipes: unknown {unknown[0]!r}; expected some of {', '.join(RECIPES)}")
+    if args.on_policy_steps is not None and args.on_policy_steps < 0:
+        p.error(f"--on-policy-steps must be >= 0, got {args.on_policy_steps}")
+    if args.rounds < 1 or args.max_new_tokens < 1:
+        p.error("--rounds and --max-new-tokens must be >= 1")
+    return args
+
+
+def train(config: str, overrides: list[str]):
+    """One training run in this process (``train.loop.setup``)."""
+    from train.config import load_config
+    from train.loop import setup
+
+    return setup(load_config(ROOT / config, overrides))
+
+
+def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, rounds: int) -> dict:
+    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m infer.generate --compare`` measures them."""
+    import torch
+
+    from infer.generate import compare_rounds, encode
+    from infer.generator import SpeculativeGenerator
+
+    gen = SpeculativeGenerator.from_pretrained(target, str(head_dir), device="cpu")
+    ids = encode(gen.tokenizer, prompt, False)
+    gen.generate(ids, max_new_tokens=4)  # warm-up
+    pad = gen.tokenizer.pad_token_id if gen.tokenizer.pad_token_id is not None else gen.tokenizer.eos_token_id
+    hf = {"attention_mask": torch.ones_like(ids), "pad_token_id": pad, "do_sample": False}
+    with torch.inference_mode():
+        gen.target.generate(ids, max_new_tokens=4, **hf)  # warm-up
+    spec, vanilla = compare_rounds(gen, ids, max_new_tokens, rounds, 0, {"temperature": 0.0}, hf)
+    tau = gen.last_stats.tau
+    return {"tau": tau, "speedup": spec.tokens_per_s / vanilla.tokens_per_s,
+            "identical": spec.output_equal_to(vanilla)}
+
+
+def run_curve(args: argparse.Namespace, recipes: dict[str, tuple[str, list[str]]] = RECIPES) -> list[dict]:
+    """Train and measure every (budget, recipe) and its on-policy continuation; returns the result rows."""
+    rows: list[dict] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    for budget in args.budgets:
+        for name in args.recipes:
+            config, recipe = recipes[name]
+            base = [f"target={args.target}", *SELF_DISTILLED, *recipe, f"train.max_steps={budget}",
+                    "train.eval_every=0", "train.save_every=0", "overwrite_output_dir=true"]
+            stages = [(name, [*base, f"output_dir={args.runs / f'{name}-{budget}'}", *args.overrides])]
+            opd_steps = max(1, budget // 4) if args.on_policy_steps is None else args.on_policy_steps
+            if opd_steps:
+                stages.append((f"{name}+opd", [*base, *ON_POLICY, f"train.init_from={args.runs / f'{name}-{budget}'}",
+                                               f"output_dir={args.runs / f'{name}+opd-{budget}'}", *args.overrides,
+                                               f"train.max_steps={opd_steps}"]))
+            for label, overrides in stages:
+                start = time.perf_counter()
+                result = train(config, overrides)
+                row = {"recipe": label, "budget": budget, "steps": result.steps,
+                       "train_minutes": (time.perf_counter() - start) / 60, "simulated_tau": result.metrics.get("tau"),
+                       **measure(args.target, result.output_dir, args.prompt, args.max_new_tokens, args.rounds)}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_table(rows, args, args.out / "curve.md")
+    plot(rows, args.out / "curve.png")
+    return rows
+
+
+def write_table(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
+    command = "python scripts/acceptance_curve.py " + " ".join(
+        [f"--budgets {','.join(map(str, args.budgets))}", f"--recipes {','.join(args.recipes)}",
+         *([f"--on-policy-steps {args.on_policy_steps}"] if args.on_policy_steps is not None else []),
+         f"--target {args.target}", *([f"--set {' '.join(args.overrides)}"] if args.overrides else [])])
+    lines = [f"# Acceptance against training steps ({args.target})", "", f"`{command}`", "",
+             f"Real τ and speedup: one greedy decode of `{args.prompt}`, {args.max_new_tokens} new tokens, "
+             f"{args.rounds} rounds alternating with the target's own `generate`.", "",
+             "| recipe | budget | steps | train min | simulated τ | real τ | speedup | identical |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        sim = "—" if r["simulated_tau"] is None else f"{r['simulated_tau']:.3f}"
+        lines.append(f"| {r['recipe']} | {r['budget']} | {r['steps']} | {r['train_minutes']:.1f} | {sim} | "
+                     f"{r['tau']:.2f} | {r['speedup']:.2f}× | {'yes' if r['identical'] else 'NO'} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        mine = [r for r in rows if r["recipe"] == recipe]
+        budgets = [r["budget"] for r in mine]
+        style = "--" if recipe.endswith("+opd") else "-"
+        for ax, key in zip(axes, ("simulated_tau", "tau", "speedup")):
+            ax.plot(budgets, [float("nan") if r[key] is None else r[key] for r in mine], style, marker="o",
+                    label=recipe)
+    for ax, title in zip(axes, ("simulated τ (held-out)", "real τ (--compare)", "speedup (--compare)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("training steps (on-policy: + its own steps)")
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_curve(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    from data.cli import run  # user mistakes: one line, exit code 2
+
+    sys.exit(run(main))
