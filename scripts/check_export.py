@@ -5,8 +5,9 @@
 The export is validated as its engine reads it (``validate_export``). A ``speculators`` export is then loaded
 by speculators 0.9.0's own ``from_pretrained`` (in its venv, ``heads.formats.parity``; ``--install`` creates
 it) and run on the same target states as the head: EAGLE-3 drafts every position for ``--steps`` steps
-(training-time test, teacher-forced) and each step prints its max |logit difference| and how many drafted
-tokens agree; DFlash compares every loaded tensor and what vLLM's reader makes of the causal flag. Exit 0
+(training-time test, teacher-forced), DFlash drafts a block at every anchor; each step (block position)
+prints its max |logit difference| and how many drafted tokens agree, and for DFlash what vLLM's reader
+makes of the causal flag. Exit 0
 when all agree, 1 on any mismatch, 2 on a usage error. Formats no consumer library runs here are checked
 at config level (docs/export-keys.md).
 """
@@ -25,6 +26,8 @@ from data.targets import load_target, resolve_target
 from heads import AutoHead
 from heads.formats import validate_export
 from heads.formats.parity import compare_steps, compare_tensors, run_speculators, speculators_python
+from train.features import Features
+from train.objectives.dflash import block_outputs, sequence_context
 from train.unroll import shift_left, unroll
 
 
@@ -63,10 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     target_path = resolve_target(args.target)
     python = args.python or speculators_python(create=args.install)
     try:
-        if head.head_kind == "dflash":
-            lines, ok = _dflash(head, config, python, args.export, target_path)
-        else:
-            lines, ok = _eagle3(head, load_target(target_path).float().eval(), python, args, target_path)
+        target = load_target(target_path).float().eval()
+        run = _dflash if head.head_kind == "dflash" else _eagle3
+        lines, ok = run(head, target, config, python, args, target_path)
     except RuntimeError as err:  # the library refused the export: that is a mismatch too
         lines, ok = [str(err)], False
     print("\n".join(lines))
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok and valid else 1
 
 
-def _eagle3(head, target, python, args, target_path) -> tuple[list[str], bool]:
+def _eagle3(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
     """Both sides on the same target states: ``(1, T)`` tokens, their aux features ``(1, T, 3·H_t)``."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, target.config.vocab_size, (1, args.tokens), generator=generator)
@@ -87,19 +89,46 @@ def _eagle3(head, target, python, args, target_path) -> tuple[list[str], bool]:
     inputs = {"hidden_states": aux, "input_ids": shift_left(ids, 1), "steps": torch.tensor(args.steps),
               "position_ids": torch.arange(args.tokens)[None]}
     out = run_speculators(python, args.export, str(target_path), inputs)
-    theirs = [out[f"step{k}"][0] for k in range(len(out))]
+    theirs = [out[f"step{k}"][0] for k in range(args.steps) if f"step{k}" in out]
     keep = args.tokens - args.steps  # the last positions read the padding each side fills its own way
-    return compare_steps([o[:keep] for o in ours], [t[:keep] for t in theirs], args.atol)
+    tensors, same = _tensors(head, out)
+    lines, ok = compare_steps([o[:keep] for o in ours], [t[:keep] for t in theirs], args.atol)
+    return tensors + lines, same and ok
 
 
-def _dflash(head, config, python, export, target_path) -> tuple[list[str], bool]:
-    """Every tensor as the library loads it, and the causal flag as vLLM's update_dflash derives it."""
-    loaded = run_speculators(python, export, str(target_path), {"unused": torch.zeros(1)})
-    lines, ok = compare_tensors({k: v.float() for k, v in head.state_dict().items()}, loaded)
+def _tensors(head, out) -> tuple[list[str], bool]:
+    """The head's tensors against the consumer's loaded ones (its layer is ``layers.0`` where ours ``midlayer``)."""
+    ours = {k.replace("midlayer.", "layers.0."): v for k, v in head.state_dict().items()}
+    lines, ok = compare_tensors(ours, {k.removeprefix("state."): v for k, v in out.items() if k.startswith("state.")})
+    return lines[-6:], ok
+
+
+def _dflash(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
+    """Blocks ``[t_a, MASK...]`` at every anchor a of the same target states on both sides: one line per
+    block position k >= 1 (the drafts), then the causal flag as vLLM's update_dflash derives it."""
+    generator = torch.Generator().manual_seed(0)
+    bs, length = head.config.block_size, max(args.tokens, head.config.block_size + 2)
+    ids = torch.randint(3, target.config.vocab_size, (1, length), generator=generator)
+    anchors = torch.arange(1, length - bs)  # the library anchors only where a whole block fits
+    with torch.no_grad():
+        states = target(ids, output_hidden_states=True).hidden_states
+        embed = target.get_input_embeddings()
+        features = Features(input_ids=ids, loss_mask=torch.ones_like(ids), embeds=embed(ids),
+                            hidden=torch.cat([states[i] for i in head.feature_layer_ids], dim=-1),
+                            mask_embed=embed(torch.tensor([head.config.mask_token_id]))[0])
+        blocks = block_outputs(head, features, anchors[None], sequence_context(head, features))  # (1, N, bs, H)
+        ours = target.get_output_embeddings()(blocks)[0]  # (N, bs, V): the target's lm_head, as the library's
+    inputs = {"hidden_states": features.hidden, "input_ids": ids, "anchors": anchors,
+              "position_ids": torch.arange(length)[None]}
+    out = run_speculators(python, args.export, str(target_path), inputs)
+    theirs = out["blocks"].view(len(anchors), bs, -1)
+    lines, ok = compare_steps([ours[:, k] for k in range(1, bs)], [theirs[:, k] for k in range(1, bs)], args.atol,
+                              label="block position", first=1)
     causal = not config.get("sliding_window_non_causal", True)  # vLLM update_dflash: dflash_config.causal
     lines.append(f"vLLM reader: dflash_config.causal={str(causal).lower()} "
                  f"{'MISMATCH (DFlash blocks attend both ways)' if causal else 'ok'}")
-    return lines, ok and not causal
+    tensors, same = _tensors(head, out)
+    return tensors + lines, same and ok and not causal
 
 
 def cli(argv: list[str] | None = None) -> int:

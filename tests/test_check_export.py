@@ -73,14 +73,17 @@ def test_eagle3_exports_draft_alike_in_the_library(tmp_path, verifiers, capsys, 
     code, printed = _check(out, head_dir, target, capsys)
     assert code == 0, printed
     assert printed.count("drafted tokens") == 3 and "MISMATCH" not in printed and "parity: ok" in printed
+    assert "loaded exactly" in printed
 
 
-def test_dflash_export_loads_exactly_and_runs_non_causal(tmp_path, verifiers, capsys):
+def test_dflash_export_drafts_alike_in_the_library(tmp_path, verifiers, capsys):
     target = verifiers["qwen3"]
     head = _perturb(build_head("dflash", target, num_layers=2, block_size=4, mask_token_id=90))
     out, head_dir = _export(tmp_path, head, target)
     code, printed = _check(out, head_dir, target, capsys)
-    assert code == 0 and "25/25 loaded exactly" in printed and "dflash_config.causal=false ok" in printed, printed
+    assert code == 0 and "tensors: 25/25 loaded exactly" in printed and "dflash_config.causal=false ok" in printed
+    assert [line.split(":")[0] for line in printed.splitlines() if "drafted tokens" in line] == \
+        ["block position 1", "block position 2", "block position 3"]  # the drafts; position 0 is the anchor
 
 
 def _plant(out, config_edit=None, tensor_edit=None):

@@ -50,6 +50,7 @@ from heads.formats.dflash import DFLASH_ARCHITECTURE, _dflash_artifact, _dflash_
 from heads.formats.eagle import _eagle_artifact, _eagle_problems
 from heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
 from heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
+from heads.formats.parity import checked_section
 from heads.formats.public import import_eagle3
 from heads.formats.speculators import (SPECULATORS_LAYER_PREFIX, _speculators_artifact, import_speculators_dflash,
                                       speculators_problems)
@@ -243,8 +244,10 @@ def _write(artifact: Artifact, directory: Path) -> None:
 
 
 def _write_card(head: DraftHead, directory: Path, fmt: str, config: dict[str, Any]) -> None:
-    """README.md stating the format, the engines and (EAGLE-3) the layer convention written."""
-    (directory / "README.md").write_text(model_card(head, fmt=fmt, export_config=config))
+    """README.md stating the format, the engines, (EAGLE-3) the layer convention written and what the format
+    was checked against."""
+    card = model_card(head, fmt=fmt, export_config=config)
+    (directory / "README.md").write_text(card + checked_section(fmt))
 
 
 def validate_export(path: str | Path, fmt: str) -> None:

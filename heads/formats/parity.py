@@ -26,6 +26,32 @@ VENV_IMPORT_DEPENDENCIES = ("openai", f"hs-connectors=={SPECULATORS_VERSION}", "
 RUNNER = Path(__file__).with_name("consumer_speculators.py")
 
 
+# What each format was checked against, and how: the section every export's README.md ends with.
+_SOURCE = ("by reading its loader's source: every key it reads is written as docs/export-keys.md lists "
+           "(tests/test_export_keys.py); not run here, no engine runs on CPU")
+CHECKED_AGAINST = {
+    "vllm": [f"vLLM `llama_eagle3.py` (2026, with `fc_norm`/`norm_output`) and SGLang `llama_eagle3.py`, {_SOURCE}",
+             "SpecForge reads `norm_output` otherwise (docs/export-keys.md): a plain head writes none, which every "
+             "reader takes as plain EAGLE-3; an EAGLE-3.1 head (`norm_output: true`) is not for SpecForge"],
+    "speculators": [f"speculators {SPECULATORS_VERSION}: loaded with its own `from_pretrained` and run on the same "
+                    "target states as the head by `draftsmith check-export DIR --head HEAD --target TARGET` "
+                    "(every tensor exact, max logit difference <= 1e-4, every drafted token equal)",
+                    f"vLLM's speculators reader (`update_eagle3` / `update_dflash`) and drafters, {_SOURCE}"],
+    **{fmt: [f"{engine}'s loader: the tensor names and shapes it reads (heads/formats/{module}.py) checked on "
+             "export and on read-back; not run here, no engine runs on CPU"]
+       for fmt, engine, module in (("eagle-vllm", "vLLM's EAGLE-1", "eagle"), ("medusa-vllm", "vLLM's Medusa", "medusa"),
+                                   ("medusa-tgi", "TGI's Medusa", "medusa"))},
+    "dflash": ["z-lab's `DFlashDraftModel` layout (docs/dflash.md), checked on export and on read-back",
+               f"vLLM `qwen3_dflash.py` (non-causal through `layer_types`), {_SOURCE}"],
+}
+CHECKED_AGAINST["sglang"] = CHECKED_AGAINST["vllm"]
+
+
+def checked_section(fmt: str) -> str:
+    """The README section naming the consumer versions ``fmt`` was checked against, and how."""
+    return "\n## Checked against\n\n" + "".join(f"- {line}\n" for line in CHECKED_AGAINST[fmt])
+
+
 def venv_dir() -> Path:
     """Where the speculators venv lives (``DRAFTSMITH_VENVS`` overrides ``~/.cache/draftsmith/venvs``)."""
     root = os.environ.get("DRAFTSMITH_VENVS") or Path.home() / ".cache" / "draftsmith" / "venvs"
@@ -69,9 +95,10 @@ def run_speculators(python: Path, export: Path, verifier: str, inputs: dict[str,
         return load_file(str(out_path))
 
 
-def compare_steps(ours: list[Tensor], theirs: list[Tensor], atol: float) -> tuple[list[str], bool]:
+def compare_steps(ours: list[Tensor], theirs: list[Tensor], atol: float, label: str = "step",
+                  first: int = 0) -> tuple[list[str], bool]:
     """One line per draft step: max |logit difference| and whether the drafted tokens (argmax) agree.
-    ``ours[k]``/``theirs[k]`` are (T, Vd) logits of step k at the same positions."""
+    ``ours[k]``/``theirs[k]`` are (N, Vd) logits of step ``first + k`` at the same N positions."""
     if len(ours) != len(theirs):
         return [f"steps: ours {len(ours)}, theirs {len(theirs)}"], False
     lines, ok = [], True
@@ -81,13 +108,14 @@ def compare_steps(ours: list[Tensor], theirs: list[Tensor], atol: float) -> tupl
         agree = int((a.argmax(-1) == b.argmax(-1)).sum()) if a.shape == b.shape else 0
         good = same and diff <= atol
         ok &= good
-        lines.append(f"step {k}: max |logit diff| {diff:.3g}, drafted tokens {agree}/{a.shape[0]} equal "
+        lines.append(f"{label} {first + k}: max |logit diff| {diff:.3g}, drafted tokens {agree}/{a.shape[0]} equal "
                      f"{'ok' if good else 'MISMATCH'}")
     return lines, ok
 
 
 def compare_tensors(ours: dict[str, Tensor], theirs: dict[str, Tensor]) -> tuple[list[str], bool]:
-    """Every tensor of ``ours`` equal in ``theirs`` (the consumer's loaded state), one line per difference."""
+    """Every tensor of ``ours`` equal in ``theirs`` (the consumer's loaded state), one line per difference and
+    a count; ``theirs`` may hold more (what the consumer fills from the verifier)."""
     lines = []
     for name, tensor in ours.items():
         other = theirs.get(name)
