@@ -14,17 +14,17 @@ at config level (docs/export-keys.md).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-from data.base.checks import cli_count
+from data.base.checks import cli_count, cli_real
 from data.cli import run
 from data.targets import load_target, resolve_target
 from heads import AutoHead
-from heads.formats import validate_export
+from heads.formats import PROVENANCE_KEY, validate_export
+from heads.formats.validation import read_json_object
 from heads.formats.parity import compare_steps, compare_tensors, run_speculators, speculators_python
 from train.features import Features
 from train.objectives.dflash import block_outputs, sequence_context
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "reads it as the verifier")
     parser.add_argument("--steps", type=cli_count(), default=3, help="EAGLE-3 draft steps compared")
     parser.add_argument("--tokens", type=cli_count(), default=24, help="target positions drafted from")
-    parser.add_argument("--atol", type=float, default=1e-4, help="largest logit difference that still agrees")
+    parser.add_argument("--atol", type=cli_real(0.0), default=1e-4, help="largest logit difference that still agrees")
     parser.add_argument("--python", type=Path, help="an interpreter that imports speculators (default: its venv)")
     parser.add_argument("--install", action="store_true", help="create the speculators venv if it is missing")
     return parser.parse_args(argv)
@@ -47,8 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    config = json.loads((args.export / "config.json").read_text()) if (args.export / "config.json").is_file() else {}
-    fmt = (config.get("draftsmith") or {}).get("format")
+    if args.tokens <= args.steps:
+        raise ValueError(f"--tokens {args.tokens} must exceed --steps {args.steps} (the last --steps positions "
+                         "are not compared)")
+    config = read_json_object(args.export / "config.json")
+    fmt = (config.get(PROVENANCE_KEY) or {}).get("format")
     fmt = "vllm" if fmt == "vllm+sglang" else fmt
     if fmt is None:
         raise ValueError(f"{args.export}/config.json: no draftsmith provenance; not an export draftsmith wrote")

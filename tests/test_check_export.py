@@ -159,3 +159,13 @@ def test_without_the_library_the_check_says_how_to_install_it(tmp_path, verifier
     assert check_cli([str(out), "--head", str(head_dir), "--target", target.config._name_or_path]) == 2
     assert "pass --install to create it" in capsys.readouterr().err
     assert not (tmp_path / "venvs").exists()  # never created unasked
+
+
+def test_usage_mistakes_are_one_line_with_exit_code_2(tmp_path, capsys):
+    assert check_cli([str(tmp_path / "none"), "--head", "h", "--target", "t"]) == 2
+    assert "config.json" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    assert check_cli([str(tmp_path), "--head", "h", "--target", "t"]) == 2
+    assert "no draftsmith provenance" in capsys.readouterr().err
+    assert check_cli([str(tmp_path), "--head", "h", "--target", "t", "--tokens", "3", "--steps", "3"]) == 2
+    assert "--tokens 3 must exceed --steps 3" in capsys.readouterr().err
