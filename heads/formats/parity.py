@@ -63,6 +63,8 @@ def speculators_python(create: bool = False) -> Path:
     venv = venv_dir()
     python = venv / "bin" / "python"
     if not _imports(python) and create:
+        print(f"creating the speculators {SPECULATORS_VERSION} venv at {venv} (pip, from the package index)",
+              file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
         env = {**os.environ, "PIP_CONSTRAINT": ""}  # our constraints pin transformers; the venv has its own
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
@@ -77,8 +79,9 @@ def speculators_python(create: bool = False) -> Path:
 def _imports(python: Path) -> bool:
     if not python.is_file():
         return False
-    probe = f"import speculators, sys; sys.exit(speculators.__version__ != {SPECULATORS_VERSION!r})"
-    return subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
+    probe = ("import sys, importlib.metadata as m; from speculators import SpeculatorModel; "
+             f"sys.exit(m.version('speculators') != {SPECULATORS_VERSION!r})")
+    return subprocess.run([str(python), "-I", "-c", probe], capture_output=True).returncode == 0
 
 
 def run_speculators(python: Path, export: Path, verifier: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
