@@ -32,6 +32,7 @@ from train.unroll import shift_left, unroll
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The check's options (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", type=Path, help="the export directory")
     parser.add_argument("--head", required=True, help="the head the export was written from (ours)")
@@ -46,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Validate the export, run its consumer, print one line per step; 0 when all agree, 1 otherwise."""
     args = parse_args(argv)
     if args.tokens <= args.steps:
         raise ValueError(f"--tokens {args.tokens} must exceed --steps {args.steps} (the last --steps positions "
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config/tensors: MISMATCH {err}".replace("\n", " "))
         valid = False
     if fmt != "speculators":
-        print(f"no consumer library for '{fmt}' runs here: its keys are checked against docs/export-keys.md")
+        print(f"no consumer library for '{fmt}' runs here: the keys its engines read are tabled in "
+              "docs/export-keys.md (tests/test_export_keys.py checks we write them)")
         return 0 if valid else 1
     head = AutoHead.from_pretrained(args.head).float().eval()
     target_path = resolve_target(args.target)

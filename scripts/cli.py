@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "launch": ("scripts.launch", "cli", "accelerate launch of the training (several processes), ending with its own exit code"),
     "generate": ("infer.generate", "cli", "speculative generation with a head or a classic drafter"),
     "export": ("scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
-    "check-export": ("scripts.check_export", "cli", "load an export with its consumer's own code and compare its drafts"),
+    "check-export": ("scripts.check_export", "cli", "an export run by its consumer's own code drafts what the head does"),
     "bench": ("scripts.benchmark", "main", "every decoding method on one target, against the bound"),
     "bench-scale": ("scripts.bench_scale", "main", "decoding speed at real model shapes (random weights)"),
     "gpu-report": ("scripts.gpu_report", "main", "the real-model experiment in one command: regenerate, train, benchmark"),

@@ -87,7 +87,8 @@ def exports(tmp_path_factory):
     out = {}
     for name, (head, fmt, target) in made.items():
         path = export_head(head, root / name, fmt, target=target)
-        out[name] = (json.loads((path / "config.json").read_text()), load_file(path / "model.safetensors"), head, target)
+        config = json.loads((path / "config.json").read_text())
+        out[name] = (config, load_file(path / "model.safetensors"), head, target)
     return out
 
 

@@ -39,8 +39,8 @@ CHECKED_AGAINST = {
                     f"vLLM's speculators reader (`update_eagle3` / `update_dflash`) and drafters, {_SOURCE}"],
     **{fmt: [f"{engine}'s loader: the tensor names and shapes it reads (heads/formats/{module}.py) checked on "
              "export and on read-back; not run here, no engine runs on CPU"]
-       for fmt, engine, module in (("eagle-vllm", "vLLM's EAGLE-1", "eagle"), ("medusa-vllm", "vLLM's Medusa", "medusa"),
-                                   ("medusa-tgi", "TGI's Medusa", "medusa"))},
+       for fmt, engine, module in (("eagle-vllm", "vLLM's EAGLE-1", "eagle"),
+                                   ("medusa-vllm", "vLLM's Medusa", "medusa"), ("medusa-tgi", "TGI's Medusa", "medusa"))},
     "dflash": ["z-lab's `DFlashDraftModel` layout (docs/dflash.md), checked on export and on read-back",
                f"vLLM `qwen3_dflash.py` (non-causal through `layer_types`), {_SOURCE}"],
 }
