@@ -247,7 +247,7 @@ def _write_card(head: DraftHead, directory: Path, fmt: str, config: dict[str, An
     """README.md stating the format, the engines, (EAGLE-3) the layer convention written and what the format
     was checked against."""
     card = model_card(head, fmt=fmt, export_config=config)
-    (directory / "README.md").write_text(card + checked_section(fmt))
+    (directory / "README.md").write_text(card.rstrip("\n") + "\n" + checked_section(fmt))
 
 
 def validate_export(path: str | Path, fmt: str) -> None:
