@@ -4,6 +4,7 @@
     draftsmith launch --num_processes 2 --multi_gpu [--config FILE] [key=value ...]  # that launch, exit code 2 on a mistake
     draftsmith generate --head DIR --prompt "..." --compare
     draftsmith export --head DIR --to vllm --out DIR
+    draftsmith check-export DIR --head H --target T    # scripts/check_export.py
     draftsmith bench --target DIR --heads DIR ...      # scripts/benchmark.py
     draftsmith bench-scale --shape llama3.1-8b         # scripts/bench_scale.py
     draftsmith gpu-report --budget-min 25              # scripts/gpu_report.py
@@ -31,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "launch": ("scripts.launch", "cli", "accelerate launch of the training (several processes), ending with its own exit code"),
     "generate": ("infer.generate", "cli", "speculative generation with a head or a classic drafter"),
     "export": ("scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
+    "check-export": ("scripts.check_export", "cli", "an export run by its consumer's own code drafts what the head does"),
     "bench": ("scripts.benchmark", "main", "every decoding method on one target, against the bound"),
     "bench-scale": ("scripts.bench_scale", "main", "decoding speed at real model shapes (random weights)"),
     "gpu-report": ("scripts.gpu_report", "main", "the real-model experiment in one command: regenerate, train, benchmark"),

@@ -8,7 +8,8 @@ Formats: vllm and sglang (EAGLE-3, the same directory serves both and TensorRT-L
 (EAGLE-3 or DFlash, `vllm serve DIR` alone), eagle-vllm (EAGLE-1/2), medusa-vllm, medusa-tgi, dflash
 (z-lab's layout: SGLang). The export is
 validated after writing and refused when an engine would load it wrong; README.md ("Serve with vLLM / SGLang / TensorRT-LLM") has the
-launch commands.
+launch commands. `draftsmith check-export DIR --target T` then compares the export's drafts, loaded by the
+consumer's own code, with the head's (scripts/check_export.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 
 from data.base.checks import cli_count
 from data.cli import run
-from data.targets import load_target_config, resolve_target
+from data.targets import load_target, load_target_config, resolve_target
 from heads import AutoHead
 from heads.formats import FORMATS, export_head
 
@@ -34,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--to", required=True, choices=FORMATS, help="serving format")
     parser.add_argument("--out", required=True, type=Path, help="output directory (must be empty or absent)")
     parser.add_argument("--target", help="target path, Hub id or demo:<size>: checked against the head, fills "
-                        "missing facts")
+                        "missing facts (required for --to speculators with an EAGLE-3 head: its embedding is written)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the weights (default: as saved)")
     parser.add_argument("--num-speculative-tokens", type=cli_count(), default=3,
                         help="speculators format: proposal length vLLM uses by default")
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> Path:
     target = None
     if args.target:
         target_path = resolve_target(args.target)
-        target = load_target_config(target_path)
+        # speculators EAGLE-3 exports carry the target's input embedding: its weights are read, not only its config
+        weights = args.to == "speculators" and head.head_kind == "eagle3"
+        target = load_target(target_path, dtype="auto") if weights else load_target_config(target_path)
     out = export_head(
         head,
         args.out,

@@ -97,7 +97,10 @@ def test_export_writes_the_flags_and_imports_back_exactly(target, tmp_path, fmt)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     plain_out = export_head(_heads(target)[0], tmp_path / f"{fmt}-plain", fmt, target=target)
     plain_config = json.loads((plain_out / "config.json").read_text())
-    assert plain_config["fc_norm"] is False and plain_config["norm_output"] is False  # explicit, never a default
+    # fc_norm explicit; norm_output false explicit where every reader means post-norm (speculators), left out of
+    # the flat config, where SpecForge would read an explicit false as logits without the final norm
+    assert plain_config["fc_norm"] is False
+    assert plain_config.get("norm_output", "absent") == (False if fmt == "speculators" else "absent")
     tensors = load_file(out / "model.safetensors")
     save_file({k: v for k, v in tensors.items() if k != "fc_norm.1.weight"}, out / "model.safetensors")
     with pytest.raises(ValueError, match=r"fc_norm\.1\.weight"):

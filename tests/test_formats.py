@@ -94,9 +94,12 @@ def test_eagle3_export_matches_reference_layout(tmp_path, target, eagle3_reduced
                 **_midlayer_spec(layer, 2 * H)}
     if reduced:
         expected.update({"d2t": (VD,), "t2d": (V,)})
-    assert {k: tuple(v.shape) for k, v in tensors.items()} == expected  # exact key set: no model. prefix, no embed
+    if fmt == "speculators":  # the target's embedding: the library leaves its own uninitialised otherwise
+        expected["embed_tokens.weight"] = (V, H)
+        assert torch.equal(tensors["embed_tokens.weight"], target.get_input_embeddings().weight)
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == expected  # exact key set: no model. prefix
     state = {k.replace("midlayer.", layer): v for k, v in head.state_dict().items()}
-    assert all(torch.equal(tensors[k], state[k]) for k in expected)
+    assert all(torch.equal(tensors[k], state[k]) for k in expected if k in state)
     if reduced:
         assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
         assert torch.equal(torch.arange(VD) + tensors["d2t"], DRAFT_IDS) and int(tensors["t2d"].sum()) == VD
@@ -140,7 +143,9 @@ def test_speculators_verifier_for_a_head_of_a_local_target(tmp_path, target, eag
     (tmp_path / "my-target").mkdir()
     with pytest.raises(ValueError, match="pass verifier= \\(--verifier\\)"):
         export_head(local, tmp_path / "a", "speculators")
-    spec = _config(export_head(local, tmp_path / "b", "speculators", verifier="/models/my-target"))
+    with pytest.raises(ValueError, match="carries the target's embed_tokens.weight.*pass target= the target model"):
+        export_head(local, tmp_path / "a", "speculators", verifier="/models/my-target")
+    spec = _config(export_head(local, tmp_path / "b", "speculators", verifier="/models/my-target", target=target))
     assert spec["speculators_config"]["verifier"]["name_or_path"] == "/models/my-target"
     with pytest.raises(ValueError, match="verifier= names the target in speculators configs only"):
         export_head(local, tmp_path / "c", "vllm", verifier="/models/my-target")
@@ -574,5 +579,5 @@ def test_formats_are_one_module_per_engine_family():
     root = Path(__file__).resolve().parents[1] / "heads" / "formats"
     assert not (root.parent / "formats.py").exists()
     assert {p.stem for p in root.glob("*.py")} == {"__init__", "validation", "eagle3", "speculators", "eagle",
-                                                   "medusa", "public", "dflash"}
+                                                   "medusa", "public", "dflash", "parity", "consumer_speculators"}
     assert max(len(p.read_text().splitlines()) for p in root.glob("*.py")) < 300

@@ -50,9 +50,10 @@ from heads.formats.dflash import DFLASH_ARCHITECTURE, _dflash_artifact, _dflash_
 from heads.formats.eagle import _eagle_artifact, _eagle_problems
 from heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
 from heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
+from heads.formats.parity import checked_section
 from heads.formats.public import import_eagle3
-from heads.formats.speculators import (SPECULATORS_LAYER_PREFIX, _speculators_artifact, _speculators_problems,
-                                      import_speculators_dflash, speculators_problems)
+from heads.formats.speculators import (SPECULATORS_LAYER_PREFIX, _speculators_artifact, import_speculators_dflash,
+                                      speculators_problems)
 from heads.formats.validation import (
     EAGLE3_ARCHITECTURE,
     ENGINE_AUX_LAYERS,
@@ -139,6 +140,8 @@ def export_head(
         "dtype": dtype,
         "num_speculative_tokens": num_speculative_tokens,
         "max_position_embeddings": context if max_position_embeddings is None else max_position_embeddings,
+        # (V, H_t) the target's input embedding, when the target is a model: speculators EAGLE-3 exports carry it
+        "embedding": target.get_input_embeddings().weight if isinstance(target, PreTrainedModel) else None,
     }
     artifact = _BUILDERS[fmt](head, facts, options)
     raise_problems(validate_artifact(artifact.config, artifact.tensors, fmt), f"refusing to export as '{fmt}'")
@@ -241,8 +244,10 @@ def _write(artifact: Artifact, directory: Path) -> None:
 
 
 def _write_card(head: DraftHead, directory: Path, fmt: str, config: dict[str, Any]) -> None:
-    """README.md stating the format, the engines and (EAGLE-3) the layer convention written."""
-    (directory / "README.md").write_text(model_card(head, fmt=fmt, export_config=config))
+    """README.md stating the format, the engines, (EAGLE-3) the layer convention written and what the format
+    was checked against."""
+    card = model_card(head, fmt=fmt, export_config=config)
+    (directory / "README.md").write_text(card.rstrip("\n") + "\n" + checked_section(fmt))
 
 
 def validate_export(path: str | Path, fmt: str) -> None:
@@ -260,13 +265,7 @@ def validate_artifact(config: dict[str, Any], tensors: dict[str, Tensor], fmt: s
     if fmt in ("vllm", "sglang"):
         return _eagle3_problems(config, config, tensors)
     if fmt == "speculators":
-        dflash = speculators_problems(config, tensors)
-        if dflash is not None:
-            return dflash
-        layer = config.get("transformer_layer_config")
-        if not isinstance(layer, dict):
-            return ["transformer_layer_config is missing (vLLM reads the layer shape from it)"]
-        return _speculators_problems(config) + _eagle3_problems(layer, config, tensors, SPECULATORS_LAYER_PREFIX)
+        return speculators_problems(config, tensors)
     if fmt == "eagle-vllm":
         return _eagle_problems(config, tensors)
     if fmt == "medusa-vllm":

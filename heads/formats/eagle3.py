@@ -27,10 +27,15 @@ from heads.formats.validation import (
 )
 
 
-def eagle31_flags(cfg) -> dict[str, bool]:
-    """EAGLE-3.1's flags as vLLM (LlamaForCausalLMEagle3) and speculators read them; both false for
-    EAGLE-3, written explicitly so no reader's default decides."""
-    return {"fc_norm": bool(cfg.fc_norm), "norm_output": bool(cfg.norm_output)}
+def eagle31_flags(cfg, flat: bool = False) -> dict[str, bool]:
+    """EAGLE-3.1's flags as vLLM (LlamaForCausalLMEagle3) and speculators read them, written explicitly so no
+    reader's default decides. In the flat (``vllm``/``sglang``) config a false ``norm_output`` is left out:
+    SpecForge, which trains for SGLang, reads an explicit false as "logits without the final norm" and its
+    default (true) as plain EAGLE-3, while vLLM's and SGLang's default (false) is plain EAGLE-3 too."""
+    flags = {"fc_norm": bool(cfg.fc_norm), "norm_output": bool(cfg.norm_output)}
+    if flat and not cfg.norm_output:
+        del flags["norm_output"]
+    return flags
 
 
 def _eagle3_tensors(head: Eagle3Head, options: dict[str, Any]) -> dict[str, Tensor]:
@@ -54,7 +59,7 @@ def _eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size or cfg.hidden_size,
         "norm_before_residual": False,  # the residual is the un-normed hidden state
-        **eagle31_flags(cfg),
+        **eagle31_flags(cfg, flat=True),
         "torch_dtype": dtype,
         "dtype": dtype,
     }
@@ -85,6 +90,9 @@ def _eagle3_problems(layer: dict[str, Any], top: dict[str, Any], tensors: dict[s
     for key, why in (("attention_bias", "SGLang builds qkv without bias"), ("mlp_bias", "SGLang's MLP has none")):
         if layer.get(key):
             problems.append(f"config {key}=true: {why} and would drop the biases silently")
+    if layer is top and top.get("norm_output") is False:
+        problems.append("norm_output=false written: SpecForge reads it as logits without the final norm; leave it "
+                        "out (every reader's default is then plain EAGLE-3)")
     if top.get("norm_before_residual"):
         problems.append("norm_before_residual=true describes another head (draftsmith keeps the un-normed residual)")
     if top.get("norm_before_fc"):

@@ -32,6 +32,7 @@ def import_eagle3(
     target: PretrainedConfig | PreTrainedModel | str | None = None,
     allow_embed_tokens: bool = False,
     dtype: torch.dtype | None = None,
+    norm_output_meaning: str | None = None,
     **hub_kwargs: Any,
 ) -> Eagle3Head:
     """An ``Eagle3Head`` from a public EAGLE-3 checkpoint (EAGLE authors, SpecForge, speculators, our exports).
@@ -69,6 +70,7 @@ def import_eagle3(
                          f"{recorded}")
 
     vocab = _required(layer, "vocab_size", directory)
+    norm_output = norm_output_of(config, norm_output_meaning, directory)
     head_config = Eagle3Config(
         hidden_size=_required(layer, "hidden_size", directory),
         intermediate_size=_required(layer, "intermediate_size", directory),
@@ -85,15 +87,49 @@ def import_eagle3(
         draft_vocab_size=config.get("draft_vocab_size") or vocab,
         aux_layer_ids=ids,
         fc_norm=bool(config.get("fc_norm", False)),
-        norm_output=bool(config.get("norm_output", False)),
+        norm_output=norm_output,
         **{f"target_{k}": v for k, v in facts.items()},
     )
     head = Eagle3Head(head_config)
     target_model = target if isinstance(target, PreTrainedModel) else None
-    tensors = _load_public_tensors(directory, allow_embed_tokens, target_model)
+    ours = ((config.get(PROVENANCE_KEY) or {}).get("format") == "speculators")  # carries the target's embedding
+    tensors = _load_public_tensors(directory, allow_embed_tokens or ours, target_model)
     _load_strict(head, tensors, directory)
     floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
     return head.to(dtype or (floats.pop() if len(floats) == 1 else torch.float32)).eval()
+
+
+NORM_OUTPUT_MEANINGS = ("post-norm", "specforge")
+
+
+def norm_output_of(config: dict[str, Any], meaning: str | None, directory: Path) -> bool:
+    """The head's ``norm_output`` for a checkpoint's config (docs/export-keys.md, "norm_output").
+
+    vLLM, speculators, NeMo and SGLang (``"post-norm"``, draftsmith's meaning): true feeds ``norm(out)`` to the
+    next step and to lm_head; default false. SpecForge (``"specforge"``): the next step always reads the
+    pre-norm ``out``; true (its default) normalises the logits' input, false drops the final norm from the
+    logits, which no draftsmith head computes. A flat config that writes the key and is not ours says
+    neither, so the caller must name the meaning; absent, both mean plain EAGLE-3.
+    """
+    if meaning is not None and meaning not in NORM_OUTPUT_MEANINGS:
+        raise ValueError(f"norm_output_meaning={meaning!r}; expected one of {list(NORM_OUTPUT_MEANINGS)}")
+    if "norm_output" not in config:
+        return False
+    value = config["norm_output"]
+    if not isinstance(value, bool):
+        raise ValueError(f"{directory}/config.json: norm_output={value!r} must be true or false")
+    known = PROVENANCE_KEY in config or config.get("speculators_model_type") is not None
+    if meaning is None and not known:
+        raise ValueError(f"{directory}/config.json: norm_output={str(value).lower()} means two things: vLLM, "
+                         "speculators and NeMo feed the post-norm state forward, SpecForge the pre-norm one (and "
+                         "with false drops the final norm from the logits); pass norm_output_meaning='specforge' "
+                         "for a SpecForge checkpoint or 'post-norm' for the others")
+    if meaning == "specforge":
+        if not value:
+            raise ValueError(f"{directory}/config.json: SpecForge's norm_output=false computes the logits without "
+                             "the final norm, which a draftsmith head cannot express; it is refused")
+        return False  # SpecForge's true: pre-norm state forward, normed logits = plain EAGLE-3
+    return value
 
 
 def _resolve_directory(path_or_repo: str | Path, hub_kwargs: dict[str, Any]) -> Path:

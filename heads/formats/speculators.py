@@ -2,7 +2,9 @@
 length in the config. EAGLE-3 heads: ``speculators_model_type: eagle3``, the layer ``layers.0.*`` as in the
 speculators library's checkpoints. DFlash heads: ``speculators_model_type: dflash`` (the library's
 ``DFlashSpeculatorConfig``; vLLM's ``update_dflash`` turns it into a ``DFlashDraftModel`` config with
-``dflash_config.target_layer_ids`` = ``aux_hidden_state_layer_ids`` − 1); tensors as z-lab's layout."""
+``dflash_config.target_layer_ids`` = ``aux_hidden_state_layer_ids`` − 1); tensors as z-lab's layout.
+
+What each reader takes from these configs (with file and line) is tabled in docs/export-keys.md."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +16,7 @@ from torch import Tensor
 from heads.common import DraftHead
 from heads.dflash import DFLASH_ARCHITECTURE, DFlashHead
 from heads.eagle3 import Eagle3Head
-from heads.formats.eagle3 import _eagle3_tensors, eagle31_flags
+from heads.formats.eagle3 import _eagle3_problems, _eagle3_tensors, eagle31_flags
 from heads.formats.dflash import (UNKNOWN_TARGET_LAYERS, _dflash_problems, head_from_layout, qwen3_layers_config,
                                   read_checkpoint)
 from heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expect, float_tensors, llama_layer_config,
@@ -22,6 +24,9 @@ from heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expe
 
 
 SPECULATORS_LAYER_PREFIX = "layers.0."  # the speculators library's Eagle3DraftModel.layers[0]
+
+
+EMBED_TOKENS = "embed_tokens.weight"  # the target's input embedding, written into speculators EAGLE-3 exports
 
 
 DFLASH_SPECULATOR = "DFlashSpeculator"  # the speculators library's architectures entry for dflash
@@ -57,6 +62,18 @@ def _speculators_eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], option
     cfg = head.config
     tensors = {SPECULATORS_LAYER_PREFIX + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k: v
                for k, v in _eagle3_tensors(head, options).items()}
+    _verifier(facts)  # its own message first: a head of a local target names none
+    embedding = options.get("embedding")
+    if embedding is None:
+        raise ValueError("the speculators format carries the target's embed_tokens.weight (speculators' "
+                         "Eagle3DraftModel fills it from the verifier only while it is NaN, and its from_pretrained "
+                         "leaves it uninitialised): pass target= the target model (--target)")
+    if tuple(embedding.shape) != (cfg.vocab_size, cfg.target_hidden_size or cfg.hidden_size):
+        raise ValueError(f"the target's input embedding is {tuple(embedding.shape)}, the head expects "
+                         f"({cfg.vocab_size}, {cfg.target_hidden_size or cfg.hidden_size})")
+    # (V, H) the target's own rows: vLLM and the library then embed draft tokens exactly as training did
+    dtype = options["dtype"] or tensors["fc.weight"].dtype
+    tensors[EMBED_TOKENS] = float_tensors({EMBED_TOKENS: embedding}, dtype)[EMBED_TOKENS]
     dtype = dtype_name(tensors)
     tokens = options["num_speculative_tokens"]
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
@@ -123,7 +140,10 @@ def _speculators_dflash_artifact(head: DFlashHead, facts: dict[str, Any], option
         "target_hidden_size": cfg.target_hidden_size or cfg.hidden_size,
         "aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),  # HF indices; vLLM passes i - 1 to the model
         "mask_token_id": cfg.mask_token_id,
-        "sliding_window_non_causal": False,
+        # vLLM's update_dflash sets dflash_config.causal = not sliding_window_non_causal (default true) and
+        # qwen3_dflash.py applies that to every draft layer, full-attention ones included: false would run a
+        # block drafter causally. The library itself keeps full-attention layers bidirectional either way.
+        "sliding_window_non_causal": True,
         "sample_from_anchor": False,  # the anchor is the root (bonus) token: block_size - 1 drafts
         "speculators_config": _proposals("dflash", cfg.block_size - 1, facts),
         "torch_dtype": dtype,
@@ -172,11 +192,27 @@ def _speculators_dflash_problems(config: dict[str, Any], tensors: dict[str, Tens
     return problems + _speculators_config_problems(config) + _dflash_problems(dflash_layout(config), tensors)
 
 
-def speculators_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str] | None:
-    """Problems of a speculators dflash export; None for the eagle3 flavour (checked by the caller)."""
+def speculators_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
+    """Problems of a speculators export (eagle3 or dflash) as vLLM and the speculators library read it."""
     if config.get("speculators_model_type") == "dflash":
-        return _speculators_dflash_problems(config, tensors)
-    return None
+        problems = _speculators_dflash_problems(config, tensors)
+        if config.get("sliding_window_non_causal") is not True:
+            problems.append(f"sliding_window_non_causal={config.get('sliding_window_non_causal')!r}: vLLM's "
+                            "update_dflash would make every draft layer causal (dflash_config.causal = not it); "
+                            "write true")
+        return problems
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        return ["transformer_layer_config is missing (vLLM reads the layer shape from it)"]
+    own = {k: v for k, v in tensors.items() if k != EMBED_TOKENS}
+    problems = _speculators_problems(config) + _eagle3_problems(layer, config, own, SPECULATORS_LAYER_PREFIX)
+    embed, want = tensors.get(EMBED_TOKENS), (layer.get("vocab_size"), config.get("target_hidden_size"))
+    if embed is None:
+        problems.append(f"missing tensors ['{EMBED_TOKENS}'] (speculators' Eagle3DraftModel leaves it "
+                        "uninitialised unless the file holds the target's)")
+    elif tuple(embed.shape) != want or not embed.is_floating_point():
+        problems.append(f"{EMBED_TOKENS}: {embed.dtype} {tuple(embed.shape)}, expected a float {want}")
+    return problems
 
 
 def import_speculators_dflash(path_or_repo: str | Path, *, dtype: torch.dtype | None = None,

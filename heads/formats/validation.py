@@ -29,6 +29,10 @@ EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 HF_CONVENTION = "HF hidden_states index: the residual stream entering layer k (0 = embeddings)"
 
 
+NORM_OUTPUT_MEANING = ("post-norm: with norm_output true the next step and lm_head read norm(out) (vLLM, "
+                       "speculators, NeMo, SGLang); SpecForge reads the key otherwise (docs/export-keys.md)")
+
+
 # RoPE types the engines' Llama layers implement exactly as transformers does, with their parameters.
 ENGINE_ROPE_PARAMS = {
     "default": set(),
@@ -114,6 +118,7 @@ def provenance_record(head: DraftHead, fmt: str, facts: dict[str, Any]) -> dict[
     if head.head_kind == "eagle3":
         block["aux_layer_ids"] = list(head.config.aux_layer_ids)
         block["aux_layer_convention"] = HF_CONVENTION
+        block["norm_output_meaning"] = NORM_OUTPUT_MEANING
     return block
 
 

@@ -1,0 +1,52 @@
+"""Run inside the speculators venv (``python consumer_speculators.py EXPORT INPUTS OUT VERIFIER``): load an export with
+the speculators library's own ``from_pretrained`` and write what it computes. Imports nothing of draftsmith
+(its venv pins transformers <= 5.19); ``heads.formats.parity`` builds INPUTS and reads OUT.
+
+EAGLE-3: ``Eagle3DraftModel.forward`` over the given target states (training-time test, ``steps`` steps,
+eager attention so it runs on CPU); the ``lm_head`` output of every step is captured, (1, T, Vd) each.
+DFlash: ``_backbone_forward`` (the library's block pass) with a loss mask that marks exactly the given
+anchors, so it takes all of them (its ``select_anchors`` draws at random only when there are more); the
+logits of every block, (1, N·block_size, V). Both kinds also write the loaded tensors back (``state.*``).
+"""
+import json
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def main(export: str, inputs_path: str, out_path: str, verifier: str) -> None:
+    from speculators import SpeculatorModel
+    from speculators.models.dflash import DFlashSpeculatorConfig
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+
+    kind = json.load(open(f"{export}/config.json"))["speculators_model_type"]
+    inputs = load_file(inputs_path)
+    config_class = Eagle3SpeculatorConfig if kind == "eagle3" else DFlashSpeculatorConfig
+    config = config_class.from_pretrained(export)
+    config.speculators_config.verifier.name_or_path = verifier  # a local copy of the target: it reads its weights
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = SpeculatorModel.from_pretrained(export, config=config).float().eval()
+    out = {f"state.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        if kind == "eagle3":
+            steps: list[torch.Tensor] = []
+            model.lm_head.register_forward_hook(lambda module, args, output: steps.append(output.detach().clone()))
+            model(hidden_states=inputs["hidden_states"].float(), input_ids=ids, document_ids=torch.zeros_like(ids),
+                  position_ids=inputs["position_ids"], ttt_steps=int(inputs["steps"]))
+            out.update({f"step{k}": t.contiguous() for k, t in enumerate(steps)})
+        else:
+            anchors = inputs["anchors"]
+            loss_mask = torch.zeros_like(ids)
+            loss_mask[0, anchors] = 1
+            verifier_states = torch.zeros(*ids.shape, config.transformer_layer_config.hidden_size)  # loss targets only
+            logits = model._backbone_forward(inputs["hidden_states"].float(), ids, loss_mask, verifier_states,
+                                             torch.zeros_like(ids), inputs["position_ids"],
+                                             max_anchors=anchors.numel())[1]
+            out["blocks"] = logits.contiguous()
+    save_file(out, out_path)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])

@@ -1,0 +1,146 @@
+"""Check an export against its consumer's own code: the drafts it computes must equal the head's.
+
+    draftsmith check-export exports/spec --head runs/demo-eagle3 --target demo:tiny [--install]
+
+The export is validated as its engine reads it (``validate_export``). A ``speculators`` export is then loaded
+by speculators 0.9.0's own ``from_pretrained`` (in its venv, ``heads.formats.parity``; ``--install`` creates
+it) and run on the same target states as the head: EAGLE-3 drafts every position for ``--steps`` steps
+(training-time test, teacher-forced), DFlash drafts a block at every anchor; each step (block position)
+prints its max |logit difference| and how many drafted tokens agree, and for DFlash what vLLM's reader
+makes of the causal flag. Exit 0
+when all agree, 1 on any mismatch, 2 on a usage error. Formats no consumer library runs here are checked
+at config level (docs/export-keys.md).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from data.base.checks import cli_count, cli_real
+from data.cli import run
+from data.targets import load_target, resolve_target
+from heads import AutoHead
+from heads.formats import PROVENANCE_KEY, validate_export
+from heads.formats.validation import read_json_object
+from heads.formats.parity import compare_steps, compare_tensors, run_speculators, speculators_python
+from train.features import Features
+from train.objectives.dflash import block_outputs, sequence_context
+from train.unroll import shift_left, unroll
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The check's options (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("export", type=Path, help="the export directory")
+    parser.add_argument("--head", required=True, help="the head the export was written from (ours)")
+    parser.add_argument("--target", required=True, help="the target (path, Hub id or demo:<size>); the consumer "
+                        "reads it as the verifier")
+    parser.add_argument("--steps", type=cli_count(), default=3, help="EAGLE-3 draft steps compared")
+    parser.add_argument("--tokens", type=cli_count(), default=24, help="target positions drafted from")
+    parser.add_argument("--atol", type=cli_real(0.0), default=1e-4, help="largest logit difference that still agrees")
+    parser.add_argument("--python", type=Path, help="an interpreter that imports speculators (default: its venv)")
+    parser.add_argument("--install", action="store_true", help="create the speculators venv if it is missing")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Validate the export, run its consumer, print one line per step; 0 when all agree, 1 otherwise."""
+    args = parse_args(argv)
+    if args.tokens <= args.steps:
+        raise ValueError(f"--tokens {args.tokens} must exceed --steps {args.steps} (the last --steps positions "
+                         "are not compared)")
+    config = read_json_object(args.export / "config.json")
+    fmt = (config.get(PROVENANCE_KEY) or {}).get("format")
+    fmt = "vllm" if fmt == "vllm+sglang" else fmt
+    if fmt is None:
+        raise ValueError(f"{args.export}/config.json: no draftsmith provenance; not an export draftsmith wrote")
+    valid = True
+    try:
+        validate_export(args.export, fmt)
+        print(f"config/tensors: valid '{fmt}' export")
+    except ValueError as err:  # a broken export is a mismatch, not a usage error; the consumer still shows its effect
+        print(f"config/tensors: MISMATCH {err}".replace("\n", " "))
+        valid = False
+    if fmt != "speculators":
+        print(f"no consumer library for '{fmt}' runs here: the keys its engines read are tabled in "
+              "docs/export-keys.md (tests/test_export_keys.py checks we write them)")
+        return 0 if valid else 1
+    head = AutoHead.from_pretrained(args.head).float().eval()
+    target_path = resolve_target(args.target)
+    python = args.python or speculators_python(create=args.install)
+    try:
+        target = load_target(target_path).float().eval()
+        run = _dflash if head.head_kind == "dflash" else _eagle3
+        lines, ok = run(head, target, config, python, args, target_path)
+    except RuntimeError as err:  # the library refused the export: that is a mismatch too
+        lines, ok = [str(err)], False
+    print("\n".join(lines))
+    print("parity: ok" if ok and valid else "parity: MISMATCH")
+    return 0 if ok and valid else 1
+
+
+def _eagle3(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
+    """Both sides on the same target states: ``(1, T)`` tokens, their aux features ``(1, T, 3·H_t)``."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, target.config.vocab_size, (1, args.tokens), generator=generator)
+    with torch.no_grad():
+        states = target(ids, output_hidden_states=True).hidden_states
+        aux = torch.cat([states[i] for i in head.feature_layer_ids], dim=-1)
+        embeds = target.get_input_embeddings()(ids)
+        ours = [head.compute_logits(h)[0] for h in unroll(head, head.project(aux), embeds, args.steps)]
+    # the library's step k reads input_ids shifted by k: ours reads token i+1+k, so it gets ids shifted by one
+    inputs = {"hidden_states": aux, "input_ids": shift_left(ids, 1), "steps": torch.tensor(args.steps),
+              "position_ids": torch.arange(args.tokens)[None]}
+    out = run_speculators(python, args.export, str(target_path), inputs)
+    theirs = [out[f"step{k}"][0] for k in range(args.steps) if f"step{k}" in out]
+    keep = args.tokens - args.steps  # the last positions read the padding each side fills its own way
+    tensors, same = _tensors(head, out)
+    lines, ok = compare_steps([o[:keep] for o in ours], [t[:keep] for t in theirs], args.atol)
+    return tensors + lines, same and ok
+
+
+def _tensors(head, out) -> tuple[list[str], bool]:
+    """The head's tensors against the consumer's loaded ones (its layer is ``layers.0`` where ours ``midlayer``)."""
+    ours = {k.replace("midlayer.", "layers.0."): v for k, v in head.state_dict().items()}
+    lines, ok = compare_tensors(ours, {k.removeprefix("state."): v for k, v in out.items() if k.startswith("state.")})
+    return lines[-6:], ok
+
+
+def _dflash(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
+    """Blocks ``[t_a, MASK...]`` at every anchor a of the same target states on both sides: one line per
+    block position k >= 1 (the drafts), then the causal flag as vLLM's update_dflash derives it."""
+    generator = torch.Generator().manual_seed(0)
+    bs, length = head.config.block_size, max(args.tokens, head.config.block_size + 2)
+    ids = torch.randint(3, target.config.vocab_size, (1, length), generator=generator)
+    anchors = torch.arange(1, length - bs)  # the library anchors only where a whole block fits
+    with torch.no_grad():
+        states = target(ids, output_hidden_states=True).hidden_states
+        embed = target.get_input_embeddings()
+        features = Features(input_ids=ids, loss_mask=torch.ones_like(ids), embeds=embed(ids),
+                            hidden=torch.cat([states[i] for i in head.feature_layer_ids], dim=-1),
+                            mask_embed=embed(torch.tensor([head.config.mask_token_id]))[0])
+        blocks = block_outputs(head, features, anchors[None], sequence_context(head, features))  # (1, N, bs, H)
+        ours = target.get_output_embeddings()(blocks)[0]  # (N, bs, V): the target's lm_head, as the library's
+    inputs = {"hidden_states": features.hidden, "input_ids": ids, "anchors": anchors,
+              "position_ids": torch.arange(length)[None]}
+    out = run_speculators(python, args.export, str(target_path), inputs)
+    theirs = out["blocks"].view(len(anchors), bs, -1)
+    lines, ok = compare_steps([ours[:, k] for k in range(1, bs)], [theirs[:, k] for k in range(1, bs)], args.atol,
+                              label="block position", first=1)
+    causal = not config.get("sliding_window_non_causal", True)  # vLLM update_dflash: dflash_config.causal
+    lines.append(f"vLLM reader: dflash_config.causal={str(causal).lower()} "
+                 f"{'MISMATCH (DFlash blocks attend both ways)' if causal else 'ok'}")
+    tensors, same = _tensors(head, out)
+    return tensors + lines, same and ok and not causal
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """``main`` with user mistakes as one line and exit code 2."""
+    return run(main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

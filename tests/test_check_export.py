@@ -1,0 +1,171 @@
+"""`draftsmith check-export`: an export loaded by its consumer's own code (speculators 0.9.0, in its venv)
+drafts what the head drafts, and planted mismatches (a flipped causal flag, a missing tensor, the other
+norm_output meaning) exit 1. The library runs where ``DRAFTSMITH_SPECULATORS_PYTHON`` or the venv of
+``heads.formats.parity`` imports it (``draftsmith check-export ... --install`` creates it); otherwise those
+tests skip and the config/tensor-level ones below still run."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_target
+from safetensors.torch import load_file, save_file
+from test_formats import _perturb
+
+from heads import build_head
+from heads.formats import export_head, validate_export
+from heads.formats.parity import compare_steps, compare_tensors, speculators_python, venv_dir
+from scripts.check_export import cli as check_cli
+
+L = 8
+
+
+def _library() -> Path:
+    given = os.environ.get("DRAFTSMITH_SPECULATORS_PYTHON")
+    if given:
+        return Path(given)
+    try:
+        return speculators_python(create=False)
+    except FileNotFoundError as err:
+        pytest.skip(f"speculators 0.9.0 is not installed here ({err})")
+
+
+@pytest.fixture(scope="module")
+def verifiers(tmp_path_factory):
+    """Tiny Llama and Qwen3 targets saved to disk: the library reads its verifier's weights by path."""
+    root = tmp_path_factory.mktemp("verifiers")
+    out = {}
+    for arch in ("llama", "qwen3"):
+        model = make_tiny_target(arch, num_layers=L)
+        model.save_pretrained(root / arch)
+        model.config._name_or_path = str(root / arch)
+        out[arch] = model
+    return out
+
+
+def _export(tmp_path, head, target, name="spec"):
+    head_dir = tmp_path / f"{name}-head"
+    head.save_pretrained(head_dir)
+    out = export_head(head, tmp_path / name, "speculators", target=target, verifier=target.config._name_or_path)
+    return out, head_dir
+
+
+def _check(out, head_dir, target, capsys):
+    code = check_cli([str(out), "--head", str(head_dir), "--target", target.config._name_or_path,
+                      "--python", str(_library())])
+    return code, capsys.readouterr().out
+
+
+EAGLE3_VARIANTS = {"plain": {}, "fc_norm": {"fc_norm": True}, "norm_output": {"norm_output": True},
+                   "reduced": {"draft_vocab_size": 40}}
+
+
+@pytest.mark.parametrize("variant", sorted(EAGLE3_VARIANTS))
+def test_eagle3_exports_draft_alike_in_the_library(tmp_path, verifiers, capsys, variant):
+    target = verifiers["llama"]
+    head = build_head("eagle3", target, **EAGLE3_VARIANTS[variant])
+    if variant == "reduced":
+        head.set_draft_vocab(torch.arange(0, 80, 2))
+    out, head_dir = _export(tmp_path, _perturb(head), target)
+    code, printed = _check(out, head_dir, target, capsys)
+    assert code == 0, printed
+    assert printed.count("drafted tokens") == 3 and "MISMATCH" not in printed and "parity: ok" in printed
+    assert "loaded exactly" in printed
+
+
+def test_dflash_export_drafts_alike_in_the_library(tmp_path, verifiers, capsys):
+    target = verifiers["qwen3"]
+    head = _perturb(build_head("dflash", target, num_layers=2, block_size=4, mask_token_id=90))
+    out, head_dir = _export(tmp_path, head, target)
+    code, printed = _check(out, head_dir, target, capsys)
+    assert code == 0 and "tensors: 25/25 loaded exactly" in printed and "dflash_config.causal=false ok" in printed
+    assert [line.split(":")[0] for line in printed.splitlines() if "drafted tokens" in line] == \
+        ["block position 1", "block position 2", "block position 3"]  # the drafts; position 0 is the anchor
+
+
+def _plant(out, config_edit=None, tensor_edit=None):
+    config = json.loads((out / "config.json").read_text())
+    tensors = load_file(out / "model.safetensors")
+    if config_edit:
+        config_edit(config)
+    if tensor_edit:
+        tensor_edit(tensors)
+    (out / "config.json").write_text(json.dumps(config))
+    save_file(tensors, out / "model.safetensors")
+
+
+def test_a_flipped_causal_flag_fails(tmp_path, verifiers, capsys):
+    target = verifiers["qwen3"]
+    out, head_dir = _export(tmp_path, _perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)
+    _plant(out, lambda c: c.update(sliding_window_non_causal=False))  # what the export wrote before
+    code, printed = _check(out, head_dir, target, capsys)
+    assert code == 1 and "dflash_config.causal=true MISMATCH" in printed, printed
+
+
+def test_a_missing_embedding_fails(tmp_path, verifiers, capsys):
+    """The export as it was before: no embed_tokens.weight, so the library drafts from whatever its own
+    uninitialised embedding holds."""
+    target = verifiers["llama"]
+    out, head_dir = _export(tmp_path, _perturb(build_head("eagle3", target)), target)
+    _plant(out, tensor_edit=lambda t: t.pop("embed_tokens.weight"))
+    code, printed = _check(out, head_dir, target, capsys)
+    assert code == 1 and "missing tensors ['embed_tokens.weight']" in printed and "parity: MISMATCH" in printed
+
+
+def test_the_other_norm_output_meaning_fails(tmp_path, verifiers, capsys):
+    """A norm_output head exported with the flag false (SpecForge's meaning of our true): the library feeds
+    the pre-norm state forward, so step 0 agrees and the later steps do not."""
+    target = verifiers["llama"]
+    out, head_dir = _export(tmp_path, _perturb(build_head("eagle3", target, norm_output=True)), target)
+    _plant(out, lambda c: c.update(norm_output=False))
+    code, printed = _check(out, head_dir, target, capsys)
+    lines = [line for line in printed.splitlines() if line.startswith("step")]
+    assert code == 1 and lines[0].endswith("ok") and lines[1].endswith("MISMATCH"), printed
+
+
+# ------------------------------------------------------------------ config/tensor level: everywhere
+
+
+def test_dflash_speculators_export_declares_non_causal_attention(tmp_path, verifiers):
+    """vLLM's update_dflash: dflash_config.causal = not sliding_window_non_causal; today's false is refused."""
+    target = verifiers["qwen3"]
+    out, _ = _export(tmp_path, _perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)
+    assert json.loads((out / "config.json").read_text())["sliding_window_non_causal"] is True
+    _plant(out, lambda c: c.update(sliding_window_non_causal=False))
+    with pytest.raises(ValueError, match="sliding_window_non_causal=False: vLLM's update_dflash would make every"):
+        validate_export(out, "speculators")
+
+
+def test_compare_steps_and_tensors_name_each_mismatch():
+    a = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    lines, ok = compare_steps([a, a], [a, a + 1e-6], atol=1e-4)
+    assert ok and lines[1].startswith("step 1: max |logit diff| 1e-06, drafted tokens 2/2 equal ok")
+    lines, ok = compare_steps([a], [a.flip(-1)], atol=1e-4)
+    assert not ok and "drafted tokens 0/2 equal MISMATCH" in lines[0]
+    lines, ok = compare_steps([a], [torch.full_like(a, float("nan"))], atol=1e-4)
+    assert not ok
+    lines, ok = compare_tensors({"w": a, "v": a}, {"w": a, "v": a + 1})
+    assert not ok and lines[0].startswith("v: loaded values differ") and lines[-1] == "tensors: 1/2 loaded exactly"
+
+
+def test_without_the_library_the_check_says_how_to_install_it(tmp_path, verifiers, capsys, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_VENVS", str(tmp_path / "venvs"))
+    assert venv_dir() == tmp_path / "venvs" / "speculators-0.9.0"
+    target = verifiers["llama"]
+    out, head_dir = _export(tmp_path, _perturb(build_head("eagle3", target)), target)
+    assert check_cli([str(out), "--head", str(head_dir), "--target", target.config._name_or_path]) == 2
+    assert "pass --install to create it" in capsys.readouterr().err
+    assert not (tmp_path / "venvs").exists()  # never created unasked
+
+
+def test_usage_mistakes_are_one_line_with_exit_code_2(tmp_path, capsys):
+    assert check_cli([str(tmp_path / "none"), "--head", "h", "--target", "t"]) == 2
+    assert "config.json" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    assert check_cli([str(tmp_path), "--head", "h", "--target", "t"]) == 2
+    assert "no draftsmith provenance" in capsys.readouterr().err
+    assert check_cli([str(tmp_path), "--head", "h", "--target", "t", "--tokens", "3", "--steps", "3"]) == 2
+    assert "--tokens 3 must exceed --steps 3" in capsys.readouterr().err
