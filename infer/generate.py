@@ -22,6 +22,8 @@ layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed 
 ``--adaptive`` lets the draft length follow the acceptance (what an EAGLE head does by default on CPU;
 ``--tree chain --depth D`` fixes it). ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.lookup_first``).
+A ``speculation_plan.json`` next to ``--head`` (``scripts/calibrate_speculation.py``) is followed, as
+``SpeculativeGenerator.from_pretrained`` follows it.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from infer.drafters import (AdaptiveLength, Chain, StaticTree, adaptive_chain, d
 from infer.generator import SpeculativeGenerator
 from infer.lookup_first import LookupFirst
 from infer.ngram import NgramDrafter
+from infer.plan import find_plan
 from data.cli import run
 from data.targets import resolve_target
 from data.base.device import default_device, sync
@@ -272,8 +275,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
         if args.adaptive or args.lookup_first:
             head, tree = head_drafter(head, tree, args.adaptive, args.lookup_first), None
+        # the plan saved next to the head, as from_pretrained(target, HEAD_DIR) reads it: the CLI and the API agree
         gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree,
-                                                   threads=args.threads, compile=args.compile)
+                                                   threads=args.threads, compile=args.compile,
+                                                   plan=find_plan(args.head))
     if gen.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
     ids = encode(gen.tokenizer, args.prompt, args.chat).to(gen.device)

@@ -284,3 +284,29 @@ def test_the_stream_shows_no_special_tokens(saved, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "outputs identical: yes" in captured.err
     assert "<pad>" not in captured.out and "<|im_end|>" not in captured.out
+
+
+def test_cli_follows_the_plan_next_to_the_head_as_the_api_does(saved, tmp_path, capsys, monkeypatch):
+    """``--head DIR`` reads DIR/speculation_plan.json as ``from_pretrained(target, DIR)`` does: a valid
+    {"1": 0} is followed (the generator holds it: no drafting), a damaged plan is one line naming it."""
+    import shutil
+
+    from infer.generate import cli
+    from infer.plan import SpeculationPlan
+
+    made = []
+    load = SpeculativeGenerator.from_pretrained.__func__
+    monkeypatch.setattr(SpeculativeGenerator, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: made.append(load(cls, *a, **k)) or made[-1]))
+
+    head = tmp_path / "head"
+    shutil.copytree(saved / "head", head)
+    (head / "speculation_plan.json").write_text('{"lengths": {"1": 0}}')
+    argv = ["--target", str(saved / "target"), "--head", str(head), "--prompt", "w7 w8 w9", "--max-new-tokens", "8",
+            "--device", "cpu"]
+    assert cli(argv) == 0
+    assert made[-1].plan == SpeculationPlan({1: 0}) and "tau 1.00" in capsys.readouterr().err
+    (head / "speculation_plan.json").write_text('{"lengths": {"1": ')
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "speculation_plan.json: not a speculation plan" in err
