@@ -38,7 +38,7 @@ from transformers import TextStreamer
 
 from heads import AutoHead
 from infer.drafters import (AdaptiveLength, Chain, StaticTree, adaptive_chain, default_branching_tree, default_tree,
-                            drafter_class, make_drafter)
+                            drafter_class, fit_chain, make_drafter)
 from infer.generator import SpeculativeGenerator
 from infer.lookup_first import LookupFirst
 from infer.ngram import NgramDrafter
@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         if not target:
             raise ValueError(f"{args.head} records no target (target_name_or_path); pass --target")
         tree = tree_option(kind, device, args)
+        if args.depth is None:  # a default chain fits the head (a DFlash head of block_size 4 drafts 3)
+            tree = fit_chain(head, tree)
         if args.adaptive and tree is not None and not isinstance(tree, Chain):
             raise ValueError("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
         if args.adaptive or args.lookup_first:

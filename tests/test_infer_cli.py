@@ -310,3 +310,16 @@ def test_cli_follows_the_plan_next_to_the_head_as_the_api_does(saved, tmp_path, 
     assert cli(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "speculation_plan.json: not a speculation plan" in err
+
+
+def test_cli_defaults_fit_a_dflash_head_of_block_size_4(saved, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(saved / "target")
+    build_head("dflash", target, block_size=4).save_pretrained(tmp_path / "head")
+    argv = ["--target", str(saved / "target"), "--head", str(tmp_path / "head"), "--prompt", "w7 w8", "--max-new-tokens",
+            "6", "--device", "cpu", "--compare"]
+    for flags in ([], ["--tree", "chain"]):  # the CPU default chain of 4, cut to the head's 3
+        assert main(argv + flags) == 0 and "outputs identical: yes" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="block_size - 1 = 3"):  # a length the user asked for is never cut
+        main(argv + ["--depth", "4"])
