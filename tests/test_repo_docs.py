@@ -39,3 +39,43 @@ def test_readme_says_what_the_torch_pin_does_and_gives_one_thread_advice():
     assert "does not pull CUDA wheels" not in readme  # the pin selects a version, not a build
     assert "download.pytorch.org/whl/cpu" in readme
     assert "--num_cpu_threads_per_process 2` to use\nboth cores" not in readme and "--threads N" in readme
+
+
+def readme_python_snippet(heading: str) -> str:
+    """The first ```python block under README's ``heading`` (a line '## heading')."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split(f"\n## {heading}\n", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_generate_snippet_runs_as_written(tmp_path, monkeypatch, capsys):
+    """README's Python 'Generate' snippet, executed from README's text: names the main job's target
+    (demo:tiny, here a tiny stand-in with a tokenizer: building the real one takes minutes) and head
+    (runs/demo-tiny-eagle3, here a fresh head in a scratch working directory)."""
+    import torch
+    from conftest import make_tiny_target
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    import data.demo
+    from heads import build_head
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 96)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>")
+    target = make_tiny_target("llama", initializer_range=0.3)
+    target.save_pretrained(tmp_path / "demo-tiny")
+    tokenizer.save_pretrained(tmp_path / "demo-tiny")
+    monkeypatch.setattr(data.demo, "demo_target_path", lambda name: str(tmp_path / "demo-tiny"))
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    build_head("eagle3", target).save_pretrained(tmp_path / "runs" / "demo-tiny-eagle3")
+    snippet = readme_python_snippet("Generate")
+    assert '"demo:tiny", "runs/demo-tiny-eagle3"' in snippet  # the main job's own names, not placeholders
+    scope: dict = {}
+    exec(compile(snippet, "README.md (Generate)", "exec"), scope)  # noqa: S102 - the README's own text
+    ids, out = scope["input_ids"], scope["out"]
+    assert ids.shape[0] == 1 and out.shape[1] > ids.shape[1]
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) >= 2 and float(printed[-1].split()[0]) >= 1.0  # tau, then tokens/s
