@@ -289,7 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     # Warm-up: first-call allocations, not decoding speed; a compiled step warms up at the real size
     # (the static cache's size is part of the compiled shape)
+    if gen.compile:  # minutes on a busy CPU: say so before, and how long it took after
+        print(f"compiling the verify and draft steps (torch.compile, {gen.device.type}; about a minute on an idle "
+              "CPU, longer on a busy one, faster once inductor's cache holds them)...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
     gen.generate(ids, max_new_tokens=args.max_new_tokens if gen.compile else 4, **sampling)
+    if gen.compile:
+        print(f"compiled in {time.perf_counter() - start:.1f} s (the warm-up decode included)", file=sys.stderr,
+              flush=True)
     torch.manual_seed(args.seed)
     streamer = TextStreamer(gen.tokenizer, skip_prompt=True, skip_special_tokens=True)
     out = gen.generate(ids, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)

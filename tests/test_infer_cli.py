@@ -1,6 +1,8 @@
 """``python -m infer.generate`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import make_tiny_target
@@ -268,6 +270,9 @@ def test_a_compiled_generator_warms_up_at_the_real_size(saved, capsys, monkeypat
     assert main(["--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
                  "--max-new-tokens", "10", "--device", "cpu", "--compile"]) == 0
     assert sizes == [(True, 10), (True, 10)]
+    err = capsys.readouterr().err  # what the silent minutes are, and how long they took
+    assert "compiling the verify and draft steps (torch.compile, cpu" in err
+    assert re.search(r"\ncompiled in \d+\.\d s \(the warm-up decode included\)\n", err)
 
 
 def test_the_stream_shows_no_special_tokens(saved, tmp_path, capsys):
