@@ -138,6 +138,10 @@ def main(argv: list[str] | None = None) -> dict:
     timed = time_methods(methods, prompts, args, target, counter, deadline)
     prompts = prompts[:timed]
     rows = summarise(methods, costs)
+    unstable = [r["method"] for r in rows if r["timings_unstable"]]
+    if unstable:  # the table says "unstable" for these rows instead of an impossible percentage
+        print(f"benchmark: timings unstable for {', '.join(unstable)} (efficiency over 100%): the machine's load "
+              "changed between measurements; rerun on an idle one", file=sys.stderr, flush=True)
     meta = {
         "target": args.target, "heads": args.heads, "assistant": args.assistant,
         "assistant_head": args.assistant_head, "hardware": hardware(device),
