@@ -35,10 +35,25 @@ def test_no_file_cites_the_missing_reference_notes():
 
 
 def test_readme_says_what_the_torch_pin_does_and_gives_one_thread_advice():
-    readme = (ROOT / "README.md").read_text()
-    assert "does not pull CUDA wheels" not in readme  # the pin selects a version, not a build
-    assert "download.pytorch.org/whl/cpu" in readme
-    assert "--num_cpu_threads_per_process 2` to use\nboth cores" not in readme and "--threads N" in readme
+    readme, setup = (ROOT / "README.md").read_text(), (ROOT / "docs" / "setup.md").read_text()
+    assert "[docs/setup.md](docs/setup.md)" in readme  # the notes live there, linked from the first screen
+    assert "does not pull CUDA wheels" not in readme + setup  # the pin selects a version, not a build
+    assert "download.pytorch.org/whl/cpu" in setup
+    assert "--num_cpu_threads_per_process 2` to use\nboth cores" not in setup and "--threads N" in setup
+
+
+def test_the_readmes_first_screen_holds_the_set_up_and_the_next_three_commands():
+    """What draftsmith does, the two set-up commands (the test command between its markers, which
+    .ci/run extracts), and generate with --compare, export and push, all within the first 60 lines."""
+    first = "\n".join((ROOT / "README.md").read_text().splitlines()[:60])
+    assert "lossless" in first and "draft heads" in first
+    assert 'pip install torch==2.13.0 -e ".[dev]" && accelerate launch train/train_head.py' in first
+    assert '<!-- test-command -->\n```bash\npip install torch==2.13.0 -e ".[dev]" && python -m pytest -q\n```\n' \
+           "<!-- /test-command -->" in first
+    for command in ("python -m infer.generate --head runs/demo-tiny-eagle3 ", "python scripts/export.py --head "
+                    "runs/demo-tiny-eagle3 ", "python scripts/push_to_hub.py --head runs/demo-tiny-eagle3 "):
+        assert command in first, command
+    assert "--compare" in first.split("python -m infer.generate")[1].splitlines()[0]
 
 
 def readme_python_snippet(heading: str) -> str:
