@@ -94,3 +94,15 @@ def test_eagle3_import_refuses_a_d2t_outside_the_vocabulary(tmp_path, target):
     save_file(weights, tmp_path / "exported" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=rf"d2t: target ids span 0..{V + 31}, outside \[0, {V}\)"):
         AutoHead.from_pretrained(tmp_path / "exported")
+
+
+def test_a_resumed_data_position_past_the_epoch_is_refused():
+    """A checkpoint's loop position indexes the epoch's micro-batches: past them the whole epoch was skipped."""
+    from torch.utils.data import DataLoader
+
+    from train.fit import _micro_batches
+    from train.resume import TrainState
+
+    loader = DataLoader(list(range(4)), batch_size=2)  # 2 micro-batches per epoch
+    with pytest.raises(ValueError, match=r"data position batch=3 is outside \[0, 2\]"):
+        next(_micro_batches(None, loader, TrainState(batch=3)))
