@@ -4,6 +4,7 @@ range. Each loader gets a planted out-of-range value here, or in the test named 
 
 - heads (every kind): this file; their import formats: tests/test_dflash_formats.py (target_layer_ids),
   test_eagle3_import_refuses_a_d2t_outside_the_vocabulary here;
+- PEFT adapters (layers_to_transform) and a checkpoint's loop position (resume): this file;
 - stored features (row ids, offsets, state shapes): tests/test_features.py;
 - speculation plans (batch sizes, draft lengths): tests/test_infer_plan.py; layer-skip calibration
   (best_layers): tests/test_infer_selfspec.py; configs (aux ids, block size): tests/test_train_config.py.
@@ -106,3 +107,16 @@ def test_a_resumed_data_position_past_the_epoch_is_refused():
     loader = DataLoader(list(range(4)), batch_size=2)  # 2 micro-batches per epoch
     with pytest.raises(ValueError, match=r"data position batch=3 is outside \[0, 2\]"):
         next(_micro_batches(None, loader, TrainState(batch=3)))
+
+
+def test_an_adapters_layers_to_transform_past_its_base_is_refused(tmp_path):
+    from test_peft_targets import save_adapter
+
+    from data.targets import load_target
+
+    adapter_dir, _ = save_adapter(make_tiny_target("llama"), tmp_path)  # a 6-layer base
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    (adapter_dir / "adapter_config.json").write_text(json.dumps({**config, "layers_to_transform": [1, 6]}))
+    with pytest.raises(ValueError, match=r"adapter_config.json: layers_to_transform\[1\]=6 is outside \[0, 5\] "
+                                         r"\(the base model's 6 layers\)"):
+        load_target(str(adapter_dir))
