@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from data.conversations import Messages, RowError, normalize_row
-from data.base.device import default_device
 
 # Reasons a row is skipped (besides data.conversations' own).
 NOT_A_CONVERSATION = "not_a_conversation"  # a plain-text row sent to a chat server
@@ -283,7 +282,9 @@ class HFEngine:
     length, ``batch_size`` at a time, all at the same turn; left padding (bf16 on GPU)."""
 
     def __init__(self, target_path: str, *, batch_size: int = 16, device: str | None = None, dtype=None):
-        import torch
+        import torch  # here, not at the top: --engine openai never loads torch
+
+        from data.base.device import default_device
         from data.targets import load_target, load_target_tokenizer
 
         device = default_device(device)

@@ -70,3 +70,13 @@ def test_generate_reports_argument_mistakes_before_torch_loads_naming_the_comman
     assert done.returncode == 2, done.stderr
     assert f"{name}: error: {message}" in done.stderr
     assert "loaded: False False" in done.stderr
+
+
+def test_regenerate_reports_argument_mistakes_before_torch_loads():
+    """--engine openai never needs torch: a mistake in its arguments is one line in under a second."""
+    call = ("from data.cli import run; from scripts.regenerate import main; sys.exit(run(main, ['--target', 't', "
+            "'--data', 'd', '--out', 'o.jsonl', '--engine', 'openai', '--timeout', '0']))")
+    done = subprocess.run([sys.executable, "-c", PROBE.format(call)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 2 and "argument --timeout: a number > 0 expected" in done.stderr, done.stderr
+    assert "loaded: False False" in done.stderr
