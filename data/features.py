@@ -107,8 +107,8 @@ def check_shard(file: Path, rows: list[int], offsets: list[int], shapes: dict[st
     fingerprint (the target and data it was made for) when the shard is indexed: row ids in
     [0, data.rows), offsets from 0 rising to the token count, every state (tokens, hidden_size) or
     (tokens, aux layers x hidden_size)."""
-    for key in ("input_ids", "loss_mask", "row_ids", "offsets", "final"):
-        if key not in shapes and (key != "final" or "aux" in shapes):
+    for key in ("input_ids", "loss_mask", "row_ids", "offsets", "final"):  # what every writer stores
+        if key not in shapes:
             raise FeatureStoreError(f"{file}: holds no {key}; the folder is damaged")
     tokens = shapes["input_ids"][0] if shapes["input_ids"] else -1
     try:
