@@ -69,8 +69,9 @@ ASSETS: dict[str, Asset] = {
 }
 
 
-class AssetError(RuntimeError):
-    """An asset could not be fetched or did not match its pinned hashes."""
+class AssetError(OSError):
+    """An asset could not be fetched or did not match its pinned hashes: the machine's index or cache,
+    not a bug, so an OSError (every entry point reports it in one line, exit code 2)."""
 
 
 def asset_dir(asset: Asset) -> Path:

@@ -24,14 +24,25 @@ def one_line(err: BaseException) -> str:
 
 def quiet_libraries() -> None:
     """No per-file progress bars from transformers, huggingface_hub and datasets ("Loading weights",
-    "Writing model shards", "Map"): between log lines they are noise; draftsmith's own bars stay."""
-    import datasets
-    import huggingface_hub
-    from transformers.utils import logging as transformers_logging
+    "Writing model shards", "Map"): between log lines they are noise; draftsmith's own bars stay.
+    Libraries not loaded yet read it from the environment when they load (transformers' bars follow
+    huggingface_hub's switch): nothing heavy is imported here, so arguments are checked first."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
 
-    transformers_logging.disable_progress_bar()
-    huggingface_hub.utils.disable_progress_bars()
-    datasets.disable_progress_bars()
+        transformers_logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+
+
+def prog(default: str) -> str:
+    """An entry point's name for argparse's usage and error lines: ``draftsmith COMMAND`` when run
+    through the ``draftsmith`` command (which sets ``sys.argv[0]``), else ``default``."""
+    return sys.argv[0] if sys.argv and sys.argv[0].startswith("draftsmith ") else default
 
 
 def run(main: Callable[..., Any], argv: list[str] | None = None, *,

@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from data.base.checks import indices
 from data.base.paths import file_digest, share_readable
 
 MARKER = ".draftsmith-features"
@@ -86,6 +87,50 @@ def first_difference(stored: dict, current: dict) -> str | None:
     return None
 
 
+def read_manifest(path: Path) -> dict:
+    """A writer's manifest; a cut or malformed one is refused naming the file."""
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list) or not all(
+                isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("bytes"), int)
+                for s in manifest["shards"]):
+            raise ValueError('expected {"shards": [{"file", "bytes", "sha256", ...}, ...]}')
+    except ValueError as err:
+        raise FeatureStoreError(f"{path}: not a feature manifest ({err}); the folder is damaged "
+                                "(a writer cut off mid-write leaves none: store the features again)") from None
+    return manifest
+
+
+def check_shard(file: Path, rows: list[int], offsets: list[int], shapes: dict[str, list[int]],
+                fingerprint: dict) -> None:
+    """The numbers a shard carries and the reader indexes with, checked against the folder's
+    fingerprint (the target and data it was made for) when the shard is indexed: row ids in
+    [0, data.rows), offsets from 0 rising to the token count, every state (tokens, hidden_size) or
+    (tokens, aux layers x hidden_size)."""
+    for key in ("input_ids", "loss_mask", "row_ids", "offsets", "final"):  # what every writer stores
+        if key not in shapes:
+            raise FeatureStoreError(f"{file}: holds no {key}; the folder is damaged")
+    tokens = shapes["input_ids"][0] if shapes["input_ids"] else -1
+    try:
+        if fingerprint.get("data.rows") is not None:
+            indices("row_ids", rows, fingerprint["data.rows"], file, "the data's rows")
+        if len(offsets) != len(rows) + 1 or offsets[:1] != [0] or offsets[-1] != tokens \
+                or any(a > b for a, b in zip(offsets, offsets[1:])):
+            raise ValueError(f"{file}: offsets must rise from 0 to the {tokens} stored tokens, one per row and one more "
+                             f"({len(rows)} rows); got {len(offsets)} offsets ending at {offsets[-1:]}")
+        hidden, aux = fingerprint.get("target.hidden_size"), len(fingerprint.get("aux_layer_ids") or ())
+        widths = {"final": hidden, "aux": aux * hidden if hidden else None}
+        for key, shape in shapes.items():
+            if key in ("row_ids", "offsets"):
+                continue
+            want = [tokens] + ([widths[key]] if key in widths else [])
+            if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want)):
+                raise ValueError(f"{file}: {key} has shape {shape}; the folder's target and tokens give "
+                                 f"{['?' if w is None else w for w in want]}")
+    except ValueError as err:
+        raise FeatureStoreError(f"{err}; the folder is damaged") from None
+
+
 class FeatureStore:
     """Rows of stored hidden states in ``path``: ``read`` them, ``add`` more (buffered into shards of
     about ``shard_bytes``). ``open_store`` makes or checks the folder."""
@@ -97,13 +142,15 @@ class FeatureStore:
         self.index: dict[int, tuple[str, int]] = {}  # row -> (shard file, position in it)
         self.offsets: dict[str, list[int]] = {}
         self.known: set[str] = set()
+        self.listed: dict[str, tuple[str, str | None]] = {}  # shard -> (its manifest, the sha256 listed there)
+        self.verified: set[str] = set()  # shards whose bytes matched their listed sha256 in this process
         self.manifest = {"writer": writer, "shards": []}
         self._buffer: list[dict[str, Tensor]] = []
         self._buffered = 0
         self.pending: set[int] = set()  # rows added but not yet in a written shard
         self.refresh()
         if writer is not None and (self.path / f"manifest-{writer}.json").is_file():
-            self.manifest = json.loads((self.path / f"manifest-{writer}.json").read_text())
+            self.manifest = read_manifest(self.path / f"manifest-{writer}.json")
         for stray in self.path.glob(f".{writer}-*.tmp") if writer else ():  # a shard cut off by a kill
             stray.unlink()
 
@@ -112,7 +159,7 @@ class FeatureStore:
     def refresh(self) -> None:
         """Index the shards every writer has listed so far (each checked for its listed size)."""
         for manifest in sorted(self.path.glob("manifest-*.json")):
-            for shard in json.loads(manifest.read_text())["shards"]:
+            for shard in read_manifest(manifest)["shards"]:
                 name = shard["file"]
                 if name in self.known:
                     continue
@@ -120,12 +167,35 @@ class FeatureStore:
                 if not file.is_file() or file.stat().st_size != shard["bytes"]:
                     raise FeatureStoreError(f"{file}: listed in {manifest.name} with {shard['bytes']} bytes but "
                                             f"{'missing' if not file.is_file() else 'changed'}; the folder is damaged")
-                with safe_open(str(file), "pt") as f:
-                    rows = f.get_tensor("row_ids").tolist()
-                    self.offsets[name] = f.get_tensor("offsets").tolist()
+                try:
+                    with safe_open(str(file), "pt") as f:
+                        rows = f.get_tensor("row_ids").tolist()
+                        offsets = f.get_tensor("offsets").tolist()
+                        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+                except Exception as err:  # noqa: BLE001 - safetensors raises its own types for a damaged header
+                    raise FeatureStoreError(f"{file}: not a readable feature shard ({type(err).__name__}: {err}); "
+                                            "the folder is damaged") from None
+                check_shard(file, rows, offsets, shapes, self.fingerprint)
+                self.offsets[name] = offsets
+                self.listed[name] = (manifest.name, shard.get("sha256"))
                 for position, row in enumerate(rows):
                     self.index.setdefault(row, (name, position))
                 self.known.add(name)
+
+    def verify(self, name: str) -> None:
+        """Check shard ``name`` against the sha256 its manifest lists, once per process, before its first
+        read: a changed byte (same size) is refused, never trained on. Costs one read of the shard
+        (docs/features.md: seconds per GB)."""
+        if name in self.verified:
+            return
+        manifest, recorded = self.listed[name]
+        if recorded is not None:
+            actual = file_digest(self.path / name)["sha256"]
+            if actual != recorded:
+                raise FeatureStoreError(f"{self.path / name}: sha256 {actual[:16]}... differs from the "
+                                        f"{recorded[:16]}... listed in {manifest}; the folder is damaged: store the "
+                                        "features again in a new folder")
+        self.verified.add(name)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -140,6 +210,7 @@ class FeatureStore:
             if row not in self.index:
                 raise FeatureStoreError(f"{self.path} holds no row {row} (it holds {len(self.index)} rows)")
             name, position = self.index[row]
+            self.verify(name)
             start, end = self.offsets[name][position: position + 2]
             with safe_open(str(self.path / name), "pt") as f:  # memory-mapped: reads only this row's slice
                 keys = set(f.keys())
@@ -189,6 +260,7 @@ class FeatureStore:
         self._buffer, self._buffered = [], 0
         self.pending.clear()
         self.refresh()
+        self.verified.add(name)  # hashed as it was written, just now
 
     def listed_rows(self) -> list[int]:
         """Every row of every listed shard, duplicates kept (a check that each row is there once)."""

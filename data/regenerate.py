@@ -29,13 +29,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from data.conversations import Messages, RowError, normalize_row
-from data.base.device import default_device
 
 # Reasons a row is skipped (besides data.conversations' own).
 NOT_A_CONVERSATION = "not_a_conversation"  # a plain-text row sent to a chat server
 PROMPT_TOO_LONG = "prompt_too_long"  # the first prompt leaves no room to answer within max_length
 EMPTY_ANSWER = "empty_answer"  # the target answered the first turn with nothing
 SERVER_ERROR = "server_error"  # the server refused the first turn (HTTP 4xx, 5xx or no answer after retries)
+PROBE_SECONDS = 10.0  # how long a server may take to answer GET /models before the run is stopped
 BAD_REPLY = "bad_reply"  # the server answered the first turn with something that is not a chat completion
 
 
@@ -282,7 +282,9 @@ class HFEngine:
     length, ``batch_size`` at a time, all at the same turn; left padding (bf16 on GPU)."""
 
     def __init__(self, target_path: str, *, batch_size: int = 16, device: str | None = None, dtype=None):
-        import torch
+        import torch  # here, not at the top: --engine openai never loads torch
+
+        from data.base.device import default_device
         from data.targets import load_target, load_target_tokenizer
 
         device = default_device(device)
@@ -451,6 +453,7 @@ class OpenAIEngine:
             finish: Callable[[Conversation, TurnError | None], None]) -> None:
         self._stop.clear()
         self._end = time.monotonic() + self.deadline if self.deadline is not None else float("inf")
+        self._probe()
 
         def work(conv: Conversation) -> tuple[Conversation, TurnError | None]:
             if conv.text is not None:
@@ -494,6 +497,34 @@ class OpenAIEngine:
         if left <= 0:
             raise RegenerationStopped(f"stopped: --deadline {self.deadline:g} s reached")
         return left
+
+    def _probe(self) -> None:
+        """Stop within seconds when the server accepts connections but answers nothing (stuck, or a
+        port that is not an HTTP server): otherwise every request waits ``timeout`` and its retries
+        (10 minutes with the defaults) before a word. GET ``{base}/models`` is listed by every
+        OpenAI-compatible server; any answer, even an HTTP error, shows the server is alive. A server
+        that cannot be connected to is left to the requests' own retries and message."""
+        wait = min(self.timeout, PROBE_SECONDS)
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=min(self.connect_timeout, self._left()))
+        models = self._path.split("?")[0].removesuffix("/chat/completions") + "/models"
+        try:
+            try:
+                conn.connect()
+            except OSError:
+                return
+            conn.sock.settimeout(min(wait, self._left()))
+            conn.request("GET", models, headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
+            conn.getresponse().read()
+        except TimeoutError:
+            self._left()  # the deadline, when it came first, is named as such
+            raise RegenerationStopped(f"stopped: no answer from {self._host}:{self._port}{models} within {wait:g} s: "
+                                      "the server accepts connections but answers nothing (still starting, stuck, "
+                                      "or not an HTTP server?)") from None
+        except (OSError, http.client.HTTPException):
+            return  # it answered, if oddly: the requests report what is wrong
+        finally:
+            conn.close()
 
     def _post(self, body: bytes, headers: dict) -> tuple[int, bytes]:
         """(HTTP status, body) of one POST; ``_Unreachable`` when no connection could be made."""

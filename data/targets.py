@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from data.base.checks import indices
 from data.base.names import ADAPTER_BASE_KEY, HEAD_MODEL_TYPE_PREFIX, is_demo, is_head_model_type, looks_like_path
 from data.jsonfile import read_json
 
@@ -63,6 +64,15 @@ def _check_adapter_files(path: Path, role: str) -> None:
             else f"no {ADAPTER_WEIGHTS}"
         raise ValueError(f"{role} {path}: PEFT adapter with {found}; save it with "
                          "save_pretrained(..., safe_serialization=True)")
+
+
+def check_adapter_layers(adapter: Path, num_layers: int) -> None:
+    """An adapter's ``layers_to_transform`` (layer indices peft adapts) against its base's layers: an
+    index past them would match no module of the base."""
+    layers = read_json(adapter / ADAPTER_CONFIG)[0].get("layers_to_transform")
+    if layers is not None:
+        indices("layers_to_transform", [layers] if isinstance(layers, int) else layers, num_layers,
+                adapter / ADAPTER_CONFIG, f"the base model's {num_layers} layers")
 
 
 def adapter_source(target: str, role: str = "target") -> Path | None:
@@ -126,6 +136,7 @@ def load_target(target: str, role: str = "target", **kwargs: Any):
     base_path = resolve_target(base_name, role=f"base model of the adapter {target}")
     with hub_errors(base_path):
         base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
+    check_adapter_layers(adapter, base.config.num_hidden_layers)
     model = PeftModel.from_pretrained(base, str(adapter), is_trainable=False).merge_and_unload()
     model.config._name_or_path = str(target)
     setattr(model.config, ADAPTER_BASE_KEY, base_name)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
+from data.base.checks import indices
 from data.base.names import ADAPTER_BASE_KEY
 from data.base.paths import share_readable
 from heads.layers import RMSNorm
@@ -158,7 +159,19 @@ class DraftHead(PreTrainedModel):
             raise ValueError(f"{path_or_repo}: holds only pickled weights ({', '.join(p.name for p in local.glob('*.bin'))}); "
                              "draftsmith heads load from safetensors only (no pickle is ever unpickled)")
         kwargs.setdefault("use_safetensors", True)
-        head, info = super().from_pretrained(path_or_repo, *args, output_loading_info=True, **kwargs)
+        if "config" not in kwargs:  # read first, so that a value the config refuses names the file
+            hub = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "local_files_only", "force_download",
+                                          "subfolder") if k in kwargs}
+            try:
+                kwargs["config"] = cls.config_class.from_pretrained(path_or_repo, **hub)
+            except ValueError as err:
+                raise ValueError(f"{path_or_repo}/config.json: {err}") from None
+        try:
+            head, info = super().from_pretrained(path_or_repo, *args, output_loading_info=True, **kwargs)
+        except ValueError as err:  # a value the head itself refuses (e.g. early-exit's exit_layer): name the folder
+            if str(path_or_repo) in str(err):
+                raise
+            raise ValueError(f"{path_or_repo}: {err}") from None
         problems = {what: sorted(info.get(key) or ()) for what, key in
                     (("missing", "missing_keys"), ("not declared by its config", "unexpected_keys"),
                      ("of another shape", "mismatched_keys"))}
@@ -168,7 +181,18 @@ class DraftHead(PreTrainedModel):
                                for what, names in problems.items())
             raise ValueError(f"{path_or_repo}: the head's weights do not match its config.json ({listed}); "
                              "the checkpoint is incomplete or was edited: save or download it again")
+        head.check_indices(path_or_repo)
         return (head, info) if wants_info else head
+
+    def check_indices(self, where: object = "") -> None:
+        """The numbers this head's files carry and use as indices, checked against the target they
+        index (``target_*`` of its config) when it is loaded: one line naming ``where``, the field and
+        the allowed range. Here the feature layers (the config checks each kind's own rule); kinds
+        with index tensors (EAGLE-3's d2t/t2d) add theirs."""
+        layers = self.config.target_num_layers
+        if layers:
+            indices("feature_layer_ids", list(self.feature_layer_ids), layers, where,
+                    f"hidden_states entering the target's {layers} layers")
 
     @classmethod
     def config_from_target(cls, target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:

@@ -50,6 +50,19 @@ def default_context_layer_ids(num_target_layers: int, num_draft_layers: int) -> 
     return [i + 1 for i in build_target_layer_ids(num_target_layers, num_draft_layers)]
 
 
+def check_context_layer_ids(ids: list[int], num_layers: int = 0) -> None:
+    """Refuse context layers no DFlash export can name: the formats record the state *after* target
+    layer k (``target_layer_ids`` = hidden_states index - 1), so index 0, the embeddings, is out, and
+    so is anything from the last layer on (``num_layers``: the target's; 0 = unknown yet)."""
+    if not ids:
+        raise ValueError("aux_layer_ids is empty; name at least one target layer")
+    top = f"{num_layers - 1}" if num_layers else "L-1"
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or i < 1 or (num_layers and i >= num_layers)]
+    if bad:
+        raise ValueError(f"aux_layer_ids {bad} are outside 1..{top}: DFlash reads hidden_states after a target "
+                         "layer below the last (0 is the embeddings, which no DFlash export can name)")
+
+
 class DFlashConfig(EagleConfig):
     """DFlash head config (layer fields as ``EagleConfig``, defaulting to the target's).
 
@@ -79,9 +92,8 @@ class DFlashConfig(EagleConfig):
         layers = self.target_num_layers
         self.aux_layer_ids = list(aux_layer_ids) if aux_layer_ids else (
             default_context_layer_ids(layers, self.num_layers) if layers else [])
-        bad = [i for i in self.aux_layer_ids if i < 0 or (layers and i >= layers)]
-        if bad:
-            raise ValueError(f"aux_layer_ids {bad} are outside the target's hidden_states 0..{layers - 1}")
+        if self.aux_layer_ids or layers:
+            check_context_layer_ids(self.aux_layer_ids, layers or 0)
         self.mask_token_id = self.vocab_size - 1 if mask_token_id is None else int(mask_token_id)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id={self.mask_token_id} is outside the vocabulary 0..{self.vocab_size - 1}")

@@ -169,6 +169,22 @@ class Eagle3Head(DraftHead):
         """Draft-vocabulary logits (B, T, Vd) of a ``forward`` output (normed there under norm_output)."""
         return self.lm_head(hidden_states if self.config.norm_output else self.norm(hidden_states))
 
+    def check_indices(self, where: object = "") -> None:
+        """Also the draft vocabulary map: every target id ``arange(Vd) + d2t`` in [0, vocab_size) and
+        marked in ``t2d`` (an id outside would be gathered only when a prompt drafts it)."""
+        super().check_indices(where)
+        if not self.config.reduced_vocab:
+            return
+        vd, v = self.config.draft_vocab_size, self.config.vocab_size
+        ids = torch.arange(vd, device=self.d2t.device) + self.d2t  # (Vd,) target ids
+        bad = ((ids < 0) | (ids >= v)).nonzero()
+        if bad.numel():
+            i = int(bad[0, 0])
+            raise ValueError(f"{where}: d2t[{i}]={int(self.d2t[i])} maps draft id {i} to target id {int(ids[i])}, "
+                             f"outside [0, {v - 1}] (target id = draft id + d2t[draft id])")
+        if int(self.t2d.sum()) != vd or not bool(self.t2d[ids.to(self.t2d.device)].all()):
+            raise ValueError(f"{where}: t2d marks {int(self.t2d.sum())} tokens, not the {vd} target ids d2t reaches")
+
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:
         """Map draft-vocabulary ids to target ids (identity for a full vocabulary)."""
         if not self.config.reduced_vocab:

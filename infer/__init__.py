@@ -1,5 +1,19 @@
-"""draftsmith inference: drafting, tree verification and lossless speculative generation."""
-from infer.drafters import Chain, DynamicTree, Sampling, StaticTree
-from infer.generator import GenerationStats, SpeculativeGenerator
+"""draftsmith inference: drafting, tree verification and lossless speculative generation.
+
+The names below load on first use (PEP 562), so that ``python -m infer.generate`` checks its arguments
+before torch and transformers load."""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {"Chain": "infer.drafters", "DynamicTree": "infer.drafters", "Sampling": "infer.drafters",
+            "StaticTree": "infer.drafters", "GenerationStats": "infer.generator",
+            "SpeculativeGenerator": "infer.generator"}
 
 __all__ = ["Chain", "DynamicTree", "GenerationStats", "Sampling", "SpeculativeGenerator", "StaticTree"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'infer' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

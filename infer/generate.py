@@ -22,6 +22,8 @@ layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed 
 ``--adaptive`` lets the draft length follow the acceptance (what an EAGLE head does by default on CPU;
 ``--tree chain --depth D`` fixes it). ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.lookup_first``).
+A ``speculation_plan.json`` next to ``--head`` (``scripts/calibrate_speculation.py``) is followed, as
+``SpeculativeGenerator.from_pretrained`` follows it.
 """
 from __future__ import annotations
 
@@ -30,20 +32,15 @@ import dataclasses
 import re
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import TextStreamer
-
-from heads import AutoHead
-from infer.drafters import (AdaptiveLength, Chain, StaticTree, adaptive_chain, default_branching_tree, default_tree,
-                            drafter_class, make_drafter)
-from infer.generator import SpeculativeGenerator
-from infer.lookup_first import LookupFirst
-from infer.ngram import NgramDrafter
-from data.cli import run
-from data.targets import resolve_target
-from data.base.device import default_device, sync
 from data.base.checks import cli_count, cli_real
+from data.cli import prog, run
+
+if TYPE_CHECKING:  # torch, transformers and the drafters load after the arguments are checked (seconds)
+    import torch
+
+    from infer.generator import SpeculativeGenerator
 
 LAYER_SKIP = re.compile(r"layer-skip(?::([1-9][0-9]*))?")  # --drafter layer-skip[:K]
 
@@ -66,7 +63,7 @@ def draft_lm_spec(spec: str) -> tuple[str, str | None]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m infer.generate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog("python -m infer.generate"), description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
     p.add_argument("--head", help="draft head: directory or HF id")
     p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), lm:DIR+ngram "
@@ -123,6 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def tree_option(kind: str, device: str, args: argparse.Namespace):
     """The tree for ``kind`` from the device's defaults plus whatever flags were given; None for the
     kind's default drafter (``make_drafter``: on CPU an EAGLE head's chain adapts its length)."""
+    import torch
+
+    from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, drafter_class
+
     shape = {"depth": args.depth, "top_k": args.branch, "total_tokens": args.total_tokens}
     given = {k: v for k, v in shape.items() if v is not None}
     if args.tree == "default" and not given and drafter_class(kind).adapts_by_default(torch.device(device)):
@@ -145,6 +146,10 @@ def head_drafter(head, tree, adaptive: bool, lookup_first: bool):
     """A factory for ``from_pretrained``: the head's drafter for ``tree`` (None: the kind's default on
     the target's device); ``adaptive``: its chain's length adapted (``adaptive_chain``);
     ``lookup_first``: behind prompt lookup."""
+    from infer.drafters import adaptive_chain, make_drafter
+    from infer.lookup_first import LookupFirst
+    from infer.ngram import NgramDrafter
+
     def build(target):
         head.check_target(target)
         head.to(device=target.device, dtype=target.dtype).eval()
@@ -157,7 +162,11 @@ def classic_drafter(args: argparse.Namespace, target):
     """The ``--drafter`` for a loaded target (lm:DIR loads the draft LM on its device and dtype)."""
     from transformers import AutoModelForCausalLM
 
+    from data.targets import resolve_target
+    from heads import AutoHead
+    from infer.drafters import AdaptiveLength, Chain, drafter_class, make_drafter
     from infer.lm_drafter import LMDrafter
+    from infer.ngram import NgramDrafter
 
     if args.drafter == "ngram":
         length = args.depth or (16 if args.adaptive else 8)
@@ -223,6 +232,8 @@ class Timed:
         return self.tokens / self.seconds
 
     def output_equal_to(self, other: "Timed") -> bool:
+        import torch
+
         return all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(self.outputs, other.outputs))
 
     def line(self) -> str:
@@ -234,6 +245,10 @@ def compare_rounds(gen: SpeculativeGenerator, ids: torch.Tensor, max_new_tokens:
                    sampling: dict, hf_kwargs: dict) -> tuple[Timed, Timed]:
     """``rounds`` decodes with ``gen`` and with the target's own ``generate``, alternating (a busy machine
     slows both alike), each from the same seed; tokens/s are all tokens over all seconds."""
+    import torch
+
+    from data.base.device import sync
+
     spec, vanilla = Timed(), Timed()
     for _ in range(rounds):
         torch.manual_seed(seed)
@@ -249,7 +264,17 @@ def compare_rounds(gen: SpeculativeGenerator, ids: torch.Tensor, max_new_tokens:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv)  # before the imports below: a mistake is reported in a second, not after 15-26 s
+    import torch
+    from transformers import TextStreamer
+
+    from data.base.device import default_device
+    from heads import AutoHead
+    from infer.drafters import AdaptiveLength, Chain, fit_chain
+    from infer.generator import SpeculativeGenerator
+    from infer.lookup_first import LookupFirst
+    from infer.plan import find_plan
+
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = str(default_device(args.device))
     if args.drafter is not None:
@@ -268,12 +293,16 @@ def main(argv: list[str] | None = None) -> int:
         if not target:
             raise ValueError(f"{args.head} records no target (target_name_or_path); pass --target")
         tree = tree_option(kind, device, args)
+        if args.depth is None:  # a default chain fits the head (a DFlash head of block_size 4 drafts 3)
+            tree = fit_chain(head, tree)
         if args.adaptive and tree is not None and not isinstance(tree, Chain):
             raise ValueError("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
         if args.adaptive or args.lookup_first:
             head, tree = head_drafter(head, tree, args.adaptive, args.lookup_first), None
+        # the plan saved next to the head, as from_pretrained(target, HEAD_DIR) reads it: the CLI and the API agree
         gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree,
-                                                   threads=args.threads, compile=args.compile)
+                                                   threads=args.threads, compile=args.compile,
+                                                   plan=find_plan(args.head))
     if gen.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
     ids = encode(gen.tokenizer, args.prompt, args.chat).to(gen.device)
@@ -282,7 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     # Warm-up: first-call allocations, not decoding speed; a compiled step warms up at the real size
     # (the static cache's size is part of the compiled shape)
+    if gen.compile:  # minutes on a busy CPU: say so before, and how long it took after
+        print(f"compiling the verify and draft steps (torch.compile, {gen.device.type}; about a minute on an idle "
+              "CPU, longer on a busy one, faster once inductor's cache holds them)...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
     gen.generate(ids, max_new_tokens=args.max_new_tokens if gen.compile else 4, **sampling)
+    if gen.compile:
+        print(f"compiled in {time.perf_counter() - start:.1f} s (the warm-up decode included)", file=sys.stderr,
+              flush=True)
     torch.manual_seed(args.seed)
     streamer = TextStreamer(gen.tokenizer, skip_prompt=True, skip_special_tokens=True)
     out = gen.generate(ids, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)

@@ -586,7 +586,8 @@ class SpeculativeGenerator:
         for b, pad in enumerate(host_pads):
             first = self._next_token(out.logits[b, -1], sampling)
             row = DecodeState(cache=cache, draft=states[b], root=first)
-            self.drafter.begin(row.draft, ids[b: b + 1, pad:])  # drafters that read the prompt's ids
+            if levels != 0:  # "off": no drafter state exists (None), nothing to begin
+                self.drafter.begin(row.draft, ids[b: b + 1, pad:])  # drafters that read the prompt's ids
             kept, done[b] = self._trim(first.reshape(1), eos, max_new_tokens)
             self._emit(row, kept, streamer)
             if not done[b] and levels != 0:

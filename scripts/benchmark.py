@@ -1,7 +1,7 @@
 """Every decoding method on one target, the same prompts, the same run — against the physical bound.
 
     python scripts/benchmark.py --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
-        [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--trees tree,chain4]
+        [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--trees default,tree,chain4]
         [--adaptive] [--lookup-first] [--profile] [--train-throughput] [--batch-sizes 1,4] [--out DIR]
 
 Methods: vanilla greedy ``generate`` (eager, DynamicCache); ``hf-static``: HF ``generate`` with
@@ -12,8 +12,10 @@ same chain with the LM's own drafts guessed by prompt lookup or by ``--assistant
 prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafter (chain, tree of
 3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
 ``--lookup-first`` its default draft behind prompt lookup (``infer.lookup_first``); each head with every
-tree in ``--trees``: ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
-an EAGLE-2 dynamic tree), ``default`` (what a generator drafts when given no tree), ``chainN``,
+tree in ``--trees`` (by default ``default,tree,chain4``; a tree equal to an earlier one is run once):
+``default`` (what ``python -m infer.generate`` and a generator given no tree draft: on CPU an EAGLE
+head's adaptive chain), ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
+an EAGLE-2 dynamic tree), ``chainN``,
 ``dynD-K-N`` (EAGLE: DynamicTree(depth=D, top_k=K, total_tokens=N)), ``medusaN`` (the first N
 nodes of mc_sim_7b_63); a tree that does not fit a head's kind is skipped. Per method: median tokens/s over prompts
 and repeats (after warm-up), speedup over vanilla, τ (tokens per verification forward), the mean
@@ -77,8 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_new_tokens")
     p.add_argument("--repeats", type=cli_count(), default=3)
     p.add_argument("--warmup", type=cli_count(0), default=1)
-    p.add_argument("--trees", default="tree,chain4",
-                   help="comma-separated trees per head: tree, default, chainN, dynD-K-N, medusaN")
+    p.add_argument("--trees", default="default,tree,chain4",
+                   help="comma-separated trees per head: default (what infer.generate decodes with: on CPU an EAGLE "
+                        "head's adaptive chain), tree, chainN, dynD-K-N, medusaN (default: default,tree,chain4)")
     p.add_argument("--no-prompt-lookup", action="store_true", help="skip HF prompt-lookup decoding")
     p.add_argument("--no-hf-static", action="store_true", help="skip HF generate with a static cache")
     p.add_argument("--compile", default=None,
@@ -138,6 +141,10 @@ def main(argv: list[str] | None = None) -> dict:
     timed = time_methods(methods, prompts, args, target, counter, deadline)
     prompts = prompts[:timed]
     rows = summarise(methods, costs)
+    unstable = [r["method"] for r in rows if r["timings_unstable"]]
+    if unstable:  # the table says "unstable" for these rows instead of an impossible percentage
+        print(f"benchmark: timings unstable for {', '.join(unstable)} (efficiency over 100%): the machine's load "
+              "changed between measurements; rerun on an idle one", file=sys.stderr, flush=True)
     meta = {
         "target": args.target, "heads": args.heads, "assistant": args.assistant,
         "assistant_head": args.assistant_head, "hardware": hardware(device),

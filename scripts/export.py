@@ -14,12 +14,14 @@ consumer's own code, with the head's (scripts/check_export.py).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import torch
 
 from data.base.checks import cli_count
+from data.base.names import is_demo, looks_like_path
 from data.cli import run
 from data.targets import load_target, load_target_config, resolve_target
 from heads import AutoHead
@@ -70,7 +72,21 @@ def main(argv: list[str] | None = None) -> Path:
         verifier=args.verifier,
     )
     print(f"{head.head_kind} head exported as '{args.to}' to {out} (launch commands: {out / 'README.md'})")
+    if args.to == "speculators":
+        warn_unservable_verifier(out)
     return out
+
+
+def warn_unservable_verifier(out: Path) -> None:
+    """One line when ``vllm serve OUT`` cannot load the verifier the export names (not a Hub id)."""
+    verifier = ((json.loads((out / "config.json").read_text()).get("speculators_config") or {}).get("verifier")
+                or {}).get("name_or_path") or ""
+    if is_demo(verifier):
+        print(f"warning: {out}: the verifier is {verifier}, a draftsmith name that `vllm serve {out}` cannot load; "
+              "export with --verifier DIR_OR_HUB_ID (or serve with the target given explicitly)", file=sys.stderr)
+    elif looks_like_path(verifier) or Path(verifier).expanduser().exists():
+        print(f"warning: {out}: the verifier is the local path {verifier}: `vllm serve {out}` loads it only where "
+              "that folder exists; export with --verifier HUB_ID to share it", file=sys.stderr)
 
 
 def cli(argv: list[str] | None = None) -> int:

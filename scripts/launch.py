@@ -23,6 +23,7 @@ from pathlib import Path
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train" / "train_head.py"
 OWN_LAUNCH = "DRAFTSMITH_OWN_LAUNCH"  # tells the training processes that this launcher reads their code
 _SETTING = re.compile(r"[A-Za-z_][\w.]*=")
+COUNTS = ("num_processes", "num_machines", "num_cpu_threads_per_process")  # accelerate options that count
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -57,6 +58,11 @@ def cli(argv: list[str] | None = None) -> int:
         args = parser.parse_args([*options, str(TRAIN_SCRIPT), *training])
     except SystemExit as err:  # argparse already printed its one line
         return int(err.code or 0)
+    for name in COUNTS:  # accelerate reads 0 processes as "not given" and trains with one
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            print(f"error: --{name} must be >= 1, got {value}", file=sys.stderr)
+            return 2
     os.environ[OWN_LAUNCH] = "1"
     try:
         launch_command(args)

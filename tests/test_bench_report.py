@@ -5,7 +5,7 @@ import pytest
 
 from infer.bench.cost import bound, cost_at, monotone
 from infer.bench.methods import Method
-from infer.bench.report import COLUMNS, markdown, summarise
+from infer.bench.report import COLUMNS, UNSTABLE, markdown, summarise
 
 
 def _method(name: str, runs: list[tuple[int, float]], tau: float = 1.0, n_verify: float = 1.0) -> Method:
@@ -47,3 +47,16 @@ def test_efficiency_is_the_verify_share_of_a_step():
     table = markdown(summarise([vanilla, spec], costs), costs, {"target": "t", "hardware": "cpu", "dtype": "float32",
                                                                 "num_prompts": 1, "repeats": 1, "max_new_tokens": 50})
     assert COLUMNS in table
+
+
+def test_an_efficiency_over_100_percent_is_flagged_unstable():
+    """t(1) measured during a slow spell makes the bound too low: 147% was printed; now 'unstable'."""
+    costs = {1: 1e-3, 4: 1.5e-3}
+    vanilla = _method("vanilla", [(50, 0.05)])
+    spec = _method("spec", [(50, 0.05 / 1.47 * 0.75)], tau=2.0, n_verify=4.0)  # steps shorter than t(4)
+    rows = summarise([vanilla, spec], costs)
+    assert rows[1]["efficiency"] == pytest.approx(1.47) and rows[1]["timings_unstable"]
+    assert not rows[0]["timings_unstable"]
+    table = markdown(rows, costs, {"target": "t", "hardware": "cpu", "dtype": "float32", "num_prompts": 1,
+                                   "repeats": 1, "max_new_tokens": 50})
+    assert "147%" not in table and "| unstable |" in table and UNSTABLE in table

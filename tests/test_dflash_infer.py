@@ -79,6 +79,18 @@ def test_drafter_refuses_shapes_it_cannot_draft():
         make_drafter(head, target, DynamicTree())
 
 
+def test_the_defaults_fit_a_short_block():
+    """A head of block_size 4 drafts 3 per block: the CPU default chain of 4 is cut to 3 for it (it was
+    'Chain(length=4) exceeds ... block_size - 1 = 3'); the CLI's: tests/test_infer_cli.py."""
+    target = make_tiny_target("llama", initializer_range=0.3)
+    target.generation_config.eos_token_id = None
+    head = build_head("dflash", target, block_size=4).eval()
+    gen = SpeculativeGenerator(target, head)
+    assert gen.drafter.option == Chain(3)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert torch.equal(gen.generate(ids, max_new_tokens=9), _hf_greedy(target, ids, 9))
+
+
 def test_save_reload_drafts_the_same(tmp_path):
     target = make_tiny_target("mistral")
     target.generation_config.eos_token_id = None

@@ -187,3 +187,55 @@ def test_a_dump_killed_with_sigkill_resumes_with_every_row_exactly_once(tiny_fil
 def test_stored_features_refuse_what_would_make_them_stale_or_hang(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def _small_store(path, fingerprint):
+    """A folder of 2 rows (5 and 3 tokens; final (T, 8), aux (T, 16)) written by 'rank0'."""
+    store = open_store(path, fingerprint, key="data.features", dtype="float32", create=True, writer="rank0")
+    for row, length in ((0, 5), (2, 3)):
+        store.add(row, torch.arange(length), torch.ones(length), {"final": torch.randn(length, 8),
+                                                                   "aux": torch.randn(length, 16)})
+    store.flush()
+    return store
+
+
+FINGERPRINT = {"target": "tiny", "target.hidden_size": 8, "aux_layer_ids": [1, 2], "data.rows": 3}
+
+
+def test_a_shard_with_one_byte_changed_is_refused_when_read(tmp_path):
+    """Same size, one byte flipped: the sha256 its manifest lists is checked before the first read."""
+    _small_store(tmp_path / "f", FINGERPRINT)
+    assert len(open_store(tmp_path / "f", FINGERPRINT, key="data.features").read([0, 2])) == 2
+    shard = tmp_path / "f" / "rank0-00000.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01  # inside the last stored state
+    shard.write_bytes(bytes(data))
+    store = open_store(tmp_path / "f", FINGERPRINT, key="data.features")
+    with pytest.raises(FeatureStoreError, match=r"rank0-00000.safetensors: sha256 [0-9a-f]{16}\.\.\. differs from "
+                                                r"the [0-9a-f]{16}\.\.\. listed in manifest-rank0.json"):
+        store.read([2])
+
+
+def test_a_cut_manifest_is_named(tmp_path):
+    _small_store(tmp_path / "f", FINGERPRINT)
+    manifest = tmp_path / "f" / "manifest-rank0.json"
+    manifest.write_text(manifest.read_text()[:40])
+    with pytest.raises(FeatureStoreError, match=r"manifest-rank0.json: not a feature manifest \(Expecting"):
+        open_store(tmp_path / "f", FINGERPRINT, key="data.features")
+
+
+@pytest.mark.parametrize("planted, message", [
+    ({"data.rows": 2}, r"rank0-00000.safetensors: row_ids\[1\]=2 is outside \[0, 1\] \(the data's rows\)"),
+    ({"target.hidden_size": 6}, r"rank0-00000.safetensors: aux has shape \[8, 16\]; the folder's target and "
+                                r"tokens give \[8, 12\]"),
+    ({"aux_layer_ids": [1, 2, 3]}, r"aux has shape \[8, 16\]; .* give \[8, 24\]"),
+])
+def test_a_shards_row_ids_and_shapes_are_checked_against_the_folders_target(tmp_path, planted, message):
+    """The numbers a shard carries and the reader indexes with, checked when it is indexed: a folder
+    whose fingerprint (the target and data it is used for) disagrees with its shards is refused."""
+    _small_store(tmp_path / "f", FINGERPRINT)
+    fingerprint = {**FINGERPRINT, **planted}
+    marker = tmp_path / "f" / ".draftsmith-features"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "fingerprint": fingerprint}))
+    with pytest.raises(FeatureStoreError, match=message):
+        open_store(tmp_path / "f", fingerprint, key="data.features")

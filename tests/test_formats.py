@@ -581,3 +581,22 @@ def test_formats_are_one_module_per_engine_family():
     assert {p.stem for p in root.glob("*.py")} == {"__init__", "validation", "eagle3", "speculators", "eagle",
                                                    "medusa", "public", "dflash", "parity", "consumer_speculators"}
     assert max(len(p.read_text().splitlines()) for p in root.glob("*.py")) < 300
+
+
+@pytest.mark.parametrize("verifier, warning", [
+    ("demo:tiny", "the verifier is demo:tiny, a draftsmith name that `vllm serve"),
+    ("/models/my-target", "the verifier is the local path /models/my-target: `vllm serve"),
+    ("org/target-model", None),  # a Hub id: vllm serve DIR loads it, no word
+])
+def test_an_export_whose_verifier_vllm_cannot_load_says_so(tmp_path, eagle3_reduced, capsys, verifier, warning):
+    from scripts.export import main
+
+    eagle3_reduced.save_pretrained(tmp_path / "head")
+    main(["--head", str(tmp_path / "head"), "--to", "speculators", "--out", str(tmp_path / "out"),
+          "--verifier", verifier])
+    err = capsys.readouterr().err
+    if warning is None:
+        assert "warning" not in err
+    else:
+        lines = [line for line in err.splitlines() if "warning" in line]  # (save_pretrained's bars aside)
+        assert len(lines) == 1 and lines[0].startswith(f"warning: {tmp_path / 'out'}: {warning}")

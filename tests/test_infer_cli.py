@@ -1,6 +1,8 @@
 """``python -m infer.generate`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import make_tiny_target
@@ -268,6 +270,9 @@ def test_a_compiled_generator_warms_up_at_the_real_size(saved, capsys, monkeypat
     assert main(["--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
                  "--max-new-tokens", "10", "--device", "cpu", "--compile"]) == 0
     assert sizes == [(True, 10), (True, 10)]
+    err = capsys.readouterr().err  # what the silent minutes are, and how long they took
+    assert "compiling the verify and draft steps (torch.compile, cpu" in err
+    assert re.search(r"\ncompiled in \d+\.\d s \(the warm-up decode included\)\n", err)
 
 
 def test_the_stream_shows_no_special_tokens(saved, tmp_path, capsys):
@@ -284,3 +289,42 @@ def test_the_stream_shows_no_special_tokens(saved, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "outputs identical: yes" in captured.err
     assert "<pad>" not in captured.out and "<|im_end|>" not in captured.out
+
+
+def test_cli_follows_the_plan_next_to_the_head_as_the_api_does(saved, tmp_path, capsys, monkeypatch):
+    """``--head DIR`` reads DIR/speculation_plan.json as ``from_pretrained(target, DIR)`` does: a valid
+    {"1": 0} is followed (the generator holds it: no drafting), a damaged plan is one line naming it."""
+    import shutil
+
+    from infer.generate import cli
+    from infer.plan import SpeculationPlan
+
+    made = []
+    load = SpeculativeGenerator.from_pretrained.__func__
+    monkeypatch.setattr(SpeculativeGenerator, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: made.append(load(cls, *a, **k)) or made[-1]))
+
+    head = tmp_path / "head"
+    shutil.copytree(saved / "head", head)
+    (head / "speculation_plan.json").write_text('{"lengths": {"1": 0}}')
+    argv = ["--target", str(saved / "target"), "--head", str(head), "--prompt", "w7 w8 w9", "--max-new-tokens", "8",
+            "--device", "cpu"]
+    assert cli(argv) == 0
+    assert made[-1].plan == SpeculationPlan({1: 0}) and "tau 1.00" in capsys.readouterr().err
+    (head / "speculation_plan.json").write_text('{"lengths": {"1": ')
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "speculation_plan.json: not a speculation plan" in err
+
+
+def test_cli_defaults_fit_a_dflash_head_of_block_size_4(saved, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(saved / "target")
+    build_head("dflash", target, block_size=4).save_pretrained(tmp_path / "head")
+    argv = ["--target", str(saved / "target"), "--head", str(tmp_path / "head"), "--prompt", "w7 w8", "--max-new-tokens",
+            "6", "--device", "cpu", "--compare"]
+    for flags in ([], ["--tree", "chain"]):  # the CPU default chain of 4, cut to the head's 3
+        assert main(argv + flags) == 0 and "outputs identical: yes" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="block_size - 1 = 3"):  # a length the user asked for is never cut
+        main(argv + ["--depth", "4"])

@@ -109,3 +109,24 @@ def test_calibration_measures_every_cell_and_chooses_among_them():
     off = [r for r in plan.measured if r["length"] == 0]
     assert all(r["tau"] == r["verified_per_step"] == r["batch_size"] for r in off)  # one token per row per step
     assert gen.plan is None  # the generator's own plan is left as it was
+
+
+def test_an_off_entry_decodes_with_the_default_adaptive_chain(tmp_path):
+    """The plan calibrate_speculation.py writes, {"1": 0, "2": 2}, next to an EAGLE-3 head: on CPU the
+    head's default drafter is the adaptive chain, whose state an "off" batch never makes (it ended in
+    'NoneType' object has no attribute 'inner')."""
+    model = _target()
+    model.save_pretrained(tmp_path / "target")
+    torch.manual_seed(0)
+    build_head("eagle3", model).save_pretrained(tmp_path / "head")
+    (tmp_path / "head" / PLAN_FILE).write_text('{"lengths": {"1": 0, "2": 2}}')
+    gen = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), str(tmp_path / "head"), device="cpu",
+                                               threads=1)
+    assert type(gen.drafter).__name__ == "AdaptiveLength"
+    prompt = [5, 6, 7, 8]
+    out = gen.generate(torch.tensor([prompt]), max_new_tokens=10)
+    assert torch.equal(out[0, 4:], _alone(model, prompt, 10))
+    assert gen.last_stats.verified_tokens == gen.last_stats.steps  # off: one token per step
+    ids = torch.tensor([prompt, [9, 10, 11, 12]])
+    out = gen.generate(ids, max_new_tokens=10)  # batch size 2: drafts of at most 2 levels
+    assert torch.equal(out[1, 4:], _alone(model, [9, 10, 11, 12], 10))

@@ -105,6 +105,8 @@ def test_a_local_target_is_read_from_its_config_json(tmp_path):
     (["target=someone/unknown-model"], "not a local directory and not one of the known Hub shapes"),
     (["head.kind=medusa", "head.draft_vocab_size=null", "head.aux_layer_ids=null", "head.ttt_steps=null"],
      "activation estimates exist for head.kind=eagle3 only"),
+    (["data.max_length=1000000"],  # training refuses it when it loads the target; so does the plan
+     "data.max_length=1000000 exceeds the target's max_position_embeddings=131072"),
 ])
 def test_the_script_refuses_in_one_line(overrides, message):
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "--config", str(CONFIG_70B), "--gpus",

@@ -275,11 +275,32 @@ def test_a_server_that_never_answers_ends_within_the_timeouts(target_dir, data_f
     code = run_cli(*common, "--timeout", 0.3, "--retries", 0, "--max-failures", 2)
     err = capsys.readouterr().err
     assert code == 2 and time.monotonic() - start < 5
-    assert "2 conversations in a row failed (--max-failures 2)" in err and "within --timeout 0.3 s" in err
+    assert "no answer from 127.0.0.1" in err and "/v1/models within 0.3 s" in err  # found before any request
     start = time.monotonic()
     code = run_cli(*common, "--timeout", 30, "--retries", 3, "--deadline", 0.8, "--concurrency", 4)  # 4 in flight
     assert code == 2 and time.monotonic() - start < 5
     assert "--deadline 0.8 s reached" in capsys.readouterr().err
+
+
+def test_a_server_that_never_answers_is_named_in_seconds_with_the_defaults(target_dir, data_file, silent_server,
+                                                                          tmp_path, capsys, monkeypatch):
+    """With the defaults (--timeout 120, 4 retries) a silent server ran 10 minutes before a word: the
+    GET /models probe names it after PROBE_SECONDS (shortened here)."""
+    import data.regenerate
+
+    monkeypatch.setattr(data.regenerate, "PROBE_SECONDS", 0.5)
+    code = run_cli("--target", target_dir, "--data", data_file, "--out", tmp_path / "out.jsonl", "--engine", "openai",
+                   "--base-url", silent_server)
+    err = capsys.readouterr().err
+    assert code == 2 and "/v1/models within 0.5 s: the server accepts connections but answers nothing" in err
+
+
+def test_the_probe_lets_a_server_without_models_through(target_dir, data_file, scripted, tmp_path, capsys):
+    """A server answering GET /models with an error (here 501: it serves POST only) is alive: the run goes on."""
+    url = scripted([(200, completion("fine"), None)])
+    code = run_cli("--target", target_dir, "--data", data_file, "--out", tmp_path / "out.jsonl", "--engine", "openai",
+                   "--base-url", url, "--concurrency", 1, "--limit", 2)
+    assert code == 0, capsys.readouterr().err
 
 
 class ScriptedServer(ThreadingHTTPServer):

@@ -55,6 +55,10 @@ def test_yaml_file_and_later_overrides(tmp_path):
     (["train.mixed_precision=fp8"], "train.mixed_precision: must be one of no, bf16, fp16"),
     (["head.aux_layer_ids=[-1, 2, 3]"], "head.aux_layer_ids [-1] are negative"),
     (["lr"], "not of the form key=value"),
+    (["train.init_from="], "train.init_from: empty value in 'train.init_from='; write train.init_from=null"),
+    (["head.kind=dflash", "head.aux_layer_ids=[0]"], "head.aux_layer_ids [0] are outside 1..L-1"),
+    (["head.kind=dflash", "head.block_size=200", "data.max_length=128"],
+     "head.block_size=200 exceeds data.max_length=128"),
 ])
 def test_bad_configs_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -253,8 +253,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         key, sep, text = item.partition("=")
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.max_steps=100)")
+        if not text.strip():  # "train.init_from=" read as null would drop a setting without a word
+            raise ConfigError(f"{key}: empty value in {item!r}; write {key}=null to unset it")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise ConfigError(f"{key}: cannot parse value {text!r} ({err})") from err
         _set_dotted(raw, key.split("."), value, key)
@@ -451,6 +453,13 @@ def _validate(cfg: TrainConfig) -> None:
             check_aux_layer_ids(head.aux_layer_ids)
         except ValueError as err:
             raise ConfigError(f"head.{err}") from None
+    if head.aux_layer_ids is not None and head.kind == "dflash":
+        from heads.dflash import check_context_layer_ids  # the layers every DFlash export can name
+
+        try:
+            check_context_layer_ids(head.aux_layer_ids)
+        except ValueError as err:
+            raise ConfigError(f"head.{err}") from None
     if data.features is not None and data.feature_cache is not None:
         raise ConfigError("data.features (stored features) and data.feature_cache (filled while training) exclude "
                           "each other: set one of them to null")
@@ -494,6 +503,12 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError("resume_from must be null, 'latest' or a checkpoint path")
     if cfg.output_dir is None:
         cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
+    if head.kind == "dflash":  # a block never spans more tokens than an example holds
+        from heads.dflash import DEFAULT_BLOCK_SIZE
+
+        if (head.block_size or DEFAULT_BLOCK_SIZE) > data.max_length:
+            raise ConfigError(f"head.block_size={head.block_size or DEFAULT_BLOCK_SIZE} exceeds "
+                              f"data.max_length={data.max_length}; a block must fit in an example")
 
 
 ON_POLICY_KINDS = ("eagle3", "dflash")

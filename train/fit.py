@@ -153,6 +153,10 @@ def _micro_batches(accelerator: Accelerator, loader: DataLoader, state: TrainSta
 
     ``state.epoch``/``state.batch`` always point at the next micro-batch to be consumed.
     """
+    if state.batch > len(loader):  # a resumed position past the epoch would silently skip it whole
+        raise ValueError(f"the resumed data position batch={state.batch} is outside [0, {len(loader)}], the "
+                         "micro-batches of one epoch of this data in this process; resume with the data and "
+                         "processes it was saved with")
     while True:
         loader.set_epoch(state.epoch)  # the shuffle order is a function of (seed, epoch)
         batches = accelerator.skip_first_batches(loader, state.batch) if state.batch else loader

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import shutil
 import sys
@@ -27,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
+from data.base.checks import at_most
 from data.targets import load_target, load_target_tokenizer, resolve_target
 from heads import build_head
 from infer.target import decoder_layers, loaded_target_identity
@@ -177,9 +177,8 @@ def load_frozen_target(cfg: TrainConfig, target_path: str, device, accelerator: 
     if len(tokenizer) > vocab_size:
         raise ValueError(f"tokenizer of {target_path} has {len(tokenizer)} tokens, more than the target's "
                          f"vocab_size={vocab_size}: they do not belong together")
-    if cfg.data.max_length > (identity["max_position_embeddings"] or math.inf):
-        raise ValueError(f"data.max_length={cfg.data.max_length} exceeds the target's "
-                         f"max_position_embeddings={identity['max_position_embeddings']}")
+    at_most("data.max_length", cfg.data.max_length, identity["max_position_embeddings"],
+            of="the target's max_position_embeddings")
     if (cfg.head.draft_vocab_size or 0) > vocab_size:
         raise ValueError(f"head.draft_vocab_size={cfg.head.draft_vocab_size} exceeds the target's "
                          f"vocab_size={vocab_size}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+from data.base.checks import at_most
 from data.base.names import DEMO_PREFIX, is_demo
 from data.features import bytes_per_token, state_widths
 from data.targets import resolve_target
@@ -177,6 +178,9 @@ def make_plan(cfg: TrainConfig, config: PretrainedConfig, gpus: int, nodes: int 
     """The plan of ``cfg`` on ``nodes`` × ``gpus`` GPUs (one training process per GPU)."""
     if gpus < 1 or nodes < 1:
         raise ValueError(f"--gpus and --nodes must be >= 1 (got {gpus}, {nodes})")
+    # the check training makes when it loads the target: a plan for a run that would be refused is none
+    at_most("data.max_length", cfg.data.max_length, getattr(config, "max_position_embeddings", None),
+            of="the target's max_position_embeddings")
     s = shapes(cfg, config)
     world = gpus * nodes
     tgt = _dtype_bytes(cfg)

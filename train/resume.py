@@ -21,6 +21,7 @@ from pathlib import Path
 from accelerate import Accelerator
 from torch import nn
 
+from data.base.checks import count
 from train import checkpoint
 from train.checkpoint import CHECKPOINTS
 from train.config import ConfigError, TrainConfig
@@ -168,6 +169,8 @@ def resume(accelerator: Accelerator, cfg: TrainConfig, output_dir: Path, head: n
             continue
         check_resumable(loaded, head)
         check_settings(loaded.state.get("settings"), cfg, path, output_dir)
+        for name in ("step", "epoch", "batch"):  # the loop position indexes the data: whole numbers >= 0
+            count(f"{path}: {name}", loaded.state.get(name), least=0)
         checkpoint.apply(loaded, head=head, backbone=backbone, optimizer=optimizer, scheduler=scheduler)
         state.load_state_dict(loaded.state)
         return path

@@ -70,3 +70,38 @@ def cli_real(least: float = 0.0, most: float = math.inf, *, above: bool = False)
         return value
     parse.__name__ = wanted
     return parse
+
+
+# ---------------------------------------------------------------- numbers a file carries, used as indices
+# A file's number that indexes a model (a vocabulary map, layer ids, a mask token, a block size, stored
+# rows and shapes, a plan's batch sizes) is checked against that model when the file is loaded: one
+# line naming the file, the field and the allowed range, never an out-of-range gather later.
+
+def _source(where: object) -> str:
+    return f"{where}: " if where else ""
+
+
+def index(field: str, value: object, size: int, where: object = "", of: str = "") -> int:
+    """``value`` as an int in [0, ``size``) (``of`` names what it indexes, e.g. "the target's 6 layers")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < size:
+        of = f" ({of})" if of else ""
+        raise ValueError(f"{_source(where)}{field}={value!r} is outside [0, {size - 1}]{of}")
+    return int(value)
+
+
+def indices(field: str, values: object, size: int, where: object = "", of: str = "") -> list[int]:
+    """Every entry of ``values`` (a list or a 1-D tensor) in [0, ``size``); the first bad one is named."""
+    items = values.tolist() if hasattr(values, "tolist") else values
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"{_source(where)}{field} must be a list of whole numbers, got {type(values).__name__}")
+    for i, value in enumerate(items):
+        index(f"{field}[{i}]", value, size, where, of)
+    return [int(v) for v in items]
+
+
+def at_most(field: str, value: object, most: int | None, where: object = "", of: str = "") -> int:
+    """``value`` as an int in [1, ``most``] (None: no upper bound); ``of`` names the bound."""
+    count(f"{_source(where)}{field}", value)
+    if most is not None and value > most:
+        raise ValueError(f"{_source(where)}{field}={value} exceeds {of or 'its bound'}={most}")
+    return int(value)

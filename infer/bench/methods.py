@@ -17,7 +17,7 @@ from heads import AutoHead
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.lookup_first import LookupFirst
 from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
-from infer.drafters import AdaptiveLength, TreeOption, adaptive_chain, drafter_class, make_drafter
+from infer.drafters import AdaptiveLength, TreeOption, adaptive_chain, drafter_class, fit_chain, make_drafter
 from infer.hierarchical import HierarchicalDrafter
 from infer.layer_skip import LayerSkipDrafter
 from infer.lm_drafter import LMDrafter
@@ -57,6 +57,15 @@ def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:
     else:
         tree = StaticTree(MEDUSA_DEFAULT_CHOICES[: int(medusa)])
     return tree if drafter.fits(head, tree) else None
+
+
+def default_draft(head, device: torch.device) -> TreeOption | str:
+    """What a generator given no tree drafts with ``head`` on ``device`` ("adaptive": the kind's
+    adaptive chain), for telling ``default`` apart from the other ``--trees``."""
+    drafter = drafter_class(head.head_kind)
+    if drafter.adapts_by_default(device):
+        return "adaptive"
+    return fit_chain(head, drafter.default_tree(device))
 
 
 def build_methods(args, target, tokenizer) -> list[Method]:
@@ -108,10 +117,15 @@ def build_methods(args, target, tokenizer) -> list[Method]:
     for head_dir in args.heads:
         head = AutoHead.from_pretrained(head_dir).eval()
         label = Path(head_dir).name
+        seen = []  # the drafts already run for this head: "default" is often "tree" or a chain on its own
         for variant in args.trees:
             tree = None if variant == "default" else tree_from_spec(variant, head, target.device)
             if tree is None and variant != "default":  # the kind cannot draft it
                 continue
+            draws = default_draft(head, target.device) if tree is None else tree
+            if draws in seen:
+                continue
+            seen.append(draws)
             gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree, compile=args.compile)
             run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
             name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
@@ -120,7 +134,7 @@ def build_methods(args, target, tokenizer) -> list[Method]:
             drafter = LookupFirst(make_drafter(head, target), NgramDrafter(max_ngram=3, length=8))
             name = f"{head.head_kind}:{label}:lookup-first" if len(args.heads) > 1 else f"{head.head_kind}:lookup-first"
             methods.append(ours(name, "head", drafter))
-        if args.adaptive:  # a chain whose length follows acceptance (Medusa: at most its head count)
+        if args.adaptive and "adaptive" not in seen:  # a chain whose length follows acceptance (Medusa: <= its heads)
             drafter = adaptive_chain(head, target)
             name = f"{head.head_kind}:{label}:adaptive" if len(args.heads) > 1 else f"{head.head_kind}:adaptive"
             methods.append(ours(name, "head", drafter))

@@ -30,6 +30,20 @@ COLUMNS = (
 )
 
 
+UNSTABLE = ("unstable: an efficiency above 100% cannot be (no step is shorter than its own verify forward); "
+            "t(N) and the method's runs were timed at different load (a busy machine): rerun on an idle one")
+
+
+def efficiency_cell(efficiency: float) -> str:
+    """The efficiency as a percentage, or ``unstable`` where the timings contradict each other (> 100%)."""
+    return "unstable" if efficiency > 1.0 else f"{efficiency:.0%}"
+
+
+def unstable_note(efficiencies: list[float]) -> list[str]:
+    """The footnote lines of a table that shows ``unstable`` (none when every efficiency is possible)."""
+    return ["", UNSTABLE] if any(e > 1.0 for e in efficiencies) else []
+
+
 def tokens_per_s(m: Method) -> float:
     """All new tokens over all seconds of ``m``'s runs."""
     return sum(r["new_tokens"] for r in m.runs) / sum(r["seconds"] for r in m.runs)
@@ -57,6 +71,7 @@ def summarise(methods: list[Method], costs: dict[int, float]) -> list[dict]:
             "tokens_per_verify": n_verify,
             "bound": limit,
             "efficiency": t1 * tps / limit if limit else float("nan"),
+            "timings_unstable": bool(limit) and t1 * tps / limit > 1.0,  # see UNSTABLE
             "peak_mem_mb": max(mem) if mem else None,
             "identical": all(r["tokens"] == v["tokens"] for r, v in zip(m.runs, vanilla.runs)),
         })
@@ -78,8 +93,9 @@ def markdown(rows: list[dict], costs: dict[int, float], meta: dict) -> str:
         lines.append(
             f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | {vs_static} | {r['tau']:.2f} | "
             f"{r['forwards_per_token']:.2f} | {r['tokens_per_verify']:.1f} | {r['bound']:.2f}× | "
-            f"{r['efficiency']:.0%} | {mem} | {'yes' if r['identical'] else 'NO'} |"
+            f"{efficiency_cell(r['efficiency'])} | {mem} | {'yes' if r['identical'] else 'NO'} |"
         )
+    lines += unstable_note([r["efficiency"] for r in rows])
     lines += ["", COLUMNS, "", "Verification cost t(N) / t(1):", "",
               "| N | " + " | ".join(str(n) for n in costs) + " |",
               "|---|" + "---:|" * len(costs),
@@ -145,7 +161,8 @@ def scale_markdown(result: dict) -> str:
         mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] else "–"
         lines.append(f"| {name} | {r['ms_per_token']:.2f} | {r['tokens_per_s']:.1f} | {r['tau']:.2f} | "
                      f"{r['speedup_vs_hf_static']:.2f}× | {r['speedup_vs_t1']:.2f}× | {r['bound']:.2f}× | "
-                     f"{r['efficiency']:.0%} | {comp} | {mem} |")
+                     f"{efficiency_cell(r['efficiency'])} | {comp} | {mem} |")
+    lines += unstable_note([r["efficiency"] for r in result["rows"].values()])
     costs = result["verify_cost_ms"]
     t1 = costs[min(costs, key=int)]
     lines += ["", "| N | " + " | ".join(str(n) for n in costs) + " |", "|---|" + "---:|" * len(costs),

@@ -52,7 +52,16 @@ def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = N
     device = target.get_input_embeddings().weight.device
     if tree is None and cls.adapts_by_default(device):
         return adaptive_chain(head, target, confidence)
-    return cls(head, target, tree or cls.default_tree(device), confidence)
+    return cls(head, target, tree or fit_chain(head, cls.default_tree(device)), confidence)
+
+
+def fit_chain(head: nn.Module, tree: TreeOption) -> TreeOption:
+    """A default ``tree`` that fits ``head``: a chain longer than the head drafts (a DFlash head of
+    block_size 4 drafts 3) is cut to its longest; anything else is returned as it is. For defaults
+    only: a length the user asked for is checked by the drafter, never cut."""
+    if isinstance(tree, Chain):
+        return Chain(min(tree.length, drafter_class(head.head_kind).longest_chain(head)))
+    return tree
 
 
 def adaptive_chain(head: nn.Module, target: nn.Module, confidence: float | None = None) -> AdaptiveLength:
@@ -65,4 +74,4 @@ def adaptive_chain(head: nn.Module, target: nn.Module, confidence: float | None 
 
 __all__ = ["AdaptiveLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling", "StaticTree", "TreeOption",
            "chain_buffers", "chain_draft", "root_only", "drafter_class", "default_branching_tree", "default_tree",
-           "make_drafter", "adaptive_chain"]
+           "make_drafter", "adaptive_chain", "fit_chain"]
