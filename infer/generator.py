@@ -44,8 +44,9 @@ from infer.accept import (
 from infer.batch import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
 from infer.compiling import check_compile, compiled, step_begin
-from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter, root_only
+from infer.drafters import Draft, Drafter, Sampling, TreeOption, adaptive_chain, make_drafter, root_only
 from infer.plan import SpeculationPlan, find_plan
+from infer.recurrent import Checkpoint, check_supported, is_hybrid
 from infer.target import TargetOutput, decoder_layers
 from infer.threads import choose_threads
 from infer.tree import pad_tree
@@ -178,6 +179,10 @@ class SpeculativeGenerator:
             )
         if acceptance not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
+        check_supported(target)
+        # A hybrid target's recurrent layers read a verify's tokens as one sequence: drafts are chains, and
+        # each step's states are rolled back by checkpoint and replay (infer.recurrent).
+        self.hybrid = is_hybrid(target)
         self.target = target
         self.tokenizer = tokenizer
         self.device = target.get_input_embeddings().weight.device
@@ -186,7 +191,10 @@ class SpeculativeGenerator:
             head.check_target(target)
             head.to(device=self.device, dtype=self.dtype)
             self.head: nn.Module | None = head
-            self.drafter: Drafter = make_drafter(head, target, tree)
+            if self.hybrid and tree is None:  # chains only: the kind's adaptive chain on every device
+                self.drafter: Drafter = adaptive_chain(head, target)
+            else:
+                self.drafter = make_drafter(head, target, tree)
         else:
             if tree is not None:
                 raise ValueError("tree options belong to the drafter; a custom drafter ignores `tree`")
@@ -358,6 +366,11 @@ class SpeculativeGenerator:
             width = cache.length + n  # cache.length: the longest row's (a host int)
             cache.grow(width)  # a drafter without max_nodes may draft past the room reserved
             cache.window = width  # eager: attend over the used slots only
+        if self.hybrid:
+            for d in drafts:
+                if d.tree.retrieve_indices.shape != (1, d.tokens.shape[0]):
+                    raise ValueError(f"{type(self.target).__name__} is a hybrid (recurrent layers read a verify's tokens "
+                                     "as one sequence): drafts must be chains (tree=Chain(n), or no tree), not trees")
         padded = [pad_tree(d.tokens, d.tree.depths, d.tree.mask, n) for d in drafts]
         tokens = torch.stack([t for t, _, _ in padded])  # (B, N)
         depths = torch.stack([d for _, d, _ in padded])
@@ -390,6 +403,34 @@ class SpeculativeGenerator:
             self._compiled_shapes.add(shape)
         return out
 
+    def _replay(self, cache: StaticKVCache, before: Checkpoint, drafts: list[Draft], news: Tensor,
+                accepted: list[int], verified: int, lengths: Tensor, pads: Tensor) -> None:
+        """Leave a hybrid target's recurrent states after each row's accepted tokens (its root, then
+        ``accepted[b] - 1`` drafts): rows that accepted all ``verified`` positions keep the verify's
+        states; for each shorter accepted length a, the states from ``before`` the step are restored and
+        the rows' first a accepted tokens run through the target again (one [B, a] forward, whose attention
+        rewrites the same KV at the same slots); rows accepting a take that forward's states. A row's own
+        padding (dummy nodes after its chain, a finished row's) never reaches a state it keeps."""
+        short = sorted({a for a in accepted if 0 < a < verified})
+        if not short:
+            return
+        after = cache.states.checkpoint()  # the verify's states: rows that accepted every position
+        roots = torch.stack([d.tokens[0] for d in drafts])[:, None]  # (B, 1)
+        tokens = torch.cat([roots, news[:, : short[-1] - 1]], dim=1)  # (B, a_max) root, accepted drafts
+        kept = torch.tensor(accepted, device=self.device)
+        for a in short:
+            cache.states.restore(before)
+            slots = lengths[:, None] + self._arange(a)[None]  # (B, a) the accepted path's slots
+            positions = (lengths - pads)[:, None] + self._arange(a)[None]
+            causal = torch.ones(a, a, dtype=torch.bool, device=self.device).tril_().expand(len(drafts), a, a)
+            width = cache.length + a
+            cache.window = width
+            mask = attention_masks(_text_config(self.target), verify_mask(lengths, pads, causal, width, self.dtype),
+                                   positions, verify_key_positions(lengths, pads, positions, width))
+            masked_forward(self.target, tokens[:, :a], slots, mask, positions, cache, ())
+            after.take_rows(cache.states.checkpoint(), kept == a)
+        cache.states.restore(after)
+
     def _sync(self) -> None:
         sync(self.device)  # sync: only around compilation, to time it
 
@@ -402,7 +443,8 @@ class SpeculativeGenerator:
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask
         cache.window = ids.shape[1]  # the prefill is eager: it attends over the prompt's slots only
         positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        masks = attention_masks(_text_config(self.target), prefill_mask(mask, self.dtype), positions, positions)
+        padding = mask if attention_mask is not None and bool((mask == 0).any()) else None  # sync
+        masks = attention_masks(_text_config(self.target), prefill_mask(mask, self.dtype), positions, positions, padding)
         out = masked_forward(self.target, ids, torch.arange(ids.shape[1], device=self.device), masks,
                              positions, cache, self.drafter.aux_layer_ids)
         cache.length = ids.shape[1]
@@ -419,6 +461,7 @@ class SpeculativeGenerator:
             cache = StaticKVCache(len(decoder_layers(self.target)), size)
             self._static_cache = cache
         cache.length = 0
+        cache.reset_states()
         return cache
 
     @property
@@ -597,6 +640,7 @@ class SpeculativeGenerator:
 
         while not all(done):
             live = [b for b in range(bsz) if not done[b]]
+            before = cache.states.checkpoint() if self.hybrid else None  # recurrent states before the step
             drafts = [root_only(row.root) for row in rows]  # a finished row's: a masked no-op, never read
             if levels != 0:
                 # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
@@ -633,6 +677,8 @@ class SpeculativeGenerator:
             self._observe(rows, seen)
             clock.mark("observe")
             cache.compact_rows(lengths, nodes[:, : max(accepted_len)])
+            if before is not None:
+                self._replay(cache, before, drafts, news, accepted_len, out.logits.shape[1], lengths, pads)
             host_lengths = [n + a for n, a in zip(host_lengths, accepted_len)]
             lengths = torch.tensor(host_lengths, device=self.device)
             cache.length = max(host_lengths)
