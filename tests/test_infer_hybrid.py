@@ -15,15 +15,18 @@ from hybrids import HYBRIDS, make_tiny_hybrid
 from test_infer_sampling import joint_pvalue
 
 from heads import build_head
-from infer import Chain, SpeculativeGenerator
+from infer import Chain, DynamicTree, SpeculativeGenerator
 from infer.drafters import Draft, Drafter, Sampling, chain_draft, make_drafter, root_only
 from infer.hierarchical import HierarchicalDrafter
 from infer.layer_skip import LayerSkipDrafter
 from infer.lm_drafter import LMDrafter
 from infer.lookup_first import LookupFirst
 from infer.ngram import NgramDrafter
-from infer.recurrent import check_supported, is_hybrid
+from infer.recurrent import LinearAttentionLayer, check_supported, is_hybrid
 from infer.tree import tree_from_parents
+
+# transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)
+pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 
 MAIN = ("qwen3_5_text", "qwen3_next", "lfm2", "nemotron_h")  # the issue's four, every drafter on each
 VOCAB = 96
@@ -141,13 +144,14 @@ def test_prompt_one_longer_than_the_draft(arch):
 
 @pytest.mark.slow
 def test_a_thousand_tokens_stay_exact():
-    """Drift in a rolled-back state would compound: 1,000 tokens equal the target's, with partial accepts."""
+    """Drift in a rolled-back state would compound: 1,000 tokens equal the target's with a partial accept
+    (3 of 4 drafts) and a rollback at every step."""
     target = _target("qwen3_5_text", sharpen=4.0)
     ids = _prompt(random.Random(9), 10)
     ref = _hf(target, ids, 1000)
-    gen = SpeculativeGenerator(target, NgramDrafter(max_ngram=2, length=6))
+    gen = SpeculativeGenerator(target, Oracle(ref))
     assert torch.equal(gen.generate(ids, max_new_tokens=1000), ref)
-    assert 1.0 < gen.last_stats.tau < 7.0  # drafts were partly accepted: the rollback ran
+    assert gen.last_stats.replays >= gen.last_stats.steps - 1 > 200
 
 
 class Oracle(Drafter):
@@ -189,9 +193,9 @@ def test_a_state_restored_one_position_off_is_caught(monkeypatch):
     assert torch.equal(SpeculativeGenerator(target, Oracle(ref)).generate(ids, max_new_tokens=40), ref)
     replay = SpeculativeGenerator._replay
 
-    def off_by_one(self, cache, before, drafts, news, accepted, verified, lengths, pads):
+    def off_by_one(self, cache, before, drafts, news, accepted, verified, lengths, pads, stats=None):
         return replay(self, cache, before, drafts, news, [a - 1 if a > 1 else a for a in accepted], verified,
-                      lengths, pads)
+                      lengths, pads, stats)
 
     monkeypatch.setattr(SpeculativeGenerator, "_replay", off_by_one)
     assert not torch.equal(SpeculativeGenerator(target, Oracle(ref)).generate(ids, max_new_tokens=40), ref)
@@ -205,6 +209,8 @@ def test_trees_are_refused_and_a_leaking_sibling_is_caught():
     ref = _hf(target, ids, 30)
     with pytest.raises(ValueError, match="hybrid.*chains"):
         SpeculativeGenerator(target, Oracle(ref, tree=True)).generate(ids, max_new_tokens=30)
+    with pytest.raises(ValueError, match="Qwen3_5ForCausalLM is a hybrid.*not a DynamicTree"):
+        SpeculativeGenerator(target, build_head("eagle3", target, aux_layer_ids=[0, 1, 2]), tree=DynamicTree())
 
     class Leaky(SpeculativeGenerator):
         def __init__(self, *a, **k):

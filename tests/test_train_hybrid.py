@@ -15,9 +15,13 @@ from test_train_fixtures import tiny_config
 
 from heads import AutoHead
 from infer import SpeculativeGenerator
+from infer.recurrent import LinearAttentionLayer
 from scripts.dump_features import main as dump_main
 from train.loop import setup
 from transformers import AutoModelForCausalLM
+
+# transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)
+pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 
 KINDS = {
     "medusa": ["head.num_heads=3", "train.lr=1e-2"],
