@@ -68,12 +68,23 @@ def rope_config_from_target(target: PretrainedConfig | PreTrainedModel) -> dict[
     return rope
 
 
+# Where transformers' decoder stacks keep their final norm: most at ``norm``; LFM2 ``embedding_norm``,
+# Nemotron-H ``norm_f``, Falcon-H1 / Bamba / Jamba ``final_layernorm``.
+FINAL_NORM_NAMES = ("norm", "embedding_norm", "norm_f", "final_layernorm")
+
+
+def final_norm_name(backbone: nn.Module | None) -> str | None:
+    """The attribute of ``backbone`` holding its final norm, or None when it has none of the known names."""
+    return next((n for n in FINAL_NORM_NAMES if isinstance(getattr(backbone, n, None), nn.Module)), None)
+
+
 def final_norm_scale(target: nn.Module, width: int, otherwise: str) -> Tensor:
     """The per-channel scale (H,) of the target's final norm, read by probing it (so Gemma's ``1 + w``
     and plain RMSNorm read alike): an RMS norm maps sqrt(H)·e_i (RMS 1) to sqrt(H)·w_i·e_i. A head
     starting from it says in ``otherwise`` what to do when the target has no such norm."""
     backbone = getattr(target, getattr(target, "base_model_prefix", ""), None)
-    final_norm = getattr(backbone, "norm", None)
+    name = final_norm_name(backbone)
+    final_norm = getattr(backbone, name, None) if name else None
     if not isinstance(final_norm, nn.Module):
         raise ValueError(f"{type(target).__name__} has no final norm at `<backbone>.norm` to start the head from; "
                          + otherwise)

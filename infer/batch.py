@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from heads.layers import additive_mask
 from infer.cache import StaticKVCache
+from infer.recurrent import RECURRENT_MASK_KEYS, is_hybrid
 from infer.target import TargetOutput, backbone_of, causal_lm_of
 
 
@@ -88,17 +89,26 @@ def verify_key_positions(lengths: Tensor, pads: Tensor, positions: Tensor, width
     return torch.where(rel < 0, col - pads[:, None], positions.gather(1, rel.clamp(0, positions.shape[1] - 1)))
 
 
-def attention_masks(config, mask: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor | dict[str, Tensor]:
+def attention_masks(config, mask: Tensor, query_positions: Tensor, key_positions: Tensor,
+                    padding: Tensor | None = None) -> Tensor | dict[str, Tensor | None]:
     """What the target's layers take for the additive ``mask`` (B, 1, T, W) whose queries sit at
     ``query_positions`` (B, T) and keys at ``key_positions`` (B, W): ``mask`` itself without sliding
     layers; with them, the same mask with keys ``window`` or more positions behind the query blocked,
     per layer type (``{"full_attention": ..., "sliding_attention": ...}``) where the model has layer
-    types, alone where every layer slides (Mistral). A query always sees itself: no row is empty."""
+    types, alone where every layer slides (Mistral). A query always sees itself: no row is empty.
+
+    A hybrid target (``infer.recurrent``) gets the dict in every case, its recurrent layers' entries
+    (``linear_attention``, ``conv``) the (B, T) ``padding`` mask of the new tokens (1 = token, 0 = left
+    pad, whose input HF's recurrent layers zero so it never enters a row's state) or None without pads."""
     window = sliding_window(config)
+    windowed = mask
+    if window is not None:
+        far = (query_positions[:, :, None] - key_positions[:, None, :]) >= window  # (B, T, W)
+        windowed = mask.masked_fill(far[:, None], torch.finfo(mask.dtype).min)
+    if is_hybrid(config):
+        return {"full_attention": mask, "sliding_attention": windowed, **dict.fromkeys(RECURRENT_MASK_KEYS, padding)}
     if window is None:
         return mask
-    far = (query_positions[:, :, None] - key_positions[:, None, :]) >= window  # (B, T, W)
-    windowed = mask.masked_fill(far[:, None], torch.finfo(mask.dtype).min)
     if getattr(config, "layer_types", None) is None:
         return windowed
     return {"full_attention": mask, "sliding_attention": windowed}

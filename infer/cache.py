@@ -22,6 +22,7 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
 from heads.layers import HeadCache, additive_mask
+from infer.recurrent import LinearStates
 
 
 class StaticKVCache:
@@ -50,6 +51,28 @@ class StaticKVCache:
         # growing cache would; None = the whole buffer (a compiled step needs one shape).
         self.window: int | None = None
         self.length = 0  # valid entries: positions [0, length)
+        # A hybrid target's recurrent-layer states (conv windows, recurrent matrices), per row: what its
+        # linear-attention / Mamba / short-conv layers read and write through the methods below.
+        self.states = LinearStates()
+
+    def reset_states(self) -> None:
+        """Forget every recurrent state (a new generation's prefill starts from none)."""
+        self.states = LinearStates()
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> Tensor | None:
+        return self.states.get_conv_state(layer_idx, state_idx)
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> Tensor | None:
+        return self.states.get_recurrent_state(layer_idx, state_idx)
+
+    def update_conv_state(self, conv_states: Tensor, layer_idx: int, state_idx: int = 0, **kwargs) -> Tensor:
+        return self.states.update_conv_state(conv_states, layer_idx, state_idx, **kwargs)
+
+    def update_recurrent_state(self, recurrent_states: Tensor, layer_idx: int, state_idx: int = 0, **kwargs) -> Tensor:
+        return self.states.update_recurrent_state(recurrent_states, layer_idx, state_idx, **kwargs)
+
+    def is_recording_past(self, layer_idx: int = 0) -> bool:
+        return self.states.is_recording_past(layer_idx)
 
     def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
         """Write key/value (B, H_kv, T, D) at ``slots``; return the layer's full buffers."""

@@ -44,8 +44,9 @@ from infer.accept import (
 from infer.batch import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
 from infer.compiling import check_compile, compiled, step_begin
-from infer.drafters import Draft, Drafter, Sampling, TreeOption, make_drafter, root_only
+from infer.drafters import Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, make_drafter, root_only
 from infer.plan import SpeculationPlan, find_plan
+from infer.recurrent import Checkpoint, check_supported, is_hybrid
 from infer.target import TargetOutput, decoder_layers
 from infer.threads import choose_threads
 from infer.tree import pad_tree
@@ -64,12 +65,15 @@ class GenerationStats:
     steps: int = 0  # verification forwards
     step_tokens: int = 0  # tokens emitted by verification steps (accepted drafts + bonus)
     verified_tokens: int = 0  # tokens the verification forwards ran over (padded to the budget when static)
+    # a hybrid target's rollback: forwards replaying accepted tokens after a partial accept, and their tokens
+    replays: int = 0
+    replayed_tokens: int = 0
     wall_time: float = 0.0  # seconds, compilation included (see compile_time)
     # Seconds spent in verify calls that compiled a new graph (first call per tree budget and
     # cache size); included in wall_time. Warm up once to measure decode speed alone.
     compile_time: float = 0.0
-    # Seconds per phase ("prefill", "draft", "verify", "accept", "compact", "emit", "observe"),
-    # filled only by a generator built with profile=True (it synchronises the device at every
+    # Seconds per phase ("prefill", "draft", "verify", "accept", "compact", "emit", "observe"; on a hybrid
+    # target "rollback" too), filled only by a generator built with profile=True (it synchronises the device at every
     # phase end, so profiled runs are slower on GPU).
     phase_times: dict[str, float] = field(default_factory=dict)
 
@@ -87,11 +91,36 @@ class GenerationStats:
 class DecodeState:
     """Everything one row of a generation carries from step to step."""
 
-    cache: StaticKVCache  # target KV of all emitted tokens except the root (shared by the batch's rows)
     draft: Any  # the drafter's own state (head cache, last head output, ...)
-    root: Tensor  # 0-d long: last emitted token
+    root: Tensor  # 0-d long: last emitted token, not yet in the target's cache
     emitted: list[Tensor] = field(default_factory=list)  # chunks of new tokens
     num_new: int = 0
+
+
+@dataclass
+class Decoding:
+    """One ``generate`` call in progress (``SpeculativeGenerator.start`` -> ``step`` ... -> ``finish``)."""
+
+    cache: StaticKVCache  # the target's KV (and a hybrid's recurrent states) of every row
+    rows: list[DecodeState]
+    done: list[bool]  # per row: stopped (EOS or budget)
+    lengths: Tensor  # (B,) valid cache slots per row (prompt with its left pads, then accepted tokens)
+    host_lengths: list[int]  # the same, on the host
+    pads: Tensor  # (B,) left-pad columns per row
+    host_pads: list[int]  # the same, on the host
+    levels: int | None  # the plan's draft levels for this batch size (None: the drafter's own; 0: none)
+    sampling: Sampling
+    eos: Tensor  # (E,) stop ids
+    max_new_tokens: int
+    input_ids: Tensor  # the prompts as given (the output starts with them, on their device)
+    pad_id: int  # fills a row's output after its end
+    streamer: Any
+    clock: Any  # _PhaseClock
+    started: float  # perf_counter at the start
+    stats: GenerationStats
+
+    def live(self) -> list[int]:
+        return [b for b, done in enumerate(self.done) if not done]
 
 
 class _PhaseClock:
@@ -178,6 +207,10 @@ class SpeculativeGenerator:
             )
         if acceptance not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
+        check_supported(target)
+        # A hybrid target's recurrent layers read a verify's tokens as one sequence: drafts are chains, and
+        # each step's states are rolled back by checkpoint and replay (infer.recurrent).
+        self.hybrid = is_hybrid(target)
         self.target = target
         self.tokenizer = tokenizer
         self.device = target.get_input_embeddings().weight.device
@@ -186,7 +219,13 @@ class SpeculativeGenerator:
             head.check_target(target)
             head.to(device=self.device, dtype=self.dtype)
             self.head: nn.Module | None = head
-            self.drafter: Drafter = make_drafter(head, target, tree)
+            if self.hybrid and tree is not None and not isinstance(tree, Chain):
+                raise ValueError(f"{type(target).__name__} is a hybrid (recurrent layers read a verify's tokens as one "
+                                 f"sequence): drafts must be chains (tree=Chain(n), or no tree), not a {type(tree).__name__}")
+            if self.hybrid and tree is None:  # chains only: the kind's adaptive chain on every device
+                self.drafter: Drafter = adaptive_chain(head, target)
+            else:
+                self.drafter = make_drafter(head, target, tree)
         else:
             if tree is not None:
                 raise ValueError("tree options belong to the drafter; a custom drafter ignores `tree`")
@@ -358,6 +397,11 @@ class SpeculativeGenerator:
             width = cache.length + n  # cache.length: the longest row's (a host int)
             cache.grow(width)  # a drafter without max_nodes may draft past the room reserved
             cache.window = width  # eager: attend over the used slots only
+        if self.hybrid:
+            for d in drafts:
+                if d.tree.retrieve_indices.shape != (1, d.tokens.shape[0]):
+                    raise ValueError(f"{type(self.target).__name__} is a hybrid (recurrent layers read a verify's tokens "
+                                     "as one sequence): drafts must be chains (tree=Chain(n), or no tree), not trees")
         padded = [pad_tree(d.tokens, d.tree.depths, d.tree.mask, n) for d in drafts]
         tokens = torch.stack([t for t, _, _ in padded])  # (B, N)
         depths = torch.stack([d for _, d, _ in padded])
@@ -390,6 +434,38 @@ class SpeculativeGenerator:
             self._compiled_shapes.add(shape)
         return out
 
+    def _replay(self, cache: StaticKVCache, before: Checkpoint, drafts: list[Draft], news: Tensor,
+                accepted: list[int], verified: int, lengths: Tensor, pads: Tensor,
+                stats: GenerationStats | None = None) -> None:
+        """Leave a hybrid target's recurrent states after each row's accepted tokens (its root, then
+        ``accepted[b] - 1`` drafts): rows that accepted all ``verified`` positions keep the verify's
+        states; for each shorter accepted length a, the states from ``before`` the step are restored and
+        the rows' first a accepted tokens run through the target again (one [B, a] forward, whose attention
+        rewrites the same KV at the same slots); rows accepting a take that forward's states. A row's own
+        padding (dummy nodes after its chain, a finished row's) never reaches a state it keeps."""
+        short = sorted({a for a in accepted if 0 < a < verified})
+        if not short:
+            return
+        after = cache.states.checkpoint()  # the verify's states: rows that accepted every position
+        roots = torch.stack([d.tokens[0] for d in drafts])[:, None]  # (B, 1)
+        tokens = torch.cat([roots, news[:, : short[-1] - 1]], dim=1)  # (B, a_max) root, accepted drafts
+        kept = torch.tensor(accepted, device=self.device)
+        for a in short:
+            cache.states.restore(before)
+            slots = lengths[:, None] + self._arange(a)[None]  # (B, a) the accepted path's slots
+            positions = (lengths - pads)[:, None] + self._arange(a)[None]
+            causal = torch.ones(a, a, dtype=torch.bool, device=self.device).tril_().expand(len(drafts), a, a)
+            width = cache.length + a
+            cache.window = width
+            mask = attention_masks(_text_config(self.target), verify_mask(lengths, pads, causal, width, self.dtype),
+                                   positions, verify_key_positions(lengths, pads, positions, width))
+            masked_forward(self.target, tokens[:, :a], slots, mask, positions, cache, ())
+            if stats is not None:
+                stats.replays += 1
+                stats.replayed_tokens += a * len(drafts)
+            after.take_rows(cache.states.checkpoint(), kept == a)
+        cache.states.restore(after)
+
     def _sync(self) -> None:
         sync(self.device)  # sync: only around compilation, to time it
 
@@ -402,7 +478,8 @@ class SpeculativeGenerator:
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask
         cache.window = ids.shape[1]  # the prefill is eager: it attends over the prompt's slots only
         positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        masks = attention_masks(_text_config(self.target), prefill_mask(mask, self.dtype), positions, positions)
+        padding = mask if attention_mask is not None and bool((mask == 0).any()) else None  # sync
+        masks = attention_masks(_text_config(self.target), prefill_mask(mask, self.dtype), positions, positions, padding)
         out = masked_forward(self.target, ids, torch.arange(ids.shape[1], device=self.device), masks,
                              positions, cache, self.drafter.aux_layer_ids)
         cache.length = ids.shape[1]
@@ -419,6 +496,7 @@ class SpeculativeGenerator:
             cache = StaticKVCache(len(decoder_layers(self.target)), size)
             self._static_cache = cache
         cache.length = 0
+        cache.reset_states()
         return cache
 
     @property
@@ -455,14 +533,12 @@ class SpeculativeGenerator:
             return chain_sample_accept(p[None], draft.q[None], draft.tokens[None])
         return tree_sample_accept(p[None], draft.tokens[None], tree.children)
 
-    def _accept_rows(self, logits: Tensor, drafts: list[Draft], live: list[int], sampling: Sampling, eos: Tensor,
-                     remaining: list[int]) -> tuple[Tensor, Tensor, list[int], list[int], list[bool]]:
+    def _accept_rows(self, logits: Tensor, drafts: list[Draft], live: list[int],
+                     sampling: Sampling) -> tuple[Tensor, Tensor, Tensor]:
         """Accept every live row's draft: (nodes (B, W) accepted node indices root first, -1 after;
-        new (B, W) the accepted drafts then the bonus; per row the accepted length, how many new
-        tokens it keeps (cut after EOS and to ``remaining``), and whether it stops). Greedy: every row
-        at once on the device, EOS included, and one host read for the step; sampling: each row's
-        draft accepted on its own (the accept loop reads the host per level), then every row's
-        length and EOS read together in one host read for the step."""
+        new (B, W) the accepted drafts then the bonus; length (B,) accepted nodes per row). Greedy: every
+        row at once on the device; sampling: each row's draft accepted on its own (the accept loop
+        reads the host per level)."""
         bsz, width = logits.shape[:2]
         if sampling.greedy:
             tokens = torch.stack([nn.functional.pad(d.tokens, (0, width - d.tokens.shape[0])) for d in drafts])  # (B, N)
@@ -488,39 +564,138 @@ class SpeculativeGenerator:
                 length[b], bonus[b] = accepted.length[0], accepted.bonus[0]
         new = torch.cat([drafted, drafted.new_zeros(bsz, 1)], dim=1)
         new.scatter_(1, (length - 1)[:, None], bonus[:, None])  # (B, D+1) the accepted drafts then the bonus
+        return nodes, new, length
+
+    def _settle(self, dec: Decoding, new: Tensor, length: Tensor,
+                seen: Callable[[int, int], tuple[Tensor, Tensor]]) -> list[int]:
+        """The bookkeeping after a forward, the prefill's (its first token) and every step's alike: each live
+        row keeps its ``new`` (B, W) tokens up to its accepted ``length`` (B,), cut after the first EOS and
+        to its budget (one host read), emits them, stops or takes its last accepted token as the next root;
+        the drafter observes ``seen(b, a)`` = (features (1, a, F), next tokens (1, a)) of each row going on
+        that accepted a nodes.
+        Returns each row's accepted length (0 for a row that had already stopped)."""
         valid = torch.arange(new.shape[1], device=self.device)[None] < length[:, None]
-        hit = (torch.isin(new, eos) if eos.numel() else torch.zeros_like(valid)) & valid
-        any_hit = hit.any(dim=1)
-        upto = torch.where(any_hit, hit.int().argmax(dim=1) + 1, length)  # tokens up to the first EOS
-        info = torch.stack([length, upto, any_hit.long()]).tolist()  # sync: the step's one host read
-        accepted_len, kept_len, stop = [0] * bsz, [0] * bsz, [False] * bsz
-        for b in live:
-            accepted_len[b], kept_len[b] = info[0][b], min(info[1][b], remaining[b])
-            stop[b] = bool(info[2][b]) or kept_len[b] >= remaining[b]
-        return nodes, new, accepted_len, kept_len, stop
-
-    @staticmethod
-    def _trim(tokens: Tensor, eos: Tensor, remaining: int) -> tuple[Tensor, bool]:
-        """Cut after the first EOS and to ``remaining`` tokens; returns (kept, stop)."""
-        hits = torch.isin(tokens, eos).nonzero() if eos.numel() else None  # sync
-        if hits is not None and hits.numel():
-            return tokens[: int(hits[0, 0]) + 1][:remaining], True
-        return tokens[:remaining], tokens.numel() >= remaining
-
-    def _observe(self, rows: list[DecodeState], seen: list[tuple[int, Tensor, Tensor]]) -> None:
-        """The drafter observes each listed row's accepted tokens (features (1, A, F), next tokens (1, A)), all
-        rows at once."""
-        if seen:
-            self.drafter.observe_rows([rows[b].draft for b, _, _ in seen], [f for _, f, _ in seen],
-                                      [t for _, _, t in seen])
-
-    def _emit(self, state: DecodeState, tokens: Tensor, streamer: Any) -> None:
-        state.emitted.append(tokens)
-        state.num_new += tokens.numel()
-        if streamer is not None:
-            streamer.put(tokens.cpu())
+        hit = (torch.isin(new, dec.eos) if dec.eos.numel() else torch.zeros_like(valid)) & valid
+        upto = torch.where(hit.any(dim=1), hit.int().argmax(dim=1) + 1, length)  # tokens up to the first EOS
+        info = torch.stack([length, upto, hit.any(dim=1).long()]).tolist()  # sync: the step's one host read
+        accepted, observe = [0] * len(dec.rows), []
+        for b in dec.live():
+            row = dec.rows[b]
+            accepted[b] = info[0][b]
+            kept = min(info[1][b], dec.max_new_tokens - row.num_new)
+            row.emitted.append(new[b, :kept])
+            row.num_new += kept
+            if dec.streamer is not None:
+                dec.streamer.put(new[b, :kept].cpu())
+            dec.done[b] = bool(info[2][b]) or row.num_new >= dec.max_new_tokens
+            if not dec.done[b]:
+                row.root = new[b, accepted[b] - 1]
+                if dec.levels != 0:
+                    observe.append((b, *seen(b, accepted[b])))
+        dec.clock.mark("emit")
+        if observe:
+            self.drafter.observe_rows([dec.rows[b].draft for b, _, _ in observe], [f for _, f, _ in observe],
+                                      [t for _, _, t in observe])
+        return accepted
 
     # ------------------------------------------------------------------------------- loop
+
+    @torch.inference_mode()
+    def start(self, input_ids: Tensor, attention_mask: Tensor | None = None, max_new_tokens: int = 128,
+              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, eos_token_id: int | list[int] | None = None,
+              streamer: Any = None, pad_token_id: int | None = None) -> Decoding:
+        """The prefill: the checks, the prompts' forward, each row's first token through ``_settle`` and the
+        drafter's first look at the prompt. Returns the decode state that ``step`` advances and ``finish``
+        turns into ``generate``'s output (arguments as ``generate``'s)."""
+        sampling = Sampling(float(temperature), top_k, float(top_p))
+        self._check(input_ids, max_new_tokens, sampling)
+        mask = self._check_batch(input_ids, attention_mask, streamer)
+        clock = _PhaseClock(self.device, self.profile)
+        started = time.perf_counter()
+        clock.start()
+        eos = self._eos_ids(eos_token_id)
+        ids = input_ids.to(self.device)
+        bsz, plen = ids.shape
+        if streamer is not None:
+            streamer.put(ids.cpu())
+        out = self.prefill(ids, max_new_tokens, mask)
+        pads = (mask == 0).sum(dim=1)  # (B,) left-pad columns per row
+        host_pads = pads.tolist() if attention_mask is not None else [0] * bsz  # sync
+        # the plan's draft levels for this batch size (None: the drafter's own; 0: no drafting at all)
+        levels = self.plan.length_for(bsz) if self.plan is not None else None
+        # the drafter's states (its own buffers, shared by the rows of a drafter that drafts them at once)
+        states = self.drafter.new_rows([plen - pad + max_new_tokens for pad in host_pads]) if levels != 0 else [None] * bsz
+        first = torch.stack([self._next_token(out.logits[b, -1], sampling) for b in range(bsz)])  # (B,)
+        dec = Decoding(cache=out.past_key_values, rows=[DecodeState(states[b], first[b]) for b in range(bsz)],
+                       done=[False] * bsz, lengths=torch.full((bsz,), plen, dtype=torch.long, device=self.device),
+                       host_lengths=[plen] * bsz, pads=pads, host_pads=host_pads, levels=levels, sampling=sampling, eos=eos,
+                       max_new_tokens=max_new_tokens, input_ids=input_ids, pad_id=self._pad_id(pad_token_id, eos),
+                       streamer=streamer, clock=clock, started=started, stats=GenerationStats(target_forwards=1))
+        features = self._features(out)
+        seen = []
+        for b, pad in enumerate(host_pads):
+            if levels != 0:  # "off": no drafter state exists (None), nothing to begin
+                self.drafter.begin(dec.rows[b].draft, ids[b: b + 1, pad:])  # drafters that read the prompt's ids
+            seen.append((features[b: b + 1, pad:], torch.cat([ids[b, pad + 1:], first[b: b + 1]])[None]))
+        clock.mark("prefill")
+        self._settle(dec, first[:, None], torch.ones_like(first), lambda b, a: seen[b])
+        clock.mark("observe")
+        return dec
+
+    @torch.inference_mode()
+    def step(self, dec: Decoding) -> None:
+        """One speculative step for every live row: draft, one [B, N] verify, accept, emit and observe,
+        compact the accepted paths (and roll a hybrid's recurrent states back to them)."""
+        live, cache, clock = dec.live(), dec.cache, dec.clock
+        before = cache.states.checkpoint() if self.hybrid else None  # recurrent states before the step
+        drafts = [root_only(row.root) for row in dec.rows]  # a finished row's: a masked no-op, never read
+        if dec.levels != 0:
+            # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
+            depths = [dec.max_new_tokens - dec.rows[b].num_new - 1 for b in live]
+            depths = depths if dec.levels is None else [min(d, dec.levels) for d in depths]
+            if not self.compile:  # a drafter sharing the target's KV drafts into it (layer skip)
+                self.drafter.before_draft(cache, dec.host_lengths, dec.host_pads)
+            proposed = self.drafter.propose_rows([dec.rows[b].draft for b in live], [dec.rows[b].root for b in live],
+                                                 dec.sampling, depths)
+            for b, draft in zip(live, proposed):
+                drafts[b] = draft
+        clock.mark("draft")
+        shared = self.drafter.entry_model is not None and all(drafts[b].entry is not None for b in live)
+        out = self._verify_rows(cache, drafts, dec.lengths, dec.pads, dec.stats, from_entry=shared)
+        features = self._features(out)
+        dec.stats.target_forwards += 1
+        dec.stats.steps += 1
+        clock.mark("verify")
+        nodes, new, length = self._accept_rows(out.logits, drafts, live, dec.sampling)
+        clock.mark("accept")
+        emitted = [row.num_new for row in dec.rows]
+        accepted = self._settle(dec, new, length, lambda b, a: (features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
+        dec.stats.step_tokens += sum(row.num_new - n for row, n in zip(dec.rows, emitted))
+        clock.mark("observe")
+        cache.compact_rows(dec.lengths, nodes[:, : max(accepted)])
+        clock.mark("compact")
+        if before is not None:
+            self._replay(cache, before, drafts, new, accepted, out.logits.shape[1], dec.lengths, dec.pads, dec.stats)
+            clock.mark("rollback")  # a hybrid's recurrent states back to the accepted tokens
+        dec.host_lengths = [n + a for n, a in zip(dec.host_lengths, accepted)]
+        dec.lengths = torch.tensor(dec.host_lengths, device=self.device)
+        cache.length = max(dec.host_lengths)
+
+    def finish(self, dec: Decoding) -> Tensor:
+        """``generate``'s output from a finished decode: (B, prompt_len + longest row's new tokens) on the
+        prompt's device, a row padded with the pad id after its end; the call's stats into ``last_stats``."""
+        if dec.streamer is not None:
+            dec.streamer.end()
+        rows, bsz = dec.rows, len(dec.rows)
+        new = torch.full((bsz, max(row.num_new for row in rows)), dec.pad_id, dtype=dec.input_ids.dtype,
+                         device=self.device)
+        for b, row in enumerate(rows):
+            new[b, : row.num_new] = torch.cat(row.emitted)
+        dec.stats.new_tokens = sum(row.num_new for row in rows)
+        dec.stats.wall_time = time.perf_counter() - dec.started
+        dec.stats.phase_times = dec.clock.times
+        self.last_stats = dec.stats
+        return torch.cat([dec.input_ids, new.to(dec.input_ids.device)], dim=1)
 
     @torch.inference_mode()
     def generate(
@@ -549,105 +724,11 @@ class SpeculativeGenerator:
         generation config, as HF does. ``streamer`` (batch size 1, as HF's) gets HF's ``put``/``end``
         calls: the prompt first, then each accepted run.
 
-        One step for all rows: the drafter proposes every live row's draft at once (``propose_rows``;
-        the heads in one pass); one [B, N] verify
-        (``_verify_rows``); each row accepts on its own and advances by its own accepted length
-        (a finished row verifies its last token alone, a masked no-op nobody reads); the accepted
-        paths of all rows are compacted at once (``StaticKVCache.compact_rows``).
+        The public steps, for callers that drive the loop themselves: ``start`` (the prefill and the
+        first token), ``step`` (one draft -> verify -> accept for every live row), ``finish``.
         """
-        sampling = Sampling(float(temperature), top_k, float(top_p))
-        self._check(input_ids, max_new_tokens, sampling)
-        mask = self._check_batch(input_ids, attention_mask, streamer)
-        start = time.perf_counter()
-        stats = GenerationStats()
-        clock = _PhaseClock(self.device, self.profile)
-        clock.start()
-        eos = self._eos_ids(eos_token_id)
-        ids = input_ids.to(self.device)
-        bsz, plen = ids.shape
-        if streamer is not None:
-            streamer.put(ids.cpu())
-
-        out = self.prefill(ids, max_new_tokens, mask)
-        cache = out.past_key_values
-        stats.target_forwards += 1
-        features = self._features(out)
-        pads = (mask == 0).sum(dim=1)  # (B,) left-pad columns per row
-        lengths = torch.full((bsz,), plen, dtype=torch.long, device=self.device)  # valid slots per row
-        host_lengths = [plen] * bsz  # the same, on the host
-        host_pads = pads.tolist() if attention_mask is not None else [0] * bsz  # sync
-        # the plan's draft levels for this batch size (None: the drafter's own; 0: no drafting at all)
-        levels = self.plan.length_for(bsz) if self.plan is not None else None
-        # the drafter's states (its own buffers, shared by the rows of a drafter that drafts them at once)
-        states = self.drafter.new_rows([plen - pad + max_new_tokens for pad in host_pads]) if levels != 0 else [None] * bsz
-        rows: list[DecodeState] = []
-        done = [False] * bsz
-        seen: list[tuple[int, Tensor, Tensor]] = []  # (row, features, next tokens) to observe
-        for b, pad in enumerate(host_pads):
-            first = self._next_token(out.logits[b, -1], sampling)
-            row = DecodeState(cache=cache, draft=states[b], root=first)
-            if levels != 0:  # "off": no drafter state exists (None), nothing to begin
-                self.drafter.begin(row.draft, ids[b: b + 1, pad:])  # drafters that read the prompt's ids
-            kept, done[b] = self._trim(first.reshape(1), eos, max_new_tokens)
-            self._emit(row, kept, streamer)
-            if not done[b] and levels != 0:
-                seen.append((b, features[b: b + 1, pad:], torch.cat([ids[b, pad + 1:], kept])[None]))
-            rows.append(row)
-        self._observe(rows, seen)
-        clock.mark("prefill")
-
-        while not all(done):
-            live = [b for b in range(bsz) if not done[b]]
-            drafts = [root_only(row.root) for row in rows]  # a finished row's: a masked no-op, never read
-            if levels != 0:
-                # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
-                depths = [max_new_tokens - rows[b].num_new - 1 for b in live]
-                depths = depths if levels is None else [min(d, levels) for d in depths]
-                if not self.compile:  # a drafter sharing the target's KV drafts into it (layer skip)
-                    self.drafter.before_draft(cache, host_lengths, host_pads)
-                proposed = self.drafter.propose_rows([rows[b].draft for b in live], [rows[b].root for b in live],
-                                                     sampling, depths)
-                for b, draft in zip(live, proposed):
-                    drafts[b] = draft
-            clock.mark("draft")
-            shared = self.drafter.entry_model is not None and all(drafts[b].entry is not None for b in live)
-            out = self._verify_rows(cache, drafts, lengths, pads, stats, from_entry=shared)
-            features = self._features(out)
-            stats.target_forwards += 1
-            stats.steps += 1
-            clock.mark("verify")
-            remaining = [max_new_tokens - row.num_new for row in rows]
-            nodes, news, accepted_len, kept_len, stop = self._accept_rows(out.logits, drafts, live, sampling, eos,
-                                                                          remaining)
-            clock.mark("accept")
-            seen = []
-            for b in live:
-                row, a = rows[b], accepted_len[b]
-                done[b] = stop[b]
-                stats.step_tokens += kept_len[b]
-                self._emit(row, news[b, : kept_len[b]], streamer)
-                if not done[b]:
-                    if levels != 0:
-                        seen.append((b, features[b: b + 1, nodes[b, :a]], news[b: b + 1, :a]))
-                    row.root = news[b, a - 1]
-            clock.mark("emit")
-            self._observe(rows, seen)
-            clock.mark("observe")
-            cache.compact_rows(lengths, nodes[:, : max(accepted_len)])
-            host_lengths = [n + a for n, a in zip(host_lengths, accepted_len)]
-            lengths = torch.tensor(host_lengths, device=self.device)
-            cache.length = max(host_lengths)
-            clock.mark("compact")
-
-        if streamer is not None:
-            streamer.end()
-        stats.new_tokens = sum(row.num_new for row in rows)
-        width = max(row.num_new for row in rows)
-        pad_id = self._pad_id(pad_token_id, eos)
-        new = torch.full((bsz, width), pad_id, dtype=input_ids.dtype, device=self.device)
-        for b, row in enumerate(rows):
-            new[b, : row.num_new] = torch.cat(row.emitted)
-        stats.wall_time = time.perf_counter() - start
-        stats.phase_times = clock.times
-        self.last_stats = stats
-        return torch.cat([input_ids, new.to(input_ids.device)], dim=1)
+        dec = self.start(input_ids, attention_mask, max_new_tokens, temperature, top_p, top_k, eos_token_id,
+                         streamer, pad_token_id)
+        while not all(dec.done):
+            self.step(dec)
+        return self.finish(dec)

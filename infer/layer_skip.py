@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from data.base.checks import count
 from data.base.paths import cache_root
+from heads.common import final_norm_name
 from heads.layers import additive_mask
 from infer.batch import attention_masks
 from infer.drafters import Chain, Draft, Sampling, chain_buffers
@@ -89,7 +90,7 @@ def shallow_backbone(target: nn.Module, k: int) -> nn.Module:
     """The target's decoder stack stopped after its first ``k`` layers, without the final norm: its
     ``last_hidden_state`` is HF ``hidden_states[k]`` of the full target (what an early-exit head reads)."""
     stack = _first_layers(target, k)
-    stack.norm = nn.Identity()
+    setattr(stack, final_norm_name(stack) or "norm", nn.Identity())
     return stack
 
 
@@ -154,7 +155,7 @@ class LayerSkipDrafter(LMDrafter):
         self.layers = k if k is not None else found or default_layers(target)
         super().__init__(early_exit_view(target, self.layers), target, tree, confidence)
         self._shallow = shallow_backbone(target, self.layers)  # states entering layer k
-        self._norm = backbone_of(target).norm
+        self._norm = getattr(backbone_of(target), final_norm_name(backbone_of(target)) or "norm")
         self._lm_head = causal_lm_of(target).get_output_embeddings()
         self._config = causal_lm_of(target).config.get_text_config()
         self.entry_model = late_view(target, self.layers) if self.confidence is None else None

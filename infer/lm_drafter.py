@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicCache
 
 from data.base.checks import probability
 from infer.cache import keep_accepted
+from infer.recurrent import cache_checkpoint, is_hybrid, restore_cache
 from infer.drafters import Chain, Draft, Drafter, Sampling, chain_draft, root_only
 
 
@@ -37,6 +38,10 @@ class LMState:
     seq: Tensor | None = None  # (L,) every emitted token, prompt first; seq[-1] is the root
     cache: DynamicCache = field(default_factory=DynamicCache)
     cached: Tensor | None = None  # (C,) the tokens whose KV the cache holds
+    # a hybrid draft model's cache as it was before this step's drafts (infer.recurrent.cache_checkpoint),
+    # and how many cached tokens it held then: recurrent states roll back to it, never by cropping
+    checkpoint: tuple | None = None
+    mark: int = 0
 
 
 class LMDrafter(Drafter):
@@ -54,6 +59,9 @@ class LMDrafter(Drafter):
         self.model = model.eval()
         self.confidence = probability("LMDrafter confidence", confidence)
         self.max_nodes = self.option.length + 1  # the most nodes a draft has, root included
+        # a hybrid draft model keeps recurrent states: its cache is transformers' hybrid one, rolled back
+        # by checkpoint and replay (infer.recurrent)
+        self.hybrid = is_hybrid(model.config)
 
     def new_state(self) -> LMState:
         return LMState()
@@ -64,8 +72,18 @@ class LMDrafter(Drafter):
     def observe(self, state: LMState, features: Tensor, next_tokens: Tensor) -> None:
         state.seq = torch.cat([state.seq, next_tokens[0].to(state.seq.device)])
 
+    def _new_cache(self) -> DynamicCache:
+        """An empty cache for the draft model: transformers' own per-layer kinds for a hybrid."""
+        return DynamicCache(config=self.model.config) if self.hybrid else DynamicCache()
+
+    def _cache(self, state: LMState) -> DynamicCache:
+        if self.hybrid and not state.cache.layers:  # a fresh state's plain cache: the hybrid one instead
+            state.cache = self._new_cache()
+        return state.cache
+
     def _forward(self, state: LMState, tokens: Tensor) -> Tensor:
         """Feed ``tokens`` (T,) after the cache; returns float32 logits (V,) at the last one."""
+        self._cache(state)
         start = state.cache.get_seq_length()
         pos = torch.arange(start, start + tokens.numel(), device=tokens.device)[None]
         out = self.model(input_ids=tokens[None], position_ids=pos, past_key_values=state.cache, use_cache=True)
@@ -81,8 +99,26 @@ class LMDrafter(Drafter):
             n = min(state.cached.numel(), seq.numel() - 1)
             diff = (state.cached[:n] != seq[:n]).nonzero()  # sync
             keep = int(diff[0, 0]) if diff.numel() else n
-            self._cut(state, keep)
-        return self._forward(state, seq[keep:])
+            if self.hybrid:
+                keep = self._roll_back(state, keep)
+            else:
+                self._cut(state, keep)
+        logits = self._forward(state, seq[keep:])
+        if self.hybrid:  # the drafts that follow are tried on top of this: remember it
+            state.checkpoint, state.mark = cache_checkpoint(state.cache), state.cached.numel()
+        return logits
+
+    def _roll_back(self, state: LMState, keep: int) -> int:
+        """A hybrid draft model's cache back to at most ``keep`` tokens: the checkpoint taken before this
+        step's drafts when it lies within them, else empty; returns how many tokens it holds."""
+        if keep >= state.cached.numel():
+            return keep
+        if state.checkpoint is not None and state.mark <= keep:
+            restore_cache(state.cache, state.checkpoint)
+            state.cached = state.cached[: state.mark]
+            return state.mark
+        state.cache, state.cached, state.checkpoint = self._new_cache(), None, None
+        return 0
 
     def _cut(self, state: LMState, keep: int) -> None:
         """Keep the first ``keep`` cached tokens (drop the rest from the cache)."""

@@ -274,3 +274,26 @@ def test_bad_inputs_raise_clear_errors():
             gen.generate(ok, **kwargs)
     with pytest.raises(TypeError, match="StaticTree or a Chain"):
         SpeculativeGenerator(model, build_head("medusa", model), tree=DynamicTree())
+
+
+def test_the_public_steps_are_generate():
+    """``start`` -> ``step`` ... -> ``finish`` is ``generate``: the same tokens and stats; the first token is
+    emitted by ``start`` through the same bookkeeping as every step's, each step emits at least one token
+    per live row, and a finished row never moves again."""
+    model = _target("llama")
+    head = build_head("eagle3", model)
+    gen = SpeculativeGenerator(model, head, tree=SMALL["eagle3"])
+    ids = torch.cat([_prompt(random.Random(11), 7), _prompt(random.Random(12), 7)])
+    want = gen.generate(ids, max_new_tokens=20, eos_token_id=7)
+    stats = gen.last_stats
+    dec = gen.start(ids, max_new_tokens=20, eos_token_id=7)
+    assert [row.num_new for row in dec.rows] == [1, 1] and dec.stats.steps == 0
+    while not all(dec.done):
+        before = [row.num_new for row in dec.rows]
+        live = dec.live()
+        gen.step(dec)
+        assert all(dec.rows[b].num_new > before[b] for b in live)
+        assert all(dec.rows[b].num_new == before[b] for b in range(2) if b not in live)
+    assert torch.equal(gen.finish(dec), want)
+    assert (gen.last_stats.steps, gen.last_stats.step_tokens, gen.last_stats.new_tokens) == \
+        (stats.steps, stats.step_tokens, stats.new_tokens)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from infer.drafters.base import Chain, HeadDrafter
 from infer.layer_skip import shallow_backbone
@@ -59,6 +59,14 @@ class EarlyExitDrafter(LMDrafter, HeadDrafter):
     def __init__(self, head: nn.Module, target: nn.Module, tree: Chain | None = None,
                  confidence: float | None = None) -> None:
         LMDrafter.__init__(self, EarlyExitLM(head, target), target, tree or DEFAULT_CHAIN, confidence)
+
+    def _new_cache(self) -> DynamicCache:
+        """The LM drafter's cache, whose layer ``exit_layer`` holds the adapter's KV: a plain attention
+        layer even where the target's layer of that index is a recurrent one (a hybrid target)."""
+        cache = super()._new_cache()
+        if self.hybrid:
+            cache.layers[self.model.exit_layer] = DynamicLayer()
+        return cache
 
     @classmethod
     def branching_tree(cls, device: torch.device) -> None:

@@ -1,0 +1,58 @@
+"""Tiny hybrid targets (recurrent or convolution layers beside attention) built in-process from
+transformers' own configs: every hybrid family transformers 5.24 can build tiny on CPU."""
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+_COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+               max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+_GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+            linear_conv_kernel_dim=4, head_dim=8)
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
+               mamba_chunk_size=16)  # 4 heads x 16 = 2 x hidden 32
+
+# model_type -> (config overrides); each has at least one attention layer and one recurrent layer
+HYBRIDS: dict[str, dict] = {
+    "qwen3_5_text": dict(num_hidden_layers=4, **_GDN),  # Qwen3.5 / 3.6: Gated DeltaNet x3 + gated attention
+    "qwen3_next": dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, **_GDN),
+    "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
+                 block_ff_dim=64, conv_L_cache=3),  # LFM2: short causal conv + attention
+    "nemotron_h": dict(num_hidden_layers=4, layers_block_type=["mamba", "attention", "mlp", "mamba"],
+                       mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=1, conv_kernel=4,
+                       chunk_size=16, head_dim=8),  # Nemotron-H: Mamba-2 / attention / MLP
+    "falcon_h1": dict(num_hidden_layers=3, head_dim=8, mamba_d_ssm=64, **_MAMBA2),  # Mamba-2 beside attention, per layer
+    "bamba": dict(num_hidden_layers=4, attn_layer_indices=[1], **_MAMBA2),  # Bamba: Mamba-2 + attention
+    "granitemoehybrid": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                               "linear_attention"], num_local_experts=4,
+                             shared_intermediate_size=32, **_MAMBA2),  # Granite-4.0-H
+    "jamba": dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1, num_experts=4, expert_layer_period=2,
+                  expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8, use_mamba_kernels=False),  # Mamba-1 + MoE
+    "olmo_hybrid": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                          "linear_attention"], num_key_value_heads=4,
+                        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+                        linear_value_head_dim=16, linear_conv_kernel_dim=4),
+}
+
+
+def make_tiny_hybrid(model_type: str, *, seed: int = 0, num_layers: int | None = None, sharpen: float = 1.0,
+                     vocab: int = 96):
+    """A randomly initialised tiny fp32 hybrid causal LM, in eval mode (sdpa attention).
+
+    ``sharpen`` scales the lm_head so greedy choices are clear (no near-ties between the
+    multi-token and one-token kernels' arithmetic)."""
+    options = {**_COMMON, **HYBRIDS[model_type], "vocab_size": vocab}
+    if num_layers is not None:
+        options["num_hidden_layers"] = num_layers
+        for key in ("layer_types", "layers_block_type"):
+            if key in options:
+                options[key] = options[key][:num_layers]
+    config = AutoConfig.for_model(model_type, **options)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    if sharpen != 1.0:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(sharpen)
+    return model
+
