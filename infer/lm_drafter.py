@@ -18,6 +18,7 @@ from transformers.cache_utils import DynamicCache
 from data.base.checks import probability
 from infer.cache import keep_accepted
 from infer.drafters import Chain, Draft, Drafter, Sampling, chain_draft, root_only
+from infer.hf_cache import cache_kwargs
 
 
 def check_same_tokenizer(draft: nn.Module, target: nn.Module) -> None:
@@ -68,7 +69,7 @@ class LMDrafter(Drafter):
         """Feed ``tokens`` (T,) after the cache; returns float32 logits (V,) at the last one."""
         start = state.cache.get_seq_length()
         pos = torch.arange(start, start + tokens.numel(), device=tokens.device)[None]
-        out = self.model(input_ids=tokens[None], position_ids=pos, past_key_values=state.cache, use_cache=True)
+        out = self.model(input_ids=tokens[None], position_ids=pos, use_cache=True, **cache_kwargs(self.model, state.cache))
         state.cached = tokens if state.cached is None else torch.cat([state.cached, tokens])
         return out.logits[0, -1].float()
 
