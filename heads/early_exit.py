@@ -69,6 +69,12 @@ class EarlyExitConfig(DraftHeadConfig):
 
 class EarlyExitHead(DraftHead):
     config_class = EarlyExitConfig
+    title = "early exit (Kangaroo)"
+
+    def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
+        k = self.config.exit_layer
+        return [f"- the target's state after its first **{k}** layers (HF `hidden_states[{k}]`); "
+                "one attention layer and a norm (Kangaroo's adapter); drafts with the target's own lm_head"]
 
     def __init__(self, config: EarlyExitConfig) -> None:
         super().__init__(config)
