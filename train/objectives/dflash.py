@@ -22,7 +22,7 @@ from train.config import TrainConfig
 from train.features import Features
 from train.losses import LossOutput, decayed_sum, soft_loss
 from train.objectives.base import Objective, no_grad_embeds
-from train.objectives.eagle3 import Eagle3Objective
+from train.objectives.eagle3 import Eagle3Features, Eagle3Objective
 
 BLOCKS_PER_SEQUENCE = 64  # anchors drawn per sequence and step (SpecForge: up to 512 on GPUs)
 EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one): bounds (B, C, depth, V) logits
@@ -76,6 +76,13 @@ def sequence_context(head: nn.Module, features: Features) -> list:
     return head.context_kv(features.hidden, torch.arange(seq_len, device=features.hidden.device).expand(batch, -1))
 
 
+@dataclasses.dataclass(kw_only=True)
+class DFlashFeatures(Eagle3Features):
+    mask_embed: Tensor  # (H_t,) the target's embedding of the head's mask token, fp32
+    anchors: Tensor | None = None  # (B, N) block start positions drawn for this step (perturb)
+    anchor_keep: Tensor | None = None  # (B, N) bool: which drawn anchors are real (rows differ in length)
+
+
 class DFlashObjective(Objective):
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
@@ -91,7 +98,8 @@ class DFlashObjective(Objective):
         and the mask token's embedding, which fills every block position after the anchor."""
         features = Eagle3Objective.from_states(target, batch, states, head)
         mask_id = torch.tensor([head.config.mask_token_id], device=features.input_ids.device)
-        return dataclasses.replace(features, mask_embed=no_grad_embeds(target, mask_id)[0])
+        fields = {f.name: getattr(features, f.name) for f in dataclasses.fields(features)}
+        return DFlashFeatures(**fields, mask_embed=no_grad_embeds(target, mask_id)[0])
 
     def perturb(self, features: Features, cfg: TrainConfig, seed: int) -> None:
         """Draw this step's anchors (from ``seed``: a resumed run draws the same)."""

@@ -8,6 +8,8 @@ logits (its labels).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -25,6 +27,11 @@ def positions(hidden: Tensor) -> Tensor:
     return torch.arange(hidden.shape[1], device=hidden.device).expand(hidden.shape[:2])
 
 
+@dataclass(kw_only=True)
+class EarlyExitFeatures(Features):
+    logits: Tensor  # (B, T, V) the target's logits: the adapter's soft labels
+
+
 class EarlyExitObjective(Objective):
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
@@ -40,8 +47,8 @@ class EarlyExitObjective(Objective):
                     need_top1: bool = False) -> Features:
         """The layer-k states (the adapter's input) and the target's logits from its final states (the labels)."""
         logits = target_logits(target, states.final_hidden)  # (B, T, V)
-        return Features(batch["input_ids"], batch["loss_mask"], states.aux_hidden.float(), logits=logits,
-                        top1=logits.argmax(-1))
+        return EarlyExitFeatures(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
+                                 hidden=states.aux_hidden.float(), logits=logits, top1=logits.argmax(-1))
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         """The adapter's logits at position j against the target's at j (token j+1 is the label);
