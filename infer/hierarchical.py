@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from infer.drafters import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
 from infer.hf_cache import cache_kwargs
-from infer.lm_drafter import LMDrafter, LMState
+from infer.drafters.lm_drafter import LMDrafter, LMState
 from infer.ngram import NgramDrafter, find_continuations
 from infer.target import target_forward
 

@@ -18,7 +18,7 @@ from infer import Chain, SpeculativeGenerator
 from infer import hf_cache
 from infer.drafters import DynamicTree, make_drafter
 from infer.hierarchical import HierarchicalDrafter
-from infer.layer_skip import LayerSkipDrafter
+from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.ngram import NgramDrafter
 from infer.target import target_forward
 

@@ -20,8 +20,8 @@ from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.drafters.adaptive import AdaptiveLength
 from infer.cache import StaticHeadCache
 from infer.drafters import Draft, Drafter, Sampling, make_drafter
-from infer.layer_skip import LayerSkipDrafter
-from infer.lm_drafter import LMDrafter
+from infer.drafters.layer_skip import LayerSkipDrafter
+from infer.drafters.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from infer.target import target_forward
 from infer.tree import tree_attention_mask, tree_from_parents

@@ -17,8 +17,8 @@ from transformers.cache_utils import DynamicCache
 
 from infer.drafters.base import Chain, HeadDrafter
 from infer.hf_cache import cache_kwargs
-from infer.layer_skip import shallow_backbone
-from infer.lm_drafter import LMDrafter
+from infer.drafters.layer_skip import shallow_backbone
+from infer.drafters.lm_drafter import LMDrafter
 
 DEFAULT_CHAIN = Chain(4)  # drafts per step when none is given (a CPU-sized chain, as layer skip's)
 
