@@ -18,8 +18,8 @@ from huggingface_hub import ModelCardData
 from data.base.names import is_demo, public_target_name
 from heads.common import DraftHead
 
-METRICS_FILE = "metrics.jsonl"  # train.loop: one JSON record per line; evaluations carry "tau", "acc", ...
-TRAIN_CONFIG_FILE = "config.yaml"  # train.loop: the resolved TrainConfig
+METRICS_FILE = "metrics.jsonl"  # train.setup: one JSON record per line; evaluations carry "tau", "acc", ...
+TRAIN_CONFIG_FILE = "config.yaml"  # train.setup: the resolved TrainConfig
 TRAINING_FILES = (METRICS_FILE, TRAIN_CONFIG_FILE)  # uploaded with the head when present
 
 

@@ -13,7 +13,7 @@ from heads import build_head
 from heads.card import model_card
 from data.base.names import public_target_name
 from heads.formats import export_head
-from train.loop import setup
+from train.setup import setup
 
 SNAPSHOT = "/root/.cache/huggingface/hub/models--org--tiny-llama/snapshots/0123abcd"
 

@@ -10,7 +10,7 @@ from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from heads import AutoHead, build_head
 from train.config import ConfigError, load_config
 from train.features import Features
-from train.loop import setup
+from train.setup import setup
 from train.objectives import objective_class
 from train.objectives.dflash import block_mask, draw_anchors
 

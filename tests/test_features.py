@@ -24,7 +24,7 @@ from conftest import make_tiny_target
 from scripts.dump_features import main as dump_main
 from train.config import ConfigError, load_config
 from train.feature_source import FeatureSource
-from train.loop import setup
+from train.setup import setup
 from train.objectives import objective_class
 
 ROOT = Path(__file__).resolve().parents[1]
