@@ -172,7 +172,7 @@ DRAFTERS = {
 
 
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
-@pytest.mark.parametrize("bsz", [1, 2, 4, 8])
+@pytest.mark.parametrize("bsz", [1, 4, 8])  # a row alone; rows stopping at different steps (eos)
 def test_every_drafter_batch_matches_each_row_alone(target32, name, bsz):
     rng = random.Random(f"{target32.config.model_type}-{name}-{bsz}")
     torch.manual_seed(rng.randrange(1000))
