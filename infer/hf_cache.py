@@ -12,6 +12,7 @@ import functools
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
 
 _NAMES = ("cache", "past_key_values")  # newest first
@@ -39,9 +40,16 @@ def _installed_name() -> str:
     return "cache" if "cache" in fields else "past_key_values"
 
 
+@torch.compiler.assume_constant_result
+def _traced_keyword(cls: type) -> str:
+    """``_keyword`` as a compiled caller (masked_forward under torch.compile) reads it: a constant,
+    without tracing the signature lookup."""
+    return _keyword(cls)
+
+
 def cache_kwargs(model: nn.Module, cache: Any) -> dict[str, Any]:
     """``{keyword: cache}`` for a call ``model(..., **cache_kwargs(model, cache))``."""
-    return {_keyword(type(model)): cache}
+    return {_traced_keyword(type(model)): cache}
 
 
 def returned_cache(out: Any) -> Any:
