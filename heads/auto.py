@@ -17,15 +17,18 @@ from heads.eagle3 import Eagle3Config, Eagle3Head
 from heads.early_exit import EarlyExitConfig, EarlyExitHead
 from heads.medusa import MedusaConfig, MedusaHead
 
-HEAD_CLASSES: dict[str, type[DraftHead]] = {"medusa": MedusaHead, "eagle": EagleHead, "eagle3": Eagle3Head,
-                                         "dflash": DFlashHead, "early-exit": EarlyExitHead}
+# The one list of head kinds, each under its config's head_kind. A kind is its head (heads/<kind>.py), its
+# training objective (train/objectives/<kind>.py) and its drafter (infer/drafters/<kind>.py), found by name;
+# tests/test_kind_contract.py checks the three against their bases.
+HEAD_CLASSES: dict[str, type[DraftHead]] = {cls.config_class.head_kind: cls for cls in (
+    MedusaHead, EagleHead, Eagle3Head, DFlashHead, EarlyExitHead)}
 _BY_MODEL_TYPE = {cls.config_class.model_type: cls for cls in HEAD_CLASSES.values()}
 # The public EAGLE-3 layout (EAGLE authors, SpecForge) is converted on load by heads.formats.
 PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3Speculator")
 
 
 def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options: Any) -> DraftHead:
-    """An untrained head of ``kind`` ("medusa", "eagle", "eagle3", "dflash", "early-exit") shaped for ``target``.
+    """An untrained head of ``kind`` (a key of ``HEAD_CLASSES``) shaped for ``target``.
 
     ``target`` is a config or a model; with a model, Medusa's lm_heads start as copies of the
     target's. ``options`` set head config fields (e.g. ``num_heads=5``, ``draft_vocab_size=2048``,
@@ -34,7 +37,7 @@ def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options:
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown head kind '{kind}'; expected one of {sorted(HEAD_CLASSES)}")
     head_cls = HEAD_CLASSES[kind]
-    allowed = set(_init_params(head_cls.config_class))
+    allowed = set(config_options(head_cls.config_class))
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for a {kind} head; allowed: {sorted(allowed)}")
@@ -44,7 +47,9 @@ def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options:
     return head
 
 
-def _init_params(config_cls: type[PretrainedConfig]) -> list[str]:
+def config_options(config_cls: type[PretrainedConfig]) -> list[str]:
+    """The options a head config takes (its own ``__init__`` parameters and its bases' below
+    ``DraftHeadConfig``): what ``build_head`` and ``head.*`` config keys may set."""
     names: list[str] = []
     for cls in config_cls.__mro__:
         if cls in (DraftHeadConfig, PretrainedConfig, object):
@@ -103,6 +108,7 @@ __all__ = [
     "AutoHead",
     "build_head",
     "HEAD_CLASSES",
+    "config_options",
     "MedusaConfig",
     "EagleConfig",
     "Eagle3Config",

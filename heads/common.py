@@ -149,6 +149,19 @@ class DraftHead(PreTrainedModel):
     config_class = DraftHeadConfig
     base_model_prefix = ""
     supports_gradient_checkpointing = False
+    title = ""  # the kind's name on its model card ("EAGLE-3")
+    reads_formats: tuple[str, ...] = ()  # export formats draftsmith loads back as this kind (heads.formats)
+
+    def card_input_lines(self, export_config: dict | None) -> list[str]:
+        """A model card's "What the head reads": markdown bullets (``export_config``: the config.json an
+        export writes, or None for draftsmith's own format)."""
+        raise NotImplementedError(f"{type(self).__name__} has no card text: define card_input_lines")
+
+    def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        """A model card's engine usage in markdown: ``served`` is the target an engine loads, ``serve_dir``
+        the head's export, ``export_step(fmt)`` the export command's lines (empty when the card is an
+        export's), ``fmt`` the card's export format or None. A kind no engine serves returns none."""
+        return []
 
     def _init_weights(self, module: nn.Module) -> None:
         """The EAGLE heads' init (Medusa overrides it): normal linears with zero biases, unit norms."""

@@ -155,6 +155,26 @@ class DFlashDecoderLayer(nn.Module):
 class DFlashHead(DraftHead):
     config_class = DFlashConfig
     _no_split_modules = ["DFlashDecoderLayer"]
+    title = "DFlash"
+    reads_formats = ("speculators", "dflash")
+
+    def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
+        cfg = self.config
+        ids = list(cfg.aux_layer_ids)
+        return [f"- context: the target's states **{ids}** as HF `output_hidden_states` indices (the output of "
+                f"target layers **{[i - 1 for i in ids]}**, DFlash's `target_layer_ids`), fused by fc + hidden_norm",
+                f"- blocks of {cfg.block_size} tokens (the last accepted token, then mask id {cfg.mask_token_id}); "
+                f"{cfg.num_layers} draft layer(s); drafts with the target's own embedding and lm_head"]
+
+    def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        if fmt == "speculators":
+            return ["vLLM (the verifier, the block and the layers come from the directory):", "", "```bash",
+                    f"vllm serve {serve_dir}", "```", ""]
+        return ["vLLM (speculators flavour):", "", *export_step("speculators"), "```bash",
+                f"vllm serve {serve_dir}", "```", "",
+                "SGLang (and z-lab's `DFlashDraftModel` code):", "", *export_step("dflash"), "```bash",
+                f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DFLASH "
+                f"--speculative-draft-model-path {serve_dir}", "```", ""]
 
     @classmethod
     def config_from_target(cls, target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:

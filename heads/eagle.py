@@ -102,6 +102,16 @@ class EagleDecoderLayer(nn.Module):
 
 class EagleHead(DraftHead):
     config_class = EagleConfig
+    title = "EAGLE (1/2)"
+
+    def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
+        return ["- the target's final post-norm hidden state f_i and the target's embedding of token i+1 "
+                "(embedding first in the fc input); drafts with the target's own lm_head"]
+
+    def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        return ["vLLM:", "", *export_step("eagle-vllm"), "```bash",
+                f"vllm serve {served} --speculative-config "
+                f"'{{\"method\": \"eagle\", \"model\": \"{serve_dir}\", \"num_speculative_tokens\": 3}}'", "```", ""]
 
     @classmethod
     def config_from_target(cls, target: PretrainedConfig | PreTrainedModel) -> dict[str, Any]:

@@ -13,6 +13,8 @@ instead of ``out`` (the logits are ``lm_head`` of that same post-norm state; no 
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -119,6 +121,52 @@ class Eagle3Head(DraftHead):
     config_class = Eagle3Config
     config_from_target = classmethod(EagleHead.config_from_target.__func__)  # its layer mirrors a target layer
     _no_split_modules = ["Eagle3DecoderLayer"]
+    title = "EAGLE-3"
+    reads_formats = ("vllm", "sglang", "speculators")
+
+    def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
+        cfg = self.config
+        ids = list(cfg.aux_layer_ids)
+        lines = [
+            f"- aux layers **{ids}** as HF `output_hidden_states` indices: the residual stream *entering* layer k "
+            "(0 = embeddings). This is the convention of draftsmith and of vLLM's top-level "
+            "`eagle_aux_hidden_state_layer_ids`.",
+            f"- in the *output of layer k* convention of SGLang (`eagle_config.eagle_aux_hidden_state_layer_ids`) and "
+            f"TensorRT-LLM (`eagle3_layers_to_capture`) the same layers are **{[i - 1 for i in ids]}**.",
+            f"- draft vocabulary: {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens"
+            + (" (`d2t` offsets: target id = draft id + d2t[draft id]; `t2d` marks the draft tokens)"
+               if cfg.reduced_vocab else " (the full vocabulary; no d2t/t2d)"),
+        ]
+        if export_config is None:
+            return lines
+        if "eagle_config" in export_config:
+            lines.append(f"- this export writes `eagle_aux_hidden_state_layer_ids: {ids}` and "
+                         f"`eagle_config.eagle_aux_hidden_state_layer_ids: {[i - 1 for i in ids]}`, each in its "
+                         "engine's convention")
+        elif "speculators_model_type" in export_config:
+            lines.append(f"- this export writes `eagle_aux_hidden_state_layer_ids: {ids}` (vLLM's convention)")
+        else:
+            lines.append("- this export writes no layer ids: they equal every engine's default [2, L//2, L-3] for "
+                         f"this {cfg.target_num_layers}-layer target, which each engine computes itself")
+        return lines
+
+    def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        lines = ["vLLM:", "", *export_step("vllm"), "```bash",
+                 f"vllm serve {served} --speculative-config "
+                 f"'{{\"method\": \"eagle3\", \"model\": \"{serve_dir}\", \"num_speculative_tokens\": 3}}'", "```", ""]
+        if fmt == "speculators":
+            return lines
+        ids, layers = list(self.config.aux_layer_ids), self.config.target_num_layers
+        # TensorRT-LLM's default {1, L//2 - 1, L - 4} (output of layer k) is engine_aux_layer_ids
+        capture = [] if layers and ids == engine_aux_layer_ids(layers) else \
+            [f"  eagle3_layers_to_capture: {[i - 1 for i in ids]}  # output of layer k"]
+        return lines + ["SGLang:", "", *export_step("sglang"), "```bash",
+                        f"python -m sglang.launch_server --model-path {served} --speculative-algorithm EAGLE3 "
+                        f"--speculative-draft-model-path {serve_dir} --speculative-num-steps 5 "
+                        "--speculative-eagle-topk 8 --speculative-num-draft-tokens 32", "```", "",
+                        "TensorRT-LLM (PyTorch backend): `trtllm-serve " + served + " --config spec.yaml` with", "",
+                        "```yaml", "speculative_config:", "  decoding_type: Eagle3", "  max_draft_len: 3",
+                        f"  speculative_model: {serve_dir}", *capture, "```", ""]
 
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__(config)

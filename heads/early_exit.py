@@ -7,7 +7,7 @@ it, through one attention layer and a norm, to a state the target's lm_head read
 is "one multi-head attention and two normalization layers"; ours is exactly that:
 ``x + attn(input_layernorm(x))`` then ``norm``. ``o_proj`` starts at zero and ``norm`` at the
 target's final norm, so a fresh head drafts exactly what training-free layer skip with the same
-``k`` drafts (``infer.layer_skip``); training can only move it from there.
+``k`` drafts (``infer.drafters.layer_skip``); training can only move it from there.
 """
 from __future__ import annotations
 
@@ -69,6 +69,12 @@ class EarlyExitConfig(DraftHeadConfig):
 
 class EarlyExitHead(DraftHead):
     config_class = EarlyExitConfig
+    title = "early exit (Kangaroo)"
+
+    def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
+        k = self.config.exit_layer
+        return [f"- the target's state after its first **{k}** layers (HF `hidden_states[{k}]`); "
+                "one attention layer and a norm (Kangaroo's adapter); drafts with the target's own lm_head"]
 
     def __init__(self, config: EarlyExitConfig) -> None:
         super().__init__(config)

@@ -12,7 +12,7 @@ from huggingface_hub import HfApi
 from heads.auto import AutoHead
 from heads.card import TRAINING_FILES, model_card, training_info
 from heads.common import DraftHead
-from heads.formats import EXPORT_MARKER, FORMAT_KINDS, export_head
+from heads.formats import EXPORT_MARKER, FORMATS, export_head
 
 
 def push_head_to_hub(
@@ -32,8 +32,8 @@ def push_head_to_hub(
     engine export instead, so vLLM/SGLang can load it by repo id (EAGLE-3 exports still load with
     ``AutoHead``). Everything is staged and checked locally before the first network call.
     """
-    if fmt is not None and fmt not in FORMAT_KINDS:
-        raise ValueError(f"unknown format '{fmt}'; expected one of {list(FORMAT_KINDS)}")
+    if fmt is not None and fmt not in FORMATS:
+        raise ValueError(f"unknown format '{fmt}'; expected one of {list(FORMATS)}")
     head_dir = None if isinstance(head, DraftHead) else Path(head)
     if head_dir is not None:
         head = AutoHead.from_pretrained(head_dir)  # a broken directory fails here, before any upload

@@ -57,6 +57,19 @@ class ResBlocks(nn.Module):
 
 class MedusaHead(DraftHead):
     config_class = MedusaConfig
+    title = "Medusa"
+
+    def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
+        cfg = self.config
+        return [f"- the target's final post-norm hidden state (its lm_head input); {cfg.num_heads} heads of "
+                f"{cfg.num_layers} residual block(s) each, head k predicts token t+k+2 (the target predicts t+1)"]
+
+    def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        return ["vLLM:", "", *export_step("medusa-vllm"), "```bash",
+                f"vllm serve {served} --speculative-config '{{\"method\": \"medusa\", \"model\": \"{serve_dir}\", "
+                f"\"num_speculative_tokens\": {self.config.num_heads}}}'", "```", "",
+                "TGI (the target comes from `base_model_name_or_path`):", "", *export_step("medusa-tgi"),
+                "```bash", f"text-generation-launcher --model-id {serve_dir}", "```", ""]
 
     def __init__(self, config: MedusaConfig) -> None:
         super().__init__(config)

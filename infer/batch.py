@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from heads.layers import additive_mask
 from infer.cache import StaticKVCache
+from infer.hf_cache import cache_kwargs
 from infer.recurrent import RECURRENT_MASK_KEYS, is_hybrid
 from infer.target import TargetOutput, backbone_of, causal_lm_of
 
@@ -40,9 +41,10 @@ def masked_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, mask: Ten
     full layers (``attention_masks``). ``inputs_embeds`` (B, T, H) replaces the tokens' embeddings
     (a view of the target's later layers fed the states entering them: ``Drafter.entry_model``)."""
     cache.slots = slots
-    out = backbone_of(model)(input_ids=None if inputs_embeds is not None else input_ids, inputs_embeds=inputs_embeds,
-                             attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                             output_hidden_states=bool(aux_layer_ids))
+    backbone = backbone_of(model)
+    out = backbone(input_ids=None if inputs_embeds is not None else input_ids, inputs_embeds=inputs_embeds,
+                   attention_mask=mask, position_ids=positions, use_cache=True, **cache_kwargs(backbone, cache),
+                   output_hidden_states=bool(aux_layer_ids))
     final_hidden = out.last_hidden_state
     aux = torch.cat([out.hidden_states[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
     logits = causal_lm_of(model).get_output_embeddings()(final_hidden)

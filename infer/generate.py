@@ -14,7 +14,7 @@ trained for (its config's ``target_name_or_path``); ``demo:tiny`` names the demo
 ``--drafter lm:DIR`` drafts a chain of ``--depth`` (default 4) with a small LM sharing the target's
 tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by prompt lookup (``--depth`` tokens, default 8, from
 ``--branch`` matches, default 1); ``--drafter layer-skip:K`` drafts a chain of ``--depth`` (default 4)
-with the target's own first K layers (self-speculation; ``infer.layer_skip``); without K, the K that
+with the target's own first K layers (self-speculation; ``infer.drafters.layer_skip``); without K, the K that
 ``scripts/calibrate_layer_skip.py`` measured fastest for this target, device and dtype, else half the
 layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
 (``infer.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
@@ -165,14 +165,14 @@ def classic_drafter(args: argparse.Namespace, target):
     from data.targets import resolve_target
     from heads import AutoHead
     from infer.drafters import AdaptiveLength, Chain, drafter_class, make_drafter
-    from infer.lm_drafter import LMDrafter
+    from infer.drafters.lm_drafter import LMDrafter
     from infer.ngram import NgramDrafter
 
     if args.drafter == "ngram":
         length = args.depth or (16 if args.adaptive else 8)
         drafter = NgramDrafter(max_ngram=3, length=length, branches=args.branch or 1)
     elif LAYER_SKIP.fullmatch(args.drafter):
-        from infer.layer_skip import LayerSkipDrafter
+        from infer.drafters.layer_skip import LayerSkipDrafter
 
         k = LAYER_SKIP.fullmatch(args.drafter).group(1)
         length = args.depth or (16 if args.adaptive else 4)

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from infer.drafters import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
-from infer.lm_drafter import LMDrafter, LMState
+from infer.hf_cache import cache_kwargs
+from infer.drafters.lm_drafter import LMDrafter, LMState
 from infer.ngram import NgramDrafter, find_continuations
 from infer.target import target_forward
 
@@ -86,7 +87,7 @@ class HierarchicalDrafter(LMDrafter):
             feats = (out.aux_hidden if self.inner.aux_layer_ids else out.final_hidden)[0]
             state.feats = feats if state.feats is None else torch.cat([state.feats, feats])
         else:
-            out = self.model(input_ids=tokens[None], position_ids=pos, past_key_values=state.cache, use_cache=True)
+            out = self.model(input_ids=tokens[None], position_ids=pos, use_cache=True, **cache_kwargs(self.model, state.cache))
         state.cached = tokens if state.cached is None else torch.cat([state.cached, tokens])
         return out.logits[0].float()
 

@@ -13,6 +13,8 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache
 
+from infer.hf_cache import cache_kwargs, returned_cache
+
 
 
 @dataclass
@@ -90,13 +92,14 @@ def target_forward(
         layers[k].register_forward_pre_hook(make_hook(k), with_kwargs=True)
         for k in sorted(set(aux_layer_ids))
     ]
+    backbone = backbone_of(model)
     try:
-        out = backbone_of(model)(
+        out = backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             use_cache=use_cache,
+            **cache_kwargs(backbone, past_key_values),
         )
     finally:
         for handle in handles:
@@ -109,7 +112,7 @@ def target_forward(
         logits=logits,
         final_hidden=final_hidden,
         aux_hidden=aux,
-        past_key_values=out.past_key_values if use_cache else None,
+        past_key_values=returned_cache(out) if use_cache else None,
     )
 
 

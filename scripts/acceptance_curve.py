@@ -70,9 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def train(config: str, overrides: list[str]):
-    """One training run in this process (``train.loop.setup``)."""
+    """One training run in this process (``train.setup.setup``)."""
     from train.config import load_config
-    from train.loop import setup
+    from train.setup import setup
 
     return setup(load_config(ROOT / config, overrides))
 

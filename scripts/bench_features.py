@@ -23,7 +23,7 @@ from infer.threads import choose_threads
 from train.config import load_config
 from train.examples import IndexedRows, collate
 from train.feature_source import FeatureSource
-from train.loop import prepare_run
+from train.setup import prepare_run
 from train.objectives import objective_class
 
 

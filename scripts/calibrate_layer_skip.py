@@ -7,7 +7,7 @@ Decodes held-out demo-corpus prompts (or ``--prompts FILE.jsonl``) greedily with
 layers drafting a chain of ``--depth``, for every k (default: 1 .. L-1), and picks the k with the most
 tokens per second (``infer.bench.calibrate_layer_skip``). The choice goes to the cache
 (``$DRAFTSMITH_CACHE/layer-skip/<target>-<hash>.json``, keyed by the target's identity, device type and
-dtype: ``infer.layer_skip.calibration_path``); ``python -m infer.generate --drafter layer-skip`` then
+dtype: ``infer.drafters.layer_skip.calibration_path``); ``python -m infer.generate --drafter layer-skip`` then
 drafts with that k. Running it again overwrites the file; ``layer-skip:K`` still forces a k.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from data.base.device import default_device
 from data.targets import resolve_target
 from infer.bench.calibrate_layer_skip import calibrate_layer_skip, calibration_markdown
 from infer.bench.prompts import load_prompts
-from infer.layer_skip import calibration_path
+from infer.drafters.layer_skip import calibration_path
 from infer.target import decoder_layers
 from infer.threads import choose_threads
 

@@ -35,7 +35,7 @@ from infer.threads import choose_threads
 from train.config import load_config
 from train.examples import collate, data_sources, load_examples
 from train.feature_source import feature_fingerprint, row_states
-from train.loop import load_frozen_target
+from train.setup import load_frozen_target
 from train.train_head import DEMO_CONFIG
 from train.objectives import objective_class
 

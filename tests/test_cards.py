@@ -13,7 +13,7 @@ from heads import build_head
 from heads.card import model_card
 from data.base.names import public_target_name
 from heads.formats import export_head
-from train.loop import setup
+from train.setup import setup
 
 SNAPSHOT = "/root/.cache/huggingface/hub/models--org--tiny-llama/snapshots/0123abcd"
 
@@ -77,10 +77,10 @@ def test_engine_commands_never_name_a_demo_target():
 @pytest.mark.parametrize("fmt", [None, *__import__("heads.formats", fromlist=["FORMATS"]).FORMATS])
 def test_no_export_readme_tells_an_engine_to_load_a_demo_name(fmt):
     """The README of every export format, for every kind it takes: engines load a directory, never demo:<size>."""
-    from heads.formats import FORMAT_KINDS
+    from heads.formats import FORMATS
 
     target = make_tiny_target("llama", num_layers=8)
-    kinds = FORMAT_KINDS[fmt] if fmt is not None else ("eagle3", "eagle", "medusa", "dflash")
+    kinds = FORMATS[fmt].kinds if fmt is not None else ("eagle3", "eagle", "medusa", "dflash")
     for kind in kinds:
         head = build_head(kind, target)
         head.config.target_name_or_path = "demo:tiny"

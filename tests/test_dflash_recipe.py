@@ -148,7 +148,7 @@ def test_a_run_refuses_a_mask_token_that_aliases_eos(tiny_files, tmp_path):  # n
     from test_train_fixtures import tiny_config
     from transformers import AutoTokenizer
 
-    from train.loop import setup
+    from train.setup import setup
 
     eos = AutoTokenizer.from_pretrained(tiny_files["target"]).eos_token_id
     with pytest.raises(ValueError, match=rf"head.mask_token_id={eos} is the target's eos_token"):

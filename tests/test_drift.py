@@ -10,7 +10,7 @@ from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from data.targets import load_target, load_target_tokenizer
 from scripts.drift import agreement, main
-from train.loop import setup
+from train.setup import setup
 
 ARGS = ["--num-prompts", "3", "--prompt-tokens", "16", "--max-new-tokens", "24", "--heldout-tokens", "256",
         "--threads", "1"]

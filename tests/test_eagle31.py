@@ -19,7 +19,7 @@ from heads.formats import export_head, import_eagle3, validate_export
 from heads.layers import RMSNorm
 from infer import Chain, DynamicTree, SpeculativeGenerator
 from train.config import ConfigError
-from train.loop import setup
+from train.setup import setup
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoModelForCausalLM
 
-from train.loop import setup
+from train.setup import setup
 from train.objectives.eagle3 import FIRST_LOSS_BOUND
 
 

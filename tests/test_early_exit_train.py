@@ -12,7 +12,7 @@ from heads import AutoHead, build_head
 from infer import Chain, SpeculativeGenerator
 from infer.drafters import Sampling, make_drafter
 from train.config import ConfigError, load_config
-from train.loop import setup
+from train.setup import setup
 from train.objectives import objective_class
 
 tiny_files = test_train_fixtures.tiny_files  # the fixture: a tiny target and data files

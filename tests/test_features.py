@@ -24,7 +24,7 @@ from conftest import make_tiny_target
 from scripts.dump_features import main as dump_main
 from train.config import ConfigError, load_config
 from train.feature_source import FeatureSource
-from train.loop import setup
+from train.setup import setup
 from train.objectives import objective_class
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +34,7 @@ KINDS = {
     "eagle": [],
     "eagle3": ["head.draft_vocab_size=128", "head.ttt_steps=3"],
     "dflash": ["head.block_size=4", "train.lr=1e-2"],
+    "early-exit": ["head.exit_layer=2", "train.lr=1e-2"],
 }
 QUICK = ["data.eval=null", "train.eval_every=0", "train.log_every=1"]
 

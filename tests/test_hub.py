@@ -43,7 +43,7 @@ def head(target):
 
 @pytest.fixture
 def head_dir(tmp_path, head):
-    """A training output directory as train.loop leaves it (head, metrics.jsonl, config.yaml, its own card)."""
+    """A training output directory as train.setup leaves it (head, metrics.jsonl, config.yaml, its own card)."""
     directory = tmp_path / "run"
     head.save_pretrained(directory)
     (directory / "metrics.jsonl").write_text(

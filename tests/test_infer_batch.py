@@ -20,8 +20,8 @@ from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.drafters.adaptive import AdaptiveLength
 from infer.cache import StaticHeadCache
 from infer.drafters import Draft, Drafter, Sampling, make_drafter
-from infer.layer_skip import LayerSkipDrafter
-from infer.lm_drafter import LMDrafter
+from infer.drafters.layer_skip import LayerSkipDrafter
+from infer.drafters.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from infer.target import target_forward
 from infer.tree import tree_attention_mask, tree_from_parents
@@ -172,7 +172,7 @@ DRAFTERS = {
 
 
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
-@pytest.mark.parametrize("bsz", [1, 2, 4, 8])
+@pytest.mark.parametrize("bsz", [1, 4, 8])  # a row alone; rows stopping at different steps (eos)
 def test_every_drafter_batch_matches_each_row_alone(target32, name, bsz):
     rng = random.Random(f"{target32.config.model_type}-{name}-{bsz}")
     torch.manual_seed(rng.randrange(1000))
@@ -236,7 +236,8 @@ def test_batch_bad_inputs_raise_clear_errors():
 @pytest.mark.parametrize("name", ["stub-full-tree", "eagle-chain", "eagle3-tree", "medusa-tree", "dflash-chain"])
 def test_padded_rows_sample_the_target_law(name):
     """Sampling per row: rows holding the sampling test's prompt behind left padding, batched with a
-    longer prompt, draw their first three tokens from the target's exact law (chi-square)."""
+    longer prompt, draw their first three tokens from the target's exact law (chi-square; 2000 rows in
+    20 calls of 100 padded rows around the longer one)."""
     from test_infer_sampling import CONFIGS, PROMPT, FullWidthDrafter, exact_law, joint_pvalue, make_small_target
 
     model = make_small_target()
@@ -244,12 +245,12 @@ def test_padded_rows_sample_the_target_law(name):
     torch.manual_seed(1)
     gen = SpeculativeGenerator(model, FullWidthDrafter() if kind is None else build_head(kind, model), tree=tree)
     prompt = PROMPT[0].tolist()
-    ids, mask = _left_pad([prompt, [7, 2, 6, 4, 3], prompt])
+    ids, mask = _left_pad([prompt] * 50 + [[7, 2, 6, 4, 3]] + [prompt] * 50)
     torch.manual_seed(0)
     samples = []
-    for _ in range(1000):
+    for _ in range(20):
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=3, **sampling)[:, ids.shape[1]:]
-        samples += [out[0], out[2]]
+        samples += [*out[:50], *out[51:]]
     law = exact_law(model, sampling.get("temperature", 1.0), sampling.get("top_k", 0), sampling.get("top_p", 1.0))
     assert joint_pvalue(torch.stack(samples), law) > 1e-3
 

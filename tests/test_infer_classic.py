@@ -12,8 +12,8 @@ from test_infer_sampling import VOCAB as SMALL_VOCAB, exact_law, joint_pvalue, s
 
 from infer import Chain, SpeculativeGenerator
 from infer.drafters.adaptive import AdaptiveLength
-from infer.layer_skip import LayerSkipDrafter, early_exit_view
-from infer.lm_drafter import LMDrafter
+from infer.drafters.layer_skip import LayerSkipDrafter, early_exit_view
+from infer.drafters.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter, find_continuations, prefix_tree
 
 VOCAB = 48

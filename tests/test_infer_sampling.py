@@ -50,14 +50,28 @@ def exact_law(model, temperature: float, top_k: int, top_p: float) -> torch.Tens
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
+ROWS = 100  # rows per batched sampling call
+
+
 def sample_triples(gen: SpeculativeGenerator, n: int, **sampling) -> tuple[torch.Tensor, float]:
-    """(n, 3) samples of the first three new tokens, and the mean target forwards per call."""
+    """(n, 3) samples of the first three new tokens, and the mean target forwards of a one-row call.
+
+    The first n // 10 samples come from one-row calls (their forwards give the mean); the rest from
+    calls of ``ROWS`` copies of PROMPT, where each row samples on its own: about 8x cheaper per sample
+    on CPU. A batch that drew one random number for all its rows would repeat its samples in groups,
+    which the chi-square rejects."""
     torch.manual_seed(0)
+    single = max(n // 10, 1)
     out, forwards = [], 0
-    for _ in range(n):
+    for _ in range(single):
         out.append(gen.generate(PROMPT, max_new_tokens=3, **sampling)[0, 3:])
         forwards += gen.last_stats.target_forwards
-    return torch.stack(out), forwards / n
+    left = n - single
+    while left:
+        rows = min(ROWS, left)
+        out.extend(gen.generate(PROMPT.repeat(rows, 1), max_new_tokens=3, **sampling)[:, 3:])
+        left -= rows
+    return torch.stack(out), forwards / single
 
 
 def joint_pvalue(samples: torch.Tensor, law: torch.Tensor, min_expected: float = 5.0) -> float:

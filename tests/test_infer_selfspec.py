@@ -20,8 +20,8 @@ from infer import Chain, SpeculativeGenerator
 from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters import DynamicTree, Sampling, make_drafter
 from infer.hierarchical import HierarchicalDrafter
-from infer.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path
-from infer.lm_drafter import LMDrafter
+from infer.drafters.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path
+from infer.drafters.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 
 small_pair = test_infer_classic.small_pair  # the fixture: a small target and a different draft LM

@@ -15,7 +15,7 @@ from heads.formats import export_head
 from infer.drafters.adaptive import AdaptiveLength
 from infer import SpeculativeGenerator
 from infer.drafters import Chain, DynamicTree, StaticTree, make_drafter
-from infer.lm_drafter import LMDrafter
+from infer.drafters.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from train.config import ConfigError, load_config
 

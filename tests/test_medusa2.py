@@ -16,7 +16,7 @@ from infer import SpeculativeGenerator, StaticTree
 from train.backbone import LORA_ADAPTER, MERGED_TARGET, add_lora, lora_parameters, original
 from train.checkpoint import CHECKPOINTS
 from train.config import ConfigError
-from train.loop import setup
+from train.setup import setup
 from train.resume import latest_checkpoint, mark_run
 
 MEDUSA2 = ["head.kind=medusa", "head.num_heads=2", "train.backbone_lora_rank=4", "train.lr=1e-2",

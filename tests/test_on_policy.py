@@ -13,7 +13,7 @@ from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from heads import build_head
 from infer.target import target_forward
 from train.config import load_config
-from train.loop import setup
+from train.setup import setup
 from train.objectives import objective_class
 from train.on_policy import Rollout, verify_drafts
 

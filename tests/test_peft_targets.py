@@ -19,7 +19,7 @@ from data.targets import load_target, load_target_config, load_target_tokenizer,
 from heads import AutoHead, build_head
 from heads.card import model_card
 from infer import SpeculativeGenerator, StaticTree
-from train.loop import setup
+from train.setup import setup
 from train.warm_start import warm_start
 
 ADAPTED_ARCHES = ("llama", "qwen2", "mistral")

@@ -12,7 +12,7 @@ from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from heads import build_head
 from heads.formats import export_head
-from train.loop import setup
+from train.setup import setup
 
 
 @pytest.fixture

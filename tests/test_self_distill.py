@@ -14,7 +14,7 @@ from data.regenerate import HFEngine, Settings
 from data.self_distill import self_distilled, spread, weights_fingerprint
 from train.config import ConfigError, load_config
 from train.examples import data_sources
-from train.loop import setup
+from train.setup import setup
 
 TEXTS = [{"text": f"def f{i}(x):\n    return x + {i}\n" * 3} for i in range(7)]
 CHATS = [{"messages": [{"role": "user", "content": f"Say {i}."}, {"role": "assistant", "content": "No."}]}

@@ -12,7 +12,7 @@ from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from train.checkpoint import CheckpointError
 from train.checkpoint import CHECKPOINTS
-from train.loop import setup
+from train.setup import setup
 from train.resume import latest_checkpoint, mark_run
 
 FAST = ["head.kind=medusa", "train.max_steps=4", "train.save_every=2", "train.eval_every=0", "data.eval=null",

@@ -7,7 +7,7 @@ import pytest
 from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoTokenizer
 
-from train.loop import setup
+from train.setup import setup
 
 
 def test_data_without_usable_rows(tiny_files, tmp_path):

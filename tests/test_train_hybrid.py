@@ -17,7 +17,7 @@ from heads import AutoHead
 from infer import SpeculativeGenerator
 from infer.recurrent import LinearAttentionLayer
 from scripts.dump_features import main as dump_main
-from train.loop import setup
+from train.setup import setup
 from transformers import AutoModelForCausalLM
 
 # transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)

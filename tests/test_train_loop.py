@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from heads import AutoHead, HeadCache, build_head
 import train.objectives.eagle
 from train.config import from_dict, load_config
-from train.loop import setup
+from train.setup import setup
 from train.objectives import objective_class
 from train.throughput import measure_throughput
 from train.unroll import shift_left, ttt_attention_mask, unroll
@@ -143,7 +143,7 @@ def test_eagle_feature_noise_reaches_the_input_only(monkeypatch):
 def test_eagle3_run_starts_from_the_targets_output_layer(tiny_files, tmp_path, init):
     from accelerate import Accelerator
 
-    from train.loop import prepare_run
+    from train.setup import prepare_run
 
     overrides = ["head.kind=eagle3", "head.draft_vocab_size=64", f"head.init_from_target={str(init).lower()}"]
     cfg = tiny_config(tiny_files, tmp_path / "e3", *overrides)

@@ -15,7 +15,7 @@ import train.objectives.medusa
 from train.checkpoint import CheckpointError
 from train.checkpoint import CHECKPOINTS
 from train.divergence import DivergenceGuard, TrainingDiverged
-from train.loop import setup
+from train.setup import setup
 from train.resume import latest_checkpoint, mark_run
 
 

@@ -12,7 +12,7 @@ from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from train.checkpoint import CHECKPOINTS, COMPLETE
 from train.config import ConfigError
-from train.loop import setup
+from train.setup import setup
 from train.resume import RESUME_FIXED, RunComplete, latest_checkpoint
 
 FAST = ["head.kind=medusa", "train.save_every=2", "train.eval_every=0", "data.eval=null", "train.warmup_steps=0",

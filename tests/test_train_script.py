@@ -14,7 +14,7 @@ from test_train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
 
 from heads import AutoHead
 from train.config import from_dict
-from train.loop import setup
+from train.setup import setup
 
 SCRIPT = Path(__file__).resolve().parent.parent / "train" / "train_head.py"
 

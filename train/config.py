@@ -19,7 +19,6 @@ import yaml
 
 from data.base.names import DEMO_PREFIX
 
-HeadKind = Literal["medusa", "eagle", "eagle3", "dflash", "early-exit"]
 DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
 DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
 
@@ -39,7 +38,7 @@ def _doc(text: str, default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
 class HeadConfig:
     """What head to train. Shape options left at ``None`` take the head class's defaults."""
 
-    kind: HeadKind = _doc("draft head: medusa | eagle (EAGLE-1/2) | eagle3 | dflash | early-exit (Kangaroo)", "eagle3")
+    kind: str = _doc("draft head: a kind registered in heads.HEAD_CLASSES", "eagle3")
     draft_vocab_size: int | None = _doc(
         "eagle3 only: size of the reduced draft vocabulary (most frequent training tokens); "
         "null = the target's full vocabulary", None)
@@ -69,9 +68,9 @@ class HeadConfig:
         "(null = half the target's layers, rounded up)", None)
 
     def build_options(self) -> dict[str, Any]:
-        """The keyword arguments for ``heads.build_head`` (only the options that were set)."""
-        names = ("draft_vocab_size", "aux_layer_ids", "num_heads", "num_layers", "intermediate_size", "block_size",
-                 "mask_token_id", "fc_norm", "norm_output", "exit_layer")
+        """The keyword arguments for ``heads.build_head`` (only the options that were set): every
+        ``head.*`` key but the kind and the training keys (``TRAINING_KEYS``)."""
+        names = [f.name for f in dataclasses.fields(self) if f.name != "kind" and f.name not in TRAINING_KEYS]
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
@@ -137,7 +136,7 @@ class OptimConfig:
         "on the data's tokens); lk = LK^alpha (arXiv 2602.23881): -log of the expected acceptance rate sum(min(p, q)) per draft "
         "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-3*rate) (medusa: both against the "
         "target's distribution); dpace = soft CE weighted per draft position by D-PACE's detached weights (eagle3, "
-        "dflash; docs/objectives.md); early-exit: ce only", "ce")
+        "dflash; docs/objectives.md)", "ce")
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(
@@ -281,7 +280,8 @@ def _drop_inapplicable(raw: dict, from_file: dict) -> list[str]:
         return []
     kind = head.get("kind", HeadConfig.kind)
     dropped = []
-    for name, kinds in KIND_ONLY.items():
+    for name in [f.name for f in dataclasses.fields(HeadConfig) if f.name != "kind"]:
+        kinds = kinds_reading(name)
         if kind not in kinds and name in file_head and head.get(name) == file_head[name] and head[name] is not None:
             del head[name]
             dropped.append(f"head.{name} ({'/'.join(kinds)} only)")
@@ -390,30 +390,62 @@ def _plain(value: Any) -> Any:
 # ---------------------------------------------------------------- validation
 
 
-# head.* keys that only some head kinds read (train.feature_noise: eagle only, checked below)
-KIND_ONLY = {
-    "draft_vocab_size": ("eagle3",),
-    "aux_layer_ids": ("eagle3", "dflash"),
-    "ttt_steps": ("eagle3",),
-    "init_from_target": ("eagle3",),
-    "num_heads": ("medusa",),
-    "num_layers": ("medusa", "dflash"),
-    "intermediate_size": ("eagle", "eagle3", "dflash"),
-    "block_size": ("dflash",),
-    "mask_token_id": ("dflash",),
-    "fc_norm": ("eagle3",),
-    "norm_output": ("eagle3",),
-    "exit_layer": ("early-exit",),
-}
+# head.* keys read by a kind's training objective, not by its head config (train.feature_noise: eagle only,
+# checked below); every other head.* key is a head config option (heads.build_head)
+TRAINING_KEYS = {"ttt_steps": ("eagle3",), "init_from_target": ("eagle3",)}
+
+
+def head_kinds() -> tuple[str, ...]:
+    """Every head kind: the keys of ``heads.HEAD_CLASSES`` (the one list of kinds)."""
+    from heads.auto import HEAD_CLASSES
+
+    return tuple(HEAD_CLASSES)
+
+
+def kinds_reading(name: str) -> tuple[str, ...]:
+    """The head kinds that read ``head.<name>``: those whose head config takes it, or ``TRAINING_KEYS``."""
+    from heads.auto import HEAD_CLASSES, config_options
+
+    if name in TRAINING_KEYS:
+        return TRAINING_KEYS[name]
+    return tuple(kind for kind, cls in HEAD_CLASSES.items() if name in config_options(cls.config_class))
+
+
+def _check_head(head: HeadConfig) -> None:
+    """head.kind is registered and every head.* key set is read by that kind."""
+    from heads.auto import HEAD_CLASSES
+
+    if head.kind not in HEAD_CLASSES:
+        raise ConfigError(f"head.kind: must be one of {', '.join(HEAD_CLASSES)} (got {head.kind!r})")
+    for f in dataclasses.fields(head):
+        kinds = kinds_reading(f.name) if f.name != "kind" else ()
+        if f.name != "kind" and getattr(head, f.name) is not None and head.kind not in kinds:
+            raise ConfigError(f"head.{f.name} applies only to head.kind={'/'.join(kinds)} (head.kind={head.kind}); "
+                              f"set head.{f.name}=null or use a config file made for {head.kind} heads")
+
+
+def _check_head_options(head: HeadConfig) -> None:
+    """The kind's head config takes the options: its own checks, as ``heads.build_head`` runs them (the
+    target is unknown here, so its vocabulary is taken as unbounded and its layers as unknown)."""
+    from heads.auto import HEAD_CLASSES
+
+    options = head.build_options()
+    try:
+        HEAD_CLASSES[head.kind].config_class(**options, vocab_size=_UNBOUNDED_VOCAB)
+    except ValueError as err:
+        text, named = str(err), [name for name in options if name in str(err)]
+        if not named:
+            raise ConfigError(f"head.kind={head.kind}: {text}") from None
+        raise ConfigError(f"head.{text}" if text.startswith(named[0]) else f"head.{named[0]}: {text}") from None
+
+
+_UNBOUNDED_VOCAB = 2**62  # parse time: no target yet, so no vocabulary bound on token-id options
 
 
 def _validate(cfg: TrainConfig) -> None:
     """Check ranges and combinations; fill kind-dependent defaults (ttt_steps, feature_noise, output_dir)."""
     head, data, opt = cfg.head, cfg.data, cfg.train
-    for name, kinds in KIND_ONLY.items():
-        if getattr(head, name) is not None and head.kind not in kinds:
-            raise ConfigError(f"head.{name} applies only to head.kind={'/'.join(kinds)} (head.kind={head.kind}); "
-                              f"set head.{name}=null or use a config file made for {head.kind} heads")
+    _check_head(head)
     if opt.feature_noise is not None and head.kind != "eagle":
         raise ConfigError(f"train.feature_noise applies only to head.kind=eagle (head.kind={head.kind})")
     if head.kind == "eagle3" and head.ttt_steps is None:
@@ -446,20 +478,7 @@ def _validate(cfg: TrainConfig) -> None:
         for key, value in values.items():
             if value is not None and value < least:
                 raise ConfigError(f"{key} must be >= {least}, got {value}")
-    if head.aux_layer_ids is not None and head.kind == "eagle3":
-        from heads.eagle3 import check_aux_layer_ids  # the rule the heads and the engines enforce
-
-        try:
-            check_aux_layer_ids(head.aux_layer_ids)
-        except ValueError as err:
-            raise ConfigError(f"head.{err}") from None
-    if head.aux_layer_ids is not None and head.kind == "dflash":
-        from heads.dflash import check_context_layer_ids  # the layers every DFlash export can name
-
-        try:
-            check_context_layer_ids(head.aux_layer_ids)
-        except ValueError as err:
-            raise ConfigError(f"head.{err}") from None
+    _check_head_options(head)
     if data.features is not None and data.feature_cache is not None:
         raise ConfigError("data.features (stored features) and data.feature_cache (filled while training) exclude "
                           "each other: set one of them to null")
@@ -484,9 +503,6 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.betas must lie in [0, 1), got {list(opt.betas)}")
     if not opt.max_grad_norm > 0:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {opt.max_grad_norm}")
-    if opt.loss != "ce" and head.kind not in ("eagle3", "dflash", "eagle", "medusa"):
-        raise ConfigError(f"train.loss={opt.loss} applies only to head.kind=eagle3/dflash/eagle/medusa (head.kind="
-                          f"{head.kind})")
     if opt.loss != "ce" and opt.backbone_lora_rank:
         raise ConfigError(f"train.loss={opt.loss} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 "
                           "keeps its own combined loss (self-distillation + the heads' CE); set one of them back")
@@ -581,7 +597,10 @@ def help_text(cfg: TrainConfig | None = None) -> str:
                 value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             shown = yaml.safe_dump(_plain(value), default_flow_style=True).removesuffix("...\n").strip()
             lines.append(f"  {prefix}{f.name} = {shown}")
-            lines.append(f"      {f.metadata.get('help', '')}")
+            text = f.metadata.get("help", "")
+            if cls is HeadConfig and f.name == "kind":
+                text += f": {' | '.join(head_kinds())}"
+            lines.append(f"      {text}")
 
     walk(TrainConfig, cfg, "")
     return "\n".join(lines)

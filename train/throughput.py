@@ -13,7 +13,7 @@ from data.targets import resolve_target
 from infer.target import target_forward
 from train.config import TrainConfig
 from train.examples import collate
-from train.loop import prepare_run
+from train.setup import prepare_run
 from train.objectives import objective_class
 
 

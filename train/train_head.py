@@ -28,7 +28,7 @@ def cli(argv: list[str] | None = None) -> int:
     from data.cli import USER_ERRORS, one_line, quiet_libraries
     from train.config import ConfigError
     from train.divergence import TrainingDiverged
-    from train.loop import parse_args, setup
+    from train.setup import parse_args, setup
     from train.resume import RunComplete
     from train.metrics import format_acceptance
 

@@ -26,7 +26,8 @@ TensorRT-LLM") lists the engine loader code each format was checked against.
 One module per engine family: ``eagle3`` (vLLM / SGLang / TensorRT-LLM), ``speculators``, ``eagle``
 (vLLM EAGLE-1/2), ``medusa`` (vLLM and TGI), ``dflash`` (z-lab's layout, exported and imported),
 ``public`` (importing public EAGLE-3 checkpoints), all on
-the shared checks in ``validation``. This module holds the registry and the export driver.
+the shared checks in ``validation``. This module holds the registry (``FORMATS``: one ``Format`` record
+each) and the export driver.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -68,25 +71,37 @@ from heads.formats.validation import (
 )
 
 __all__ = [
-    "EAGLE3_ARCHITECTURE", "ENGINE_AUX_LAYERS", "FORMATS", "FORMAT_KINDS", "FORMAT_VERSION", "HF_CONVENTION",
+    "EAGLE3_ARCHITECTURE", "ENGINE_AUX_LAYERS", "FORMATS", "FORMAT_VERSION", "Format", "HF_CONVENTION",
     "PROVENANCE_KEY", "SPECULATORS_LAYER_PREFIX", "Artifact", "aux_layer_ids_from_config", "draft_vocab_problems",
     "export_head", "import_eagle3", "validate_artifact", "validate_export", "DFLASH_ARCHITECTURE", "import_dflash",
     "import_speculators_dflash",
 ]
 
 
-FORMAT_KINDS = {  # format -> the head kinds it exports
-    "vllm": ("eagle3",),
-    "sglang": ("eagle3",),
-    "speculators": ("eagle3", "dflash"),
-    "eagle-vllm": ("eagle",),
-    "medusa-vllm": ("medusa",),
-    "medusa-tgi": ("medusa",),
-    "dflash": ("dflash",),
+@dataclass(frozen=True)
+class Format:
+    """One serving format: the head kinds it exports, how an export is built (head, target facts,
+    options -> ``Artifact``), how a config + tensors pair is checked (-> problems) and its weights file."""
+
+    kinds: tuple[str, ...]
+    build: Callable[[DraftHead, dict[str, Any], dict[str, Any]], Artifact]
+    problems: Callable[[dict[str, Any], dict[str, Tensor]], list[str]]
+    weights_file: str = "model.safetensors"
+
+
+def _flat_eagle3_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
+    return _eagle3_problems(config, config, tensors)
+
+
+FORMATS: dict[str, Format] = {
+    "vllm": Format(("eagle3",), _eagle3_artifact, _flat_eagle3_problems),
+    "sglang": Format(("eagle3",), _eagle3_artifact, _flat_eagle3_problems),
+    "speculators": Format(("eagle3", "dflash"), _speculators_artifact, speculators_problems),
+    "eagle-vllm": Format(("eagle",), _eagle_artifact, _eagle_problems),
+    "medusa-vllm": Format(("medusa",), _medusa_vllm_artifact, _medusa_vllm_problems),
+    "medusa-tgi": Format(("medusa",), _medusa_tgi_artifact, _medusa_tgi_problems, "medusa_lm_head.safetensors"),
+    "dflash": Format(("dflash",), _dflash_artifact, _dflash_problems),
 }
-
-
-FORMATS = tuple(FORMAT_KINDS)
 
 
 EXPORT_MARKER = ".draftsmith-export"  # written first into every export: --overwrite may replace only such a folder
@@ -122,7 +137,7 @@ def export_head(
     count("num_speculative_tokens", num_speculative_tokens)
     if max_position_embeddings is not None:
         count("max_position_embeddings", max_position_embeddings)
-    kinds = _format_kinds(fmt)
+    kinds = _format(fmt).kinds
     if head.head_kind not in kinds:
         raise ValueError(f"format '{fmt}' exports {' and '.join(kinds)} heads, got a {head.head_kind} head")
     kind = head.head_kind
@@ -143,7 +158,7 @@ def export_head(
         # (V, H_t) the target's input embedding, when the target is a model: speculators EAGLE-3 exports carry it
         "embedding": target.get_input_embeddings().weight if isinstance(target, PreTrainedModel) else None,
     }
-    artifact = _BUILDERS[fmt](head, facts, options)
+    artifact = FORMATS[fmt].build(head, facts, options)
     raise_problems(validate_artifact(artifact.config, artifact.tensors, fmt), f"refusing to export as '{fmt}'")
 
     out = Path(out_dir)
@@ -212,10 +227,10 @@ def _check_destination(out: Path, head: DraftHead) -> None:
                          "head, which overwriting would delete; choose another --out")
 
 
-def _format_kinds(fmt: str) -> tuple[str, ...]:
-    if fmt not in FORMAT_KINDS:
+def _format(fmt: str) -> Format:
+    if fmt not in FORMATS:
         raise ValueError(f"unknown format '{fmt}'; expected one of {list(FORMATS)}")
-    return FORMAT_KINDS[fmt]
+    return FORMATS[fmt]
 
 
 def _target_facts(head: DraftHead, target: PretrainedConfig | PreTrainedModel | None) -> dict[str, Any]:
@@ -225,17 +240,6 @@ def _target_facts(head: DraftHead, target: PretrainedConfig | PreTrainedModel | 
         facts.update({k: v for k, v in target_identity(target).items() if v})
     facts["name_or_path"] = public_target_name(facts["name_or_path"]) or ""  # never a path of this machine
     return facts
-
-
-_BUILDERS = {
-    "vllm": _eagle3_artifact,
-    "sglang": _eagle3_artifact,
-    "speculators": _speculators_artifact,
-    "eagle-vllm": _eagle_artifact,
-    "medusa-vllm": _medusa_vllm_artifact,
-    "medusa-tgi": _medusa_tgi_artifact,
-    "dflash": _dflash_artifact,
-}
 
 
 def _write(artifact: Artifact, directory: Path) -> None:
@@ -252,24 +256,12 @@ def _write_card(head: DraftHead, directory: Path, fmt: str, config: dict[str, An
 
 def validate_export(path: str | Path, fmt: str) -> None:
     """Check a directory in format ``fmt`` as its engine would read it; ``ValueError`` lists every problem."""
-    _format_kinds(fmt)
     directory = Path(path)
     config = read_json_object(directory / "config.json")
-    weights = "medusa_lm_head.safetensors" if fmt == "medusa-tgi" else "model.safetensors"
-    tensors = read_tensors(directory / weights)
+    tensors = read_tensors(directory / _format(fmt).weights_file)
     raise_problems(validate_artifact(config, tensors, fmt), f"{directory} is not a valid '{fmt}' export")
 
 
 def validate_artifact(config: dict[str, Any], tensors: dict[str, Tensor], fmt: str) -> list[str]:
     """Problems (empty when none) of a config + tensors pair in format ``fmt``."""
-    if fmt in ("vllm", "sglang"):
-        return _eagle3_problems(config, config, tensors)
-    if fmt == "speculators":
-        return speculators_problems(config, tensors)
-    if fmt == "eagle-vllm":
-        return _eagle_problems(config, tensors)
-    if fmt == "medusa-vllm":
-        return _medusa_vllm_problems(config, tensors)
-    if fmt == "dflash":
-        return _dflash_problems(config, tensors)
-    return _medusa_tgi_problems(config, tensors)
+    return _format(fmt).problems(config, tensors)

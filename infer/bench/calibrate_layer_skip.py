@@ -19,7 +19,7 @@ from data.base.device import sync
 
 from infer.drafters import Chain
 from infer.generator import SpeculativeGenerator
-from infer.layer_skip import LayerSkipDrafter
+from infer.drafters.layer_skip import LayerSkipDrafter
 
 
 def calibrate_layer_skip(target, prompts: list[list[int]], layers: list[int], depth: int,

@@ -19,8 +19,8 @@ from infer.lookup_first import LookupFirst
 from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from infer.drafters import AdaptiveLength, TreeOption, adaptive_chain, drafter_class, fit_chain, make_drafter
 from infer.hierarchical import HierarchicalDrafter
-from infer.layer_skip import LayerSkipDrafter
-from infer.lm_drafter import LMDrafter
+from infer.drafters.layer_skip import LayerSkipDrafter
+from infer.drafters.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
 from infer.tree import MEDUSA_DEFAULT_CHOICES
 

@@ -16,8 +16,9 @@ from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from infer.drafters.base import Chain, HeadDrafter
-from infer.layer_skip import shallow_backbone
-from infer.lm_drafter import LMDrafter
+from infer.hf_cache import cache_kwargs
+from infer.drafters.layer_skip import shallow_backbone
+from infer.drafters.lm_drafter import LMDrafter
 
 DEFAULT_CHAIN = Chain(4)  # drafts per step when none is given (a CPU-sized chain, as layer skip's)
 
@@ -45,11 +46,11 @@ class EarlyExitLM(nn.Module):
         self.lm_head = target.get_output_embeddings()
         self.config = target.config  # the target's tokenizer facts, for LMDrafter's check
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor, past_key_values: DynamicCache,
+    def forward(self, input_ids: Tensor, position_ids: Tensor, cache: DynamicCache,
                 use_cache: bool = True) -> SimpleNamespace:
-        hidden = self.stack(input_ids=input_ids, position_ids=position_ids, past_key_values=past_key_values,
-                            use_cache=True).last_hidden_state  # (1, T, H) = target hidden_states[k]
-        out = self.head(hidden, position_ids, past_key_values=_CacheSlot(past_key_values, self.exit_layer))
+        hidden = self.stack(input_ids=input_ids, position_ids=position_ids, use_cache=True,
+                            **cache_kwargs(self.stack, cache)).last_hidden_state  # (1, T, H) = target hidden_states[k]
+        out = self.head(hidden, position_ids, past_key_values=_CacheSlot(cache, self.exit_layer))
         return SimpleNamespace(logits=self.lm_head(out.hidden_states))  # (1, T, V)
 
 

@@ -27,7 +27,7 @@ from train.losses import LossOutput, decayed_sum, dpace_weights, soft_ce, soft_l
 from train.metrics import acceptance_rate
 from train.objectives.base import HeadSetup, Objective, no_grad_embeds
 from train.anchors import draw_anchors, segments
-from train.objectives.eagle3 import Eagle3Objective
+from train.objectives.eagle3 import Eagle3Features, Eagle3Objective
 from train.on_policy import Rollout, on_policy_output, verify_drafts
 
 EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one): bounds (B, C, depth, V) logits
@@ -113,6 +113,14 @@ def check_mask_token(mask_id: int, target: nn.Module, tokenizer=None) -> None:
                          "pad/EOS/BOS; set head.mask_token_id to a reserved or rare ordinary token")
 
 
+@dataclasses.dataclass(kw_only=True)
+class DFlashFeatures(Eagle3Features):
+    mask_embed: Tensor  # (H_t,) the target's embedding of the head's mask token, fp32
+    anchors: Tensor | None = None  # (B, N) block start positions drawn for this step (perturb)
+    anchor_keep: Tensor | None = None  # (B, N) bool: which drawn anchors are real (rows differ in length)
+    document_ids: Tensor | None = None  # (B, T) the document of each token in packed rows; None = one per row
+
+
 class DFlashObjective(Objective):
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
@@ -133,8 +141,9 @@ class DFlashObjective(Objective):
         ``document_ids`` when its rows are packed."""
         features = Eagle3Objective.from_states(target, batch, states, head)
         mask_id = torch.tensor([head.config.mask_token_id], device=features.input_ids.device)
-        return dataclasses.replace(features, mask_embed=no_grad_embeds(target, mask_id)[0],
-                                   document_ids=batch.get("document_ids"))
+        fields = {f.name: getattr(features, f.name) for f in dataclasses.fields(features)}
+        return DFlashFeatures(**fields, mask_embed=no_grad_embeds(target, mask_id)[0],
+                              document_ids=batch.get("document_ids"))
 
     @staticmethod
     def prepare_head(head: nn.Module, setup: HeadSetup):

@@ -2,6 +2,8 @@
 distribution through the target's frozen lm_head; uniform noise on the head's input feature."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -11,6 +13,13 @@ from train.features import Features
 from train.losses import LossOutput, eagle_loss
 from train.objectives.base import Objective, no_grad_embeds, target_logits
 from train.unroll import shift_left, unroll
+
+
+@dataclass(kw_only=True)
+class EagleFeatures(Features):
+    embeds: Tensor  # (B, T, H_t) the target's input embeddings, fp32
+    logits: Tensor  # (B, T, V) the target's logits: the soft labels
+    noise: Tensor | None = None  # (B, T, H_t) EAGLE-1 augmentation, added to the head's input only
 
 
 class EagleObjective(Objective):
@@ -24,8 +33,8 @@ class EagleObjective(Objective):
                     need_top1: bool = False) -> Features:
         ids = batch["input_ids"]
         logits = target_logits(target, states.final_hidden)
-        return Features(ids, batch["loss_mask"], states.final_hidden.float(), no_grad_embeds(target, ids),
-                        logits=logits, top1=logits.argmax(-1))
+        return EagleFeatures(input_ids=ids, loss_mask=batch["loss_mask"], hidden=states.final_hidden.float(),
+                             embeds=no_grad_embeds(target, ids), logits=logits, top1=logits.argmax(-1))
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         f = features  # input f_i (+ noise) with token i+1; the regression target stays clean

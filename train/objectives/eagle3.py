@@ -3,6 +3,7 @@ distribution restricted to the draft vocabulary; optional init from the target's
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -13,13 +14,19 @@ from train.draft_vocab import build_draft_vocab
 from train.examples import collate
 from train.features import Features
 from train.anchors import draw_anchors
-from train.losses import (LossOutput, decayed_sum, dpace_weights, restrict_to_draft_vocab, soft_ce, ttt_step_loss,
-                          ttt_step_view, weighted_mean)
+from train.losses import (DraftTargets, LossOutput, decayed_sum, dpace_weights, restrict_to_draft_vocab, soft_ce,
+                          ttt_step_loss, ttt_step_view, weighted_mean)
 from train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
 from train.on_policy import Rollout, on_policy_output, verify_drafts
 from train.unroll import unroll
 
 logger = logging.getLogger("draftsmith.train")
+
+
+@dataclass(kw_only=True)
+class Eagle3Features(Features):
+    embeds: Tensor  # (B, T, H_t) the target's input embeddings, fp32
+    targets: DraftTargets  # (B, T, Vd) soft labels on the draft vocabulary + the target's top-1
 
 
 class Eagle3Objective(Objective):
@@ -39,8 +46,8 @@ class Eagle3Objective(Objective):
                     need_top1: bool = False) -> Features:
         ids = batch["input_ids"]  # full logits dropped once restricted
         targets = restrict_to_draft_vocab(target_logits(target, states.final_hidden), getattr(head, "t2d", None))
-        return Features(ids, batch["loss_mask"], states.aux_hidden.float(), no_grad_embeds(target, ids),
-                        targets=targets, top1=targets.top1)
+        return Eagle3Features(input_ids=ids, loss_mask=batch["loss_mask"], hidden=states.aux_hidden.float(),
+                              embeds=no_grad_embeds(target, ids), targets=targets, top1=targets.top1)
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         f = features

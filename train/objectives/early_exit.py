@@ -1,5 +1,6 @@
 """Early exit (Kangaroo, arXiv 2404.18911): the adapter on the target's layer-k state learns the
-target's final next-token distribution (soft cross-entropy through the target's frozen lm_head).
+target's final next-token distribution (soft cross-entropy through the target's frozen lm_head, or an LK
+loss: ``train.loss``).
 
 Kangaroo trains its adapter with the target frozen against the target's own output distribution;
 one target forward per batch gives both the layer-k states (the adapter's input) and the final
@@ -7,15 +8,17 @@ logits (its labels).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from infer.drafters.early_exit import DEFAULT_CHAIN
-from infer.target import target_forward
+from infer.target import TargetOutput
 from train.config import TrainConfig
 from train.features import Features
 from train.losses import LossOutput, soft_loss, step_slices
-from train.objectives.base import Objective
+from train.objectives.base import Objective, target_logits
 from train.unroll import shift_left
 
 
@@ -24,14 +27,28 @@ def positions(hidden: Tensor) -> Tensor:
     return torch.arange(hidden.shape[1], device=hidden.device).expand(hidden.shape[:2])
 
 
+@dataclass(kw_only=True)
+class EarlyExitFeatures(Features):
+    logits: Tensor  # (B, T, V) the target's logits: the adapter's soft labels
+
+
 class EarlyExitObjective(Objective):
+    def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
+        super().__init__(head, cfg)
+        self.loss = cfg.train.loss
+
+    @staticmethod
+    def aux_layer_ids(head: nn.Module) -> tuple[int, ...]:
+        return tuple(head.feature_layer_ids)  # (exit_layer,): the state the adapter reads
+
     @staticmethod
     @torch.no_grad()
-    def features(target: nn.Module, batch: dict, head: nn.Module, need_top1: bool = False) -> Features:
-        ids = batch["input_ids"]
-        out = target_forward(target, ids, aux_layer_ids=head.feature_layer_ids, compute_logits=True)
-        return Features(ids, batch["loss_mask"], out.aux_hidden.float(), logits=out.logits,
-                        top1=out.logits.argmax(-1))
+    def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
+                    need_top1: bool = False) -> Features:
+        """The layer-k states (the adapter's input) and the target's logits from its final states (the labels)."""
+        logits = target_logits(target, states.final_hidden)  # (B, T, V)
+        return EarlyExitFeatures(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
+                                 hidden=states.aux_hidden.float(), logits=logits, top1=logits.argmax(-1))
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         """The adapter's logits at position j against the target's at j (token j+1 is the label);
@@ -42,7 +59,7 @@ class EarlyExitObjective(Objective):
         logits = lm_head(out[:, j])  # (B, n, V)
         target = f.logits[:, j]
         mask = f.loss_mask[:, label].bool()
-        value, n = soft_loss(logits, target.float().softmax(-1), mask)
+        value, n = soft_loss(logits, target.float().softmax(-1), mask, self.loss)
         correct = ((logits.argmax(-1) == target.argmax(-1)) & mask).sum()
         return LossOutput(value, value.detach()[None], correct.float()[None], n.float()[None])
 

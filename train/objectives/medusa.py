@@ -8,6 +8,8 @@ distribution is the same target with its adapters off (``train.backbone.original
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -17,6 +19,11 @@ from train.config import TrainConfig
 from train.features import Features
 from train.losses import LossOutput, medusa_loss, medusa_soft_loss, soft_loss
 from train.objectives.base import Objective, target_logits
+
+
+@dataclass(kw_only=True)
+class MedusaFeatures(Features):
+    logits: Tensor | None = None  # (B, T, V) Medusa-2: the original target's logits (its self-distillation)
 
 
 class MedusaObjective(Objective):
@@ -50,7 +57,8 @@ class MedusaObjective(Objective):
         if has_lora(target) and not need_top1:  # Medusa-2 training: the adapted target runs in forward, with grad
             with original(target):
                 teacher = target_forward(target, batch["input_ids"]).logits.float()  # (B, T, V)
-            return Features(batch["input_ids"], batch["loss_mask"], None, logits=teacher)
+            return MedusaFeatures(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"], hidden=None,
+                                  logits=teacher)
         return super().features(target, batch, head, need_top1, states)
 
     @staticmethod
@@ -58,7 +66,8 @@ class MedusaObjective(Objective):
     def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
                     need_top1: bool = False) -> Features:
         top1 = target_logits(target, states.final_hidden).argmax(-1) if need_top1 else None
-        return Features(batch["input_ids"], batch["loss_mask"], states.final_hidden.float(), top1=top1)
+        return MedusaFeatures(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
+                              hidden=states.final_hidden.float(), top1=top1)
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         if self.backbone is None and self.loss != "ce":  # the LK losses: against the target's own law

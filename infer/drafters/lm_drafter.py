@@ -19,6 +19,7 @@ from data.base.checks import probability
 from infer.cache import keep_accepted
 from infer.recurrent import cache_checkpoint, is_hybrid, restore_cache
 from infer.drafters import Chain, Draft, Drafter, Sampling, chain_draft, root_only
+from infer.hf_cache import cache_kwargs
 
 
 def check_same_tokenizer(draft: nn.Module, target: nn.Module) -> None:
@@ -86,7 +87,7 @@ class LMDrafter(Drafter):
         self._cache(state)
         start = state.cache.get_seq_length()
         pos = torch.arange(start, start + tokens.numel(), device=tokens.device)[None]
-        out = self.model(input_ids=tokens[None], position_ids=pos, past_key_values=state.cache, use_cache=True)
+        out = self.model(input_ids=tokens[None], position_ids=pos, use_cache=True, **cache_kwargs(self.model, state.cache))
         state.cached = tokens if state.cached is None else torch.cat([state.cached, tokens])
         return out.logits[0, -1].float()
 

@@ -29,7 +29,8 @@ from heads.common import final_norm_name
 from heads.layers import additive_mask
 from infer.batch import attention_masks
 from infer.drafters import Chain, Draft, Sampling, chain_buffers
-from infer.lm_drafter import LMDrafter, LMState
+from infer.hf_cache import cache_kwargs
+from infer.drafters.lm_drafter import LMDrafter, LMState
 from infer.target import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
 
 CALIBRATION_DIR = "layer-skip"  # under the cache root: one JSON per (target, device type, dtype)
@@ -209,7 +210,7 @@ class LayerSkipDrafter(LMDrafter):
             masks = attention_masks(self._config, mask, slot - pad[:, None], col - pad[:, None])
             cache.slots = slot
             hidden = self._shallow(input_ids=tokens[:, None], attention_mask=masks, position_ids=slot - pad[:, None],
-                                   past_key_values=cache, use_cache=True).last_hidden_state[:, 0]  # (B, H)
+                                   use_cache=True, **cache_kwargs(self._shallow, cache)).last_hidden_state[:, 0]  # (B, H)
             entries.append(hidden)
             if level == levels:
                 break
