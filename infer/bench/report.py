@@ -80,6 +80,7 @@ def markdown(rows: list[dict], costs: dict[int, float], meta: dict) -> str:
             f"{r['forwards_per_token']:.2f} | {r['tokens_per_verify']:.1f} | {r['bound']:.2f}× | "
             f"{r['efficiency']:.0%} | {mem} | {'yes' if r['identical'] else 'NO'} |"
         )
+    lines += [f"\nSkipped `{name}`: {reason}." for name, reason in meta.get("skipped", {}).items()]
     lines += ["", COLUMNS, "", "Verification cost t(N) / t(1):", "",
               "| N | " + " | ".join(str(n) for n in costs) + " |",
               "|---|" + "---:|" * len(costs),
