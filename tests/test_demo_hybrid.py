@@ -93,3 +93,11 @@ def test_hybrid_preset_matches_tiny_but_for_its_mixers_and_bad_values_are_named(
         LMSettings(architecture="qwen3_5", linear_num_key_heads=2, linear_num_value_heads=3)
     with pytest.raises(ValueError, match="linear_key_head_dim"):
         LMSettings(architecture="qwen3_5", linear_key_head_dim=0)
+
+
+def test_the_hybrid_trains_demo_tinys_tokenizer(micro):
+    """Same corpus slice and vocabulary size: the same tokenizer as demo:tiny's, byte for byte, so token ids
+    (and demo:assistant, which borrows tiny's) carry over between the two targets."""
+    tiny = ensure_demo_target("tiny", 0, show_progress=False,
+                              **{**{k: v for k, v in MICRO.items() if not k.startswith("linear_")}, "max_steps": 2})
+    assert (tiny / "tokenizer.json").read_bytes() == (micro / "tokenizer.json").read_bytes()
