@@ -6,7 +6,8 @@ time from a measured throughput. Every number is printed with its arithmetic so 
 it by hand. Parameter counts are exact: the target (from its config.json, or ``KNOWN_TARGETS`` for a
 few Hub ids) and the head are built on the meta device, which allocates nothing. Activations follow a
 per-token count of the tensors alive at the peak (``activation_bytes_per_token``), checked against
-measured peaks in docs/scaling.md. Nothing is downloaded.
+measured peaks in docs/scaling.md. A hybrid target's per-sequence decoding states (``infer.state_memory``)
+are printed beside the plan. Nothing is downloaded.
 """
 from __future__ import annotations
 
