@@ -278,7 +278,8 @@ def format_plan(cfg: TrainConfig, plan: Plan, gpus: int, nodes: int) -> str:
     lines.append(f"disk for offline features: {disk}{plan.disk_arithmetic}")
     if plan.states is not None:  # decoding, not training: the head trains on full-sequence forwards
         st = plan.states
-        lines += ["", f"decoding on this hybrid target ({cfg.train.mixed_precision} weights), per sequence:",
+        weights = "fp32" if st.dtype_bytes == 4 else "16-bit"  # the target as this run loads it (_dtype_bytes)
+        lines += ["", f"decoding on this hybrid target ({weights} weights), per sequence:",
                   f"  recurrent and conv states {st.per_sequence:,} B = {st.formula()}",
                   f"  + the checkpoint speculative decoding keeps per step (one copy of every state) {st.checkpoint:,} B",
                   f"  = {st.per_sequence + st.checkpoint:,} B per sequence, whatever the context length "
