@@ -10,7 +10,6 @@ same LM train it once (POSIX only: ``fcntl``).
 """
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -30,7 +29,8 @@ from data.demo_lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 RECIPE_VERSION = 2
 # What a first build costs (README's table), said in the one line printed before it starts.
 BUILD_TIME = {"tiny": "about 9 minutes on 2 idle CPU cores, longer on busy ones", "assistant": "about 4 minutes on 2 CPU cores",
-              "small": "a GPU recipe: about an hour on one GPU, days on CPU"}
+              "small": "a GPU recipe: about an hour on one GPU, days on CPU",
+              "tiny-hybrid": "about 10 minutes on 2 idle CPU cores, longer on busy ones"}
 # Sizes that borrow the tokenizer of another demo LM by default (same seed).
 TOKENIZER_SOURCE = {"assistant": "tiny"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -52,7 +52,7 @@ def tokenizer_key(tokenizer_dir: str | Path) -> str:
 def fingerprint(settings: LMSettings, tokenizer: str | None) -> str:
     """The cache key of a demo LM (``tokenizer`` is None when it trains its own)."""
     payload = {"recipe": RECIPE_VERSION, "corpus": corpus_fingerprint(), "tokenizer": tokenizer,
-               "settings": dataclasses.asdict(settings)}
+               "settings": settings.cache_key()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -166,7 +166,8 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
         if is_built(out, fp):
             return out
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        print(f"draftsmith: building the demo target demo:{size} (a {settings.num_layers}-layer Llama trained on "
+        arch = {"llama": "Llama", "qwen3_5": "Qwen3.5 hybrid"}[settings.architecture]
+        print(f"draftsmith: building the demo target demo:{size} (a {settings.num_layers}-layer {arch} trained on "
               f"Python's standard library; {BUILD_TIME.get(size, 'minutes to hours')}, once: cached in {out})",
               file=sys.stderr, flush=True)
         try:

@@ -1,4 +1,5 @@
-"""Pretrain a small Llama-architecture causal LM on the stdlib corpus: the offline demo target.
+"""Pretrain a small causal LM on the stdlib corpus: the offline demo target (Llama architecture; the
+``tiny-hybrid`` size is a Qwen3.5 hybrid, Gated DeltaNet layers with full attention every 4th).
 
 ``train_lm(out_dir, settings)`` trains a byte-level BPE tokenizer (unless one is given), packs the
 train split into fixed-length blocks, trains with AdamW + warmup/cosine under accelerate (fp32 on
@@ -24,7 +25,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader, TensorDataset
-from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerBase
 
 from data.base.progress import progress
 from data.corpus import corpus_fingerprint, relative_name, split_files, split_texts
@@ -58,10 +59,22 @@ class LMSettings:
     chat_percent: int = 10  # share of train files rendered as a ChatML conversation
     max_corpus_chars: int | None = None  # keep only the first files of each split (quick runs)
     seed: int = 0
+    # "llama", or "qwen3_5": Qwen3.5's text model (Qwen3_5ForCausalLM), Gated DeltaNet ("linear attention")
+    # layers with gated full attention every ``full_attention_interval``-th layer; the linear_* fields
+    # size its DeltaNet layers (ignored by llama, and left out of a llama's cache key: see cache_key).
+    architecture: str = "llama"
+    full_attention_interval: int = 4
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 32
+    linear_value_head_dim: int = 32
+    linear_conv_kernel_dim: int = 4
 
     def __post_init__(self) -> None:
         positive = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                    "seq_len", "batch_size", "max_steps", "eval_tokens")
+                    "seq_len", "batch_size", "max_steps", "eval_tokens", *HYBRID_FIELDS)
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"LMSettings.architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"LMSettings.{name} must be positive, got {getattr(self, name)}")
@@ -74,16 +87,37 @@ class LMSettings:
         if not 0 <= self.warmup_ratio < 1 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"LMSettings.warmup_ratio={self.warmup_ratio} must be in [0, 1) and "
                              f"min_lr_ratio={self.min_lr_ratio} in [0, 1]")
+        if self.architecture == "qwen3_5" and self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(f"LMSettings.linear_num_value_heads={self.linear_num_value_heads} is not divisible by "
+                             f"linear_num_key_heads={self.linear_num_key_heads}")
+
+    def cache_key(self) -> dict:
+        """The fields that determine this LM: a llama's leave out the hybrid-only ones, so the demo LMs
+        built before the hybrid size existed keep their cache entries."""
+        fields = dataclasses.asdict(self)
+        if self.architecture == "llama":
+            for name in ("architecture", *HYBRID_FIELDS):
+                del fields[name]
+        return fields
+
+
+ARCHITECTURES = ("llama", "qwen3_5")
+HYBRID_FIELDS = ("full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                 "linear_value_head_dim", "linear_conv_kernel_dim")
 
 
 # tiny: 4.7M params, ~9 min on 2 idle CPU cores (2 threads), ~12 on shared ones (1 thread). small: ~90M
 # params, minutes on one GPU (about 5 epochs of the corpus; more only overfits). assistant: a
-# cheap drafter for HF assisted generation that shares the target's tokenizer.
+# cheap drafter for HF assisted generation that shares the target's tokenizer. tiny-hybrid: tiny's
+# recipe on a Qwen3.5 hybrid of the same width and depth (4.8M params; 6 Gated DeltaNet layers with
+# 4 value heads of 32x32 state, full attention in layers 3 and 7): a training step costs ~1.1x tiny's on
+# CPU with transformers' PyTorch DeltaNet kernels, so ~10 min (docs/hybrid-demo.md).
 SIZES: dict[str, LMSettings] = {
     "tiny": LMSettings(),
     "small": LMSettings(vocab_size=8192, hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4,
                         intermediate_size=2048, seq_len=1024, batch_size=32, max_steps=400, lr=1e-3),
     "assistant": LMSettings(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=384),
+    "tiny-hybrid": LMSettings(architecture="qwen3_5"),
 }
 
 
@@ -175,8 +209,16 @@ def heldout_losses(model, blocks: torch.Tensor, train_blocks: torch.Tensor, voca
 
 
 def build_model(settings: LMSettings, tokenizer: PreTrainedTokenizerBase):
-    """A randomly initialised Llama causal LM sized by ``settings`` for ``tokenizer``."""
-    config = LlamaConfig(
+    """A randomly initialised causal LM of ``settings.architecture`` sized by ``settings`` for ``tokenizer``."""
+    hybrid = {}
+    if settings.architecture == "qwen3_5":
+        hybrid = dict(head_dim=settings.hidden_size // settings.num_heads,
+                      layer_types=["full_attention" if (i + 1) % settings.full_attention_interval == 0
+                                   else "linear_attention" for i in range(settings.num_layers)],
+                      **{name: getattr(settings, name) for name in HYBRID_FIELDS if name.startswith("linear_")})
+    model_type = "qwen3_5_text" if settings.architecture == "qwen3_5" else "llama"
+    config = AutoConfig.for_model(
+        model_type,
         vocab_size=len(tokenizer),
         hidden_size=settings.hidden_size,
         intermediate_size=settings.intermediate_size,
@@ -188,6 +230,7 @@ def build_model(settings: LMSettings, tokenizer: PreTrainedTokenizerBase):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
+        **hybrid,
     )
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     _init_for_depth(model, config)
@@ -195,16 +238,18 @@ def build_model(settings: LMSettings, tokenizer: PreTrainedTokenizerBase):
 
 
 @torch.no_grad()
-def _init_for_depth(model, config: LlamaConfig) -> None:
+def _init_for_depth(model, config) -> None:
     """Re-initialise on top of HF's N(0, 0.02) everywhere, so a deep narrow LM learns fast early.
 
     Residual-output projections get std / sqrt(2L) (GPT-2), so the random blocks do not drown the
     stream; input embeddings get EMBED_INIT_STD, so token identity dominates it from step 0.
-    Measured on tiny, 300 steps: held-out 6.01 nats -> 5.78 (scaled outputs) -> 5.49 (both).
+    Measured on tiny, 300 steps: held-out 6.01 nats -> 5.78 (scaled outputs) -> 5.49 (both). A hybrid's
+    Gated DeltaNet layers write to the stream through ``linear_attn.out_proj``, scaled the same way.
     """
     std = config.initializer_range / math.sqrt(2 * config.num_hidden_layers)
     for layer in model.model.layers:
-        layer.self_attn.o_proj.weight.normal_(0.0, std)
+        mixer = layer.self_attn.o_proj if hasattr(layer, "self_attn") else layer.linear_attn.out_proj
+        mixer.weight.normal_(0.0, std)
         layer.mlp.down_proj.weight.normal_(0.0, std)
     model.model.embed_tokens.weight.normal_(0.0, EMBED_INIT_STD)
 

@@ -65,6 +65,10 @@ def rope_config_from_target(target: PretrainedConfig | PreTrainedModel) -> dict[
         rope["rope_theta"] = float(getattr(config, "rope_theta", 10000.0))
     rope.setdefault("rope_type", rope.pop("type", "default"))
     rope["rope_theta"] = float(rope.get("rope_theta", 10000.0))
+    # Qwen3.5 / Qwen3-Next rotate a quarter of each attention head: a fact of the target's attention, not of
+    # the frequencies; a head's own Llama layer rotates its whole head_dim (heads.layers.Rotary), as the
+    # engines' EAGLE-3 layers do, and an export carrying the key was refused.
+    rope.pop("partial_rotary_factor", None)
     return rope
 
 

@@ -47,6 +47,9 @@ class HierarchicalDrafter(LMDrafter):
     def __init__(self, model: nn.Module, target: nn.Module, inner: NgramDrafter | HeadDrafter | None = None,
                  tree: Chain | None = None) -> None:
         super().__init__(model, target, tree)
+        if self.hybrid:  # its rounds cut the draft LM's cache back mid-draft, which a recurrent state cannot be
+            raise ValueError(f"{type(model).__name__} keeps recurrent states: hierarchical drafting needs an attention "
+                             "draft LM (a hybrid draft LM drafts with LMDrafter, rolled back by checkpoint)")
         self.inner = inner or NgramDrafter()
         if isinstance(self.inner, HeadDrafter):
             if not isinstance(self.inner.option, Chain):

@@ -34,8 +34,13 @@ one batch, HF's batched ``generate(cache_implementation="static")`` against ever
 method whose verify runs eager (``infer.bench.batch``), tokens/s over all rows.
 
 ``--profile`` adds where a speculative step's time goes per head method (draft, observe, verify,
-accept, compact, emit). ``--train-throughput`` adds head-training tokens/s against the target's
+accept, compact, emit; on a hybrid target "compact" includes the rollback, restore and replay, and "draft"
+the checkpoint copy). ``--train-throughput`` adds head-training tokens/s against the target's
 forward-only tokens/s. Writes results.json, results.md and PNG plots to --out.
+
+A hybrid target (``infer.recurrent``: Gated DeltaNet, Mamba, short-conv layers, e.g. demo:tiny-hybrid)
+runs every method that drafts chains; HF's assisted generation and prompt lookup (transformers refuses
+stateful models) and trees are skipped, each named with its reason under the table.
 """
 from __future__ import annotations
 
@@ -134,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = load_prompts(args, tokenizer)
     sizes = sorted(set(args.tree_sizes) | {1})
     counter = ForwardCounter(target)
-    methods = build_methods(args, target, tokenizer)
+    skipped: dict[str, str] = {}  # methods a hybrid target cannot run, with why (reported, not timed)
+    methods = build_methods(args, target, tokenizer, skipped)
     generators = [m.generator for m in methods if m.generator is not None]
     counter.enabled(False)  # t(N) runs on the generators' own step (a hook could be traced into a graph)
     costs = step_costs(target, prompts[0], sizes, args, generators)
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
         "assistant_head": args.assistant_head, "hardware": hardware(device),
         "dtype": str(dtype).removeprefix("torch."), "num_prompts": len(prompts), "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens, "torch": torch.__version__, "command": " ".join(sys.argv),
+        "skipped": skipped,
     }
     result = {"meta": meta, "rows": rows, "verification_cost_s": costs,
               "runs": {m.name: m.runs for m in methods}}

@@ -9,7 +9,9 @@ each printed with its arithmetic; when the total exceeds ``--gpu-memory-gib``, w
 change. ``--tokens-per-s`` (training tokens/s of one process on the same hardware) gives the step
 time; ``--rows`` the disk of offline features. ``--measure`` also trains a few steps here and prints
 the measured peak next to the plan for this launch's processes: one with ``python``, each of N under
-``accelerate launch --num_processes N scripts/plan.py ...`` (docs/scaling.md). The
+``accelerate launch --num_processes N scripts/plan.py ...`` (docs/scaling.md). For a hybrid target
+(Gated DeltaNet, Mamba, short-conv layers) it also prints what decoding keeps per sequence: the recurrent
+and conv states and the checkpoint of them speculative decoding takes each step (docs/hybrid-demo.md). The
 target is read from its local config.json or a built-in table of Hub shapes: nothing is downloaded.
 """
 from __future__ import annotations

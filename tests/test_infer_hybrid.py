@@ -220,6 +220,13 @@ def test_trees_are_refused_and_a_leaking_sibling_is_caught():
     assert not torch.equal(Leaky(target, Oracle(ref, tree=True)).generate(ids, max_new_tokens=30), ref)
 
 
+def test_a_hybrid_draft_lm_is_refused_by_hierarchical_drafting():
+    """Hierarchical rounds cut the draft LM's cache back mid-draft: a hybrid draft LM is refused in one line."""
+    target = _target("qwen3_5_text")
+    with pytest.raises(ValueError, match="Qwen3_5ForCausalLM keeps recurrent states: hierarchical drafting"):
+        HierarchicalDrafter(_target("qwen3_5_text", seed=7), target, NgramDrafter(length=4), Chain(4))
+
+
 def test_what_cannot_be_supported_is_one_line():
     """A recurrent model without attention layers (pure Mamba) is refused naming it and its layer kind."""
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -6,7 +6,8 @@ time from a measured throughput. Every number is printed with its arithmetic so 
 it by hand. Parameter counts are exact: the target (from its config.json, or ``KNOWN_TARGETS`` for a
 few Hub ids) and the head are built on the meta device, which allocates nothing. Activations follow a
 per-token count of the tensors alive at the peak (``activation_bytes_per_token``), checked against
-measured peaks in docs/scaling.md. Nothing is downloaded.
+measured peaks in docs/scaling.md. A hybrid target's per-sequence decoding states (``infer.state_memory``)
+are printed beside the plan. Nothing is downloaded.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from data.base.names import DEMO_PREFIX, is_demo
 from data.features import bytes_per_token, state_widths
 from data.targets import resolve_target
 from heads import build_head
+from infer.state_memory import StateMemory, state_memory
 from infer.target import decoder_layers
 from train.config import TrainConfig
 
@@ -163,6 +165,7 @@ class Plan:
     host_bytes: float  # CPU memory per node while the target loads
     host_arithmetic: str
     advice: list[str] = field(default_factory=list)
+    states: StateMemory | None = None  # a hybrid target's recurrent/conv states when decoding (None: no such layers)
 
     @property
     def total(self) -> float:
@@ -223,7 +226,7 @@ def make_plan(cfg: TrainConfig, config: PretrainedConfig, gpus: int, nodes: int 
                     f"(({s.aux_layers} aux + 1) × H {s.hidden} × {feature_dtype} + ids and mask 9 B, "
                     "data.features.bytes_per_token: what scripts/dump_features.py stores)")
     plan = Plan(parts, how, world, gpu_memory_gib * GIB, tokens_per_step, step_seconds, disk, disk_how, host,
-                host_how)
+                host_how, states=state_memory(config, tgt))
     if not plan.fits:
         plan.advice = _advice(cfg, plan, s, per_token, world, tgt)
     return plan
@@ -277,6 +280,14 @@ def format_plan(cfg: TrainConfig, plan: Plan, gpus: int, nodes: int) -> str:
     lines.append(f"host memory per node while loading: {plan.host_bytes / GIB:.1f} GiB = {plan.host_arithmetic}")
     disk = "" if plan.disk_bytes is None else f"{plan.disk_bytes / GIB:.1f} GiB = "
     lines.append(f"disk for offline features: {disk}{plan.disk_arithmetic}")
+    if plan.states is not None:  # decoding, not training: the head trains on full-sequence forwards
+        st = plan.states
+        weights = "fp32" if st.dtype_bytes == 4 else "16-bit"  # the target as this run loads it (_dtype_bytes)
+        lines += ["", f"decoding on this hybrid target ({weights} weights), per sequence:",
+                  f"  recurrent and conv states {st.per_sequence:,} B = {st.formula()}",
+                  f"  + the checkpoint speculative decoding keeps per step (one copy of every state) {st.checkpoint:,} B",
+                  f"  = {st.per_sequence + st.checkpoint:,} B per sequence, whatever the context length "
+                  "(attention KV comes on top)"]
     if plan.advice:
         lines += ["", "to fit, change one of:"] + [f"  - {a}" for a in plan.advice]
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from pathlib import Path
 DEMO_PREFIX = "demo:"  # demo:<size> demo LMs, demo:smollm2, and named data sets (demo:sharegpt, ...)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # name or namespace/name
 _HF_CACHE_SNAPSHOT = re.compile(r".*/models--([^/]+)--([^/]+)/snapshots/[^/]+/?")
-_DEMO_DIR = re.compile(r".*/demo/([a-z0-9]+)-seed0-[0-9a-f]{12}/?")  # data.demo's cache layout
+_DEMO_DIR = re.compile(r".*/demo/([a-z0-9-]+)-seed0-[0-9a-f]{12}/?")  # data.demo's cache layout
 
 
 def is_demo(name: str) -> bool:

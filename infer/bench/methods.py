@@ -22,6 +22,7 @@ from infer.hierarchical import HierarchicalDrafter
 from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.drafters.lm_drafter import LMDrafter
 from infer.ngram import NgramDrafter
+from infer.recurrent import is_hybrid
 from infer.tree import MEDUSA_DEFAULT_CHOICES
 
 
@@ -68,8 +69,17 @@ def default_draft(head, device: torch.device) -> TreeOption | str:
     return fit_chain(head, drafter.default_tree(device))
 
 
-def build_methods(args, target, tokenizer) -> list[Method]:
-    """The methods ``args`` asks for, vanilla first: HF baselines, our classic drafters, every head."""
+def build_methods(args, target, tokenizer, skipped: dict[str, str] | None = None) -> list[Method]:
+    """The methods ``args`` asks for, vanilla first: HF baselines, our classic drafters, every head.
+
+    On a hybrid target some cannot run: HF's assisted generation and prompt lookup (transformers refuses
+    stateful models) and every tree (its recurrent layers read a verify's tokens as one sequence: chains
+    only). They are left out, each with a one-line reason in ``skipped`` (name -> reason) for the report."""
+    skipped = {} if skipped is None else skipped
+    hybrid = is_hybrid(target)
+    refused = f"transformers refuses assisted generation on stateful models ({type(target).__name__})"
+    chains_only = (f"{type(target).__name__} is a hybrid: its recurrent layers read a verify's tokens as one "
+                   "sequence, so drafts are chains")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     common = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
     if args.ignore_eos:
@@ -92,7 +102,10 @@ def build_methods(args, target, tokenizer) -> list[Method]:
     if args.assistant:
         assistant = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant, role="assistant"),
                                                          dtype=target.dtype).to(target.device).eval()
-        methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
+        if hybrid:
+            skipped["hf-assisted"] = refused
+        else:
+            methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
         # HF's assisted generation (transformers 5.x defaults): up to 20 drafts, a draft stops below
         # probability 0.4 (HF then tunes that threshold); ours: a chain of 4, and +2/-1 adaptive with the 0.4 stop.
         methods.append(ours("draft-lm:chain4", "draft_lm", LMDrafter(assistant, target, Chain(4))))
@@ -106,11 +119,17 @@ def build_methods(args, target, tokenizer) -> list[Method]:
             methods.append(ours("draft-lm+head:chain4", "draft_lm", HierarchicalDrafter(
                 assistant, target, make_drafter(inner, assistant, Chain(4)), Chain(4))))
     if not args.no_prompt_lookup:
-        methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
+        if hybrid:
+            skipped["hf-prompt-lookup"] = refused
+        else:
+            methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
         # HF's prompt lookup: n-grams of 2 down to 1, prompt_lookup_num_tokens drafts, first match.
         length = args.prompt_lookup_tokens
         methods.append(ours("ngram:chain", "ngram", NgramDrafter(max_ngram=2, length=length)))
-        methods.append(ours("ngram:tree3", "ngram", NgramDrafter(max_ngram=2, length=length, branches=3)))
+        if hybrid:
+            skipped["ngram:tree3"] = chains_only
+        else:
+            methods.append(ours("ngram:tree3", "ngram", NgramDrafter(max_ngram=2, length=length, branches=3)))
         methods.append(ours("ngram:adaptive", "ngram", AdaptiveLength(NgramDrafter(max_ngram=2, length=length), initial=4, maximum=length)))
     for k in getattr(args, "layer_skip", None) or ():  # self-speculation: the target's first k layers draft
         methods.append(ours(f"layer-skip:{k}", "layer_skip", LayerSkipDrafter(target, k, Chain(4))))
@@ -122,13 +141,16 @@ def build_methods(args, target, tokenizer) -> list[Method]:
             tree = None if variant == "default" else tree_from_spec(variant, head, target.device)
             if tree is None and variant != "default":  # the kind cannot draft it
                 continue
+            name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
+            if hybrid and tree is not None and not isinstance(tree, Chain):
+                skipped[name] = chains_only
+                continue
             draws = default_draft(head, target.device) if tree is None else tree
             if draws in seen:
                 continue
             seen.append(draws)
             gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree, compile=args.compile)
             run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
-            name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
             methods.append(Method(name, "head", run, generator=gen))
         if getattr(args, "lookup_first", False):  # prompt lookup when it finds >= 2 tokens, the head's default otherwise
             drafter = LookupFirst(make_drafter(head, target), NgramDrafter(max_ngram=3, length=8))

@@ -96,6 +96,7 @@ def markdown(rows: list[dict], costs: dict[int, float], meta: dict) -> str:
             f"{efficiency_cell(r['efficiency'])} | {mem} | {'yes' if r['identical'] else 'NO'} |"
         )
     lines += unstable_note([r["efficiency"] for r in rows])
+    lines += [f"\nSkipped `{name}`: {reason}." for name, reason in meta.get("skipped", {}).items()]
     lines += ["", COLUMNS, "", "Verification cost t(N) / t(1):", "",
               "| N | " + " | ".join(str(n) for n in costs) + " |",
               "|---|" + "---:|" * len(costs),

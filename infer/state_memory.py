@@ -1,0 +1,111 @@
+"""How many bytes a hybrid target's recurrent and convolution states take per sequence, from its config.
+
+Every recurrent layer (``infer.recurrent``) keeps, per sequence, a causal-conv window and (except short
+conv) a recurrent matrix; their size does not grow with the context, unlike attention KV. Speculative
+decoding keeps one more copy of all of them per step: the checkpoint it restores when a verify accepts
+fewer tokens than it ran (``LinearStates.checkpoint``). Shapes, as transformers' layers store them:
+
+- Gated DeltaNet (Qwen3.5/3.6, Qwen3-Next, OLMo-Hybrid): conv (conv_dim = 2·key_dim + value_dim,
+  kernel), key_dim = linear_num_key_heads·linear_key_head_dim, value_dim = linear_num_value_heads·
+  linear_value_head_dim; recurrent (linear_num_value_heads, linear_key_head_dim, linear_value_head_dim).
+- Mamba-2 (Nemotron-H, Bamba, Granite-4-H, Falcon-H1): conv (d_inner + 2·n_groups·d_state, d_conv),
+  d_inner = heads·head_dim (Falcon-H1: mamba_d_ssm); recurrent (heads, head_dim, d_state).
+- Mamba-1 (Jamba): conv (d_inner = mamba_expand·hidden, d_conv); recurrent (d_inner, d_state).
+- Short conv (LFM2): conv (hidden, conv_L_cache); no recurrent state.
+
+Conv windows are held in the model's dtype, recurrent matrices in fp32 whatever the model's dtype (what
+transformers' kernels return: measured with bf16 models of all nine tiny hybrids in tests/hybrids.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infer.recurrent import RECURRENT_LAYER_TYPES, is_hybrid, layer_types
+
+RECURRENT_STATE_BYTES = 4  # fp32 recurrent matrices, in any model dtype
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """One recurrent layer's per-sequence state: element counts and how they were computed."""
+
+    kind: str  # "Gated DeltaNet", "Mamba-2", "Mamba-1", "short conv"
+    conv: int  # elements of the conv window
+    recurrent: int  # elements of the recurrent matrix (0: none)
+    formula: str
+
+    def nbytes(self, dtype_bytes: int) -> int:
+        """Bytes per sequence with the model in a ``dtype_bytes``-byte dtype."""
+        return self.conv * dtype_bytes + self.recurrent * RECURRENT_STATE_BYTES
+
+
+def _get(config, *names: str) -> int:
+    """The first of ``names`` the config sets (configs of different families name one size differently)."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return int(value)
+    raise ValueError(f"{type(config).__name__}: none of {', '.join(names)} in the config")
+
+
+def layer_state(config) -> StateShape:
+    """The state shape shared by every recurrent layer of ``config`` (a text config), from its own keys."""
+    c = config
+    if hasattr(c, "linear_key_head_dim"):  # Gated DeltaNet
+        kh, vh = _get(c, "linear_num_key_heads"), _get(c, "linear_num_value_heads")
+        kd, vd, k = _get(c, "linear_key_head_dim"), _get(c, "linear_value_head_dim"), _get(c, "linear_conv_kernel_dim")
+        conv_dim = 2 * kh * kd + vh * vd
+        return StateShape("Gated DeltaNet", conv_dim * k, vh * kd * vd,
+                          f"conv (2·{kh}·{kd} + {vh}·{vd}) × kernel {k} + recurrent {vh} v-heads × {kd} × {vd}")
+    if hasattr(c, "conv_L_cache"):  # LFM2 short conv
+        h, k = _get(c, "hidden_size"), _get(c, "conv_L_cache")
+        return StateShape("short conv", h * k, 0, f"conv hidden {h} × L_cache {k}")
+    if hasattr(c, "mamba_dt_rank"):  # Mamba-1 (Jamba)
+        inner = _get(c, "mamba_expand") * _get(c, "hidden_size")
+        k, n = _get(c, "mamba_d_conv"), _get(c, "mamba_d_state")
+        return StateShape("Mamba-1", inner * k, inner * n,
+                          f"conv d_inner {inner} × d_conv {k} + recurrent d_inner {inner} × d_state {n}")
+    if hasattr(c, "ssm_state_size") or hasattr(c, "mamba_d_state"):  # Mamba-2
+        heads, dim = _get(c, "mamba_num_heads", "mamba_n_heads"), _get(c, "mamba_head_dim", "mamba_d_head")
+        n, groups = _get(c, "ssm_state_size", "mamba_d_state"), _get(c, "n_groups", "mamba_n_groups")
+        k = _get(c, "conv_kernel", "mamba_d_conv")
+        inner = _get(c, "mamba_d_ssm") if getattr(c, "mamba_d_ssm", None) else heads * dim
+        return StateShape("Mamba-2", (inner + 2 * groups * n) * k, heads * dim * n,
+                          f"conv (d_inner {inner} + 2·{groups}·{n}) × d_conv {k} + recurrent {heads} heads × {dim} × {n}")
+    raise ValueError(f"{type(config).__name__} ({getattr(config, 'model_type', '?')}): its recurrent layer kind is "
+                     "not one draftsmith can size (Gated DeltaNet, Mamba-1/2, short conv)")
+
+
+@dataclass(frozen=True)
+class StateMemory:
+    """Per-sequence state bytes of a hybrid target, and the checkpoint speculative decoding keeps per step."""
+
+    layers: int  # recurrent layers
+    shape: StateShape
+    dtype_bytes: int
+
+    @property
+    def per_sequence(self) -> int:
+        return self.layers * self.shape.nbytes(self.dtype_bytes)
+
+    @property
+    def checkpoint(self) -> int:
+        """One copy of every state, taken before each step (``LinearStates.checkpoint``)."""
+        return self.per_sequence
+
+    def formula(self) -> str:
+        s = self.shape
+        return (f"{self.layers} {s.kind} layers × ({s.conv:,} conv × {self.dtype_bytes} B + {s.recurrent:,} recurrent "
+                f"× {RECURRENT_STATE_BYTES} B) [{s.formula}]")
+
+
+def state_memory(config, dtype_bytes: int) -> StateMemory | None:
+    """The states of ``config``'s model in a ``dtype_bytes``-byte dtype; None for a model without any."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not is_hybrid(text):
+        return None
+    layers = sum(t in RECURRENT_LAYER_TYPES for t in layer_types(text))
+    return StateMemory(layers, layer_state(text), dtype_bytes)
+
+
+__all__ = ["RECURRENT_STATE_BYTES", "StateMemory", "StateShape", "layer_state", "state_memory"]
