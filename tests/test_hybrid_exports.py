@@ -11,7 +11,7 @@ from hybrids import make_tiny_hybrid
 from test_formats import L, _sglang_states, _trtllm_states, _vllm_states
 
 from heads import build_head, default_aux_layer_ids
-from heads.formats import FORMAT_KINDS, export_head
+from heads.formats import FORMATS, export_head
 from infer.recurrent import layer_types
 
 NAME = "org/tiny-qwen3.5"
@@ -45,7 +45,7 @@ def test_eagle3_exports_of_a_hybrid_head_capture_its_training_layers(tmp_path, t
     assert head.config.target_num_layers == L
     hidden = _hidden(target)
     want = [hidden[k] for k in want_ids]
-    formats = [f for f, kinds in FORMAT_KINDS.items() if "eagle3" in kinds]
+    formats = [f for f, record in FORMATS.items() if "eagle3" in record.kinds]
     assert formats == ["vllm", "sglang", "speculators"]
     for fmt in formats:
         out = export_head(head, tmp_path / fmt, fmt, target=target)
