@@ -588,12 +588,14 @@ def test_formats_are_one_module_per_engine_family():
     ("/models/my-target", "the verifier is the local path /models/my-target: `vllm serve"),
     ("org/target-model", None),  # a Hub id: vllm serve DIR loads it, no word
 ])
-def test_an_export_whose_verifier_vllm_cannot_load_says_so(tmp_path, eagle3_reduced, capsys, verifier, warning):
+def test_an_export_whose_verifier_vllm_cannot_load_says_so(tmp_path, target, eagle3_reduced, capsys, verifier,
+                                                           warning):
     from scripts.export import main
 
     eagle3_reduced.save_pretrained(tmp_path / "head")
+    target.save_pretrained(tmp_path / "target")  # an EAGLE-3 speculators export carries the target's embedding
     main(["--head", str(tmp_path / "head"), "--to", "speculators", "--out", str(tmp_path / "out"),
-          "--verifier", verifier])
+          "--target", str(tmp_path / "target"), "--verifier", verifier])
     err = capsys.readouterr().err
     if warning is None:
         assert "warning" not in err
