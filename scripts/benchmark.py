@@ -34,8 +34,8 @@ one batch, HF's batched ``generate(cache_implementation="static")`` against ever
 method whose verify runs eager (``infer.bench.batch``), tokens/s over all rows.
 
 ``--profile`` adds where a speculative step's time goes per head method (draft, observe, verify,
-accept, compact, emit; on a hybrid target "compact" includes the rollback, restore and replay, and "draft"
-the checkpoint copy). ``--train-throughput`` adds head-training tokens/s against the target's
+accept, compact, emit; on a hybrid target "rollback": the recurrent states' restore and replay of the
+accepted tokens, with the checkpoint copy inside "draft"). ``--train-throughput`` adds head-training tokens/s against the target's
 forward-only tokens/s. Writes results.json, results.md and PNG plots to --out.
 
 A hybrid target (``infer.recurrent``: Gated DeltaNet, Mamba, short-conv layers, e.g. demo:tiny-hybrid)

@@ -82,8 +82,9 @@ def test_benchmark_measures_every_method(bench_dirs):
     assert list(profiles) == [n for n in names if n not in ("vanilla", "hf-static", "hf-assisted", "hf-prompt-lookup")]
     for name, prof in profiles.items():
         phases = prof["ms_per_step"]
-        assert set(phases) == {"draft", "observe", "verify", "accept", "compact", "emit"}
+        assert set(phases) == {"draft", "observe", "verify", "accept", "compact", "rollback", "emit"}
         assert phases["draft"] > 0 and phases["verify"] > 0 and min(phases.values()) >= 0
+        assert phases["rollback"] == 0  # an attention target rolls nothing back
         assert prof["step_ms"] == pytest.approx(sum(phases.values()))
         assert 1.0 <= prof["tokens_per_step"] and 0 < prof["drafting_share"] < 1
     assert "Where a step's time goes" in (out / "results.md").read_text()

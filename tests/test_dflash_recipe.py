@@ -12,11 +12,10 @@ from test_train_fixtures import tiny_files  # noqa: F401  (fixture)
 
 from heads import build_head
 from train.config import ConfigError, load_config
-from train.features import Features
 from train.losses import DraftTargets
 from train.objectives import objective_class
 from train.anchors import draw_anchors
-from train.objectives.dflash import block_labels, block_mask, check_mask_token, default_gamma
+from train.objectives.dflash import DFlashFeatures, block_labels, block_mask, check_mask_token, default_gamma
 
 
 def test_anchors_start_where_the_anchor_and_its_first_label_are_training_targets():
@@ -70,13 +69,13 @@ def test_block_mask_keeps_a_packed_block_inside_its_document():
     assert (mask[0, 0] == 0).int().tolist() == [[0, 0, 1, 1, 0, 1, 1], [0, 0, 1, 1, 0, 1, 1]]
 
 
-def _layout_features(seq_len: int, vocab: int) -> Features:
+def _layout_features(seq_len: int, vocab: int) -> DFlashFeatures:
     """Features whose target law at t is one-hot on token t + 1 (what the target predicts there)."""
     ids = torch.arange(seq_len)[None] % vocab
     probs = torch.zeros(1, seq_len, vocab)
     probs[0, torch.arange(seq_len), (torch.arange(seq_len) + 1) % vocab] = 1.0
     top1 = probs.argmax(-1)
-    return Features(ids, torch.ones_like(ids), torch.zeros(1, seq_len, 4), embeds=torch.zeros(1, seq_len, 4),
+    return DFlashFeatures(ids, torch.ones_like(ids), torch.zeros(1, seq_len, 4), embeds=torch.zeros(1, seq_len, 4),
                     targets=DraftTargets(probs, top1, torch.ones_like(top1, dtype=torch.bool)), top1=top1,
                     mask_embed=torch.zeros(4))
 

@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 
 from infer.bench.methods import Method
 
-LOOP_PHASES = ("draft", "observe", "verify", "accept", "compact", "emit")
+LOOP_PHASES = ("draft", "observe", "verify", "accept", "compact", "rollback", "emit")  # rollback: hybrid targets only
 
 
 
