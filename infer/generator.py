@@ -435,8 +435,7 @@ class SpeculativeGenerator:
         return out
 
     def _replay(self, cache: StaticKVCache, before: Checkpoint, drafts: list[Draft], news: Tensor,
-                accepted: list[int], verified: int, lengths: Tensor, pads: Tensor,
-                stats: GenerationStats | None = None) -> None:
+                accepted: list[int], verified: int, lengths: Tensor, pads: Tensor, stats: GenerationStats) -> None:
         """Leave a hybrid target's recurrent states after each row's accepted tokens (its root, then
         ``accepted[b] - 1`` drafts): rows that accepted all ``verified`` positions keep the verify's
         states; for each shorter accepted length a, the states from ``before`` the step are restored and
@@ -452,18 +451,18 @@ class SpeculativeGenerator:
         kept = torch.tensor(accepted, device=self.device)
         for a in short:
             cache.states.restore(before)
-            slots = lengths[:, None] + self._arange(a)[None]  # (B, a) the accepted path's slots
-            positions = (lengths - pads)[:, None] + self._arange(a)[None]
+            offsets = torch.arange(a, device=self.device)[None]
+            slots = lengths[:, None] + offsets  # (B, a) the accepted path's slots
+            positions = (lengths - pads)[:, None] + offsets
             causal = torch.ones(a, a, dtype=torch.bool, device=self.device).tril_().expand(len(drafts), a, a)
             width = cache.length + a
             cache.window = width
             mask = attention_masks(_text_config(self.target), verify_mask(lengths, pads, causal, width, self.dtype),
                                    positions, verify_key_positions(lengths, pads, positions, width))
             masked_forward(self.target, tokens[:, :a], slots, mask, positions, cache, ())
-            if stats is not None:
-                stats.replays += 1
-                stats.replayed_tokens += a * len(drafts)
-            after.take_rows(cache.states.checkpoint(), kept == a)
+            stats.replays += 1
+            stats.replayed_tokens += a * len(drafts)
+            after.take_rows(cache.states.current(), kept == a)
         cache.states.restore(after)
 
     def _sync(self) -> None:

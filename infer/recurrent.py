@@ -110,15 +110,15 @@ class LinearStates:
         """A copy of every state now held (taken before a step; ``restore`` puts it back)."""
         return Checkpoint({(i, kind, s): t.clone() for i, kind, s, t in _states(self.layers)})
 
-    def restore(self, checkpoint: Checkpoint, rows: Tensor | None = None) -> None:
+    def current(self) -> Checkpoint:
+        """The states held now, not copied (to read rows from before the next forward changes them)."""
+        return Checkpoint({(i, kind, s): t for i, kind, s, t in _states(self.layers)})
+
+    def restore(self, checkpoint: Checkpoint) -> None:
         """Put ``checkpoint``'s states back, in place (buffers keep their address: a CUDA graph replays
-        on them); ``rows`` (B,) bool: only those rows."""
+        on them)."""
         for i, kind, s, tensor in _states(self.layers):
-            saved = checkpoint.states[(i, kind, s)]
-            if rows is None:
-                tensor.copy_(saved)
-            else:
-                tensor.copy_(torch.where(rows.view(-1, *[1] * (tensor.dim() - 1)), saved, tensor))
+            tensor.copy_(checkpoint.states[(i, kind, s)])
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for *_, t in _states(self.layers))

@@ -19,27 +19,28 @@ import statistics
 import sys
 import time
 
-import torch
-
 from data.base.checks import cli_count
-from data.targets import resolve_target
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="demo:tiny-hybrid", help="a hybrid target: HF id, directory or demo:<size>")
     p.add_argument("--head", help="a head directory (default: n-gram drafts)")
-    p.add_argument("--max-new-tokens", type=cli_count, default=128)
-    p.add_argument("--prompts", type=cli_count, default=4, help="stdlib prompts to decode")
-    p.add_argument("--repeats", type=cli_count, default=5, help="timed forwards per N")
+    p.add_argument("--max-new-tokens", type=cli_count(), default=128)
+    p.add_argument("--prompts", type=cli_count(), default=4, help="stdlib prompts to decode")
+    p.add_argument("--repeats", type=cli_count(), default=5, help="timed forwards per N")
+    p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, infer.threads)")
     p.add_argument("--out", help="write the results as JSON here too")
     return p.parse_args(argv)
 
 
-def stdlib_prompts(tokenizer, count: int, length: int = 48) -> list[torch.Tensor]:
+def stdlib_prompts(tokenizer, count: int, length: int = 48) -> list:
+    """``count`` prompts (1, length) of stdlib source, tokenized."""
     import inspect
     import json as json_module
     import textwrap
+
+    import torch
 
     texts = [inspect.getsource(m) for m in (textwrap, json_module.decoder, argparse)]
     return [torch.tensor([tokenizer(t)["input_ids"][:length]]) for t in texts * count][:count]
@@ -52,18 +53,18 @@ def timed(fn) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from heads import AutoHead
+    args = parse_args(argv)  # argument mistakes end here, before torch loads
+    import torch
+
+    from data.targets import resolve_target
     from infer import SpeculativeGenerator
     from infer.drafters import chain_draft
     from infer.ngram import NgramDrafter
     from infer.recurrent import is_hybrid
-    from infer.threads import choose_threads
 
-    print(choose_threads(None), file=sys.stderr)
     head = args.head
     gen = SpeculativeGenerator.from_pretrained(resolve_target(args.target), head or (lambda t: NgramDrafter()),
-                                               profile=True)
+                                               threads=args.threads, profile=True)
     if not is_hybrid(gen.target):
         raise SystemExit(f"error: {args.target} keeps no recurrent state: nothing to roll back")
     phases: dict[str, float] = {}

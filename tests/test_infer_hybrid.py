@@ -193,7 +193,7 @@ def test_a_state_restored_one_position_off_is_caught(monkeypatch):
     assert torch.equal(SpeculativeGenerator(target, Oracle(ref)).generate(ids, max_new_tokens=40), ref)
     replay = SpeculativeGenerator._replay
 
-    def off_by_one(self, cache, before, drafts, news, accepted, verified, lengths, pads, stats=None):
+    def off_by_one(self, cache, before, drafts, news, accepted, verified, lengths, pads, stats):
         return replay(self, cache, before, drafts, news, [a - 1 if a > 1 else a for a in accepted], verified,
                       lengths, pads, stats)
 
