@@ -44,9 +44,14 @@ def save_tiny_target(directory: Path, tokenizer, *, num_layers: int = 6, seed: i
 def tiny_files(tmp_path_factory) -> dict[str, Path]:
     """{"target", "train", "eval"} paths shared by the training tests."""
     root = tmp_path_factory.mktemp("tiny_train")
-    texts = source_texts()
-    tokenizer = train_tokenizer(texts, vocab_size=300)
+    tokenizer = train_tokenizer(source_texts(), vocab_size=300)
     save_tiny_target(root / "target", tokenizer)
+    return write_text_files(root)
+
+
+def write_text_files(root: Path) -> dict[str, Path]:
+    """The training text as .jsonl beside a target saved at ``root / "target"``: {"target", "train", "eval"}."""
+    texts = source_texts()
     chunks = [c for t in texts for c in t.split("\n\n") if len(c) > 120]
     random.Random(0).shuffle(chunks)
     files = {"target": root / "target", "train": root / "train.jsonl", "eval": root / "eval.jsonl"}

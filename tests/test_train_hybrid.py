@@ -3,9 +3,6 @@ online (its loss falls), EAGLE-3 and DFlash give the same losses from stored fea
 default aux layers are valid for the hybrid, and the trained head decodes losslessly on it."""
 from __future__ import annotations
 
-import json
-import random
-
 import pytest
 import test_train_fixtures
 import torch
@@ -13,6 +10,7 @@ from hybrids import make_tiny_hybrid
 from test_features import QUICK, config_file, losses
 from test_train_fixtures import tiny_config
 
+from data.tokenizer import train_tokenizer
 from heads import AutoHead
 from infer import SpeculativeGenerator
 from infer.recurrent import LinearAttentionLayer
@@ -36,19 +34,11 @@ KINDS = {
 def hybrid_files(tmp_path_factory):
     """tiny_files' text and tokenizer with a tiny Qwen3.5 (hybrid) target in place of the Llama."""
     root = tmp_path_factory.mktemp("hybrid_train")
-    texts = test_train_fixtures.source_texts()
-    from data.tokenizer import train_tokenizer
-
-    tokenizer = train_tokenizer(texts, vocab_size=300)
+    tokenizer = train_tokenizer(test_train_fixtures.source_texts(), vocab_size=300)
     model = make_tiny_hybrid("qwen3_5_text", vocab=len(tokenizer), num_layers=6, sharpen=40.0)
     model.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
-    chunks = [c for t in texts for c in t.split("\n\n") if len(c) > 120]
-    random.Random(0).shuffle(chunks)
-    files = {"target": root / "target", "train": root / "train.jsonl", "eval": root / "eval.jsonl"}
-    files["train"].write_text("".join(json.dumps({"text": c}) + "\n" for c in chunks[:24]))
-    files["eval"].write_text("".join(json.dumps({"text": c}) + "\n" for c in chunks[24:32]))
-    return files
+    return test_train_fixtures.write_text_files(root)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
