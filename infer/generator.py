@@ -46,8 +46,10 @@ from infer.cache import StaticKVCache
 from infer.compiling import check_compile, compiled, step_begin
 from infer.drafters import Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, make_drafter, root_only
 from infer.plan import SpeculationPlan, find_plan
-from infer.recurrent import Checkpoint, check_supported, is_hybrid
-from infer.target import TargetOutput, decoder_layers
+from infer.drafters.layer_skip import shallow_backbone
+from infer.hf_cache import cache_kwargs
+from infer.recurrent import RECURRENT_LAYER_TYPES, Checkpoint, check_supported, is_hybrid, layer_types
+from infer.target import TargetOutput, backbone_of, decoder_layers
 from infer.threads import choose_threads
 from infer.tree import pad_tree
 from data.base.checks import probability
@@ -248,6 +250,7 @@ class SpeculativeGenerator:
         self.drafter.compile_with(self.compile)  # the same switch for the draft step
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
+        self._stack: nn.Module | None = None  # a hybrid's replay: the layers up to its last recurrent one
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
             raise ValueError(f"plan must be a SpeculationPlan, the path of one or None, got {type(plan).__name__}")
@@ -449,6 +452,7 @@ class SpeculativeGenerator:
         roots = torch.stack([d.tokens[0] for d in drafts])[:, None]  # (B, 1)
         tokens = torch.cat([roots, news[:, : short[-1] - 1]], dim=1)  # (B, a_max) root, accepted drafts
         kept = torch.tensor(accepted, device=self.device)
+        stack = self._replay_stack()
         for a in short:
             cache.states.restore(before)
             offsets = torch.arange(a, device=self.device)[None]
@@ -459,11 +463,22 @@ class SpeculativeGenerator:
             cache.window = width
             mask = attention_masks(_text_config(self.target), verify_mask(lengths, pads, causal, width, self.dtype),
                                    positions, verify_key_positions(lengths, pads, positions, width))
-            masked_forward(self.target, tokens[:, :a], slots, mask, positions, cache, ())
+            cache.slots = slots
+            stack(input_ids=tokens[:, :a], attention_mask=mask, position_ids=positions, use_cache=True,
+                  **cache_kwargs(stack, cache))
             stats.replays += 1
             stats.replayed_tokens += a * len(drafts)
             after.take_rows(cache.states.current(), kept == a)
         cache.states.restore(after)
+
+    def _replay_stack(self) -> nn.Module:
+        """What a replay runs: the target's decoder stack up to its last recurrent layer, a view sharing its
+        layers (no later layer, final norm or lm_head: the replay wants states, not outputs)."""
+        if self._stack is None:
+            types = layer_types(self.target)
+            last = max(i for i, t in enumerate(types) if t in RECURRENT_LAYER_TYPES)
+            self._stack = shallow_backbone(self.target, last + 1) if last + 1 < len(types) else backbone_of(self.target)
+        return self._stack
 
     def _sync(self) -> None:
         sync(self.device)  # sync: only around compilation, to time it
