@@ -2,7 +2,7 @@
 
     python scripts/acceptance_curve.py [--budgets 300,1200,4800] [--recipes eagle3,dflash-old,dflash-new,dflash-dpace]
         [--on-policy-steps N] [--target demo:tiny] [--prompt "class Queue:"] [--max-new-tokens 96] [--rounds 3]
-        [--runs runs/acceptance-curve] [--out docs/acceptance-curve] [--set key=value ...]
+        [--runs runs/acceptance-curve] [--out docs/acceptance-curve] [--phase all|train|measure] [--set key=value ...]
 
 Per budget and recipe (``RECIPES``: a config file and its overrides, all on the demo's self-distilled data,
 ``SELF_DISTILLED``) it trains a head for that many steps, then continues it with the on-policy stage
@@ -12,6 +12,10 @@ of ``--prompt`` against the target's own ``generate`` (``infer.generate``'s ``--
 rounds alternating, the same process): its τ (tokens per target forward) and its speedup. Writes
 results.json (after every head: a long run keeps what it measured), curve.md and curve.png to ``--out``.
 ``--set`` overrides go to every training run (after the recipe's). Heads go to ``--runs``.
+
+``--phase train`` only trains (at low priority beside other work, say) and ``--phase measure`` measures the
+heads results.json lists later, on a quiet machine: the speedups are timings, the training is not. Either phase
+skips what results.json already holds, so an interrupted run continues where it stopped.
 """
 from __future__ import annotations
 
@@ -50,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runs", type=Path, default=Path("runs/acceptance-curve"))
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "acceptance-curve")
+    p.add_argument("--phase", choices=("all", "train", "measure"), default="all",
+                   help="train and measure (all), only train, or only measure the heads results.json lists")
     p.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     try:
@@ -97,32 +103,49 @@ def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, round
             "identical": spec.output_equal_to(vanilla)}
 
 
+def stages(args: argparse.Namespace, budget: int, name: str,
+           recipes: dict[str, tuple[str, list[str]]]) -> list[tuple[str, str, list[str]]]:
+    """(label, config file, overrides) of a recipe's training at ``budget`` and of its on-policy continuation."""
+    config, recipe = recipes[name]
+    base = [f"target={args.target}", *SELF_DISTILLED, *recipe, f"train.max_steps={budget}",
+            "train.eval_every=0", "train.save_every=0", "overwrite_output_dir=true"]
+    out = [(name, config, [*base, f"output_dir={args.runs / f'{name}-{budget}'}", *args.overrides])]
+    opd_steps = max(1, budget // 4) if args.on_policy_steps is None else args.on_policy_steps
+    if opd_steps:
+        out.append((f"{name}+opd", config, [*base, *ON_POLICY, f"train.init_from={args.runs / f'{name}-{budget}'}",
+                                            f"output_dir={args.runs / f'{name}+opd-{budget}'}", *args.overrides,
+                                            f"train.max_steps={opd_steps}"]))
+    return out
+
+
 def run_curve(args: argparse.Namespace, recipes: dict[str, tuple[str, list[str]]] = RECIPES) -> list[dict]:
-    """Train and measure every (budget, recipe) and its on-policy continuation; returns the result rows."""
-    rows: list[dict] = []
+    """Train and measure every (budget, recipe) and its on-policy continuation (or one ``--phase`` of it); rows
+    already in ``--out``/results.json are kept, not redone. Returns the result rows."""
     args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.json"
+    rows: list[dict] = json.loads(results.read_text()) if results.exists() else []
+    done = {(r["recipe"], r["budget"]): r for r in rows}
     for budget in args.budgets:
         for name in args.recipes:
-            config, recipe = recipes[name]
-            base = [f"target={args.target}", *SELF_DISTILLED, *recipe, f"train.max_steps={budget}",
-                    "train.eval_every=0", "train.save_every=0", "overwrite_output_dir=true"]
-            stages = [(name, [*base, f"output_dir={args.runs / f'{name}-{budget}'}", *args.overrides])]
-            opd_steps = max(1, budget // 4) if args.on_policy_steps is None else args.on_policy_steps
-            if opd_steps:
-                stages.append((f"{name}+opd", [*base, *ON_POLICY, f"train.init_from={args.runs / f'{name}-{budget}'}",
-                                               f"output_dir={args.runs / f'{name}+opd-{budget}'}", *args.overrides,
-                                               f"train.max_steps={opd_steps}"]))
-            for label, overrides in stages:
-                start = time.perf_counter()
-                result = train(config, overrides)
-                row = {"recipe": label, "budget": budget, "steps": result.steps,
-                       "train_minutes": (time.perf_counter() - start) / 60, "simulated_tau": result.metrics.get("tau"),
-                       **measure(args.target, result.output_dir, args.prompt, args.max_new_tokens, args.rounds)}
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    write_table(rows, args, args.out / "curve.md")
-    plot(rows, args.out / "curve.png")
+            for label, config, overrides in stages(args, budget, name, recipes):
+                row = done.get((label, budget))
+                if row is None and args.phase != "measure":
+                    start = time.perf_counter()
+                    result = train(config, overrides)
+                    row = {"recipe": label, "budget": budget, "steps": result.steps, "head": str(result.output_dir),
+                           "train_minutes": (time.perf_counter() - start) / 60,
+                           "simulated_tau": result.metrics.get("tau")}
+                    rows.append(row)
+                    done[(label, budget)] = row
+                if row is not None and "tau" not in row and args.phase != "train":
+                    row.update(measure(args.target, Path(row["head"]), args.prompt, args.max_new_tokens, args.rounds))
+                if row is not None:
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    results.write_text(json.dumps(rows, indent=1) + "\n")  # a long run keeps what it has
+    measured = [r for r in rows if "tau" in r]
+    if measured:
+        write_table(measured, args, args.out / "curve.md")
+        plot(measured, args.out / "curve.png")
     return rows
 
 

@@ -1,5 +1,6 @@
-"""scripts/acceptance_curve.py on a tiny budget: every recipe trains, continues on-policy, is measured, and the
-table, the plot and results.json say so (the demo target itself is never built here)."""
+"""scripts/acceptance_curve.py on a tiny budget: every recipe trains, continues on-policy, is measured (in a
+second phase that finds the heads in results.json), and the table, the plot and results.json say so (the demo
+target itself is never built here)."""
 from __future__ import annotations
 
 import json
@@ -25,7 +26,12 @@ def test_the_curve_trains_measures_and_writes_its_table(tiny_files, tmp_path):  
         "--budgets", "2", "--recipes", "eagle3,dflash-new", "--on-policy-steps", "1", "--target",
         str(tiny_files["target"]), "--max-new-tokens", "8", "--rounds", "1", "--runs", str(tmp_path / "runs"),
         "--out", str(tmp_path / "out"), "--set", "data.self_distill.rows=0", f"cache_dir={tmp_path / 'cache'}"])
+    args.phase = "train"  # first only train (what a busy machine does), then measure what results.json lists
+    trained = acceptance_curve.run_curve(args, recipes)
+    assert not any("tau" in r for r in trained) and not (tmp_path / "out" / "curve.md").exists()
+    args.phase = "all"  # nothing is trained twice: every row is found in results.json and only measured
     rows = acceptance_curve.run_curve(args, recipes)
+    assert [(r["head"], r["train_minutes"]) for r in rows] == [(r["head"], r["train_minutes"]) for r in trained]
     assert [(r["recipe"], r["steps"]) for r in rows] == [("eagle3", 2), ("eagle3+opd", 1), ("dflash-new", 2),
                                                           ("dflash-new+opd", 1)]
     assert all(r["identical"] and r["tau"] >= 1 and r["speedup"] > 0 and r["simulated_tau"] >= 1 for r in rows), rows
