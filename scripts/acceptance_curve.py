@@ -39,7 +39,11 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "dflash-dpace": ("configs/demo-dflash.yaml", ["head.block_size=16", "head.num_layers=5", "train.gamma=null",
                                                   "train.loss=dpace"]),
 }
-ON_POLICY = ["train.stage=on-policy", "train.warmup_steps=0", "train.anchors_per_document=8"]
+ON_POLICY = ["train.stage=on-policy", "train.warmup_steps=5", "train.anchors_per_document=8"]
+# The stage continues a head whose schedule ended at lr 0: restarting it at the recipe's lr undid the head
+# (a 300-step DFlash fell from simulated tau 3.94 to 1.97 within 75 steps at 3e-3, EAGLE-3 from 5.87 to 5.60 at
+# 1e-3, acc_k at step 10 already 0.14 against 0.58); it runs at this fraction of the recipe's lr.
+ON_POLICY_LR_FRACTION = 0.1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,6 +107,13 @@ def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, round
             "identical": spec.output_equal_to(vanilla)}
 
 
+def recipe_lr(config: str, overrides: list[str]) -> float:
+    """The learning rate a recipe trains with: its config's ``train.lr`` unless an override sets it."""
+    from train.config import load_config
+
+    return load_config(ROOT / config, overrides).train.lr
+
+
 def stages(args: argparse.Namespace, budget: int, name: str,
            recipes: dict[str, tuple[str, list[str]]]) -> list[tuple[str, str, list[str]]]:
     """(label, config file, overrides) of a recipe's training at ``budget`` and of its on-policy continuation."""
@@ -112,7 +123,8 @@ def stages(args: argparse.Namespace, budget: int, name: str,
     out = [(name, config, [*base, f"output_dir={args.runs / f'{name}-{budget}'}", *args.overrides])]
     opd_steps = max(1, budget // 4) if args.on_policy_steps is None else args.on_policy_steps
     if opd_steps:
-        out.append((f"{name}+opd", config, [*base, *ON_POLICY, f"train.init_from={args.runs / f'{name}-{budget}'}",
+        lr = ON_POLICY_LR_FRACTION * recipe_lr(config, [*recipe, *args.overrides])
+        out.append((f"{name}+opd", config, [*base, *ON_POLICY, f"train.lr={lr:g}", f"train.init_from={args.runs / f'{name}-{budget}'}",
                                             f"output_dir={args.runs / f'{name}+opd-{budget}'}", *args.overrides,
                                             f"train.max_steps={opd_steps}"]))
     return out
