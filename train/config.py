@@ -183,6 +183,13 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
 # ---------------------------------------------------------------- validation
 
 
+def head_kinds() -> tuple[str, ...]:
+    """Every head kind: the keys of ``heads.HEAD_CLASSES`` (the one list of kinds)."""
+    from heads.auto import HEAD_CLASSES
+
+    return tuple(HEAD_CLASSES)
+
+
 def kinds_reading_setting(setting: str) -> tuple[str, ...]:
     """The head kinds whose training objective declares ``setting`` in ``Objective.reads`` (``head.ttt_steps``,
     ``train.gamma``, ``train.loss=dpace``)."""
@@ -201,20 +208,14 @@ def training_keys() -> dict[str, tuple[str, ...]]:
     return {name: kinds_reading_setting(f"head.{name}") for name in sorted(names)}
 
 
-def head_kinds() -> tuple[str, ...]:
-    """Every head kind: the keys of ``heads.HEAD_CLASSES`` (the one list of kinds)."""
-    from heads.auto import HEAD_CLASSES
-
-    return tuple(HEAD_CLASSES)
-
-
 def kinds_reading(name: str) -> tuple[str, ...]:
     """The head kinds that read ``head.<name>``: those whose head config takes it, or whose training objective
     does (``training_keys``)."""
     from heads.auto import HEAD_CLASSES, config_options
 
-    if name in training_keys():
-        return training_keys()[name]
+    read_by_objectives = training_keys()
+    if name in read_by_objectives:
+        return read_by_objectives[name]
     return tuple(kind for kind, cls in HEAD_CLASSES.items() if name in config_options(cls.config_class))
 
 
@@ -275,6 +276,8 @@ def _check_kind_settings(cfg: TrainConfig) -> None:
 def _validate(cfg: TrainConfig) -> None:
     """Check ranges and combinations; fill the output_dir and, through the kind's objective
     (``Objective.configure``), its defaults (``head.ttt_steps``, ``train.feature_noise``)."""
+    from train.objectives import objective_class
+
     head, data, opt = cfg.head, cfg.data, cfg.train
     _check_head(head)
     _check_kind_settings(cfg)
@@ -333,9 +336,7 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError("resume_from must be null, 'latest' or a checkpoint path")
     if cfg.output_dir is None:
         cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
-    from train.objectives import objective_class
-
-    objective_class(head.kind).configure(cfg)
+    objective_class(head.kind).configure(cfg)  # last: it may rely on every check above
 
 
 def _validate_recipe(cfg: TrainConfig) -> None:

@@ -112,7 +112,8 @@ class Objective(nn.Module):
 
     def rollout(self, features: Features, target: nn.Module, cfg: TrainConfig, seed: int) -> None:
         """``train.stage=on-policy``: draft chains with the head, verify them with ``target`` and set
-        ``features.rollout`` (``train.on_policy``); the kinds whose ``reads`` hold ``train.stage=on-policy`` define it."""
+        ``features.rollout`` (``train.on_policy``); the kinds whose ``reads`` hold ``train.stage=on-policy``
+        define it."""
         raise NotImplementedError(f"{type(self).__name__} has no on-policy stage")
 
 

@@ -40,8 +40,9 @@ class MedusaObjective(Objective):
             return
         stored = "data.features" if data.features is not None else "data.feature_cache" if data.feature_cache else None
         if stored:
-            raise ConfigError(f"{stored} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 trains the "
-                              "target, so its hidden states change every step and stored ones are stale; set one to null")
+            raise ConfigError(f"{stored} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 trains "
+                              "the target, so its hidden states change every step and stored ones are stale; set one "
+                              "to null")
         if opt.loss != "ce":
             raise ConfigError(f"train.loss={opt.loss} with train.backbone_lora_rank={opt.backbone_lora_rank}: "
                               "Medusa-2 keeps its own combined loss (self-distillation + the heads' CE); set one of "
