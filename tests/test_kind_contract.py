@@ -1,11 +1,15 @@
 """Every head kind keeps the contract a kind is made of (heads.HEAD_CLASSES is the one list of kinds):
-its training objective and its drafter take what their bases declare, the config takes its keys, its
+its training objective and its drafter take what their bases declare, the config takes its keys (and
+asks the objective which settings it reads and what it fills: ``Objective.reads``, ``configure``), its
 card renders, one training step runs on the target online and on stored states alike, and it exports
 to every format that lists it."""
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
+import typing
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +21,10 @@ from heads.formats import FORMATS, export_head, validate_export
 from infer.drafters import drafter_class
 from infer.drafters.base import HeadDrafter
 from infer.target import TargetOutput, target_forward
-from train.config import load_config
+from heads.auto import config_options
+from train.config import ConfigError, load_config
 from train.objectives import Objective, objective_class
+from train.settings import TrainConfig
 
 KINDS = tuple(HEAD_CLASSES)
 SMALL = {"dflash": ["head.block_size=4", "head.num_layers=1"]}  # a fast CPU shape; other kinds: their defaults
@@ -69,8 +75,67 @@ def test_drift_finds_a_changed_signature():
         def propose(self, state, token, sampling, max_depth):
             raise NotImplementedError
 
+    class Unbound(Objective):
+        def configure(self, cfg):  # an instance method: train.config calls the hook on the class
+            raise NotImplementedError
+
     assert [line.split("(")[0] for line in drift(Objective, NoStates)] == ["NoStates.features"]
     assert [line.split("(")[0] for line in drift(HeadDrafter, Renamed)] == ["Renamed.propose"]
+    assert [line.split("(")[0] for line in drift(Objective, Unbound)] == ["Unbound.configure"]
+
+
+def _setting(setting: str) -> tuple[str, str]:
+    """``(override, refusal)``: a value for ``setting`` away from its default, as ``key=value``, and the start of
+    the config's message when a kind that does not read it is given it."""
+    key, _, value = setting.partition("=")
+    section, name = key.split(".")
+    cls = typing.get_type_hints(TrainConfig)[section]
+    hint = typing.get_type_hints(cls)[name]
+    assert name in {f.name for f in dataclasses.fields(cls)}, f"{setting}: no such key"
+    if value:
+        assert value in typing.get_args(hint), f"{setting}: {value!r} is not a value of {key}"
+        return setting, setting
+    sample = {bool: "false", int: "2", float: "0.5"}
+    kind = next(t for t in (bool, int, float) if t is hint or t in typing.get_args(hint))
+    return f"{key}={sample[kind]}", key
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_objective_declares_its_settings_and_configures_through_the_base_hook(kind):
+    """``configure`` is the base's classmethod hook (train.config calls it on the class); every setting in
+    ``reads`` names a real key (a head.* one its head config does not take, else build_head would get it too)."""
+    cls = objective_class(kind)
+    assert "configure" in _members(Objective)
+    assert isinstance(inspect.getattr_static(cls, "configure"), classmethod), f"{kind}: configure is no classmethod"
+    assert inspect.signature(cls.configure) == inspect.signature(Objective.configure)
+    options = config_options(HEAD_CLASSES[kind].config_class)
+    for setting in cls.reads:
+        _setting(setting)
+        assert setting.removeprefix("head.") not in options, f"{kind}: {setting} is a head config option"
+
+
+def test_the_config_takes_a_setting_exactly_from_the_kinds_whose_objective_reads_it():
+    """For every declared setting and every kind: accepted where the objective reads it, refused elsewhere in one
+    line naming the setting and the kinds that read it."""
+    declared = dict.fromkeys(setting for kind in KINDS for setting in objective_class(kind).reads)
+    assert declared, "no kind declares a setting: the check below checks nothing"
+    for setting in declared:
+        override, refusal = _setting(setting)
+        readers = [kind for kind in KINDS if setting in objective_class(kind).reads]
+        for kind in KINDS:
+            overrides = [f"head.kind={kind}", override, "train.init_from=x"]  # on-policy continues a trained head
+            if kind in readers:
+                load_config(None, overrides)
+                continue
+            with pytest.raises(ConfigError, match=f"^{re.escape(refusal)} applies only to "
+                                                  f"head.kind={re.escape('/'.join(readers))} "):
+                load_config(None, overrides)
+
+
+def test_the_config_names_no_kind():
+    """What a kind reads, fills and refuses lives in its objective: train/config.py names none of them."""
+    source = (Path(__file__).resolve().parents[1] / "train" / "config.py").read_text()
+    assert [kind for kind in KINDS if f'"{kind}"' in source or f"'{kind}'" in source] == []
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from train.config import DEFAULT_TTT_STEPS, ConfigError, help_text, load_config
+from train.config import ConfigError, help_text, load_config
+from train.settings import DEFAULT_TTT_STEPS
 
 
 def test_defaults_and_overrides():

@@ -1,9 +1,11 @@
-"""Typed training configuration: the single source of truth for every setting and its default.
+"""Typed training configuration: ``load_config`` fills the settings (``train/settings.py``) from YAML and
+dotted ``key=value`` overrides and checks them.
 
-YAML files and dotted ``key=value`` overrides only fill these dataclasses; every value is checked
-against its field's type at parse time, and bad values, unknown keys and invalid combinations raise
-``ConfigError`` naming the key. Head-shape options left at ``None`` use the head's own defaults
-(``heads/``), so no default is repeated here.
+Every value is checked against its field's type at parse time; bad values, unknown keys and invalid
+combinations raise ``ConfigError`` naming the key. What depends on the head kind is asked of the kind:
+its head config (``heads.HEAD_CLASSES``: its options, their ranges) and its training objective
+(``train/objectives/<kind>.py``: the settings it ``reads``, and ``configure``, its defaults and checks).
+This module names no kind.
 """
 from __future__ import annotations
 
@@ -11,217 +13,12 @@ import dataclasses
 import re
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from data.base.names import DEMO_PREFIX
-
-DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
-DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the offending key."""
-
-
-def _doc(text: str, default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
-    """A dataclass field carrying its help text (shown by ``train_head.py --help``)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: default.copy(), metadata={"help": text}, **kwargs)
-    return field(default=default, metadata={"help": text}, **kwargs)
-
-
-@dataclass
-class HeadConfig:
-    """What head to train. Shape options left at ``None`` take the head class's defaults."""
-
-    kind: str = _doc("draft head: a kind registered in heads.HEAD_CLASSES", "eagle3")
-    draft_vocab_size: int | None = _doc(
-        "eagle3 only: size of the reduced draft vocabulary (most frequent training tokens); "
-        "null = the target's full vocabulary", None)
-    aux_layer_ids: list[int] | None = _doc(
-        "eagle3/dflash only: HF hidden_states indices of the fused features; null = eagle3: [2, L//2, L-3], "
-        "dflash: DFlash's build_target_layer_ids(L, num_layers) + 1", None)
-    init_from_target: bool | None = _doc(
-        "eagle3 only: start the head's norm and lm_head from the target's final norm and its lm_head "
-        "rows of the draft vocabulary (null = true); false = random", None)
-    ttt_steps: int | None = _doc(
-        f"eagle3 only: training-time-test steps (null = {DEFAULT_TTT_STEPS})", None)
-    num_heads: int | None = _doc("medusa only: number of heads K (null = the head's default)", None)
-    num_layers: int | None = _doc(
-        "medusa/dflash only: residual blocks per head (medusa), draft decoder layers (dflash); null = the "
-        "head's default", None)
-    block_size: int | None = _doc("dflash only: tokens per block, root included (null = 16)", None)
-    mask_token_id: int | None = _doc(
-        "dflash only: target token id embedded at the masked block positions (null = vocab_size - 1)", None)
-    intermediate_size: int | None = _doc(
-        "eagle/eagle3/dflash only: MLP width of the draft layer (null = the target's)", None)
-    fc_norm: bool | None = _doc(
-        "eagle3 only: EAGLE-3.1's RMSNorm per aux layer before fc (null = false)", None)
-    norm_output: bool | None = _doc(
-        "eagle3 only: EAGLE-3.1: the next draft step reads the post-norm hidden state (null = false)", None)
-    exit_layer: int | None = _doc(
-        "early-exit only: the target layers the shallow sub-network runs before the adapter, 1..L-1 "
-        "(null = half the target's layers, rounded up)", None)
-
-    def build_options(self) -> dict[str, Any]:
-        """The keyword arguments for ``heads.build_head`` (only the options that were set): every
-        ``head.*`` key but the kind and the training keys (``TRAINING_KEYS``)."""
-        names = [f.name for f in dataclasses.fields(self) if f.name != "kind" and f.name not in TRAINING_KEYS]
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
-
-
-@dataclass
-class SelfDistillConfig:
-    """``data.self_distill.*``: train on the target's own text, regenerated once before training and cached
-    (``data.self_distill``; ``scripts/regenerate.py`` makes the same rows as a file)."""
-
-    rows: int = _doc(
-        "regenerate N rows of data.train, spread evenly (and data.eval_rows rows of data.eval), with the target: "
-        "conversations get its own assistant turns, plain-text rows its continuation of their first prompt_tokens "
-        "tokens; 0 = train on the data as it is", 0)
-    max_new_tokens: int = _doc("tokens the target writes per assistant turn or text row", 256)
-    prompt_tokens: int = _doc("plain-text rows: the tokens kept from the source before the target continues", 32)
-    temperature: float = _doc("0 = greedy, what greedy decoding accepts; > 0 samples", 0.0)
-    batch_size: int = _doc("rows per generate call", 64)
-
-
-@dataclass
-class DataConfig:
-    """Training and held-out data (see ``data.pipeline.build_examples``)."""
-
-    train: str = _doc("training rows: .json/.jsonl/.parquet path, a Dataset.save_to_disk folder, stdlib:train "
-                      "or demo:sharegpt (ShareGPT V3, fetched once)", "stdlib:train")
-    eval: str | None = _doc("held-out rows for acc_k / simulated tau (demo:sharegpt:heldout for ShareGPT); "
-                            "null = no evaluation", "stdlib:heldout")
-    max_length: int = _doc("tokens per example (the target's context bounds it)", 2048)
-    overlong: Literal["truncate", "drop"] = _doc("examples longer than max_length: truncate | drop", "truncate")
-    strict: bool = _doc("raise at the first bad row instead of skipping it", False)
-    lenient_json: bool = _doc("read a truncated .json array up to its last complete row (the bytes left "
-                              "unread are reported) instead of failing", False)
-    eval_rows: int | None = _doc("use at most this many held-out examples; null = all", 256)
-    features: str | None = _doc(
-        "train from target hidden states stored by scripts/dump_features.py in this folder instead of running the "
-        "target per batch (it must be made for this target, head kind and data); null = online", None)
-    feature_cache: str | None = _doc(
-        "fill this folder with the target's hidden states during the first epoch and read them after "
-        "(made if absent or empty; refused if made for another target or config); null = no cache", None)
-    self_distill: SelfDistillConfig = field(default_factory=SelfDistillConfig)
-
-
-@dataclass
-class OptimConfig:
-    """Optimisation, precision, evaluation and checkpoint cadence (``train.*``)."""
-
-    max_steps: int | None = _doc("optimizer steps; null = train.epochs passes over the data", None)
-    epochs: int = _doc("passes over the training data when max_steps is null", 1)
-    max_minutes: float | None = _doc(
-        "also stop after this many minutes of the training loop (the lr schedule still spans max_steps); "
-        "null = no time limit", None)
-    micro_batch_size: int = _doc("examples per forward, per process", 4)
-    grad_accum_steps: int = _doc("micro-batches per optimizer step", 1)
-    lr: float = _doc("peak learning rate (AdamW)", 5e-5)
-    betas: tuple[float, float] = _doc("AdamW betas", (0.9, 0.95))
-    weight_decay: float = _doc("AdamW weight decay", 0.0)
-    warmup_steps: int = _doc("linear warm-up steps", 0)
-    decay: Literal["cosine", "linear", "constant"] = _doc("schedule after warm-up", "cosine")
-    max_grad_norm: float = _doc("clip gradients to this total norm", 0.5)
-    loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3); dflash weighs its block "
-                             "positions by train.gamma instead", 0.8)
-    loss: Literal["ce", "lk", "lk-lambda", "dpace"] = _doc(
-        "ce = soft cross-entropy to the target's distribution (eagle: its classification term; medusa: hard CE "
-        "on the data's tokens); lk = LK^alpha (arXiv 2602.23881): -log of the expected acceptance rate sum(min(p, q)) per draft "
-        "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-3*rate) (medusa: both against the "
-        "target's distribution); dpace = soft CE weighted per draft position by D-PACE's detached weights (eagle3, "
-        "dflash; docs/objectives.md)", "ce")
-    feature_noise: float | None = _doc(
-        f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
-    mixed_precision: Literal["no", "bf16", "fp16"] = _doc(
-        "head autocast precision; the frozen target is loaded in the same dtype (fp32 for no)", "no")
-    target_sharding: Literal["none", "fsdp"] = _doc(
-        "the frozen target across training processes: none = every process holds it whole; fsdp = each "
-        "decoder layer sharded over all processes (torch FSDP2), gathered one layer at a time in the target "
-        "pass; embeddings, final norm and lm_head stay whole (docs/scaling.md)", "none")
-    eval_every: int = _doc("evaluate on held-out data every N steps (0 = only at the end)", 100)
-    eval_depth: int | None = _doc(
-        "draft steps simulated at evaluation; null = ttt_steps (eagle3), num_heads (medusa), "
-        f"{DEFAULT_TTT_STEPS} (eagle)", None)
-    save_every: int = _doc("save a full training checkpoint every N steps (0 = never)", 500)
-    keep_last_checkpoints: int = _doc("checkpoints kept on disk (oldest deleted first)", 2)
-    log_every: int = _doc("log training loss/accuracy every N steps", 10)
-    # Medusa-2 (arXiv 2401.10774): LoRA on the target, trained with the heads (train/backbone.py)
-    backbone_lora_rank: int = _doc(
-        "medusa only: rank of LoRA adapters on the target's linear layers, trained jointly with the heads "
-        "(Medusa-2; the merged target is saved to output_dir/target); 0 = frozen target (Medusa-1)", 0)
-    backbone_lr: float | None = _doc(
-        "peak lr of the backbone LoRA; null = train.lr / 4 (Medusa-2's heads train at 4x the backbone's lr)", None)
-    heads_coefficient: float = _doc(
-        "Medusa-2: weight lambda_0 of the heads' loss next to the backbone's self-distillation loss "
-        "(KL to the frozen original target)", 0.2)
-    init_from: str | None = _doc(
-        "warm start: a trained head's directory (same kind and shape, e.g. trained on the base model of an "
-        "adapter target) whose weights the new head starts from; null = a fresh head", None)
-    # DFlash as published, acceptance-aware objectives and the on-policy stage (docs/objectives.md); one block,
-    # checked by _validate_recipe
-    gamma: float | None = _doc(
-        "dflash only: block position k's loss weight exp(-(k-1)/gamma); null = the DFlash paper's 7 for blocks of "
-        "more than 8 tokens, 4 up to 8", None)
-    anchors_per_document: int = _doc(
-        "dflash (and the on-policy stage): random anchors drawn per document and step (fewer where a document has "
-        "fewer valid positions)", 64)
-    anchor_spacing: int = _doc(
-        "dflash (and the on-policy stage): least distance between two anchors of one document (1 = any distinct "
-        "positions; block_size = blocks that never overlap)", 1)
-    dpace_alpha: float = _doc("train.loss=dpace: the confidence floor alpha in (0, 1] (ModelOpt's and speculators' "
-                              "0.5)", 0.5)
-    stage: Literal["supervised", "on-policy"] = _doc(
-        "supervised = train on the data's contexts; on-policy = continue a trained head (train.init_from or "
-        "resume_from) on its own drafts, verified by the frozen target (Draft-OPD; eagle3 and dflash)", "supervised")
-
-
-@dataclass
-class LogConfig:
-    """Where metrics go; ``metrics.jsonl`` in output_dir is always written."""
-
-    wandb: bool = _doc("log to Weights & Biases (honours WANDB_MODE=offline)", False)
-    wandb_project: str = _doc("wandb project name", "draftsmith")
-    tensorboard: bool = _doc("write TensorBoard event files to output_dir/logs", False)
-    run_name: str | None = _doc("tracker run name; null = the output_dir's name", None)
-
-
-@dataclass
-class TrainConfig:
-    """Everything ``train/train_head.py`` needs."""
-
-    target: str = _doc(
-        f"target model: local path or hub id; '{DEMO_PREFIX}<size>' = the offline demo target "
-        f"(built and cached on first use); '{DEMO_PREFIX}smollm2' = SmolLM2-135M-Instruct (fetched once, "
-        "needs the [real] extra)", f"{DEMO_PREFIX}tiny")
-    output_dir: str | None = _doc("where the head, checkpoints and metrics go; null = runs/<target>-<kind>", None)
-    resume_from: str | None = _doc("null | latest | path of a checkpoint directory", None)
-    overwrite_output_dir: bool = _doc(
-        "a fresh run (no resume_from) into an output_dir holding an earlier run replaces it; false = refuse", False)
-    seed: int = _doc("seed for head init, data order and noise", 0)
-    cache_dir: str | None = _doc(
-        "root of the data and draft-vocab caches; null = $DRAFTSMITH_CACHE or ~/.cache/draftsmith", None)
-    head: HeadConfig = field(default_factory=HeadConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: OptimConfig = field(default_factory=OptimConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-
-    def __post_init__(self) -> None:
-        _validate(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain YAML-able values (tuples become lists)."""
-        return _plain(dataclasses.asdict(self))
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
+from train.settings import ConfigError, HeadConfig, TrainConfig, plain
 
 # ---------------------------------------------------------------- parsing
 
@@ -290,7 +87,9 @@ def _drop_inapplicable(raw: dict, from_file: dict) -> list[str]:
 
 def from_dict(raw: dict[str, Any]) -> TrainConfig:
     """Build and validate a ``TrainConfig`` from nested plain values."""
-    return _build(TrainConfig, raw, prefix="")
+    cfg = _build(TrainConfig, raw, prefix="")
+    _validate(cfg)
+    return cfg
 
 
 def _set_dotted(tree: dict, parts: list[str], value: Any, key: str) -> None:
@@ -323,7 +122,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
             kwargs[name] = _build(hint, value, prefix=f"{key}.")
         else:
             kwargs[name] = _coerce(value, hint, key)
-    return cls(**kwargs)  # TrainConfig.__post_init__ validates the combination
+    return cls(**kwargs)  # from_dict validates the combination
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
@@ -379,20 +178,9 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     raise TypeError(f"{key}: unsupported annotation {hint!r}")  # a bug in this file, not in the YAML
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------- validation
-
-
-# head.* keys read by a kind's training objective, not by its head config (train.feature_noise: eagle only,
-# checked below); every other head.* key is a head config option (heads.build_head)
-TRAINING_KEYS = {"ttt_steps": ("eagle3",), "init_from_target": ("eagle3",)}
 
 
 def head_kinds() -> tuple[str, ...]:
@@ -402,12 +190,32 @@ def head_kinds() -> tuple[str, ...]:
     return tuple(HEAD_CLASSES)
 
 
+def kinds_reading_setting(setting: str) -> tuple[str, ...]:
+    """The head kinds whose training objective declares ``setting`` in ``Objective.reads`` (``head.ttt_steps``,
+    ``train.gamma``, ``train.loss=dpace``)."""
+    from train.objectives import objective_class
+
+    return tuple(kind for kind in head_kinds() if setting in objective_class(kind).reads)
+
+
+def training_keys() -> dict[str, tuple[str, ...]]:
+    """The ``head.*`` keys a kind's training objective reads, not its head config (``Objective.reads``), with
+    the kinds that read each: ``heads.build_head`` never sees them."""
+    from train.objectives import objective_class
+
+    names = {setting.removeprefix("head.") for kind in head_kinds() for setting in objective_class(kind).reads
+             if setting.startswith("head.")}
+    return {name: kinds_reading_setting(f"head.{name}") for name in sorted(names)}
+
+
 def kinds_reading(name: str) -> tuple[str, ...]:
-    """The head kinds that read ``head.<name>``: those whose head config takes it, or ``TRAINING_KEYS``."""
+    """The head kinds that read ``head.<name>``: those whose head config takes it, or whose training objective
+    does (``training_keys``)."""
     from heads.auto import HEAD_CLASSES, config_options
 
-    if name in TRAINING_KEYS:
-        return TRAINING_KEYS[name]
+    read_by_objectives = training_keys()
+    if name in read_by_objectives:
+        return read_by_objectives[name]
     return tuple(kind for kind, cls in HEAD_CLASSES.items() if name in config_options(cls.config_class))
 
 
@@ -442,18 +250,37 @@ def _check_head_options(head: HeadConfig) -> None:
 _UNBOUNDED_VOCAB = 2**62  # parse time: no target yet, so no vocabulary bound on token-id options
 
 
+# What the refusal of a setting only some kinds read adds to "applies only to head.kind=...": the way out
+_INSTEAD = {"train.gamma": "; use train.loss_decay",
+            "train.loss=dpace": ": its weights span the positions of one draft chain"}
+
+
+def _check_kind_settings(cfg: TrainConfig) -> None:
+    """Every ``train.*`` setting some kinds' objectives declare in ``Objective.reads`` (``train.<key>``: set
+    away from its default; ``train.<key>=<value>``) is read by ``head.kind``'s objective."""
+    from train.objectives import objective_class
+
+    kind = cfg.head.kind
+    declared = dict.fromkeys(setting for k in head_kinds() for setting in objective_class(k).reads
+                             if not setting.startswith("head."))
+    for setting in declared:
+        key, _, value = setting.partition("=")
+        section, name = key.split(".")
+        now = getattr(getattr(cfg, section), name)
+        default = {f.name: f.default for f in dataclasses.fields(getattr(cfg, section))}[name]
+        if (str(now) == value if value else now != default) and setting not in objective_class(kind).reads:
+            raise ConfigError(f"{setting} applies only to head.kind={'/'.join(kinds_reading_setting(setting))} "
+                              f"(head.kind={kind}){_INSTEAD.get(setting, '')}")
+
+
 def _validate(cfg: TrainConfig) -> None:
-    """Check ranges and combinations; fill kind-dependent defaults (ttt_steps, feature_noise, output_dir)."""
+    """Check ranges and combinations; fill the output_dir and, through the kind's objective
+    (``Objective.configure``), its defaults (``head.ttt_steps``, ``train.feature_noise``)."""
+    from train.objectives import objective_class
+
     head, data, opt = cfg.head, cfg.data, cfg.train
     _check_head(head)
-    if opt.feature_noise is not None and head.kind != "eagle":
-        raise ConfigError(f"train.feature_noise applies only to head.kind=eagle (head.kind={head.kind})")
-    if head.kind == "eagle3" and head.ttt_steps is None:
-        head.ttt_steps = DEFAULT_TTT_STEPS
-    if head.kind == "eagle3" and head.init_from_target is None:
-        head.init_from_target = True
-    if head.kind == "eagle" and opt.feature_noise is None:
-        opt.feature_noise = DEFAULT_FEATURE_NOISE
+    _check_kind_settings(cfg)
 
     positive = {
         "head.draft_vocab_size": head.draft_vocab_size, "head.ttt_steps": head.ttt_steps,
@@ -485,10 +312,6 @@ def _validate(cfg: TrainConfig) -> None:
     for key, value in (("data.features", data.features), ("data.feature_cache", data.feature_cache)):
         if value is not None and not value.strip():
             raise ConfigError(f"{key} must be a folder path or null, got {value!r}")
-    stored = "data.features" if data.features is not None else "data.feature_cache" if data.feature_cache else None
-    if stored and opt.backbone_lora_rank:
-        raise ConfigError(f"{stored} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 trains the "
-                          "target, so its hidden states change every step and stored ones are stale; set one to null")
     if data.self_distill.rows and opt.target_sharding == "fsdp":
         raise ConfigError("data.self_distill.rows with train.target_sharding=fsdp: one process cannot generate with a "
                           "sharded target; regenerate first (scripts/regenerate.py --engine openai) and train on the file")
@@ -503,15 +326,9 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.betas must lie in [0, 1), got {list(opt.betas)}")
     if not opt.max_grad_norm > 0:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {opt.max_grad_norm}")
-    if opt.loss != "ce" and opt.backbone_lora_rank:
-        raise ConfigError(f"train.loss={opt.loss} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 "
-                          "keeps its own combined loss (self-distillation + the heads' CE); set one of them back")
     if not 0 < opt.loss_decay <= 1:
         raise ConfigError(f"train.loss_decay must lie in (0, 1], got {opt.loss_decay}")
     _validate_recipe(cfg)
-    if head.kind == "medusa" and head.num_heads is not None and opt.eval_depth is not None \
-            and opt.eval_depth > head.num_heads:
-        raise ConfigError(f"train.eval_depth={opt.eval_depth} exceeds head.num_heads={head.num_heads}")
     _validate_backbone(cfg)
     if not cfg.target:
         raise ConfigError("target must be a path, a hub id or demo:<size>")
@@ -519,39 +336,21 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError("resume_from must be null, 'latest' or a checkpoint path")
     if cfg.output_dir is None:
         cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
-    if head.kind == "dflash":  # a block never spans more tokens than an example holds
-        from heads.dflash import DEFAULT_BLOCK_SIZE
-
-        if (head.block_size or DEFAULT_BLOCK_SIZE) > data.max_length:
-            raise ConfigError(f"head.block_size={head.block_size or DEFAULT_BLOCK_SIZE} exceeds "
-                              f"data.max_length={data.max_length}; a block must fit in an example")
-
-
-ON_POLICY_KINDS = ("eagle3", "dflash")
+    objective_class(head.kind).configure(cfg)  # last: it may rely on every check above
 
 
 def _validate_recipe(cfg: TrainConfig) -> None:
-    """The DFlash recipe's keys, D-PACE and the on-policy stage: which kinds read them, their ranges."""
-    opt, kind = cfg.train, cfg.head.kind
-    if kind == "dflash" and opt.loss_decay != OptimConfig.loss_decay:
-        raise ConfigError(f"train.loss_decay={opt.loss_decay} is not read by head.kind=dflash: its block positions "
-                          "are weighted exp(-(k-1)/train.gamma); set train.gamma")
-    if opt.gamma is not None and kind != "dflash":
-        raise ConfigError(f"train.gamma applies only to head.kind=dflash (head.kind={kind}); use train.loss_decay")
+    """The DFlash recipe's keys, D-PACE and the on-policy stage: their ranges and combinations (which kinds
+    read them: ``_check_kind_settings``)."""
+    opt = cfg.train
     if opt.gamma is not None and not opt.gamma > 0:
         raise ConfigError(f"train.gamma must be > 0, got {opt.gamma}")
-    if opt.loss == "dpace" and kind not in ("eagle3", "dflash"):
-        raise ConfigError(f"train.loss=dpace applies only to head.kind=eagle3/dflash (head.kind={kind}): its "
-                          "weights span the positions of one draft chain")
     if not 0 < opt.dpace_alpha <= 1:
         raise ConfigError(f"train.dpace_alpha must lie in (0, 1], got {opt.dpace_alpha}")
     for key in ("anchors_per_document", "anchor_spacing"):
         if getattr(opt, key) < 1:
             raise ConfigError(f"train.{key} must be >= 1, got {getattr(opt, key)}")
     if opt.stage == "on-policy":
-        if kind not in ON_POLICY_KINDS:
-            raise ConfigError(f"train.stage=on-policy applies only to head.kind={'/'.join(ON_POLICY_KINDS)} "
-                              f"(head.kind={kind})")
         if opt.init_from is None and cfg.resume_from is None:
             raise ConfigError("train.stage=on-policy continues a trained head: set train.init_from to its directory")
         if opt.loss != "ce":
@@ -560,12 +359,11 @@ def _validate_recipe(cfg: TrainConfig) -> None:
 
 
 def _validate_backbone(cfg: TrainConfig) -> None:
-    """Medusa-2's keys: a LoRA backbone only under Medusa heads; its lr and loss weight positive."""
+    """Medusa-2's keys: the LoRA rank, its lr and the heads' loss weight in range (which kinds read them:
+    ``_check_kind_settings``; their combinations: the objective's ``configure``)."""
     opt = cfg.train
     if opt.backbone_lora_rank < 0:
         raise ConfigError(f"train.backbone_lora_rank must be >= 0, got {opt.backbone_lora_rank}")
-    if opt.backbone_lora_rank and cfg.head.kind != "medusa":
-        raise ConfigError(f"train.backbone_lora_rank applies only to head.kind=medusa (head.kind={cfg.head.kind})")
     if opt.backbone_lr is not None and not opt.backbone_lora_rank:
         raise ConfigError("train.backbone_lr needs train.backbone_lora_rank >= 1 (no backbone is trained)")
     if opt.backbone_lr is not None and not opt.backbone_lr > 0:
@@ -595,7 +393,7 @@ def help_text(cfg: TrainConfig | None = None) -> str:
                 value = getattr(node, f.name)
             else:
                 value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            shown = yaml.safe_dump(_plain(value), default_flow_style=True).removesuffix("...\n").strip()
+            shown = yaml.safe_dump(plain(value), default_flow_style=True).removesuffix("...\n").strip()
             lines.append(f"  {prefix}{f.name} = {shown}")
             text = f.metadata.get("help", "")
             if cls is HeadConfig and f.name == "kind":

@@ -8,7 +8,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from data.base.paths import cache_root
-from train.config import TrainConfig
+from train.settings import TrainConfig
 
 
 class IndexedRows(Dataset):

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from infer.target import TargetOutput, causal_lm_of, target_forward
-from train.config import DEFAULT_TTT_STEPS, TrainConfig
+from train.settings import DEFAULT_TTT_STEPS, TrainConfig
 from train.features import Features
 from train.losses import LossOutput
 
@@ -37,6 +37,18 @@ class Objective(nn.Module):
     The target's frozen lm_head is passed in per call so it is never part of this module's
     parameters, state dict or checkpoints.
     """
+
+    # The settings this kind reads that not every kind does, as a user writes them: "head.<key>" (a head.* key
+    # its objective reads, not its head config: never passed to heads.build_head), "train.<key>" (read when set
+    # away from its default) or "train.<key>=<value>". train/config.py derives from these which kinds take each
+    # setting and refuses it, naming them, under any other kind.
+    reads: tuple[str, ...] = ()
+
+    @classmethod
+    def configure(cls, cfg: TrainConfig) -> None:
+        """Fill this kind's training defaults in ``cfg`` and check its combinations, at parse time
+        (``train.config.load_config``, after every check that names no kind); a problem raises
+        ``ConfigError`` naming the key."""
 
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__()
@@ -100,7 +112,8 @@ class Objective(nn.Module):
 
     def rollout(self, features: Features, target: nn.Module, cfg: TrainConfig, seed: int) -> None:
         """``train.stage=on-policy``: draft chains with the head, verify them with ``target`` and set
-        ``features.rollout`` (``train.on_policy``); the kinds of ``config.ON_POLICY_KINDS`` define it."""
+        ``features.rollout`` (``train.on_policy``); the kinds whose ``reads`` hold ``train.stage=on-policy``
+        define it."""
         raise NotImplementedError(f"{type(self).__name__} has no on-policy stage")
 
 

@@ -20,8 +20,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+from heads.dflash import DEFAULT_BLOCK_SIZE
 from infer.target import TargetOutput
-from train.config import TrainConfig
+from train.settings import ConfigError, OptimConfig, TrainConfig
 from train.features import Features
 from train.losses import LossOutput, decayed_sum, dpace_weights, soft_ce, soft_loss, weighted_mean
 from train.metrics import acceptance_rate
@@ -122,6 +123,19 @@ class DFlashFeatures(Eagle3Features):
 
 
 class DFlashObjective(Objective):
+    reads = ("train.gamma", "train.loss=dpace", "train.stage=on-policy")
+
+    @classmethod
+    def configure(cls, cfg: TrainConfig) -> None:
+        """Block positions are weighted by train.gamma, not train.loss_decay; a block fits in an example."""
+        head, opt = cfg.head, cfg.train
+        if opt.loss_decay != OptimConfig.loss_decay:
+            raise ConfigError(f"train.loss_decay={opt.loss_decay} is not read by head.kind=dflash: its block "
+                              "positions are weighted exp(-(k-1)/train.gamma); set train.gamma")
+        if (head.block_size or DEFAULT_BLOCK_SIZE) > cfg.data.max_length:
+            raise ConfigError(f"head.block_size={head.block_size or DEFAULT_BLOCK_SIZE} exceeds "
+                              f"data.max_length={cfg.data.max_length}; a block must fit in an example")
+
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
         opt = cfg.train

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from infer.target import TargetOutput
-from train.config import TrainConfig
+from train.settings import DEFAULT_FEATURE_NOISE, TrainConfig
 from train.features import Features
 from train.losses import LossOutput, eagle_loss
 from train.objectives.base import Objective, no_grad_embeds, target_logits
@@ -23,6 +23,13 @@ class EagleFeatures(Features):
 
 
 class EagleObjective(Objective):
+    reads = ("train.feature_noise",)
+
+    @classmethod
+    def configure(cls, cfg: TrainConfig) -> None:
+        if cfg.train.feature_noise is None:
+            cfg.train.feature_noise = DEFAULT_FEATURE_NOISE
+
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
         self.loss = cfg.train.loss

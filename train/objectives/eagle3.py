@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from infer.target import TargetOutput
-from train.config import TrainConfig
+from train.settings import DEFAULT_TTT_STEPS, TrainConfig
 from train.draft_vocab import build_draft_vocab
 from train.examples import collate
 from train.features import Features
@@ -30,6 +30,15 @@ class Eagle3Features(Features):
 
 
 class Eagle3Objective(Objective):
+    reads = ("head.ttt_steps", "head.init_from_target", "train.loss=dpace", "train.stage=on-policy")
+
+    @classmethod
+    def configure(cls, cfg: TrainConfig) -> None:
+        if cfg.head.ttt_steps is None:
+            cfg.head.ttt_steps = DEFAULT_TTT_STEPS
+        if cfg.head.init_from_target is None:
+            cfg.head.init_from_target = True
+
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
         self.ttt_steps = cfg.head.ttt_steps

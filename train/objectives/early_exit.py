@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from infer.drafters.early_exit import DEFAULT_CHAIN
 from infer.target import TargetOutput
-from train.config import TrainConfig
+from train.settings import TrainConfig
 from train.features import Features
 from train.losses import LossOutput, soft_loss, step_slices
 from train.objectives.base import Objective, target_logits

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from infer.target import TargetOutput, target_forward
 from train.backbone import add_lora, has_lora, lora_parameters, original
-from train.config import TrainConfig
+from train.settings import ConfigError, TrainConfig
 from train.features import Features
 from train.losses import LossOutput, medusa_loss, medusa_soft_loss, soft_loss
 from train.objectives.base import Objective, target_logits
@@ -27,6 +27,27 @@ class MedusaFeatures(Features):
 
 
 class MedusaObjective(Objective):
+    reads = ("train.backbone_lora_rank",)
+
+    @classmethod
+    def configure(cls, cfg: TrainConfig) -> None:
+        """Evaluation drafts no deeper than the heads; Medusa-2 (a trained backbone) with neither stored
+        hidden states nor another loss."""
+        head, data, opt = cfg.head, cfg.data, cfg.train
+        if head.num_heads is not None and opt.eval_depth is not None and opt.eval_depth > head.num_heads:
+            raise ConfigError(f"train.eval_depth={opt.eval_depth} exceeds head.num_heads={head.num_heads}")
+        if not opt.backbone_lora_rank:
+            return
+        stored = "data.features" if data.features is not None else "data.feature_cache" if data.feature_cache else None
+        if stored:
+            raise ConfigError(f"{stored} with train.backbone_lora_rank={opt.backbone_lora_rank}: Medusa-2 trains "
+                              "the target, so its hidden states change every step and stored ones are stale; set one "
+                              "to null")
+        if opt.loss != "ce":
+            raise ConfigError(f"train.loss={opt.loss} with train.backbone_lora_rank={opt.backbone_lora_rank}: "
+                              "Medusa-2 keeps its own combined loss (self-distillation + the heads' CE); set one of "
+                              "them back")
+
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
         self.lora_rank = cfg.train.backbone_lora_rank

