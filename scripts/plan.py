@@ -23,7 +23,7 @@ import sys
 from data.base.checks import cli_count, cli_real
 from data.cli import run
 from train.config import load_config
-from train.plan import GIB, format_plan, make_plan, measure_peak, target_config
+from train.cost import GIB, format_plan, make_plan, measure_peak, target_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

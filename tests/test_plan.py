@@ -10,7 +10,7 @@ import pytest
 
 from data.features import bytes_per_token, state_widths
 from train.config import load_config
-from train.plan import GIB, KNOWN_TARGETS, format_plan, make_plan, shapes, target_config
+from train.cost import GIB, KNOWN_TARGETS, format_plan, make_plan, shapes, target_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_70B = ROOT / "configs" / "llama3.3-70b-eagle3.yaml"

@@ -15,7 +15,7 @@ from infer.ngram import NgramDrafter
 from infer.state_memory import state_memory
 from scripts.plan import main
 from train.config import load_config
-from train.plan import format_plan, make_plan, target_config
+from train.cost import format_plan, make_plan, target_config
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo-hybrid.yaml"
 
