@@ -302,6 +302,11 @@ class DFlashHead(DraftHead):
                    f"{cfg.selector_top_k} candidates of each block position"] if cfg.is_dflash2 else [])]
 
     def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        if self.config.is_dflash2:  # only z-lab's DFlash2DraftModel layout carries it (docs/dflash.md)
+            return ["SGLang (DFLASH; the DFlash2DraftModel architecture selects the convolution and the selector):", "",
+                    *export_step("dflash"), "```bash",
+                    f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DFLASH "
+                    f"--speculative-draft-model-path {serve_dir}", "```", ""]
         if fmt == "speculators":
             return ["vLLM (the verifier, the block and the layers come from the directory):", "", "```bash",
                     f"vllm serve {serve_dir}", "```", ""]
