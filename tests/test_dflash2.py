@@ -133,8 +133,8 @@ def test_selector_cross_entropy_by_hand():
 
 def test_the_objective_adds_the_decayed_selector_loss():
     """A fresh DFlash2's loss is its DFlash's plus alpha * sum_k decay^(k-1) * (sum of the selector CE over the
-    trained positions whose next token is among the top-k) / (trained positions): its scores are then the top-k
-    unary logits, so the CE is recomputed here from the logits alone."""
+    trained positions whose target token is among the top-k) / (trained positions): its scores are then the
+    top-k unary logits, so the CE is recomputed here from the logits alone."""
     target = make_tiny_target("llama", num_layers=6, initializer_range=0.3)
     dflash, dflash2 = _pair(target)
     cfg = load_config(None, ["head.kind=dflash", "train.gamma=2"])
@@ -159,7 +159,7 @@ def test_the_objective_adds_the_decayed_selector_loss():
     for k in range(1, 5):
         with torch.no_grad():
             logits = lm_head(out[:, :, k]).float()
-        gold = ids.gather(1, (f.anchors + k).clamp(max=15))
+        gold = f.top1.gather(1, (f.anchors + k - 1).clamp(max=15))  # the target's greedy token a+k
         top = logits.topk(SMALL["selector_top_k"], dim=-1)
         term = 0.0
         for b, n in trained[..., k].nonzero().tolist():

@@ -14,8 +14,9 @@ k's loss is weighted ``exp(-(k-1)/gamma)`` (the DFlash paper's decay; ``train.ga
 
 DFlash2 (``head.variant=dflash2``) adds SpecForge's selector loss (docs/objectives.md, "DFlash2's selector"):
 at every trained block position, the cross-entropy of the selector's scores over the position's top-k
-unary candidates, scored after the true previous token, against the true token's index among them;
-positions whose true token is not a candidate carry none. It is summed with the same position decay and
+unary candidates, scored after the data's previous token, against the index of the target's greedy token
+among them (the base loss learns the target's law, not the data's: docs/dflash.md); positions whose
+target token is not a candidate carry none. It is summed with the same position decay and
 the same denominators as the base loss and added with weight ``SELECTOR_ALPHA``.
 """
 from __future__ import annotations
@@ -212,7 +213,7 @@ class DFlashObjective(Objective):
             if selector is not None:  # scored after the true previous token (the anchor's for k = 1)
                 unary, candidates = logits.topk(selector.top_k, dim=-1)  # (B, N, K)
                 scores = selector(out[:, :, k], f.input_ids.gather(1, safe - 1), candidates, unary)
-                ce, _ = selector_ce(scores, candidates, f.input_ids.gather(1, safe))
+                ce, _ = selector_ce(scores, candidates, top1)  # the target's token, as the base loss's law
                 chosen.append((ce * mask).sum() / mask.sum().clamp(min=1))  # the base loss's denominator
                 pick = candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
             if self.loss == "dpace":
