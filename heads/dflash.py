@@ -11,6 +11,13 @@ position k (1..B-1) drafts the token k after the root. The facts and their sourc
 
 Context K/V depend only on the context (not on the block), so inference keeps them in a cache,
 appended as tokens are accepted (``extend_context``) and never recomputed.
+
+``variant="dflash2"`` (Inco AI + z-lab's DFlash2, the tensor names of z-lab's ``DFlash2DraftModel``) adds
+a two-tap dynamic depthwise convolution along the block around each attention and MLP sublayer
+(``DynamicConv``) and a low-rank selector that re-scores each position's top-k candidates given the
+token chosen before it (``CandidateSelector``). Both start as exact no-ops (identity base kernel, zero
+kernel projection, zero successor codebook), so a new DFlash2 drafts exactly what the DFlash it is built
+from drafts (docs/dflash.md, "DFlash2").
 """
 from __future__ import annotations
 
@@ -28,6 +35,11 @@ from heads.layers import MLP, RMSNorm, Rotary, rotate_half
 DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's published drafters; heads.formats.dflash writes and reads it
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters (z-lab *-DFlash-b16) and SpecForge's default
 DEFAULT_NUM_LAYERS = 5  # the published drafters for 4B-8B targets and speculators' DFlash default (docs/dflash.md)
+DFLASH2_ARCHITECTURE = "DFlash2DraftModel"  # z-lab's DFlash2 drafters; SGLang's DFLASH algorithm reads it
+VARIANTS = ("dflash", "dflash2")
+# DFlash2's published shape (z-lab's DFlash2 config, SpecForge's and speculators' defaults): two causal taps,
+# dynamic coefficients shared by 16 channels, a rank-256 selector over the top 16 candidates (docs/dflash.md)
+DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -74,13 +86,18 @@ class DFlashConfig(EagleConfig):
             ``build_target_layer_ids(L, num_layers)`` + 1.
         mask_token_id: the target token id whose (frozen) embedding fills the masked positions;
             default the target's last id ``vocab_size - 1``.
+        variant: ``"dflash"``, or ``"dflash2"``: the dynamic convolution and the candidate selector.
+        conv_kernel_size, conv_group_size, selector_rank, selector_top_k: DFlash2's shape (None with
+            ``variant="dflash2"``: ``DFLASH2_DEFAULTS``; they must stay None for ``"dflash"``).
     """
 
     model_type = "draftsmith_dflash"
     head_kind = "dflash"
 
     def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, num_layers: int = DEFAULT_NUM_LAYERS,
-                 aux_layer_ids: list[int] | None = None, mask_token_id: int | None = None, **kwargs):
+                 aux_layer_ids: list[int] | None = None, mask_token_id: int | None = None, variant: str = "dflash",
+                 conv_kernel_size: int | None = None, conv_group_size: int | None = None,
+                 selector_rank: int | None = None, selector_top_k: int | None = None, **kwargs):
         super().__init__(**kwargs)
         if block_size < 2:
             raise ValueError(f"block_size={block_size}: a DFlash block needs the root and at least one mask (>= 2)")
@@ -97,6 +114,31 @@ class DFlashConfig(EagleConfig):
         self.mask_token_id = self.vocab_size - 1 if mask_token_id is None else int(mask_token_id)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id={self.mask_token_id} is outside the vocabulary 0..{self.vocab_size - 1}")
+        if variant not in VARIANTS:
+            raise ValueError(f"variant={variant!r} must be one of {', '.join(VARIANTS)}")
+        self.variant = variant
+        given = {"conv_kernel_size": conv_kernel_size, "conv_group_size": conv_group_size,
+                 "selector_rank": selector_rank, "selector_top_k": selector_top_k}
+        if variant == "dflash":
+            extra = [k for k, v in given.items() if v is not None]
+            if extra:
+                raise ValueError(f"{extra[0]}={given[extra[0]]} applies only to variant=dflash2 (variant=dflash)")
+            self.conv_kernel_size = self.conv_group_size = self.selector_rank = self.selector_top_k = None
+            return
+        for key, value in given.items():
+            setattr(self, key, int(DFLASH2_DEFAULTS[key] if value is None else value))
+        if not 1 <= self.conv_kernel_size <= self.block_size:
+            raise ValueError(f"conv_kernel_size={self.conv_kernel_size} must lie in 1..block_size={self.block_size}")
+        if self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
+            raise ValueError(f"conv_group_size={self.conv_group_size} must divide hidden_size={self.hidden_size}")
+        if self.selector_rank < 1:
+            raise ValueError(f"selector_rank={self.selector_rank} must be at least 1")
+        if not 1 <= self.selector_top_k <= self.vocab_size:
+            raise ValueError(f"selector_top_k={self.selector_top_k} must lie in 1..vocab_size={self.vocab_size}")
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.variant == "dflash2"
 
 
 class DFlashAttention(nn.Module):
@@ -138,6 +180,85 @@ class DFlashAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(bsz, length, -1))
 
 
+def dynamic_convolve(x: Tensor, dynamic: Tensor, base: Tensor, group_size: int) -> Tensor:
+    """Causal depthwise convolution along the block: out[i, c] = sum_t (base[t, c] + dynamic[i, t, c // group])
+    * x[i - t, c], zero before the block's first position. x (..., L, H); dynamic (..., L, K, H / group);
+    base (K, H). With base = [1, 0, ...] and dynamic = 0 it returns x exactly (1 * x + 0 * ... adds no rounding)."""
+    out = torch.zeros_like(x)
+    length = x.shape[-2]
+    for t in range(base.shape[0]):
+        shifted = x if t == 0 else F.pad(x[..., : length - t, :], (0, 0, t, 0))  # (..., L, H): x[i - t]
+        kernel = base[t].to(x.dtype) + dynamic[..., t, :].repeat_interleave(group_size, dim=-1)  # (..., L, H)
+        out = out + kernel * shifted
+    return out
+
+
+class DynamicConv(nn.Module):
+    """DFlash2's grouped dynamic causal convolution around one sublayer: ``prepare`` convolves the sublayer's
+    input and returns the coefficients ``finish`` applies to its output; both sets come from one projection
+    of the input (SGLang's "wraps each sublayer in and out from one projection of its input")."""
+
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int, block_size: int) -> None:
+        super().__init__()
+        self.kernel_size, self.group_size, self.block_size = kernel_size, group_size, block_size
+        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden_size))  # (in/out, K, H)
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * (hidden_size // group_size), bias=False)
+        self.reset_to_identity()
+
+    @torch.no_grad()
+    def reset_to_identity(self) -> None:
+        """SpecForge's init: identity base kernel, zero projection: the convolution is an exact no-op."""
+        self.base_kernel.zero_()
+        self.base_kernel[:, 0] = 1.0
+        self.kernel_projection.weight.zero_()
+
+    def _blocks(self, x: Tensor) -> Tensor:
+        """(B, Q, H) -> (B, Q / bs, bs, H): the convolution never crosses a block boundary."""
+        batch, length, hidden = x.shape
+        if length % self.block_size:
+            raise ValueError(f"DFlash2 convolves whole blocks: {length} block tokens is not a multiple of "
+                             f"block_size={self.block_size}")
+        return x.view(batch, length // self.block_size, self.block_size, hidden)
+
+    def prepare(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(the convolved sublayer input (B, Q, H), the output coefficients (B, Q/bs, bs, K, G))."""
+        blocks = self._blocks(x)
+        dynamic = self.kernel_projection(blocks).unflatten(-1, (2, self.kernel_size, -1))  # (B, n, bs, 2, K, G)
+        out = dynamic_convolve(blocks, dynamic[..., 0, :, :], self.base_kernel[0], self.group_size)
+        return out.view_as(x), dynamic[..., 1, :, :]
+
+    def finish(self, y: Tensor, dynamic: Tensor) -> Tensor:
+        return dynamic_convolve(self._blocks(y), dynamic, self.base_kernel[1], self.group_size).view_as(y)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2's path selector: the score of candidate b after predecessor a at a position with draft state h is
+    ``unary(b) + <A[a] * W h, B[b]>`` (A, B: rank-r codebooks over the target vocabulary; W: (r, H)). The
+    successor codebook B starts at zero, so the scores start as the unary logits."""
+
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        self.top_k = config.selector_top_k
+        rank = config.selector_rank
+        self.predecessor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))  # (V, r)
+        self.successor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))  # (V, r)
+        self.hidden_projection = nn.Linear(config.hidden_size, rank, bias=False)
+        self.std = config.initializer_range
+        self.reset()
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        self.predecessor_codebook.normal_(0.0, self.std)
+        self.hidden_projection.weight.normal_(0.0, self.std)
+        self.successor_codebook.zero_()
+
+    def forward(self, hidden: Tensor, predecessor: Tensor, candidates: Tensor, unary: Tensor) -> Tensor:
+        """Scores (..., K) of ``candidates`` (..., K) with unary logits ``unary`` (..., K), after ``predecessor``
+        (...) at draft states ``hidden`` (..., H)."""
+        context = self.predecessor_codebook[predecessor] * self.hidden_projection(hidden).to(unary.dtype)  # (..., r)
+        return unary + torch.einsum("...r,...kr->...k", context, self.successor_codebook[candidates].to(unary.dtype))
+
+
 class DFlashDecoderLayer(nn.Module):
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
@@ -145,18 +266,29 @@ class DFlashDecoderLayer(nn.Module):
         self.self_attn = DFlashAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        if config.is_dflash2:
+            shape = (config.hidden_size, config.conv_kernel_size, config.conv_group_size, config.block_size)
+            self.attention_conv, self.mlp_conv = DynamicConv(*shape), DynamicConv(*shape)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, context: tuple[Tensor, Tensor],
                 mask: Tensor | None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if not hasattr(self, "attention_conv"):  # DFlash
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, context, mask)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        h, dynamic = self.attention_conv.prepare(self.input_layernorm(x))
+        x = x + self.attention_conv.finish(self.self_attn(h, cos, sin, context, mask), dynamic)
+        h, dynamic = self.mlp_conv.prepare(self.post_attention_layernorm(x))
+        return x + self.mlp_conv.finish(self.mlp(h), dynamic)
 
 
 class DFlashHead(DraftHead):
     config_class = DFlashConfig
     _no_split_modules = ["DFlashDecoderLayer"]
-    title = "DFlash"
     reads_formats = ("speculators", "dflash")
+
+    @property
+    def title(self) -> str:
+        return "DFlash2" if self.config.is_dflash2 else "DFlash"
 
     def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
         cfg = self.config
@@ -164,9 +296,17 @@ class DFlashHead(DraftHead):
         return [f"- context: the target's states **{ids}** as HF `output_hidden_states` indices (the output of "
                 f"target layers **{[i - 1 for i in ids]}**, DFlash's `target_layer_ids`), fused by fc + hidden_norm",
                 f"- blocks of {cfg.block_size} tokens (the last accepted token, then mask id {cfg.mask_token_id}); "
-                f"{cfg.num_layers} draft layer(s); drafts with the target's own embedding and lm_head"]
+                f"{cfg.num_layers} draft layer(s); drafts with the target's own embedding and lm_head",
+                *([f"- DFlash2: a {cfg.conv_kernel_size}-tap dynamic convolution (groups of {cfg.conv_group_size} "
+                   f"channels) around each sublayer; a rank-{cfg.selector_rank} selector walks the top "
+                   f"{cfg.selector_top_k} candidates of each block position"] if cfg.is_dflash2 else [])]
 
     def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        if self.config.is_dflash2:  # only z-lab's DFlash2DraftModel layout carries it (docs/dflash.md)
+            return ["SGLang (DFLASH; the DFlash2DraftModel architecture selects the convolution and the selector):", "",
+                    *export_step("dflash"), "```bash",
+                    f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DFLASH "
+                    f"--speculative-draft-model-path {serve_dir}", "```", ""]
         if fmt == "speculators":
             return ["vLLM (the verifier, the block and the layers come from the directory):", "", "```bash",
                     f"vllm serve {serve_dir}", "```", ""]
@@ -191,7 +331,19 @@ class DFlashHead(DraftHead):
         self.layers = nn.ModuleList([DFlashDecoderLayer(config) for _ in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_config)
+        if config.is_dflash2:
+            self.candidate_selector = CandidateSelector(config)
         self.post_init()
+        for module in self.modules():  # post_init's normal init reaches their linears: back to the no-op start
+            if isinstance(module, DynamicConv):
+                module.reset_to_identity()
+            elif isinstance(module, CandidateSelector):
+                module.reset()
+
+    @property
+    def selector(self) -> CandidateSelector | None:
+        """DFlash2's candidate selector; None for DFlash."""
+        return getattr(self, "candidate_selector", None)
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:

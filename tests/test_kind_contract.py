@@ -28,6 +28,10 @@ from train.settings import TrainConfig
 
 KINDS = tuple(HEAD_CLASSES)
 SMALL = {"dflash": ["head.block_size=4", "head.num_layers=1"]}  # a fast CPU shape; other kinds: their defaults
+# every kind, and the variants a kind declares (the kind's own name, then its head.* keys)
+CASES = {**{kind: (kind, SMALL.get(kind, [])) for kind in KINDS},
+         "dflash2": ("dflash", [*SMALL["dflash"], "head.variant=dflash2", "head.selector_rank=8", "head.selector_top_k=4"])}
+REFUSED = {"dflash2": {"speculators": "carries no DFlash2"}}  # formats a variant's kind lists that cannot carry it
 
 
 def _members(base: type) -> list[str]:
@@ -138,9 +142,10 @@ def test_the_config_names_no_kind():
     assert [kind for kind in KINDS if f'"{kind}"' in source or f"'{kind}'" in source] == []
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_kind_trains_a_step_online_and_from_stored_states(kind, target):
-    cfg = load_config(None, [f"head.kind={kind}", *SMALL.get(kind, [])])
+@pytest.mark.parametrize("case", CASES)
+def test_a_kind_trains_a_step_online_and_from_stored_states(case, target):
+    kind, small = CASES[case]
+    cfg = load_config(None, [f"head.kind={kind}", *small])
     for key in ("data.features=stored", "data.feature_cache=cache"):  # both accepted at parse time
         assert load_config(None, [f"head.kind={kind}", key]).head.kind == kind
     torch.manual_seed(0)
@@ -171,15 +176,20 @@ def test_a_kind_trains_a_step_online_and_from_stored_states(kind, target):
     assert any(not torch.equal(b, p) for b, p in zip(before, head.parameters())), f"{kind}: no weight moved"
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_kind_renders_its_card_and_exports_to_its_formats(kind, target, tmp_path):
-    head = build_head(kind, target, **load_config(None, [f"head.kind={kind}", *SMALL.get(kind, [])]).head.build_options())
+@pytest.mark.parametrize("case", CASES)
+def test_a_kind_renders_its_card_and_exports_to_its_formats(case, target, tmp_path):
+    kind, small = CASES[case]
+    head = build_head(kind, target, **load_config(None, [f"head.kind={kind}", *small]).head.build_options())
     head.config.target_name_or_path = "example/tiny-llama"  # a Hub id: TGI's export names its base model
     card = model_card(head)
     assert head.title and f"# {head.title} draft head" in card
     assert all(line in card for line in head.card_input_lines(None))
     formats = [fmt for fmt, spec in FORMATS.items() if kind in spec.kinds]
     for fmt in formats:
+        if fmt in REFUSED.get(case, {}):
+            with pytest.raises(ValueError, match=REFUSED[case][fmt]):
+                export_head(head, tmp_path / fmt, fmt, target=target)
+            continue
         out = export_head(head, tmp_path / fmt, fmt, target=target)
         validate_export(out, fmt)
         assert head.title in (out / "README.md").read_text()

@@ -54,6 +54,11 @@ class HeadConfig:
     block_size: int | None = _doc("dflash only: tokens per block, root included (null = 16)", None)
     mask_token_id: int | None = _doc(
         "dflash only: target token id embedded at the masked block positions (null = vocab_size - 1)", None)
+    variant: str | None = _doc(
+        "dflash only: dflash2 adds DFlash2's dynamic convolution and candidate selector, both starting as "
+        "no-ops (null = dflash; docs/dflash.md)", None)
+    selector_rank: int | None = _doc("dflash only, variant dflash2: the selector's rank (null = 256)", None)
+    selector_top_k: int | None = _doc("dflash only, variant dflash2: candidates per block position (null = 16)", None)
     intermediate_size: int | None = _doc(
         "eagle/eagle3/dflash only: MLP width of the draft layer (null = the target's)", None)
     fc_norm: bool | None = _doc(

@@ -7,6 +7,13 @@ and ``dflash_config: {target_layer_ids, mask_token_id}``, where ``target_layer_i
 of target layer k (draftsmith's HF indices minus 1); tensors ``fc``, ``hidden_norm``, ``layers.{i}.*``
 (with per-head ``q_norm``/``k_norm``) and ``norm``, the names draftsmith's head already uses. The draft has
 no embedding and no lm_head: both are the target's.
+
+DFlash2 heads (``variant="dflash2"``) are written as z-lab's ``DFlash2DraftModel``, which SGLang's DFLASH
+algorithm reads (docs/dflash.md, "DFlash2"): ``dflash_config`` adds ``conv_kernel_size``,
+``conv_group_size``, ``selector_rank`` and ``selector_top_k``; tensors add ``layers.{i}.attention_conv`` /
+``mlp_conv`` (``base_kernel`` (2, K, H), ``kernel_projection.weight`` (2·K·H/group, H)) and
+``candidate_selector.{predecessor_codebook, successor_codebook}`` (V, r) (no ``.weight``, as z-lab's
+checkpoints name them) and ``candidate_selector.hidden_projection.weight`` (r, H).
 """
 from __future__ import annotations
 
@@ -17,7 +24,8 @@ import torch
 from torch import Tensor
 
 from heads.common import DraftHead
-from heads.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead, build_target_layer_ids
+from heads.dflash import (DFLASH2_ARCHITECTURE, DFLASH2_DEFAULTS, DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead,
+                          build_target_layer_ids)
 from heads.formats.public import _resolve_directory, _rope_config_from
 from heads.formats.validation import (
     Artifact,
@@ -49,12 +57,15 @@ def _dflash_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, 
                          "(pass target= / --target)")
     tensors = float_tensors(head.state_dict(), options["dtype"])
     dtype = dtype_name(tensors)
+    dflash = {"target_layer_ids": [i - 1 for i in cfg.aux_layer_ids], "mask_token_id": cfg.mask_token_id}
+    if cfg.is_dflash2:
+        dflash.update({key: getattr(cfg, key) for key in DFLASH2_DEFAULTS})
     config = {
-        "architectures": [DFLASH_ARCHITECTURE],
+        "architectures": [DFLASH2_ARCHITECTURE if cfg.is_dflash2 else DFLASH_ARCHITECTURE],
         **qwen3_layers_config(head, options),
         "block_size": cfg.block_size,
         "num_target_layers": facts["num_layers"],
-        "dflash_config": {"target_layer_ids": [i - 1 for i in cfg.aux_layer_ids], "mask_token_id": cfg.mask_token_id},
+        "dflash_config": dflash,
         "torch_dtype": dtype,
         "dtype": dtype,
         PROVENANCE_KEY: provenance_record(head, "dflash", facts),
@@ -92,9 +103,40 @@ def qwen3_layers_config(head: DraftHead, options: dict[str, Any]) -> dict[str, A
     }
 
 
+def is_dflash2_layout(config: dict[str, Any]) -> bool:
+    return config.get("architectures") == [DFLASH2_ARCHITECTURE]
+
+
+def _dflash2_spec(dflash: dict[str, Any], shape: dict[str, int], problems: list[str]) -> dict:
+    """DFlash2's extra tensors, from its ``dflash_config`` fields (each problem listed)."""
+    sizes = ints(dflash, tuple(DFLASH2_DEFAULTS), problems)
+    for key in ("output_multiplier", "final_logit_softcapping"):  # z-lab's optional unary-logit transforms
+        if dflash.get(key) not in (None, 1.0 if key == "output_multiplier" else 0.0):
+            problems.append(f"dflash_config.{key}={dflash[key]!r}: draftsmith's DFlash2 reads the target's "
+                            "logits unchanged")
+    if not sizes:
+        return {}
+    h, v, rank = shape["hidden_size"], shape["vocab_size"], sizes["selector_rank"]
+    if h % sizes["conv_group_size"]:
+        problems.append(f"dflash_config.conv_group_size={sizes['conv_group_size']} does not divide hidden_size={h}")
+        return {}
+    kernel = sizes["conv_kernel_size"]
+    spec = {"candidate_selector.predecessor_codebook": ((v, rank), "float"),
+            "candidate_selector.successor_codebook": ((v, rank), "float"),
+            "candidate_selector.hidden_projection.weight": ((rank, h), "float")}
+    for i in range(shape["num_hidden_layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            spec[f"layers.{i}.{conv}.base_kernel"] = ((2, kernel, h), "float")
+            spec[f"layers.{i}.{conv}.kernel_projection.weight"] = ((2 * kernel * (h // sizes["conv_group_size"]), h),
+                                                                  "float")
+    return spec
+
+
 def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
     problems: list[str] = []
-    expect(config, "architectures", [DFLASH_ARCHITECTURE], problems)
+    if not is_dflash2_layout(config):
+        expect(config, "architectures", [DFLASH_ARCHITECTURE], problems,
+               f"or [{DFLASH2_ARCHITECTURE!r}]")
     expect(config, "model_type", "qwen3", problems, "DFlashDraftModel builds Qwen3 layers")
     expect(config, "tie_word_embeddings", False, problems)
     expect(config, "hidden_act", "silu", problems, "the Qwen3 MLP")
@@ -133,6 +175,8 @@ def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list
         spec.update({f"{prefix}input_layernorm.weight": ((h,), "float"),
                      f"{prefix}self_attn.q_norm.weight": ((d,), "float"),
                      f"{prefix}self_attn.k_norm.weight": ((d,), "float")})
+    if is_dflash2_layout(config):
+        spec.update(_dflash2_spec(dflash, shape, problems))
     problems += tensor_problems(tensors, spec, config.get("torch_dtype"))
     return problems
 
@@ -150,7 +194,8 @@ def import_dflash(path_or_repo: str | Path, *, dtype: torch.dtype | None = None,
     layers, target_layers = config.get("num_hidden_layers"), config.get("num_target_layers")
     if "target_layer_ids" not in dflash and isinstance(target_layers, int) and isinstance(layers, int):
         dflash = {**dflash, "target_layer_ids": build_target_layer_ids(target_layers, layers)}  # z-lab's default
-    return head_from_layout({**config, "dflash_config": dflash}, tensors, directory, dtype, DFLASH_ARCHITECTURE)
+    return head_from_layout({**config, "dflash_config": dflash}, tensors, directory, dtype,
+                            config["architectures"][0] if is_dflash2_layout(config) else DFLASH_ARCHITECTURE)
 
 
 def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directory: Path, dtype: torch.dtype | None,
@@ -172,7 +217,8 @@ def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directo
         block_size=config["block_size"], num_layers=layers,
         aux_layer_ids=[i + 1 for i in dflash["target_layer_ids"]], mask_token_id=dflash["mask_token_id"],
         target_hidden_size=config["hidden_size"], target_num_layers=target_layers, target_vocab_size=config["vocab_size"],
-        **_recorded_target(config),
+        **_recorded_target(config), **({"variant": "dflash2", **{k: dflash[k] for k in DFLASH2_DEFAULTS}}
+                                       if is_dflash2_layout(config) else {}),
     )
     head = DFlashHead(head_config)
     head.load_state_dict(tensors, strict=True)  # names and shapes were checked above

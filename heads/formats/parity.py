@@ -41,7 +41,7 @@ CHECKED_AGAINST = {
              "export and on read-back; not run here, no engine runs on CPU"]
        for fmt, engine, module in (("eagle-vllm", "vLLM's EAGLE-1", "eagle"),
                                    ("medusa-vllm", "vLLM's Medusa", "medusa"), ("medusa-tgi", "TGI's Medusa", "medusa"))},
-    "dflash": ["z-lab's `DFlashDraftModel` layout (docs/dflash.md), checked on export and on read-back",
+    "dflash": ["z-lab's `DFlashDraftModel` (DFlash2: `DFlash2DraftModel`) layout (docs/dflash.md), checked on export and on read-back",
                f"vLLM `qwen3_dflash.py` (non-causal through `layer_types`), {_SOURCE}"],
 }
 CHECKED_AGAINST["sglang"] = CHECKED_AGAINST["vllm"]

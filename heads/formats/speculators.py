@@ -126,6 +126,9 @@ def _speculators_dflash_artifact(head: DFlashHead, facts: dict[str, Any], option
     ``hidden_norm``, ``layers.{i}.*``, ``norm``); no embedding or lm_head: vLLM shares the target's, as
     for z-lab's drafters (the library itself reloads both from the verifier when it trains)."""
     cfg = head.config
+    if cfg.is_dflash2:
+        raise ValueError("the speculators format carries no DFlash2 (vLLM's update_dflash reads no convolution or "
+                         "selector); export DFlash2 heads --to dflash (z-lab's DFlash2DraftModel, read by SGLang)")
     if (cfg.target_hidden_size or cfg.hidden_size) != cfg.hidden_size:
         raise ValueError(f"hidden_size={cfg.hidden_size} differs from the target's {cfg.target_hidden_size}: "
                          "the DFlash fc takes len(aux layers) x its own hidden_size")

@@ -7,6 +7,11 @@ other, so a shorter block would change every draft); a chain of n keeps its firs
 takes each position's argmax; sampling draws each position from its own law q_k (positions are
 drafted independently given the context), which the generator's min(1, p/q) chain check keeps lossless.
 
+DFlash2 (``head.selector``): the block's unary logits give each position its top-k candidates, and the
+selector walks them from the root, scoring each candidate after the token chosen before it
+(``select_path``); greedy takes the best score, sampling draws from the sampling law of the scores over the
+candidates (zero elsewhere), which the same chain check keeps lossless. The target verifies it as a chain.
+
 A batch's rows share one context cache (``StaticHeadCache`` with a row each): observing and drafting
 run one head pass for every row (a row's block sees its own context only, through an additive mask).
 """
@@ -24,6 +29,29 @@ from infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buff
                                  root_only, stack_rows)
 
 CPU_CHAIN = 4  # on CPU every verified token costs (EAGLE's measured chain sweet spot, docs/benchmarks.md)
+
+
+def select_path(selector: nn.Module, hidden: torch.Tensor, logits: torch.Tensor, root: torch.Tensor,
+                sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DFlash2's walk over the block: (tokens (R, n), laws (R, n, V) or None when greedy).
+
+    hidden (R, n, H): the head's normed outputs of block positions 1..n; logits (R, n, V) float32: their
+    unary logits; root (R,): the token before position 1. Position k's candidates are its top-k unary
+    logits; each is scored by the selector after the token chosen at k-1 (the root for k = 1)."""
+    unary, candidates = logits.topk(selector.top_k, dim=-1)  # (R, n, K)
+    tokens, laws, previous = [], [], root
+    for k in range(logits.shape[1]):  # sequential: each choice conditions the next; the scores are (R, K)
+        scores = selector(hidden[:, k], previous, candidates[:, k], unary[:, k])  # (R, K)
+        if sampling.greedy:
+            pick = scores.argmax(-1)
+        else:  # the sampling law over the vocabulary, zero outside the candidates
+            full = torch.full_like(logits[:, k], float("-inf")).scatter(-1, candidates[:, k], scores)
+            law = sampling.probs(full)  # (R, V)
+            laws.append(law)
+            pick = torch.multinomial(law.gather(-1, candidates[:, k]), 1)[:, 0]
+        previous = candidates[:, k].gather(-1, pick[:, None])[:, 0]  # (R,)
+        tokens.append(previous)
+    return torch.stack(tokens, 1), (torch.stack(laws, 1) if laws else None)
 
 
 @dataclass
@@ -110,10 +138,13 @@ class DFlashDrafter(HeadDrafter):
         starts = torch.tensor(context, device=device)  # (rows,) each root's position
         if self._fixed_block is not None:  # compiled: over the whole context buffers, one shape
             step_begin(device)
-            logits = self._fixed_block(cache.buffers(), block, starts)[:, :longest]
+            logits, hidden = self._fixed_block(cache.buffers(), block, starts)
         else:  # eager: over the filled context only
-            logits = self._block_logits(cache.context(), block, starts)[:, :longest]
-        if sampling.greedy:
+            logits, hidden = self._block_logits(cache.context(), block, starts)
+        logits, hidden = logits[:, :longest], hidden[:, :longest]
+        if self.head.selector is not None:  # DFlash2: the selector's path through the candidates
+            chain, law = select_path(self.head.selector, hidden, logits, block[:, 0], sampling)
+        elif sampling.greedy:
             chain, law = logits.argmax(-1), None
         else:
             law = sampling.probs(logits)  # (rows, n, V)
@@ -134,10 +165,10 @@ class DFlashDrafter(HeadDrafter):
         self._fixed_block = compiled(self._block_logits, compile, device) if compile else None
 
     def _block_logits(self, context: list[tuple[torch.Tensor, torch.Tensor]], block: torch.Tensor,
-                      starts: torch.Tensor) -> torch.Tensor:
-        """float32 logits (rows, B - 1, V) of every row's block (rows, B) after its first ``starts[b]``
-        context entries (each row's block sees its own context and the whole block; entries past a
-        row's context are hidden): position k drafts the token k after the root."""
+                      starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 logits (rows, B - 1, V) and normed outputs (rows, B - 1, H) of every row's block (rows, B)
+        after its first ``starts[b]`` context entries (each row's block sees its own context and the whole
+        block; entries past a row's context are hidden): position k drafts the token k after the root."""
         device = block.device
         width = context[0][0].shape[2]
         positions = starts[:, None] + torch.arange(self.block_size, device=device)[None]
@@ -145,8 +176,8 @@ class DFlashDrafter(HeadDrafter):
         seen = (columns < starts[:, None]) | (columns >= width)  # (rows, C + B)
         embeds = self.embed(block)
         mask = additive_mask(seen[:, None, :].expand(-1, self.block_size, -1), embeds.dtype)[0, 0][:, None]
-        out = self.head(embeds, positions, context, mask)
-        return self.lm_head(out[:, 1:]).float()
+        out = self.head(embeds, positions, context, mask)[:, 1:]
+        return self.lm_head(out).float(), out
 
     @classmethod
     def branching_tree(cls, device: torch.device) -> Chain:

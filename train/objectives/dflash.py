@@ -11,6 +11,13 @@ least ``train.anchor_spacing`` apart, where the anchor and its first label are b
 (SpecForge's rule). A block's label a+k is trained while the run of training targets from the anchor is
 unbroken: it stops at the first loss-masked token and at the document's end (docs/dflash.md). Position
 k's loss is weighted ``exp(-(k-1)/gamma)`` (the DFlash paper's decay; ``train.gamma``).
+
+DFlash2 (``head.variant=dflash2``) adds SpecForge's selector loss (docs/objectives.md, "DFlash2's selector"):
+at every trained block position, the cross-entropy of the selector's scores over the position's top-k
+unary candidates, scored after the data's previous token, against the index of the target's greedy token
+among them (the base loss learns the target's law, not the data's: docs/dflash.md); positions whose
+target token is not a candidate carry none. It is summed with the same position decay and
+the same denominators as the base loss and added with weight ``SELECTOR_ALPHA``.
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from heads.dflash import DEFAULT_BLOCK_SIZE
+from infer.drafters.base import Sampling
+from infer.drafters.dflash import select_path
 from infer.target import TargetOutput
 from train.settings import ConfigError, OptimConfig, TrainConfig
 from train.features import Features
@@ -35,6 +44,7 @@ EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one
 # The DFlash paper's decay exp(-(k-1)/gamma) by block size, as ModelOpt's DFlash guide quotes it: 7 for
 # blocks of 16, 4 for blocks of 8 (docs/dflash.md)
 PAPER_GAMMA = {16: 7.0, 8: 4.0}
+SELECTOR_ALPHA = 1.0  # DFlash2's selector loss weight: SpecForge's dflash2_selector_loss_alpha default
 
 
 def default_gamma(block_size: int) -> float:
@@ -54,6 +64,17 @@ def block_labels(loss_mask: Tensor, anchors: Tensor, keep: Tensor, block_size: i
     trained = keep[..., None] & inside & same
     trained[..., 0] = False  # the anchor is given, not drafted
     return trained
+
+
+def selector_ce(scores: Tensor, candidates: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
+    """(cross-entropy (...) of ``scores`` (..., K) over ``candidates`` (..., K) against ``gold`` (...), and
+    whether gold is a candidate (...) bool). Where it is not, the cross-entropy is 0 (SpecForge's strict
+    top-k: nothing to select there)."""
+    hit = candidates == gold[..., None]  # (..., K)
+    found = hit.any(-1)
+    index = hit.float().argmax(-1)  # the gold's slot (0 where absent; masked out below)
+    ce = torch.logsumexp(scores.float(), -1) - scores.float().gather(-1, index[..., None])[..., 0]
+    return ce * found, found
 
 
 def block_mask(anchors: Tensor, seq_len: int, block_size: int, dtype: torch.dtype,
@@ -135,6 +156,9 @@ class DFlashObjective(Objective):
         if (head.block_size or DEFAULT_BLOCK_SIZE) > cfg.data.max_length:
             raise ConfigError(f"head.block_size={head.block_size or DEFAULT_BLOCK_SIZE} exceeds "
                               f"data.max_length={cfg.data.max_length}; a block must fit in an example")
+        if head.variant == "dflash2" and opt.stage == "on-policy":
+            raise ConfigError("train.stage=on-policy does not train DFlash2's selector (head.variant=dflash2); "
+                              "run it on a DFlash head")
 
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
@@ -143,6 +167,9 @@ class DFlashObjective(Objective):
         self.anchors, self.spacing = opt.anchors_per_document, opt.anchor_spacing
         self.gamma = opt.gamma or default_gamma(head.config.block_size)
         self.decay = math.exp(-1 / self.gamma)  # position k's weight decay ** (k-1)
+        if head.selector is not None and self.stage == "on-policy":
+            raise ValueError("train.stage=on-policy does not train DFlash2's selector (head.variant=dflash2); "
+                             "run it on a DFlash head")
 
     aux_layer_ids = staticmethod(Eagle3Objective.aux_layer_ids)
 
@@ -191,13 +218,21 @@ class DFlashObjective(Objective):
             return on_policy_output(lambda k: lm_head(out[:, :, k + 1]).float(), f.rollout, self.decay)
         seq_len = f.input_ids.shape[1]
         trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, bs, f.document_ids)  # (B, N, bs)
-        losses, elements, confidence, correct, count, accept = [], [], [], [], [], []
+        losses, elements, confidence, correct, count, accept, chosen = [], [], [], [], [], [], []
+        selector = self.head.selector
         for k in range(1, bs):
             safe = (f.anchors + k).clamp(max=seq_len - 1)  # the token block position k drafts
             mask = trained[..., k]  # (B, N)
             probs = f.targets.probs.gather(1, (safe - 1)[..., None].expand(-1, -1, f.targets.probs.shape[-1]))
             logits = lm_head(out[:, :, k]).float()  # (B, N, V)
             top1 = f.top1.gather(1, safe - 1)
+            pick = logits.argmax(-1)  # (B, N) the draft: the unary argmax, or DFlash2's teacher-forced choice
+            if selector is not None:  # scored after the true previous token (the anchor's for k = 1)
+                unary, candidates = logits.topk(selector.top_k, dim=-1)  # (B, N, K)
+                scores = selector(out[:, :, k], f.input_ids.gather(1, safe - 1), candidates, unary)
+                ce, _ = selector_ce(scores, candidates, top1)  # the target's token, as the base loss's law
+                chosen.append((ce * mask).sum() / mask.sum().clamp(min=1))  # the base loss's denominator
+                pick = candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
             if self.loss == "dpace":
                 elements.append(soft_ce(logits, probs))
                 confidence.append(logits.detach().softmax(-1).gather(-1, top1[..., None])[..., 0])
@@ -206,7 +241,7 @@ class DFlashObjective(Objective):
             else:
                 value, n = soft_loss(logits, probs, mask, self.loss)
             losses.append(value)
-            correct.append(((logits.argmax(-1) == top1) & mask).sum().float())
+            correct.append(((pick == top1) & mask).sum().float())
             count.append(n)
             accept.append((acceptance_rate(logits.detach(), probs) * mask).sum())
         if self.loss == "dpace":  # weights over the block's positions 1..bs-1
@@ -214,6 +249,8 @@ class DFlashObjective(Objective):
             total = weighted_mean(torch.stack(elements, -1), weights)
         else:
             total = decayed_sum(losses, self.decay)
+        if chosen:
+            total = total + SELECTOR_ALPHA * decayed_sum(chosen, self.decay)
         return LossOutput(total, torch.stack(losses).detach(), torch.stack(correct), torch.stack(count),
                           torch.stack(accept))
 
@@ -227,8 +264,15 @@ class DFlashObjective(Objective):
         for start in range(0, seq_len - 1, EVAL_CHUNK):
             positions = torch.arange(start, min(start + EVAL_CHUNK, seq_len - 1), device=drafted.device)
             anchors = (positions + 1)[None].expand(batch, -1)
-            out = block_outputs(head, features, anchors, context)  # (B, C, bs, H)
-            drafted[:, :, positions] = lm_head(out[:, :, 1: 1 + depth]).argmax(-1).permute(2, 0, 1)
+            out = block_outputs(head, features, anchors, context)[:, :, 1: 1 + depth]  # (B, C, depth, H)
+            logits = lm_head(out).float()
+            if head.selector is None:
+                drafted[:, :, positions] = logits.argmax(-1).permute(2, 0, 1)
+                continue
+            # DFlash2: the selector's greedy walk from each block's root, as the drafter walks it
+            roots = features.input_ids.gather(1, anchors)  # (B, C)
+            path, _ = select_path(head.selector, out.flatten(0, 1), logits.flatten(0, 1), roots.flatten(), Sampling())
+            drafted[:, :, positions] = path.view(batch, -1, depth).permute(2, 0, 1)
         return drafted
 
     @staticmethod
