@@ -406,16 +406,17 @@ class SpeculativeGenerator:
             return logits.float().argmax()
         return torch.multinomial(sampling.probs(logits), 1)[0]
 
-    def verify(self, cache: StaticKVCache, draft: Draft,
+    def verify(self, cache: StaticKVCache, draft: Draft | list[Draft],
                stats: GenerationStats | None = None) -> tuple[int, TargetOutput]:
-        """One target forward over all of ``draft``'s tree nodes after what ``cache`` holds (one row);
-        returns (prefix length, output). Public for benchmarks that time t(N): the step ``generate``
-        runs, for one row."""
+        """One target forward over all of ``draft``'s tree nodes after what ``cache`` holds (one row; a list
+        of B drafts: row b's, every row after the same prefix); returns (prefix length, output). Public for
+        benchmarks that time t(N): the step ``generate`` runs."""
         stats = stats if stats is not None else GenerationStats()
+        drafts = draft if isinstance(draft, list) else [draft]
         prefix = cache.get_seq_length()
-        lengths = torch.full((1,), prefix, dtype=torch.long, device=self.device)
-        out = self._verify_rows(cache, [draft], lengths, torch.zeros_like(lengths), stats)
-        n = draft.tokens.shape[0]
+        lengths = torch.full((len(drafts),), prefix, dtype=torch.long, device=self.device)
+        out = self._verify_rows(cache, drafts, lengths, torch.zeros_like(lengths), stats)
+        n = max(d.tokens.shape[0] for d in drafts)
         aux = out.aux_hidden[:, :n] if out.aux_hidden is not None else None
         return prefix, TargetOutput(out.logits[:, :n], out.final_hidden[:, :n], aux, cache)
 
