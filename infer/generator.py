@@ -234,7 +234,7 @@ class SpeculativeGenerator:
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
         check_supported(target)
         # A hybrid target's recurrent layers read a verify's tokens as one sequence: drafts are chains, and
-        # each step's states are rolled back by checkpoint and replay (infer.recurrent).
+        # each step's states are rolled back to a checkpoint (infer.recurrent, ``rollback``).
         self.hybrid = is_hybrid(target)
         self.target = target
         self.tokenizer = tokenizer
