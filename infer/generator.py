@@ -44,7 +44,8 @@ from infer.accept import (
 from infer.batch import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
 from infer.compiling import check_compile, compiled, step_begin
-from infer.drafters import Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, make_drafter, root_only
+from infer.drafters import (Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, chain_buffers, make_drafter,
+                            root_only)
 from infer.plan import SpeculationPlan, find_plan
 from infer.drafters.layer_skip import shallow_backbone
 from infer.hf_cache import cache_kwargs
@@ -56,6 +57,9 @@ from data.base.checks import probability
 from data.base.device import default_device, sync
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # flash attention takes no arbitrary tree mask
+# rollback="merged": the most tokens a row carries pending into the next verify (they widen it); past this,
+# or when a batch's rows disagree, they are replayed at once (docs/hybrid.md)
+MAX_PENDING = 16
 
 
 @dataclass
@@ -67,9 +71,11 @@ class GenerationStats:
     steps: int = 0  # verification forwards
     step_tokens: int = 0  # tokens emitted by verification steps (accepted drafts + bonus)
     verified_tokens: int = 0  # tokens the verification forwards ran over (padded to the budget when static)
-    # a hybrid target's rollback: forwards replaying accepted tokens after a partial accept, and their tokens
+    # a hybrid target's rollback: forwards replaying accepted tokens after a partial accept, and their tokens;
+    # with rollback="merged", the pending tokens verifies ran again in front of their drafts instead
     replays: int = 0
     replayed_tokens: int = 0
+    pending_tokens: int = 0
     wall_time: float = 0.0  # seconds, compilation included (see compile_time)
     # Seconds spent in verify calls that compiled a new graph (first call per tree budget and
     # cache size); included in wall_time. Warm up once to measure decode speed alone.
@@ -120,6 +126,11 @@ class Decoding:
     clock: Any  # _PhaseClock
     started: float  # perf_counter at the start
     stats: GenerationStats
+    # A hybrid target with rollback="merged": (B, p) each row's accepted tokens whose KV is in the cache (slots
+    # lengths - p ..) but whose recurrent states are not (they were restored to ``before``, taken before them);
+    # the next verify runs them again in front of its draft. None: the states are after every accepted token.
+    pending: Tensor | None = None
+    before: Checkpoint | None = None
 
     def live(self) -> list[int]:
         return [b for b, done in enumerate(self.done) if not done]
@@ -162,6 +173,12 @@ def default_compile(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def _after_pending(pending: Tensor, draft: Draft) -> Draft:
+    """``draft`` (a chain) behind a row's ``pending`` (p,) tokens: one chain of p + N nodes to verify."""
+    tokens = torch.cat([pending, draft.tokens])
+    return Draft(tokens, chain_buffers(tokens.shape[0] - 1, tokens.device))
+
+
 class SpeculativeGenerator:
     """Lossless tree speculative decoding with a draft head (a batch of left-padded rows, B >= 1).
 
@@ -185,6 +202,11 @@ class SpeculativeGenerator:
         plan: when to speculate (``infer.plan.SpeculationPlan``, or the path of its JSON): per batch
             size, the most draft levels per step (0: decode without drafting); None = draft as the
             drafter does at every batch size (``from_pretrained`` loads the plan saved next to a head).
+        rollback: how a hybrid target's recurrent states go back to the accepted tokens after a partial accept
+            (docs/hybrid.md): "merged" (restore the states from before the step and run the accepted tokens
+            again in front of the next step's draft, in its verify) or "replay" (restore, then one more forward
+            over the accepted tokens); None = "merged" where it applies (an eager verify whose drafter does not
+            draft into the target's own cache), else "replay". Ignored for attention-only targets.
     """
 
     def __init__(
@@ -200,6 +222,7 @@ class SpeculativeGenerator:
         cache_implementation: str | None = None,
         compile: bool | str | None = None,
         plan: SpeculationPlan | str | os.PathLike | None = None,
+        rollback: str | None = None,
     ) -> None:
         attn = getattr(target.config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
@@ -211,7 +234,7 @@ class SpeculativeGenerator:
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
         check_supported(target)
         # A hybrid target's recurrent layers read a verify's tokens as one sequence: drafts are chains, and
-        # each step's states are rolled back by checkpoint and replay (infer.recurrent).
+        # each step's states are rolled back to a checkpoint (infer.recurrent, ``rollback``).
         self.hybrid = is_hybrid(target)
         self.target = target
         self.tokenizer = tokenizer
@@ -255,7 +278,21 @@ class SpeculativeGenerator:
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
             raise ValueError(f"plan must be a SpeculationPlan, the path of one or None, got {type(plan).__name__}")
         self.plan = plan if plan is None or isinstance(plan, SpeculationPlan) else SpeculationPlan.load(plan)
+        self.rollback = self._check_rollback(rollback)
         self.last_stats = GenerationStats()
+
+    def _check_rollback(self, rollback: str | None) -> str:
+        """The hybrid rollback: "merged" needs an eager verify (the pending tokens widen it past the budget a
+        compiled one is padded to) and a drafter that does not draft into the target's cache (layer skip's
+        shared KV: its draft would read states missing the pending tokens)."""
+        if rollback not in (None, "merged", "replay"):
+            raise ValueError(f"rollback must be 'merged', 'replay' or None, got {rollback!r}")
+        why = ("compile is on (a compiled verify has one shape)" if self.compile else
+               f"{type(self.drafter).__name__} drafts into the target's cache" if self.drafter.entry_model is not None
+               else None)
+        if rollback == "merged" and why is not None and self.hybrid:
+            raise ValueError(f"rollback='merged' cannot run here: {why}; use rollback='replay' or None")
+        return rollback or ("merged" if why is None else "replay")
 
     @staticmethod
     def _make_verify_fn(compile: bool | str, device: torch.device):
@@ -369,16 +406,17 @@ class SpeculativeGenerator:
             return logits.float().argmax()
         return torch.multinomial(sampling.probs(logits), 1)[0]
 
-    def verify(self, cache: StaticKVCache, draft: Draft,
+    def verify(self, cache: StaticKVCache, draft: Draft | list[Draft],
                stats: GenerationStats | None = None) -> tuple[int, TargetOutput]:
-        """One target forward over all of ``draft``'s tree nodes after what ``cache`` holds (one row);
-        returns (prefix length, output). Public for benchmarks that time t(N): the step ``generate``
-        runs, for one row."""
+        """One target forward over all of ``draft``'s tree nodes after what ``cache`` holds (one row; a list
+        of B drafts: row b's, every row after the same prefix); returns (prefix length, output). Public for
+        benchmarks that time t(N): the step ``generate`` runs."""
         stats = stats if stats is not None else GenerationStats()
+        drafts = draft if isinstance(draft, list) else [draft]
         prefix = cache.get_seq_length()
-        lengths = torch.full((1,), prefix, dtype=torch.long, device=self.device)
-        out = self._verify_rows(cache, [draft], lengths, torch.zeros_like(lengths), stats)
-        n = draft.tokens.shape[0]
+        lengths = torch.full((len(drafts),), prefix, dtype=torch.long, device=self.device)
+        out = self._verify_rows(cache, drafts, lengths, torch.zeros_like(lengths), stats)
+        n = max(d.tokens.shape[0] for d in drafts)
         aux = out.aux_hidden[:, :n] if out.aux_hidden is not None else None
         return prefix, TargetOutput(out.logits[:, :n], out.final_hidden[:, :n], aux, cache)
 
@@ -437,37 +475,31 @@ class SpeculativeGenerator:
             self._compiled_shapes.add(shape)
         return out
 
-    def _replay(self, cache: StaticKVCache, before: Checkpoint, drafts: list[Draft], news: Tensor,
-                accepted: list[int], verified: int, lengths: Tensor, pads: Tensor, stats: GenerationStats) -> None:
-        """Leave a hybrid target's recurrent states after each row's accepted tokens (its root, then
-        ``accepted[b] - 1`` drafts): rows that accepted all ``verified`` positions keep the verify's
-        states; for each shorter accepted length a, the states from ``before`` the step are restored and
-        the rows' first a accepted tokens run through the target again (one [B, a] forward, whose attention
-        rewrites the same KV at the same slots); rows accepting a take that forward's states. A row's own
-        padding (dummy nodes after its chain, a finished row's) never reaches a state it keeps."""
-        short = sorted({a for a in accepted if 0 < a < verified})
-        if not short:
-            return
-        after = cache.states.checkpoint()  # the verify's states: rows that accepted every position
-        roots = torch.stack([d.tokens[0] for d in drafts])[:, None]  # (B, 1)
-        tokens = torch.cat([roots, news[:, : short[-1] - 1]], dim=1)  # (B, a_max) root, accepted drafts
-        kept = torch.tensor(accepted, device=self.device)
+    def _replay(self, cache: StaticKVCache, before: Checkpoint, tokens: Tensor, short: dict[int, int],
+                starts: Tensor, pads: Tensor, stats: GenerationStats) -> None:
+        """Put row b's recurrent states after its first ``short[b]`` ``tokens`` (B, T), whose KV sits at slots
+        ``starts[b]``..: for each distinct length a, the states from ``before`` are restored and the first a
+        tokens of every row run through the target again (one [B, a] forward, whose attention rewrites the
+        same KV at the same slots); rows keeping a take that forward's states. Rows not in ``short`` keep
+        the states they hold now."""
+        after = cache.states.checkpoint()  # the verify's states: rows that kept every position
+        kept = torch.tensor([short.get(b, 0) for b in range(tokens.shape[0])], device=self.device)
         stack = self._replay_stack()
-        for a in short:
+        for a in sorted(set(short.values())):
             cache.states.restore(before)
             offsets = torch.arange(a, device=self.device)[None]
-            slots = lengths[:, None] + offsets  # (B, a) the accepted path's slots
-            positions = (lengths - pads)[:, None] + offsets
-            causal = torch.ones(a, a, dtype=torch.bool, device=self.device).tril_().expand(len(drafts), a, a)
+            slots = starts[:, None] + offsets  # (B, a) the accepted path's slots
+            positions = (starts - pads)[:, None] + offsets
+            causal = torch.ones(a, a, dtype=torch.bool, device=self.device).tril_().expand(tokens.shape[0], a, a)
             width = cache.length + a
             cache.window = width
-            mask = attention_masks(_text_config(self.target), verify_mask(lengths, pads, causal, width, self.dtype),
-                                   positions, verify_key_positions(lengths, pads, positions, width))
+            mask = attention_masks(_text_config(self.target), verify_mask(starts, pads, causal, width, self.dtype),
+                                   positions, verify_key_positions(starts, pads, positions, width))
             cache.slots = slots
             stack(input_ids=tokens[:, :a], attention_mask=mask, position_ids=positions, use_cache=True,
                   **cache_kwargs(stack, cache))
             stats.replays += 1
-            stats.replayed_tokens += a * len(drafts)
+            stats.replayed_tokens += a * tokens.shape[0]
             after.take_rows(cache.states.current(), kept == a)
         cache.states.restore(after)
 
@@ -661,7 +693,9 @@ class SpeculativeGenerator:
         """One speculative step for every live row: draft, one [B, N] verify, accept, emit and observe,
         compact the accepted paths (and roll a hybrid's recurrent states back to them)."""
         live, cache, clock = dec.live(), dec.cache, dec.clock
-        before = cache.states.checkpoint() if self.hybrid else None  # recurrent states before the step
+        before = None
+        if self.hybrid:  # recurrent states before the step (pending tokens: restored to that checkpoint already)
+            before = dec.before if dec.pending is not None else cache.states.checkpoint()
         drafts = [root_only(row.root) for row in dec.rows]  # a finished row's: a masked no-op, never read
         if dec.levels != 0:
             # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
@@ -675,7 +709,19 @@ class SpeculativeGenerator:
                 drafts[b] = draft
         clock.mark("draft")
         shared = self.drafter.entry_model is not None and all(drafts[b].entry is not None for b in live)
-        out = self._verify_rows(cache, drafts, dec.lengths, dec.pads, dec.stats, from_entry=shared)
+        verified, starts, p = drafts, dec.lengths, 0
+        if dec.pending is not None:  # rollback="merged": the pending tokens again, in front of each live row's draft
+            p = dec.pending.shape[1]
+            verified = [_after_pending(dec.pending[b], d) if b in live else d for b, d in enumerate(drafts)]
+            is_live = torch.zeros_like(dec.lengths)
+            is_live[live] = 1
+            starts = dec.lengths - p * is_live  # (B,) a finished row verifies its root alone, at its own length
+            dec.stats.pending_tokens += p * len(live)
+        out = self._verify_rows(cache, verified, starts, dec.pads, dec.stats, from_entry=shared)
+        width = out.logits.shape[1]  # positions every row verified (its pending tokens, its draft, padding)
+        if p:  # the pending positions' outputs were read by the previous step: keep the draft's
+            out = TargetOutput(out.logits[:, p:], out.final_hidden[:, p:],
+                               None if out.aux_hidden is None else out.aux_hidden[:, p:], cache)
         features = self._features(out)
         dec.stats.target_forwards += 1
         dec.stats.steps += 1
@@ -689,11 +735,38 @@ class SpeculativeGenerator:
         cache.compact_rows(dec.lengths, nodes[:, : max(accepted)])
         clock.mark("compact")
         if before is not None:
-            self._replay(cache, before, drafts, new, accepted, out.logits.shape[1], dec.lengths, dec.pads, dec.stats)
+            # each row's tokens since ``before``: its pending ones, its root, its accepted drafts (B, p + max a)
+            roots = torch.stack([d.tokens[0] for d in drafts])[:, None]
+            pieces = [roots, new[:, : max(accepted) - 1]] if dec.pending is None else \
+                [dec.pending, roots, new[:, : max(accepted) - 1]]
+            kept = [p + a if a else 0 for a in accepted]  # 0: a row that had stopped before this step
+            self._rollback(dec, before, torch.cat(pieces, dim=1), kept, width, starts)
             clock.mark("rollback")  # a hybrid's recurrent states back to the accepted tokens
         dec.host_lengths = [n + a for n, a in zip(dec.host_lengths, accepted)]
         dec.lengths = torch.tensor(dec.host_lengths, device=self.device)
         cache.length = max(dec.host_lengths)
+
+    def _rollback(self, dec: Decoding, before: Checkpoint, tokens: Tensor, kept: list[int], width: int,
+                  starts: Tensor) -> None:
+        """Leave each live row's recurrent states after exactly the tokens it keeps: ``tokens`` (B, T) are each
+        row's tokens since ``before`` (pending ones, root, accepted drafts), of which row b keeps ``kept[b]``;
+        the verify ran ``width`` positions per row from slot ``starts[b]``. A row that kept all ``width``
+        holds the verify's states (its padding, if any, came after them: it never keeps a padded state).
+        The others: with rollback="merged", when every live row keeps the same q < width tokens (always for
+        one row; at most ``MAX_PENDING``), the states go back to ``before`` and those q tokens become the
+        next verify's pending ones; otherwise (rows disagree, "replay", too many pending) ``_replay`` runs
+        them again now."""
+        live = set(dec.live())
+        short = {b: k for b, k in enumerate(kept) if b in live and 0 < k < width}
+        dec.pending = None
+        if not short:
+            return
+        lengths = set(short.values())
+        if self.rollback == "merged" and len(short) == len(live) and len(lengths) == 1 and max(lengths) <= MAX_PENDING:
+            dec.cache.states.restore(before)
+            dec.pending, dec.before = tokens[:, : max(lengths)], before
+            return
+        self._replay(dec.cache, before, tokens, short, starts, dec.pads, dec.stats)
 
     def finish(self, dec: Decoding) -> Tensor:
         """``generate``'s output from a finished decode: (B, prompt_len + longest row's new tokens) on the

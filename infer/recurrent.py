@@ -7,13 +7,14 @@ delta-rule) matrix. A KV cache is rolled back by forgetting slots; these states 
 over N drafted tokens accepts A < N of them, each layer's state must be the state after exactly the A
 accepted tokens, and transformers' kernels return only the state after the last token of a forward.
 
-draftsmith rolls them back the way TensorRT-LLM's replay does (docs/hybrid.md): a ``Checkpoint`` of every
-layer's states is taken before each step (a copy of a few small tensors), the verify runs over the whole
-draft as usual (chains only: a linear-attention layer reads its tokens as one sequence, so a tree's
-siblings would see each other), and when fewer tokens than were verified are accepted, the checkpoint is
-restored and the accepted tokens alone are run through the target again (the "replay"), which leaves
-every state exactly after them. Attention KV is untouched by this (its slots are overwritten with the
-same entries).
+draftsmith rolls them back by checkpoint (docs/hybrid.md): a ``Checkpoint`` of every layer's states is taken
+before each step (a copy of a few small tensors), the verify runs over the whole draft as usual (chains only:
+a linear-attention layer reads its tokens as one sequence, so a tree's siblings would see each other), and
+when fewer tokens than were verified are accepted, the checkpoint is restored and the accepted tokens run
+through the target again: in front of the next step's draft, inside its verify (the generator's default,
+``rollback="merged"``), or at once in a forward of their own (``rollback="replay"``, TensorRT-LLM's way).
+Either leaves every state exactly after the accepted tokens; attention KV is untouched by this (its slots
+are overwritten with the same entries).
 
 Everything goes through transformers' own model code and its own ``LinearAttentionLayer`` (the cache
 interface every hybrid model in transformers 5.x calls: ``get_conv_state``, ``update_conv_state``,
@@ -104,7 +105,7 @@ class LinearStates:
         return self._layer(layer_idx).update_recurrent_state(recurrent_states, state_idx, **kwargs)
 
     def is_recording_past(self, layer_idx: int) -> bool:
-        return False  # rollback is by checkpoint and replay, never by recorded conv windows
+        return False  # rollback is by checkpoint and re-run (merged or replayed), never by recorded conv windows
 
     def checkpoint(self) -> Checkpoint:
         """A copy of every state now held (taken before a step; ``restore`` puts it back)."""

@@ -1,5 +1,6 @@
-"""scripts/bench_rollback.py on a tiny saved hybrid: the rollback's share of a step, replays, t(N) for N = 1..8;
-an attention target is refused (nothing to roll back)."""
+"""scripts/bench_rollback.py on a tiny saved hybrid: both rollbacks next to plain decoding (τ, speedup, identical
+output, the rollback's cost per step, replays and pending tokens), t(N); an attention target and an unknown
+rollback are refused."""
 from __future__ import annotations
 
 import json
@@ -21,18 +22,28 @@ def tokenizer():
     return train_tokenizer(test_train_fixtures.source_texts(), vocab_size=300)
 
 
-def test_it_reports_the_rollback_and_the_verify_cost(tmp_path, tokenizer):
+def test_it_reports_both_rollbacks_and_the_verify_cost(tmp_path, tokenizer):
     target = make_tiny_hybrid("qwen3_5_text", vocab=len(tokenizer))
-    target.generation_config.eos_token_id = None
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     assert main(["--target", str(tmp_path / "target"), "--max-new-tokens", "24", "--prompts", "2", "--repeats", "1",
-                 "--threads", "1", "--out", str(tmp_path / "r.json")]) == 0
+                 "--threads", "1", "--paths", "3", "--depth", "4", "--out", str(tmp_path / "r.json")]) == 0
     result = json.loads((tmp_path / "r.json").read_text())
-    assert result["steps"] > 0 and 1.0 <= result["tau"]
-    assert set(result["t_verify_ms"]) == {str(n) for n in range(1, 9)} and result["t_N_over_t_1"]["1"] == 1.0
-    assert "rollback" in result["phase_seconds"] or result["replays_per_step"] == 0
-    assert 0 <= result["rollback_share_of_step_time"] < 1
+    assert set(result["t_paths_ms"]) == {"1", "3"} and result["t_paths_over_t_1_path"]["1"] == 1.0
+    assert set(result["methods"]) == {"ngram:merged", "ngram:replay"}
+    merged, replay = result["methods"]["ngram:merged"], result["methods"]["ngram:replay"]
+    for method in (merged, replay):
+        assert method["identical"] and method["tau"] >= 1.0 and method["speedup"] > 0
+        assert 0 <= method["rollback_share_of_step_time"] < 1
+    assert merged["tau"] == replay["tau"]  # the same tokens, drafts and accepts: only the rollback differs
+    assert replay["pending_tokens_per_step"] == 0 and merged["replays_per_step"] <= replay["replays_per_step"]
+    assert set(result["t_verify_ms"]) == {"1", "2", "3", "4", "6", "8", "12", "16"}
+    assert result["t_N_over_t_1"]["1"] == 1.0
+
+
+def test_an_unknown_rollback_is_refused():
+    with pytest.raises(SystemExit):
+        main(["--rollback", "merged,undo"])
 
 
 def test_an_attention_target_is_refused(tmp_path, tokenizer):

@@ -151,7 +151,7 @@ def test_a_thousand_tokens_stay_exact():
     ref = _hf(target, ids, 1000)
     gen = SpeculativeGenerator(target, Oracle(ref))
     assert torch.equal(gen.generate(ids, max_new_tokens=1000), ref)
-    assert gen.last_stats.replays >= gen.last_stats.steps - 1 > 200
+    assert gen.last_stats.pending_tokens + gen.last_stats.replayed_tokens >= 3 * (gen.last_stats.steps - 1) > 600
 
 
 class Oracle(Drafter):
@@ -190,15 +190,16 @@ def test_a_state_restored_one_position_off_is_caught(monkeypatch):
     target = _target("qwen3_5_text")
     ids = _prompt(random.Random(2), 14)
     ref = _hf(target, ids, 40)
-    assert torch.equal(SpeculativeGenerator(target, Oracle(ref)).generate(ids, max_new_tokens=40), ref)
+    assert torch.equal(SpeculativeGenerator(target, Oracle(ref), rollback="replay").generate(ids, max_new_tokens=40), ref)
     replay = SpeculativeGenerator._replay
 
-    def off_by_one(self, cache, before, drafts, news, accepted, verified, lengths, pads, stats):
-        return replay(self, cache, before, drafts, news, [a - 1 if a > 1 else a for a in accepted], verified,
-                      lengths, pads, stats)
+    def off_by_one(self, cache, before, tokens, short, starts, pads, stats):
+        return replay(self, cache, before, tokens, {b: a - 1 if a > 1 else a for b, a in short.items()}, starts,
+                      pads, stats)
 
     monkeypatch.setattr(SpeculativeGenerator, "_replay", off_by_one)
-    assert not torch.equal(SpeculativeGenerator(target, Oracle(ref)).generate(ids, max_new_tokens=40), ref)
+    assert not torch.equal(SpeculativeGenerator(target, Oracle(ref), rollback="replay").generate(ids, max_new_tokens=40),
+                           ref)
 
 
 def test_trees_are_refused_and_a_leaking_sibling_is_caught():
