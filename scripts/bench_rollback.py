@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from data.targets import resolve_target
     from infer import SpeculativeGenerator
     from infer.drafters import chain_draft
-    from infer.ngram import NgramDrafter
+    from infer.drafters.ngram import NgramDrafter
     from infer.recurrent import is_hybrid
 
     head = args.head

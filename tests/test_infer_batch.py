@@ -17,12 +17,12 @@ from conftest import make_tiny_target
 
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.drafters.adaptive import AdaptiveLength
 from infer.cache import StaticHeadCache
 from infer.drafters import Draft, Drafter, Sampling, make_drafter
+from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.drafters.lm_drafter import LMDrafter
-from infer.ngram import NgramDrafter
+from infer.drafters.ngram import NgramDrafter
 from infer.target import target_forward
 from infer.tree import tree_attention_mask, tree_from_parents
 

@@ -14,7 +14,7 @@ from infer import Chain, SpeculativeGenerator
 from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters.layer_skip import LayerSkipDrafter, early_exit_view
 from infer.drafters.lm_drafter import LMDrafter
-from infer.ngram import NgramDrafter, find_continuations, prefix_tree
+from infer.drafters.ngram import NgramDrafter, find_continuations, prefix_tree
 
 VOCAB = 48
 ARCHES3 = ("llama", "qwen2", "mistral")

@@ -17,11 +17,11 @@ from test_infer_sampling import joint_pvalue
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator
 from infer.drafters import Draft, Drafter, Sampling, chain_draft, make_drafter, root_only
-from infer.hierarchical import HierarchicalDrafter
+from infer.drafters.hierarchical import HierarchicalDrafter
 from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.drafters.lm_drafter import LMDrafter
-from infer.lookup_first import LookupFirst
-from infer.ngram import NgramDrafter
+from infer.drafters.lookup_first import LookupFirst
+from infer.drafters.ngram import NgramDrafter
 from infer.recurrent import LinearAttentionLayer, check_supported, is_hybrid
 from infer.tree import tree_from_parents
 

@@ -1,4 +1,4 @@
-"""Prompt lookup first, a head otherwise (infer.lookup_first.LookupFirst): lossless (greedy identity
+"""Prompt lookup first, a head otherwise (infer.drafters.lookup_first.LookupFirst): lossless (greedy identity
 per row, the target's law when sampling), both sources really draft, and the head's deferred observe
 leaves it where observing every step would."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ from test_infer_batch import BATCH_ARCHES, _expected, _left_pad, _prompts, _targ
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator
 from infer.drafters import Sampling, make_drafter
-from infer.lookup_first import LookupFirst
-from infer.ngram import NgramDrafter
+from infer.drafters.lookup_first import LookupFirst
+from infer.drafters.ngram import NgramDrafter
 
 
 def _count_sources(drafter: LookupFirst) -> dict[str, int]:

@@ -17,12 +17,12 @@ from test_infer_sampling import exact_law, joint_pvalue, sample_triples
 
 from heads import build_head
 from infer import Chain, SpeculativeGenerator
-from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters import DynamicTree, Sampling, make_drafter
-from infer.hierarchical import HierarchicalDrafter
+from infer.drafters.adaptive import AdaptiveLength
+from infer.drafters.hierarchical import HierarchicalDrafter
 from infer.drafters.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path
 from infer.drafters.lm_drafter import LMDrafter
-from infer.ngram import NgramDrafter
+from infer.drafters.ngram import NgramDrafter
 
 small_pair = test_infer_classic.small_pair  # the fixture: a small target and a different draft LM
 

@@ -244,7 +244,7 @@ class HeadDrafter(Drafter):
 
     def rewind(self, state: Any, length: int) -> None:
         """Forget every observed (feature, next token) pair past the first ``length``: the text this
-        state read was cut back (a head nested in a draft LM's own decoding, ``infer.hierarchical``).
+        state read was cut back (a head nested in a draft LM's own decoding, ``infer.drafters.hierarchical``).
         The next call is ``observe`` of the pairs from ``length`` on."""
         raise NotImplementedError(f"{type(self).__name__} cannot be rewound")
 

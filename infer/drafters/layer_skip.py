@@ -28,9 +28,9 @@ from data.base.paths import cache_root
 from heads.common import final_norm_name
 from heads.layers import additive_mask
 from infer.batch import attention_masks
-from infer.drafters import Chain, Draft, Sampling, chain_buffers
-from infer.hf_cache import cache_kwargs
+from infer.drafters.base import Chain, Draft, Sampling, chain_buffers
 from infer.drafters.lm_drafter import LMDrafter, LMState
+from infer.hf_cache import cache_kwargs
 from infer.target import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
 
 CALIBRATION_DIR = "layer-skip"  # under the cache root: one JSON per (target, device type, dtype)

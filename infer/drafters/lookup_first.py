@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from data.base.checks import count
-from infer.drafters import Draft, Drafter, Sampling
-from infer.ngram import NgramDrafter
+from infer.drafters.base import Draft, Drafter, Sampling
+from infer.drafters.ngram import NgramDrafter
 
 
 @dataclass

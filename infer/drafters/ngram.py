@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from data.base.checks import count
-from infer.drafters import Draft, Drafter, Sampling, root_only
+from infer.drafters.base import Draft, Drafter, Sampling, root_only
 from infer.tree import tree_from_parents
 
 

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from infer.drafters import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
-from infer.hf_cache import cache_kwargs
+from infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
 from infer.drafters.lm_drafter import LMDrafter, LMState
-from infer.ngram import NgramDrafter, find_continuations
+from infer.drafters.ngram import NgramDrafter, find_continuations
+from infer.hf_cache import cache_kwargs
 from infer.target import target_forward
 
 GREEDY = Sampling()
