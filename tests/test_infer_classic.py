@@ -161,11 +161,12 @@ def small_pair():
 class WrongQ(LMDrafter):
     """Samples from q but reports a flattened q' to the acceptance rule: no longer lossless."""
 
-    def propose(self, state, root, sampling, max_depth):
-        draft = super().propose(state, root, sampling, max_depth)
-        if draft.q is not None:
-            draft.q = (draft.q.sqrt() / draft.q.sqrt().sum(-1, keepdim=True))
-        return draft
+    def propose_rows(self, states, roots, sampling, max_depths):
+        drafts = super().propose_rows(states, roots, sampling, max_depths)
+        for draft in drafts:
+            if draft.q is not None:
+                draft.q = (draft.q.sqrt() / draft.q.sqrt().sum(-1, keepdim=True))
+        return drafts
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 5, "top_p": 0.9}])

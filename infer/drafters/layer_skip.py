@@ -163,14 +163,8 @@ class LayerSkipDrafter(LMDrafter):
         self._step: tuple | None = None  # (cache, lengths, pads) of this step, from before_draft
         self._compiled = False
 
-    def new_state(self) -> LayerSkipState:
-        return LayerSkipState()
-
-    def new_rows(self, lengths: list[int]) -> list[LayerSkipState]:
-        states = super().new_rows(lengths)
-        for b, state in enumerate(states):
-            state.row = b
-        return states
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[LayerSkipState]:
+        return [LayerSkipState(seq=prompt[0, :1], row=b) for b, prompt in enumerate(prompts)]
 
     def compile_with(self, compile: bool | str) -> None:
         self._compiled = bool(compile)
