@@ -84,7 +84,7 @@ class NgramDrafter(Drafter):
 
     def propose_rows(self, states: list[NgramState], roots: list[Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:
-        """Each row's lookup on its own text (a host-side search per row)."""
+        """Each row's lookup on its own text."""
         return [self._propose(s, r, d) for s, r, d in zip(states, roots, max_depths)]
 
     def _propose(self, state: NgramState, root: Tensor, max_depth: int) -> Draft:
