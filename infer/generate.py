@@ -17,11 +17,11 @@ tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by p
 with the target's own first K layers (self-speculation; ``infer.drafters.layer_skip``); without K, the K that
 ``scripts/calibrate_layer_skip.py`` measured fastest for this target, device and dtype, else half the
 layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
-(``infer.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
+(``infer.drafters.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
 ``--drafter lm:DIR+head:HEAD`` the same with a head trained on the draft LM (``target=DIR``) guessing.
 ``--adaptive`` lets the draft length follow the acceptance (what an EAGLE head does by default on CPU;
 ``--tree chain --depth D`` fixes it). ``--lookup-first`` drafts by prompt lookup
-whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.lookup_first``).
+whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.lookup_first``).
 A ``speculation_plan.json`` next to ``--head`` (``scripts/calibrate_speculation.py``) is followed, as
 ``SpeculativeGenerator.from_pretrained`` follows it.
 """
@@ -147,8 +147,8 @@ def head_drafter(head, tree, adaptive: bool, lookup_first: bool):
     the target's device); ``adaptive``: its chain's length adapted (``adaptive_chain``);
     ``lookup_first``: behind prompt lookup."""
     from infer.drafters import adaptive_chain, make_drafter
-    from infer.lookup_first import LookupFirst
-    from infer.ngram import NgramDrafter
+    from infer.drafters.lookup_first import LookupFirst
+    from infer.drafters.ngram import NgramDrafter
 
     def build(target):
         head.check_target(target)
@@ -166,7 +166,7 @@ def classic_drafter(args: argparse.Namespace, target):
     from heads import AutoHead
     from infer.drafters import AdaptiveLength, Chain, drafter_class, make_drafter
     from infer.drafters.lm_drafter import LMDrafter
-    from infer.ngram import NgramDrafter
+    from infer.drafters.ngram import NgramDrafter
 
     if args.drafter == "ngram":
         length = args.depth or (16 if args.adaptive else 8)
@@ -188,7 +188,7 @@ def classic_drafter(args: argparse.Namespace, target):
         if inner is None:
             drafter = LMDrafter(model, target, Chain(length))
         else:
-            from infer.hierarchical import HierarchicalDrafter
+            from infer.drafters.hierarchical import HierarchicalDrafter
 
             if inner == "ngram":
                 guesser = NgramDrafter(max_ngram=3, length=length)
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     from heads import AutoHead
     from infer.drafters import AdaptiveLength, Chain, fit_chain
     from infer.generator import SpeculativeGenerator
-    from infer.lookup_first import LookupFirst
+    from infer.drafters.lookup_first import LookupFirst
     from infer.plan import find_plan
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)

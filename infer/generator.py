@@ -256,7 +256,7 @@ class SpeculativeGenerator:
                 raise ValueError("tree options belong to the drafter; a custom drafter ignores `tree`")
             if not isinstance(head, Drafter):
                 raise TypeError(f"{type(head).__name__} is neither a draftsmith head nor an infer.drafters.Drafter "
-                                "(subclass it: new_state, observe, propose; max_nodes, reserve and begin as needed)")
+                                "(subclass it: new_rows, observe_rows, propose_rows; max_nodes as needed)")
             self.head = None
             self.drafter = head
         self.acceptance = acceptance
@@ -670,7 +670,8 @@ class SpeculativeGenerator:
         # the plan's draft levels for this batch size (None: the drafter's own; 0: no drafting at all)
         levels = self.plan.length_for(bsz) if self.plan is not None else None
         # the drafter's states (its own buffers, shared by the rows of a drafter that drafts them at once)
-        states = self.drafter.new_rows([plen - pad + max_new_tokens for pad in host_pads]) if levels != 0 else [None] * bsz
+        states = (self.drafter.new_rows([ids[b: b + 1, pad:] for b, pad in enumerate(host_pads)],  # prompts, unpadded
+                                        [plen - pad + max_new_tokens for pad in host_pads]) if levels != 0 else [None] * bsz)
         first = torch.stack([self._next_token(out.logits[b, -1], sampling) for b in range(bsz)])  # (B,)
         dec = Decoding(cache=out.past_key_values, rows=[DecodeState(states[b], first[b]) for b in range(bsz)],
                        done=[False] * bsz, lengths=torch.full((bsz,), plen, dtype=torch.long, device=self.device),
@@ -680,8 +681,6 @@ class SpeculativeGenerator:
         features = self._features(out)
         seen = []
         for b, pad in enumerate(host_pads):
-            if levels != 0:  # "off": no drafter state exists (None), nothing to begin
-                self.drafter.begin(dec.rows[b].draft, ids[b: b + 1, pad:])  # drafters that read the prompt's ids
             seen.append((features[b: b + 1, pad:], torch.cat([ids[b, pad + 1:], first[b: b + 1]])[None]))
         clock.mark("prefill")
         self._settle(dec, first[:, None], torch.ones_like(first), lambda b, a: seen[b])

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from heads import AutoHead
     from infer import SpeculativeGenerator
     from infer.drafters import chain_draft
-    from infer.ngram import NgramDrafter
+    from infer.drafters.ngram import NgramDrafter
     from infer.recurrent import is_hybrid
     from infer.threads import choose_threads
 

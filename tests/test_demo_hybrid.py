@@ -13,7 +13,7 @@ from data.base.names import public_target_name
 from data.demo import demo_target_dir, demo_target_path, ensure_demo_target, fingerprint
 from data.demo_lm import SIZES, SUMMARY_FILE, LMSettings, settings_for
 from infer import SpeculativeGenerator
-from infer.ngram import NgramDrafter
+from infer.drafters.ngram import NgramDrafter
 from infer.recurrent import is_hybrid, layer_types
 from infer.state_memory import state_memory
 

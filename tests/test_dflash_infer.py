@@ -56,18 +56,17 @@ def test_context_cache_grows_incrementally():
     feats = torch.randn(1, 7, len(head.feature_layer_ids) * 32)
     nxt = torch.randint(3, VOCAB, (1, 7))
     root = torch.tensor(11)
-    whole, pieces = drafter.new_state(), drafter.new_state()
-    drafter.reserve(pieces, 8)  # the static cache the generator uses, vs the growing one
-    drafter.observe(whole, feats, nxt)
+    # batches of one: a roomy cache read at once, and one just large enough read in pieces
+    whole, pieces = drafter.new_rows([nxt[:, :1]], [32]) + drafter.new_rows([nxt[:, :1]], [7])
+    drafter.observe_rows([whole], [feats], [nxt])
     with torch.no_grad():
         for a, b in ((0, 3), (3, 4), (4, 7)):
-            drafter.observe(pieces, feats[:, a:b], nxt[:, a:b])
-        one = drafter.propose(whole, root, Sampling(), max_depth=4)
-        two = drafter.propose(pieces, root, Sampling(), max_depth=4)
+            drafter.observe_rows([pieces], [feats[:, a:b]], [nxt[:, a:b]])
+        one, two = (drafter.propose_rows([s], [root], Sampling(), [4])[0] for s in (whole, pieces))
     assert pieces.cache.get_seq_length() == 7
     assert torch.equal(one.tokens, two.tokens) and one.tokens[0] == root and one.tokens.numel() == 5
     # the block is not cached: proposing twice drafts the same
-    assert torch.equal(drafter.propose(pieces, root, Sampling(), max_depth=2).tokens, two.tokens[:3])
+    assert torch.equal(drafter.propose_rows([pieces], [root], Sampling(), [2])[0].tokens, two.tokens[:3])
 
 
 def test_drafter_refuses_shapes_it_cannot_draft():

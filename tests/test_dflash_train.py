@@ -41,9 +41,9 @@ def test_training_block_equals_the_inference_block(monkeypatch):
     drafter = make_drafter(head, target, Chain(3))
     with torch.no_grad():
         for i in range(11):
-            state = drafter.new_state()
-            drafter.observe(state, features.hidden[:, : i + 1], ids[:, 1: i + 2])
-            draft = drafter.propose(state, ids[0, i + 1], Sampling(), max_depth=3)
+            states = drafter.new_rows([ids[:, :1]], [ids.shape[1]])  # a batch of one
+            drafter.observe_rows(states, [features.hidden[:, : i + 1]], [ids[:, 1: i + 2]])
+            draft, = drafter.propose_rows(states, [ids[0, i + 1]], Sampling(), [3])
             assert draft.tokens[1:].tolist() == drafted[:, 0, i].tolist(), i
     assert len(set(drafted.flatten().tolist())) > 3  # not a constant draft
 

@@ -43,10 +43,9 @@ def test_evaluation_drafts_what_the_drafter_drafts():
     drafted = objective.draft_top1(head.eval(), features, 2, target.get_output_embeddings())  # (2, 1, 12)
     drafter = make_drafter(head, target, Chain(1))
     for i in range(10):
-        state = drafter.new_state()
-        drafter.begin(state, ids[:, :1])
-        drafter.observe(state, None, ids[:, 1: i + 2])
-        draft = drafter.propose(state, ids[0, i + 1], Sampling(), max_depth=1)
+        states = drafter.new_rows([ids[:, :1]], [ids.shape[1]])  # a batch of one
+        drafter.observe_rows(states, [None], [ids[:, 1: i + 2]])
+        draft, = drafter.propose_rows(states, [ids[0, i + 1]], Sampling(), [1])
         assert draft.tokens[1:].tolist() == [int(drafted[0, 0, i])], i
     assert torch.equal(drafted[1, 0, :-1], drafted[0, 0, 1:])  # teacher forcing: step 1 = step 0 one later
     assert len(set(drafted[0, 0].tolist())) > 3  # not a constant draft

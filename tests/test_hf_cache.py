@@ -17,9 +17,9 @@ from heads import build_head
 from infer import Chain, SpeculativeGenerator
 from infer import hf_cache
 from infer.drafters import DynamicTree, make_drafter
-from infer.hierarchical import HierarchicalDrafter
+from infer.drafters.hierarchical import HierarchicalDrafter
 from infer.drafters.layer_skip import LayerSkipDrafter
-from infer.ngram import NgramDrafter
+from infer.drafters.ngram import NgramDrafter
 from infer.target import target_forward
 
 VOCAB = 96

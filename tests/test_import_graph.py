@@ -1,4 +1,6 @@
-"""The house: each folder imports only the folders below it, and no import circle spans two files.
+"""The house: each folder imports only the folders below it, and no import circle spans two files,
+nor two parts of ``infer/`` (a subfolder, ``infer/drafters/`` or ``infer/bench/``, counts as one part):
+``infer/drafters/`` reads the shared steps beside it (tree, cache, target), which never read a drafter.
 
 Order, lowest first: data < heads < infer < train < scripts. Every import counts, including the
 lazy ones inside functions: a back-edge hidden in a function body still makes the layering a fiction
@@ -121,6 +123,21 @@ def circles(edges: dict[Path, set[Path]]) -> list[list[Path]]:
     return found
 
 
+def by_part(edges: dict[Path, set[Path]], folder: str = "infer") -> dict[Path, set[Path]]:
+    """``edges`` among ``folder``'s files with each of its subfolders drawn as one node (the subfolder)."""
+    top = ROOT / folder
+
+    def part(path: Path) -> Path:
+        rel = path.relative_to(top)
+        return top / rel.parts[0] if len(rel.parts) > 1 else path
+
+    inside = {src: {dst for dst in dsts if dst.is_relative_to(top)} for src, dsts in edges.items() if src.is_relative_to(top)}
+    parts: dict[Path, set[Path]] = {}
+    for src, dsts in inside.items():
+        parts.setdefault(part(src), set()).update(part(dst) for dst in dsts if part(dst) != part(src))
+    return parts
+
+
 def test_no_folder_imports_a_folder_above_it():
     arrows = upward_arrows(graph())
     assert not arrows, "imports that climb the house (data < heads < infer < train < scripts):\n" + "\n".join(arrows)
@@ -132,12 +149,23 @@ def test_no_import_circle_spans_two_files():
         " <-> ".join(str(p.relative_to(ROOT)) for p in component) for component in found)
 
 
+def test_no_import_circle_spans_two_parts_of_infer():
+    found = circles(by_part(graph()))
+    assert not found, "import circles between parts of infer/ (a subfolder counts as one):\n" + "\n".join(
+        " <-> ".join(str(p.relative_to(ROOT)) for p in component) for component in found)
+
+
 def test_the_checks_can_fail():
     """The detectors themselves: an upward arrow and a two-file circle are both reported."""
     a, b, c = ROOT / "data" / "a.py", ROOT / "data" / "b.py", ROOT / "train" / "c.py"
     edges = {a: {b}, b: {a}, c: set()}
     assert circles(edges) == [sorted([a, b])]
     assert upward_arrows({a: {c}, c: {a}}) == [f"{a.relative_to(ROOT)} -> {c.relative_to(ROOT)}"]
+    # a drafter reading a shared step that reads another drafter: no two-file circle, a circle of parts
+    ngram, target, eagle = (ROOT / "infer" / name for name in ("drafters/ngram.py", "target.py", "drafters/eagle.py"))
+    edges = {ngram: {target}, target: {eagle}, eagle: set()}
+    assert circles(edges) == []
+    assert circles(by_part(edges)) == [sorted([ROOT / "infer" / "drafters", target])]
 
 
 @pytest.mark.parametrize("statement, expected", [

@@ -17,12 +17,12 @@ from conftest import make_tiny_target
 
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.drafters.adaptive import AdaptiveLength
 from infer.cache import StaticHeadCache
 from infer.drafters import Draft, Drafter, Sampling, make_drafter
+from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.drafters.lm_drafter import LMDrafter
-from infer.ngram import NgramDrafter
+from infer.drafters.ngram import NgramDrafter
 from infer.target import target_forward
 from infer.tree import tree_attention_mask, tree_from_parents
 
@@ -74,7 +74,7 @@ def _expected(model, prompts, max_new, eos=None) -> torch.Tensor:
 
 class RowOracle(Drafter):
     """Each row's state finds its reference (prompt + greedy continuation, and the true final hidden
-    states along it) from the prompt ``begin`` shows it; drafts a tree around the truth with decoy
+    states along it) from the prompt ``new_rows`` shows it; drafts a tree around the truth with decoy
     siblings and some wrong tokens."""
 
     aux_layer_ids = ()
@@ -84,19 +84,24 @@ class RowOracle(Drafter):
         self.references, self.depth, self.rng, self.wrong_rate = references, depth, random.Random(seed), wrong_rate
         self.max_nodes = 1 + 3 * depth
 
-    def new_state(self) -> dict:
-        return {"pos": 0}
+    def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[dict]:
+        return [dict(zip(("seq", "features"), self.references[tuple(p[0].tolist())]), pos=0) for p in prompts]
 
-    def begin(self, state: dict, input_ids: torch.Tensor) -> None:
-        state["seq"], state["features"] = self.references[tuple(input_ids[0].tolist())]
+    def observe_rows(self, states: list[dict], features: list[torch.Tensor], next_tokens: list[torch.Tensor]) -> None:
+        for state, feats, tokens in zip(states, features, next_tokens):
+            self._observe(state, feats, tokens)
 
-    def observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def propose_rows(self, states: list[dict], roots: list[torch.Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        return [self._propose(s, r, d) for s, r, d in zip(states, roots, max_depths)]
+
+    def _observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         start, count = state["pos"], next_tokens.shape[1]
         assert torch.equal(next_tokens[0], state["seq"][start + 1: start + 1 + count])
         torch.testing.assert_close(features[0], state["features"][start: start + count], rtol=1e-4, atol=1e-4)
         state["pos"] += count
 
-    def propose(self, state: dict, root: torch.Tensor, sampling: Sampling, max_depth: int) -> Draft:
+    def _propose(self, state: dict, root: torch.Tensor, max_depth: int) -> Draft:
         seq, pos = state["seq"], state["pos"]
         assert int(root) == int(seq[pos])
         levels = min(self.rng.randrange(1, self.depth + 1), max_depth, seq.numel() - pos - 1)
@@ -342,7 +347,7 @@ def test_heads_draft_every_row_in_one_pass(kind, tree, greedy):
     if kind == "dflash":  # DFlash observes through its context projection, not its forward
         head.fc.register_forward_hook(lambda *_: context.append(1))
     with torch.inference_mode():
-        rows = drafter.new_rows([16, 16, 16])
+        rows = drafter.new_rows([n[:, :1] for n in nexts], [16, 16, 16])
         drafter.observe_rows(rows, feats, nexts)
         assert len(context if kind == "dflash" else calls) == 1  # one pass for every row
         calls.clear()
@@ -350,10 +355,9 @@ def test_heads_draft_every_row_in_one_pass(kind, tree, greedy):
         if isinstance(tree, Chain):  # EAGLE: one head forward per draft level after the first; DFlash: one block
             assert len(calls) == {"eagle": max(depths) - 1, "eagle3": max(depths) - 1, "dflash": 1, "medusa": 0}[kind]
         for b in range(3):
-            alone = drafter.new_state()
-            drafter.reserve(alone, 16)
-            drafter.observe(alone, feats[b], nexts[b])
-            draft = drafter.propose(alone, roots[b], sampling, depths[b])
+            alone = drafter.new_rows([nexts[b][:, :1]], [16])  # the row as a batch of one
+            drafter.observe_rows(alone, [feats[b]], [nexts[b]])
+            draft, = drafter.propose_rows(alone, [roots[b]], sampling, [depths[b]])
             assert draft.tokens.shape == together[b].tokens.shape and int(together[b].tokens[0]) == int(roots[b])
             if greedy:
                 assert torch.equal(draft.tokens, together[b].tokens), (kind, b)
@@ -386,7 +390,7 @@ def test_dynamic_trees_draft_every_row_in_one_pass(kind):
     calls = []
     head.register_forward_hook(lambda *_: calls.append(1))
     with torch.inference_mode():
-        rows = drafter.new_rows([16] * 5)
+        rows = drafter.new_rows([n[:, :1] for n in nexts], [16] * 5)
         drafter.observe_rows(rows, feats, nexts)
         calls.clear()
         together = drafter.propose_rows([rows[b] for b in drafting], [roots[b] for b in drafting], Sampling(), depths)
@@ -394,13 +398,12 @@ def test_dynamic_trees_draft_every_row_in_one_pass(kind):
         assert rows[0].cache.row_lengths() == accepted  # the exploration is dropped again
         limited = 0
         for b, depth, draft in zip(drafting, depths, together):
-            alone = drafter.new_state()
-            drafter.reserve(alone, 16)
-            drafter.observe(alone, feats[b], nexts[b])
-            ref = drafter.propose(alone, roots[b], Sampling(), depth)
+            alone = drafter.new_rows([nexts[b][:, :1]], [16])  # the row as a batch of one
+            drafter.observe_rows(alone, [feats[b]], [nexts[b]])
+            ref, = drafter.propose_rows(alone, [roots[b]], Sampling(), [depth])
             assert torch.equal(draft.tokens, ref.tokens), (kind, b)
             assert torch.equal(draft.tree.parents, ref.tree.parents), (kind, b)
             assert int(draft.tree.depths.max()) <= depth
-            deepest = drafter.propose(alone, roots[b], Sampling(), tree.depth)
+            deepest, = drafter.propose_rows(alone, [roots[b]], Sampling(), [tree.depth])
             limited += not torch.equal(deepest.tree.parents, ref.tree.parents)
         assert limited >= 2  # the depth limits did cut rows' trees

@@ -14,7 +14,7 @@ from infer import Chain, SpeculativeGenerator
 from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters.layer_skip import LayerSkipDrafter, early_exit_view
 from infer.drafters.lm_drafter import LMDrafter
-from infer.ngram import NgramDrafter, find_continuations, prefix_tree
+from infer.drafters.ngram import NgramDrafter, find_continuations, prefix_tree
 
 VOCAB = 48
 ARCHES3 = ("llama", "qwen2", "mistral")
@@ -161,11 +161,12 @@ def small_pair():
 class WrongQ(LMDrafter):
     """Samples from q but reports a flattened q' to the acceptance rule: no longer lossless."""
 
-    def propose(self, state, root, sampling, max_depth):
-        draft = super().propose(state, root, sampling, max_depth)
-        if draft.q is not None:
-            draft.q = (draft.q.sqrt() / draft.q.sqrt().sum(-1, keepdim=True))
-        return draft
+    def propose_rows(self, states, roots, sampling, max_depths):
+        drafts = super().propose_rows(states, roots, sampling, max_depths)
+        for draft in drafts:
+            if draft.q is not None:
+                draft.q = (draft.q.sqrt() / draft.q.sqrt().sum(-1, keepdim=True))
+        return drafts
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 5, "top_p": 0.9}])

@@ -68,7 +68,7 @@ def test_fixed_shape_chain_drafts_what_the_eager_chain_drafts(kind):
     roots = [torch.tensor(t) for t in (5, 9, 13)]
     drafts = []
     for drafter in (eager, fixed):
-        states = drafter.new_rows([32, 32, 32])
+        states = drafter.new_rows([t[:, :1] for t in toks], [32, 32, 32])
         with torch.inference_mode():
             drafter.observe_rows(states, feats, toks)
             drafts.append(drafter.propose_rows(states, roots, Sampling(), [5, 3, 5]))
@@ -129,7 +129,7 @@ def test_dflash_block_over_whole_buffers_equals_the_eager_block():
     drafter = make_drafter(head, model, Chain(4))
     width = len(drafter.aux_layer_ids) * model.config.hidden_size
     counts = [6, 2, 9]
-    states = drafter.new_rows([24, 24, 24])
+    states = drafter.new_rows([torch.tensor([[3]])] * 3, [24, 24, 24])
     with torch.inference_mode():
         drafter.observe_rows(states, [torch.randn(1, n, width, dtype=torch.float64) for n in counts],
                              [torch.randint(3, 90, (1, n)) for n in counts])
@@ -166,7 +166,7 @@ def test_fixed_shape_trees_draft_what_the_eager_trees_draft(kind):
     roots = [torch.tensor(10 + b) for b in range(4)]
     drafts = []
     for drafter in (eager, fixed):
-        states = drafter.new_rows([20] * 4)
+        states = drafter.new_rows([t[:, :1] for t in toks], [20] * 4)
         with torch.inference_mode():
             drafter.observe_rows(states, feats, toks)
             drafts.append(drafter.propose_rows(states, roots, Sampling(), [4, 2, 3, 0]))

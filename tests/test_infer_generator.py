@@ -134,17 +134,25 @@ class OracleDrafter(Drafter):
         self.seq, self.features = sequence, features  # (L,), (L, H) true final hidden states
         self.depth, self.rng, self.wrong_rate = depth, random.Random(seed), wrong_rate
 
-    def new_state(self) -> dict:
-        return {"pos": 0}
+    def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[dict]:
+        return [{"pos": 0} for _ in prompts]
 
-    def observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def observe_rows(self, states: list[dict], features: list[torch.Tensor], next_tokens: list[torch.Tensor]) -> None:
+        for state, feats, tokens in zip(states, features, next_tokens):
+            self._observe(state, feats, tokens)
+
+    def propose_rows(self, states: list[dict], roots: list[torch.Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        return [self._propose(s, r, d) for s, r, d in zip(states, roots, max_depths)]
+
+    def _observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         start, count = state["pos"], next_tokens.shape[1]
         assert torch.equal(next_tokens[0], self.seq[start + 1 : start + 1 + count])
         tol = 1e-8 if features.dtype == torch.float64 else 1e-4
         torch.testing.assert_close(features[0], self.features[start : start + count], rtol=tol, atol=tol)
         state["pos"] += count
 
-    def propose(self, state: dict, root: torch.Tensor, sampling: Sampling, max_depth: int) -> Draft:
+    def _propose(self, state: dict, root: torch.Tensor, max_depth: int) -> Draft:
         pos = state["pos"]
         assert int(root) == int(self.seq[pos])
         levels = min(self.depth, max_depth, self.seq.numel() - pos - 1)

@@ -17,11 +17,11 @@ from test_infer_sampling import joint_pvalue
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator
 from infer.drafters import Draft, Drafter, Sampling, chain_draft, make_drafter, root_only
-from infer.hierarchical import HierarchicalDrafter
+from infer.drafters.hierarchical import HierarchicalDrafter
 from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.drafters.lm_drafter import LMDrafter
-from infer.lookup_first import LookupFirst
-from infer.ngram import NgramDrafter
+from infer.drafters.lookup_first import LookupFirst
+from infer.drafters.ngram import NgramDrafter
 from infer.recurrent import LinearAttentionLayer, check_supported, is_hybrid
 from infer.tree import tree_from_parents
 
@@ -165,16 +165,17 @@ class Oracle(Drafter):
         self.ref, self.good, self.tree = ref[0], good, tree
         self.max_nodes = good + 2
 
-    def new_state(self):
-        return {"seq": None}
+    def new_rows(self, prompts, lengths):
+        return [{"seq": p[0, :1]} for p in prompts]
 
-    def begin(self, state, input_ids):
-        state["seq"] = input_ids[0, :1]
+    def observe_rows(self, states, features, next_tokens):
+        for state, tokens in zip(states, next_tokens):
+            state["seq"] = torch.cat([state["seq"], tokens[0]])
 
-    def observe(self, state, features, next_tokens):
-        state["seq"] = torch.cat([state["seq"], next_tokens[0]])
+    def propose_rows(self, states, roots, sampling: Sampling, max_depths: list[int]) -> list[Draft]:
+        return [self._propose(s, r, d) for s, r, d in zip(states, roots, max_depths)]
 
-    def propose(self, state, root, sampling: Sampling, max_depth: int) -> Draft:
+    def _propose(self, state, root, max_depth: int) -> Draft:
         n = state["seq"].numel()
         right = self.ref[n: n + min(self.good, max_depth)]
         if right.numel() < 2:

@@ -17,7 +17,7 @@ from heads import build_head
 from infer import SpeculativeGenerator
 from infer.drafters import Draft, Drafter, Sampling, chain_draft, root_only
 from infer.generator import MAX_PENDING
-from infer.ngram import NgramDrafter
+from infer.drafters.ngram import NgramDrafter
 from infer.recurrent import LinearAttentionLayer, LinearStates
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
@@ -36,23 +36,26 @@ class RowOracle(Drafter):
         self.refs, self.good = refs, good  # refs[i] (L_i,) prompt + continuation, no pads
         self.max_nodes = good + 2
 
-    def new_state(self):
-        return {"seq": None, "ref": None}
+    def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[dict]:
+        states = []
+        for prompt in prompts:  # (1, P_b), no pads
+            ref = next(r for r in self.refs if torch.equal(r[: prompt.shape[1]], prompt[0]))
+            states.append({"ref": ref, "seq": prompt[0, :1]})
+        return states
 
-    def begin(self, state, input_ids):
-        prompt = input_ids[0]
-        state["ref"] = next(r for r in self.refs if torch.equal(r[: prompt.numel()], prompt))
-        state["seq"] = prompt[:1]
+    def observe_rows(self, states: list[dict], features: list[torch.Tensor], next_tokens: list[torch.Tensor]) -> None:
+        for state, tokens in zip(states, next_tokens):
+            state["seq"] = torch.cat([state["seq"], tokens[0]])
 
-    def observe(self, state, features, next_tokens):
-        state["seq"] = torch.cat([state["seq"], next_tokens[0]])
-
-    def propose(self, state, root, sampling: Sampling, max_depth: int) -> Draft:
-        n = state["seq"].numel()
-        right = state["ref"][n: n + min(self.good + 1, max_depth)]
-        if right.numel() < 2:
-            return root_only(root)
-        return chain_draft([root, *right[:-1], (right[-1] + 1) % VOCAB], [])
+    def propose_rows(self, states: list[dict], roots: list[torch.Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        drafts = []
+        for state, root, max_depth in zip(states, roots, max_depths):
+            n = state["seq"].numel()
+            right = state["ref"][n: n + min(self.good + 1, max_depth)]
+            drafts.append(root_only(root) if right.numel() < 2
+                          else chain_draft([root, *right[:-1], (right[-1] + 1) % VOCAB], []))
+        return drafts
 
 
 def _batch(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

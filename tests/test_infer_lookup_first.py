@@ -1,4 +1,4 @@
-"""Prompt lookup first, a head otherwise (infer.lookup_first.LookupFirst): lossless (greedy identity
+"""Prompt lookup first, a head otherwise (infer.drafters.lookup_first.LookupFirst): lossless (greedy identity
 per row, the target's law when sampling), both sources really draft, and the head's deferred observe
 leaves it where observing every step would."""
 from __future__ import annotations
@@ -12,26 +12,26 @@ from test_infer_batch import BATCH_ARCHES, _expected, _left_pad, _prompts, _targ
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator
 from infer.drafters import Sampling, make_drafter
-from infer.lookup_first import LookupFirst
-from infer.ngram import NgramDrafter
+from infer.drafters.lookup_first import LookupFirst
+from infer.drafters.ngram import NgramDrafter
 
 
 def _count_sources(drafter: LookupFirst) -> dict[str, int]:
     """How many drafts lookup and the inner drafter make from now on."""
     seen = {"lookup": 0, "inner": 0}
-    lookup, inner = drafter.lookup.propose, drafter.drafter.propose_rows
+    lookup, inner = drafter.lookup.propose_rows, drafter.drafter.propose_rows
 
     def lookup_propose(*args, **kwargs):
-        draft = lookup(*args, **kwargs)
-        seen["lookup"] += draft.tokens.shape[0] - 1 >= drafter.min_lookup
-        return draft
+        drafts = lookup(*args, **kwargs)
+        seen["lookup"] += sum(draft.tokens.shape[0] - 1 >= drafter.min_lookup for draft in drafts)
+        return drafts
 
     def inner_propose(*args, **kwargs):
         out = inner(*args, **kwargs)
         seen["inner"] += len(out)
         return out
 
-    drafter.lookup.propose, drafter.drafter.propose_rows = lookup_propose, inner_propose
+    drafter.lookup.propose_rows, drafter.drafter.propose_rows = lookup_propose, inner_propose
     return seen
 
 
@@ -63,17 +63,13 @@ def test_deferred_observe_equals_observing_every_step():
     head = build_head("eagle3", model).double().eval()
     alone = make_drafter(head, model, Chain(3))
     wrapped = LookupFirst(make_drafter(head, model, Chain(3)))
-    a, b = alone.new_state(), wrapped.new_state()
-    alone.reserve(a, 64)
-    wrapped.reserve(b, 64)
-    alone.begin(a, torch.tensor([[3]]))
-    wrapped.begin(b, torch.tensor([[3]]))
+    (a,), (b,) = alone.new_rows([torch.tensor([[3]])], [64]), wrapped.new_rows([torch.tensor([[3]])], [64])
     feats = torch.randn(1, 11, model.config.hidden_size * len(head.feature_layer_ids), dtype=torch.float64)
     tokens = torch.randint(3, 90, (1, 11))
     with torch.inference_mode():
         for lo, hi in ((0, 5), (5, 6), (6, 9), (9, 11)):
-            alone.observe(a, feats[:, lo:hi], tokens[:, lo:hi])
-            wrapped.observe(b, feats[:, lo:hi], tokens[:, lo:hi])
+            alone.observe_rows([a], [feats[:, lo:hi]], [tokens[:, lo:hi]])
+            wrapped.observe_rows([b], [feats[:, lo:hi]], [tokens[:, lo:hi]])
         assert b.inner.hidden is None  # nothing ran yet: four observes are pending
         wrapped._catch_up([b])
     assert b.tokens == [] and b.features == []
@@ -82,7 +78,8 @@ def test_deferred_observe_equals_observing_every_step():
     root = torch.tensor(7)
     sampling = Sampling()
     with torch.inference_mode():
-        assert torch.equal(alone.propose(a, root, sampling, 3).tokens, wrapped.propose(b, root, sampling, 3).tokens)
+        assert torch.equal(alone.propose_rows([a], [root], sampling, [3])[0].tokens,
+                           wrapped.propose_rows([b], [root], sampling, [3])[0].tokens)
 
 
 @pytest.mark.slow

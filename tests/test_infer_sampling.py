@@ -94,13 +94,16 @@ class FullWidthDrafter(Drafter):
     aux_layer_ids = ()
     max_nodes = 1 + VOCAB + 3 * VOCAB  # the tree budget a static cache pads to
 
-    def new_state(self):
-        return None
+    def new_rows(self, prompts, lengths):
+        return [None] * len(prompts)
 
-    def observe(self, state, features, next_tokens):
+    def observe_rows(self, states, features, next_tokens):
         pass
 
-    def propose(self, state, root, sampling: Sampling, max_depth: int) -> Draft:
+    def propose_rows(self, states, roots, sampling: Sampling, max_depths: list[int]) -> list[Draft]:
+        return [self._propose(r, d) for r, d in zip(roots, max_depths)]
+
+    def _propose(self, root, max_depth: int) -> Draft:
         parents, tokens = [-1], [int(root)]
         if max_depth >= 1:
             parents += [0] * VOCAB

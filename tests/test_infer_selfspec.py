@@ -17,12 +17,12 @@ from test_infer_sampling import exact_law, joint_pvalue, sample_triples
 
 from heads import build_head
 from infer import Chain, SpeculativeGenerator
-from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters import DynamicTree, Sampling, make_drafter
-from infer.hierarchical import HierarchicalDrafter
+from infer.drafters.adaptive import AdaptiveLength
+from infer.drafters.hierarchical import HierarchicalDrafter
 from infer.drafters.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path
 from infer.drafters.lm_drafter import LMDrafter
-from infer.ngram import NgramDrafter
+from infer.drafters.ngram import NgramDrafter
 
 small_pair = test_infer_classic.small_pair  # the fixture: a small target and a different draft LM
 
@@ -229,10 +229,10 @@ class FromScratch(HierarchicalDrafter):
     def _guesses(self, state, decided, pending, need):
         got = super()._guesses(state, decided, pending, need)
         text = state.cached if pending is None else torch.cat([state.cached, pending.reshape(1)])
-        fresh = self.inner.new_state()
-        self.inner.reserve(fresh, text.numel() + 16)
-        self.inner.observe(fresh, state.feats[: text.numel() - 1][None], text[1:][None])
-        self.rounds.append((got.tolist(), self.inner.propose(fresh, text[-1], Sampling(), need).tokens[1:].tolist()))
+        fresh = self.inner.new_rows([text[None, :1]], [text.numel() + 16])  # a batch of one
+        self.inner.observe_rows(fresh, [state.feats[: text.numel() - 1][None]], [text[1:][None]])
+        guessed, = self.inner.propose_rows(fresh, [text[-1]], Sampling(), [need])
+        self.rounds.append((got.tolist(), guessed.tokens[1:].tolist()))
         return got
 
 
@@ -249,7 +249,7 @@ def test_inner_head_is_cut_back_with_the_draft_lm(kind):
     for name in ("rewind", "no-rewind"):
         inner = _draft_lm_head(kind, draft_lm)
         if name == "no-rewind":
-            inner.rewind = lambda state, length: None  # the bug this test must catch: stale entries kept
+            inner.rewind_rows = lambda states, lengths: None  # the bug this test must catch: stale entries kept
         drafter = FromScratch(draft_lm, target, inner, Chain(5))
         gen = SpeculativeGenerator(target, drafter)
         assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)  # lossless either way: guesses are only guesses

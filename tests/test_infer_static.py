@@ -228,8 +228,8 @@ def test_static_path_errors_and_defaults():
     class NoBudget(Drafter):
         aux_layer_ids = ()
 
-        def new_state(self):
-            return None
+        def new_rows(self, prompts, lengths):
+            return [None] * len(prompts)
 
     gen = SpeculativeGenerator(model, NoBudget(), compile="eager")  # a compiled step needs the budget
     with pytest.raises(ValueError, match="max_nodes"):

@@ -12,11 +12,11 @@ from safetensors.torch import load_file, save_file
 from data.base.checks import count, probability
 from heads import AutoHead, build_head
 from heads.formats import export_head
-from infer.drafters.adaptive import AdaptiveLength
 from infer import SpeculativeGenerator
 from infer.drafters import Chain, DynamicTree, StaticTree, make_drafter
+from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters.lm_drafter import LMDrafter
-from infer.ngram import NgramDrafter
+from infer.drafters.ngram import NgramDrafter
 from train.config import ConfigError, load_config
 
 

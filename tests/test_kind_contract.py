@@ -2,11 +2,14 @@
 its training objective and its drafter take what their bases declare, the config takes its keys (and
 asks the objective which settings it reads and what it fills: ``Objective.reads``, ``configure``), its
 card renders, one training step runs on the target online and on stored states alike, and it exports
-to every format that lists it."""
+to every format that lists it. Every drafter class (heads' and the rest) keeps ``Drafter``'s batched
+interface: its verbs take a batch's rows, and it has no public verb of its own (no single-row twin)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
+import pkgutil
 import re
 import typing
 from pathlib import Path
@@ -15,11 +18,12 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
+import infer
 from heads import HEAD_CLASSES, build_head
 from heads.card import model_card
 from heads.formats import FORMATS, export_head, validate_export
 from infer.drafters import drafter_class
-from infer.drafters.base import HeadDrafter
+from infer.drafters.base import Drafter, HeadDrafter
 from infer.target import TargetOutput, target_forward
 from heads.auto import config_options
 from train.config import ConfigError, load_config
@@ -56,6 +60,79 @@ def drift(base: type, cls: type) -> list[str]:
     return found
 
 
+def drafter_classes() -> list[type]:
+    """Every drafter class ``infer/`` defines: each of its modules imported, then ``Drafter``'s subclasses
+    (``HeadDrafter``, a base itself, left out)."""
+    for module in pkgutil.walk_packages(infer.__path__, "infer."):
+        importlib.import_module(module.name)
+    found, todo = set(), [Drafter]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("infer.") and sub is not HeadDrafter:
+                found.add(sub)
+    return sorted(found, key=lambda c: f"{c.__module__}.{c.__name__}")
+
+
+VERBS = ("new_rows", "observe_rows", "propose_rows")  # what a drafter must implement; the hooks are optional
+
+
+def contract_faults(cls: type) -> list[str]:
+    """How ``cls`` breaks ``Drafter``'s interface: a verb it leaves to the base (which only raises), a
+    public method whose signature drifts from its base's, or a public method no base declares (such as a
+    single-row ``propose`` beside ``propose_rows``)."""
+    base = HeadDrafter if issubclass(cls, HeadDrafter) else Drafter
+    faults = [f"{cls.__name__}.{verb} not implemented" for verb in VERBS if getattr(cls, verb) is getattr(Drafter, verb)]
+    faults += drift(base, cls)
+    faults += [f"{cls.__name__}.{name} is public but no base declares it" for name in dir(cls)
+               if not name.startswith("_") and callable(getattr(cls, name)) and not hasattr(base, name)]
+    return faults
+
+
+@pytest.mark.parametrize("cls", drafter_classes(), ids=lambda c: c.__name__)
+def test_every_drafter_keeps_the_batched_interface(cls):
+    assert contract_faults(cls) == []
+
+
+def test_every_drafter_is_found():
+    """The walk finds the drafters beside the heads' too (a walk that found none would pass above)."""
+    names = {c.__name__ for c in drafter_classes()}
+    assert {"NgramDrafter", "LookupFirst", "HierarchicalDrafter", "LMDrafter", "AdaptiveLength", "OracleDrafter"} <= names
+    assert {drafter_class(kind).__name__ for kind in KINDS} <= names
+
+
+def test_contract_finds_a_drifted_drafter():
+    """The check can fail: a ``propose_rows`` taking one row's arguments, a single-row ``propose`` left
+    beside the batched verbs, and a drafter that never implements ``observe_rows`` are each found."""
+    class OneRow(Drafter):
+        def new_rows(self, prompts, lengths):
+            return []
+
+        def observe_rows(self, states, features, next_tokens):
+            pass
+
+        def propose_rows(self, state, root, sampling, max_depth):
+            raise NotImplementedError
+
+    class Leftover(OneRow):
+        def propose_rows(self, states, roots, sampling, max_depths):
+            return [self.propose(s, r, sampling, d) for s, r, d in zip(states, roots, max_depths)]
+
+        def propose(self, state, root, sampling, max_depth):
+            raise NotImplementedError
+
+    class Unobserving(Drafter):
+        def new_rows(self, prompts, lengths):
+            return []
+
+        def propose_rows(self, states, roots, sampling, max_depths):
+            return []
+
+    assert [f.split("(")[0] for f in contract_faults(OneRow)] == ["OneRow.propose_rows"]
+    assert contract_faults(Leftover) == ["Leftover.propose is public but no base declares it"]
+    assert contract_faults(Unobserving) == ["Unobserving.observe_rows not implemented"]
+
+
 @pytest.fixture(scope="module")
 def target():
     return make_tiny_target("llama", num_layers=6)
@@ -69,14 +146,14 @@ def test_objective_and_drafter_keep_their_bases_signatures(kind):
 
 def test_drift_finds_a_changed_signature():
     """The check above can fail: a features() without ``states`` (what early-exit's once was) and a
-    propose() with a renamed parameter are found."""
+    propose_rows() with a renamed parameter are found."""
     class NoStates(Objective):
         @staticmethod
         def features(target, batch, head, need_top1=False):
             raise NotImplementedError
 
     class Renamed(HeadDrafter):
-        def propose(self, state, token, sampling, max_depth):
+        def propose_rows(self, states, tokens, sampling, max_depths):
             raise NotImplementedError
 
     class Unbound(Objective):
@@ -84,7 +161,7 @@ def test_drift_finds_a_changed_signature():
             raise NotImplementedError
 
     assert [line.split("(")[0] for line in drift(Objective, NoStates)] == ["NoStates.features"]
-    assert [line.split("(")[0] for line in drift(HeadDrafter, Renamed)] == ["Renamed.propose"]
+    assert [line.split("(")[0] for line in drift(HeadDrafter, Renamed)] == ["Renamed.propose_rows"]
     assert [line.split("(")[0] for line in drift(Objective, Unbound)] == ["Unbound.configure"]
 
 

@@ -11,7 +11,7 @@ from conftest import make_tiny_target
 from hybrids import HYBRIDS, make_tiny_hybrid
 
 from infer import SpeculativeGenerator
-from infer.ngram import NgramDrafter
+from infer.drafters.ngram import NgramDrafter
 from infer.state_memory import state_memory
 from scripts.plan import main
 from train.config import load_config

@@ -15,13 +15,13 @@ from data.base.device import sync
 from data.targets import resolve_target
 from heads import AutoHead
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.lookup_first import LookupFirst
 from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from infer.drafters import AdaptiveLength, TreeOption, adaptive_chain, drafter_class, fit_chain, make_drafter
-from infer.hierarchical import HierarchicalDrafter
+from infer.drafters.hierarchical import HierarchicalDrafter
 from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.drafters.lm_drafter import LMDrafter
-from infer.ngram import NgramDrafter
+from infer.drafters.lookup_first import LookupFirst
+from infer.drafters.ngram import NgramDrafter
 from infer.recurrent import is_hybrid
 from infer.tree import MEDUSA_DEFAULT_CHOICES
 

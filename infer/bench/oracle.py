@@ -22,14 +22,15 @@ class OracleDrafter(Drafter):
         self.max_nodes = tree_nodes or depth + 1
         self._trees: dict[int, tuple] = {}
 
-    def new_state(self) -> dict:
-        return {"pos": self.prompt_len}  # index of the root (the first new token) in seq
+    def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[dict]:
+        return [{"pos": self.prompt_len} for _ in prompts]  # index of the root (the first new token) in seq
 
-    def observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        if features.shape[1] != next_tokens.shape[1] or features.shape[1] == 0:
-            raise AssertionError("the generator must pass one feature per accepted token")
-        state["pos"] += next_tokens.shape[1] if state.get("started") else 0
-        state["started"] = True
+    def observe_rows(self, states: list[dict], features: list[torch.Tensor], next_tokens: list[torch.Tensor]) -> None:
+        for state, feats, tokens in zip(states, features, next_tokens):
+            if feats.shape[1] != tokens.shape[1] or feats.shape[1] == 0:
+                raise AssertionError("the generator must pass one feature per accepted token")
+            state["pos"] += tokens.shape[1] if state.get("started") else 0
+            state["started"] = True
 
     def _layout(self, levels: int, device: torch.device):
         """Parents and, per node, (depth, is_path) of the tree for ``levels`` draft levels."""
@@ -52,8 +53,12 @@ class OracleDrafter(Drafter):
             self._trees[levels] = (buffers, torch.tensor(on_path, device=device), torch.tensor(depths, device=device))
         return self._trees[levels]
 
-    def propose(self, state: dict, root: torch.Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        pos = state["pos"]
+    def propose_rows(self, states: list[dict], roots: list[torch.Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        return [self._propose(s["pos"], r, d) for s, r, d in zip(states, roots, max_depths)]
+
+    def _propose(self, pos: int, root: torch.Tensor, max_depth: int) -> Draft:
+        """The row's draft from seq[pos] on (its root) to ``max_depth`` levels."""
         levels = max(0, min(self.depth, max_depth, self.seq.numel() - pos - 1))
         buffers, on_path, depths = self._layout(levels, root.device)
         truth = self.seq[pos + depths.clamp(max=self.seq.numel() - pos - 1)]  # (N,) true token at each depth

@@ -39,14 +39,13 @@ def head_draft_cost(target, args, device, dtype) -> dict:
     for name, tree, compile in shapes:
         drafter = drafter_class("eagle3")(head, target, tree)
         drafter.compile_with(compile)
-        state = drafter.new_state()
-        drafter.reserve(state, args.prompt_tokens + args.max_new_tokens)
         features = torch.randn(1, args.prompt_tokens, 3 * cfg.hidden_size, device=device, dtype=dtype)
         tokens = torch.randint(3, cfg.vocab_size, (1, args.prompt_tokens), device=device)
+        states = drafter.new_rows([tokens], [args.prompt_tokens + args.max_new_tokens])  # a batch of one
         with torch.inference_mode():
-            drafter.observe(state, features, tokens)
-            root = tokens[0, -1]
-            seconds, _ = timed(lambda: drafter.propose(state, root, Sampling(), max_depth=64), 3, args.cost_repeats)
+            drafter.observe_rows(states, [features], [tokens])
+            roots = [tokens[0, -1]]
+            seconds, _ = timed(lambda: drafter.propose_rows(states, roots, Sampling(), [64]), 3, args.cost_repeats)
         result[name] = seconds
     return result
 

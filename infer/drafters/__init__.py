@@ -1,5 +1,8 @@
 """Drafters: ``base`` (what every drafter is), one module per head kind (``<kind>.py``, its class
-named ``DRAFTER``), and the lookup from a head to its drafter."""
+named ``DRAFTER``), the lookup from a head to its drafter, and the drafters that are no head kind:
+``adaptive`` (a chain whose length follows the acceptance), ``lm_drafter`` (a small LM), ``layer_skip``
+(the target's first layers), ``ngram`` (prompt lookup), ``lookup_first`` (prompt lookup, else another
+drafter) and ``hierarchical`` (a draft LM whose own drafts are guessed). Import those from their modules."""
 from __future__ import annotations
 
 import importlib

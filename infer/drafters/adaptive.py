@@ -2,8 +2,8 @@
 
 The wrapper caps each proposal's depth at a running length: +2 after a step that accepted every
 drafted level, -1 (not below 1) otherwise. It works with every drafter that honours ``max_depth``
-in ``propose`` (all of draftsmith's do: chains are cut, trees lose their deeper levels). The
-number of accepted drafts is read from ``observe``: after a step it receives the accepted drafts
+in ``propose_rows`` (all of draftsmith's do: chains are cut, trees lose their deeper levels). The
+number of accepted drafts is read from ``observe_rows``: after a step it receives the accepted drafts
 plus the bonus token.
 """
 from __future__ import annotations
@@ -38,23 +38,11 @@ class AdaptiveLength(Drafter):
         self.aux_layer_ids = drafter.aux_layer_ids
         self.max_nodes = drafter.max_nodes  # the inner drafter's budget bounds every proposal
 
-    def new_state(self) -> AdaptiveState:
-        return AdaptiveState(self.drafter.new_state(), self.initial)
-
     def compile_with(self, compile: bool | str) -> None:
         self.drafter.compile_with(compile)
 
-    def begin(self, state: AdaptiveState, input_ids: Tensor) -> None:
-        self.drafter.begin(state.inner, input_ids)
-
-    def reserve(self, state: AdaptiveState, length: int) -> None:
-        self.drafter.reserve(state.inner, length)  # e.g. an EAGLE head's preallocated cache
-
-    def new_rows(self, lengths: list[int]) -> list[AdaptiveState]:
-        return [AdaptiveState(inner, self.initial) for inner in self.drafter.new_rows(lengths)]
-
-    def observe(self, state: AdaptiveState, features: Tensor, next_tokens: Tensor) -> None:
-        self.observe_rows([state], [features], [next_tokens])
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[AdaptiveState]:
+        return [AdaptiveState(inner, self.initial) for inner in self.drafter.new_rows(prompts, lengths)]
 
     def observe_rows(self, states: list[AdaptiveState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
         for state, tokens in zip(states, next_tokens):
@@ -62,9 +50,6 @@ class AdaptiveLength(Drafter):
                 full = tokens.shape[1] - 1 >= state.proposed
                 state.length = min(state.length + 2, self.maximum) if full else max(state.length - 1, 1)
         self.drafter.observe_rows([s.inner for s in states], features, next_tokens)
-
-    def propose(self, state: AdaptiveState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        return self.propose_rows([state], [root], sampling, [max_depth])[0]
 
     def propose_rows(self, states: list[AdaptiveState], roots: list[Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:

@@ -1,10 +1,10 @@
 """What every drafter is: the ``Drafter`` base class, the draft it returns, the draft shapes
 (``StaticTree``, ``DynamicTree``, ``Chain``) and ``HeadDrafter``, the base of a head kind's drafter.
 
-A drafter subclasses ``Drafter``. The generator calls ``observe`` with the target's
-features of newly accepted tokens (true features, from the verify forward) and ``propose`` to get
-the next draft. Per-generation state lives in a small dataclass that the generator holds and
-passes back explicitly; drafters themselves are stateless.
+A drafter subclasses ``Drafter``. The generator calls ``new_rows`` once per batch, then
+``observe_rows`` with the target's features of newly accepted tokens (true features, from the verify
+forward) and ``propose_rows`` to get the next drafts, one per row. Per-generation state lives in a small
+dataclass per row that the generator holds and passes back explicitly; drafters themselves are stateless.
 
 Position convention (one token shift, as in EAGLE): ``features[:, i]`` is the target's feature at
 the token t_i and ``next_tokens[:, i]`` is t_{i+1}; the last pair's next token is the current root.
@@ -101,36 +101,36 @@ class Draft:
 
 class Drafter:
     """What the generator needs from a drafter: every drafter (heads, the draft LM, n-grams, the
-    adaptive wrapper, test stubs) subclasses this. ``new_state``, ``observe`` and ``propose`` are
-    its own; ``reserve`` and ``begin`` are hooks that do nothing unless a drafter needs them."""
+    adaptive wrapper, test stubs) subclasses this. Its verbs take a batch's rows, one list entry per
+    row (one row: lists of one): ``new_rows``, ``observe_rows`` and ``propose_rows`` are its own;
+    ``before_draft`` and ``compile_with`` are hooks that do nothing unless a drafter needs them. A
+    drafter that drafts each row on its own loops over them itself (a private per-row helper)."""
 
     aux_layer_ids: tuple[int, ...] = ()  # target features read: () = the final post-norm hidden
     # The most nodes (root included) a draft can have: the tree budget the static cache is sized for
     # and a compiled verify pads every draft to (required there; None: eager only, the cache grows).
     max_nodes: int | None = None
-
-    def new_state(self) -> Any:
-        """Per-generation state, passed back to every other call."""
-        raise NotImplementedError
-
-    def observe(self, state: Any, features: Tensor, next_tokens: Tensor) -> None:
-        """features (1, A, F) of accepted tokens, next_tokens (1, A) the token after each."""
-        raise NotImplementedError
-
-    def propose(self, state: Any, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        """A draft rooted at ``root`` (0-d long) with at most ``max_depth`` draft levels."""
-        raise NotImplementedError
-
-    def reserve(self, state: Any, length: int) -> None:
-        """Preallocate per-generation buffers for ``length`` tokens (prompt + max_new_tokens);
-        called after ``new_state``."""
-
-    def begin(self, state: Any, input_ids: Tensor) -> None:
-        """See the prompt's ids (1, P) before the first ``observe`` (drafters that read token ids)."""
-
     # The target's layers from some layer on (then its final norm and lm_head), which the verify runs
     # on drafts that carry ``entry`` states (layer skip shares its first layers' KV with the verify).
     entry_model: nn.Module | None = None
+
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[Any]:
+        """One state per row of a batch, passed back to every other verb: prompts[b] (1, P_b) row b's
+        prompt ids (its pad columns dropped; drafters that read token ids keep them), the row reserved
+        for ``lengths[b]`` tokens (its prompt + max_new_tokens). Drafters are stateless: the generator
+        holds the states. The first ``observe_rows`` follows, with the prompt's features."""
+        raise NotImplementedError
+
+    def observe_rows(self, states: list[Any], features: list[Tensor], next_tokens: list[Tensor]) -> None:
+        """The rows' newly accepted tokens: features[i] (1, A_i, F) the target's features at them,
+        next_tokens[i] (1, A_i) the token after each (the last one is the row's next root)."""
+        raise NotImplementedError
+
+    def propose_rows(self, states: list[Any], roots: list[Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        """One draft per row, row i's rooted at ``roots[i]`` (0-d long) with at most ``max_depths[i]``
+        draft levels."""
+        raise NotImplementedError
 
     def before_draft(self, cache: Any, lengths: list[int], pads: list[int]) -> None:
         """The target's cache (``infer.cache.StaticKVCache``) as this step's drafts find it: row b's
@@ -140,27 +140,6 @@ class Drafter:
     def compile_with(self, compile: bool | str) -> None:
         """The generator's ``compile`` switch (``infer.compiling.compiled``), given once it is built: a
         drafter with a fixed-shape draft step compiles it; the rest draft eagerly."""
-
-    # A batch's rows: the generator calls these three; by default each row on its own. A drafter
-    # that drafts every row in one pass (the heads) overrides them, its rows sharing buffers.
-
-    def new_rows(self, lengths: list[int]) -> list[Any]:
-        """One state per row of a batch, row b reserved for ``lengths[b]`` tokens (its prompt +
-        max_new_tokens)."""
-        states = [self.new_state() for _ in lengths]
-        for state, length in zip(states, lengths):
-            self.reserve(state, length)
-        return states
-
-    def observe_rows(self, states: list[Any], features: list[Tensor], next_tokens: list[Tensor]) -> None:
-        """``observe`` for several rows: features[i] (1, A_i, F), next_tokens[i] (1, A_i)."""
-        for state, feats, tokens in zip(states, features, next_tokens):
-            self.observe(state, feats, tokens)
-
-    def propose_rows(self, states: list[Any], roots: list[Tensor], sampling: Sampling,
-                     max_depths: list[int]) -> list[Draft]:
-        """``propose`` for several rows: one draft per row."""
-        return [self.propose(s, r, sampling, d) for s, r, d in zip(states, roots, max_depths)]
 
 
 @functools.lru_cache(maxsize=64)
@@ -242,10 +221,10 @@ class HeadDrafter(Drafter):
         """The longest chain this head can draft (for a CLI's ``--chain`` range)."""
         return 16
 
-    def rewind(self, state: Any, length: int) -> None:
-        """Forget every observed (feature, next token) pair past the first ``length``: the text this
-        state read was cut back (a head nested in a draft LM's own decoding, ``infer.hierarchical``).
-        The next call is ``observe`` of the pairs from ``length`` on."""
+    def rewind_rows(self, states: list[Any], lengths: list[int]) -> None:
+        """Forget every observed (feature, next token) pair of row i past its first ``lengths[i]``: the
+        text that row read was cut back (a head nested in a draft LM's own decoding,
+        ``infer.drafters.hierarchical``). The next call is ``observe_rows`` of the pairs from there on."""
         raise NotImplementedError(f"{type(self).__name__} cannot be rewound")
 
     shapes: tuple[type, ...] = (Chain,)  # the draft shapes this kind takes

@@ -80,19 +80,10 @@ class DFlashDrafter(HeadDrafter):
         self.block_size = head.config.block_size
         self._mask_ids: dict[str, torch.Tensor] = {}  # device -> (B-1,) mask ids
 
-    def new_state(self) -> DFlashState:
-        return DFlashState()
-
-    def reserve(self, state: DFlashState, length: int) -> None:
-        state.cache = StaticHeadCache(length + 1)
-
-    def new_rows(self, lengths: list[int]) -> list[DFlashState]:
+    def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[DFlashState]:
         """The rows of a batch, on one context cache with a row each."""
         cache = StaticHeadCache(max(lengths) + 1, rows=len(lengths))
         return [DFlashState(cache, b) for b in range(len(lengths))]
-
-    def observe(self, state: DFlashState, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        self.observe_rows([state], [features], [next_tokens])
 
     def observe_rows(self, states: list[DFlashState], features: list[torch.Tensor],
                      next_tokens: list[torch.Tensor]) -> None:
@@ -108,12 +99,10 @@ class DFlashDrafter(HeadDrafter):
             finally:
                 cache.counts = None
 
-    def propose(self, state: DFlashState, root: torch.Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        return self.propose_rows([state], [root], sampling, [max_depth])[0]
-
-    def rewind(self, state: DFlashState, length: int) -> None:
-        """The context cache keeps the K/V of its first ``length`` tokens."""
-        state.cache.crop_row(state.row, length)
+    def rewind_rows(self, states: list[DFlashState], lengths: list[int]) -> None:
+        """Each row's context cache keeps the K/V of its first ``lengths[i]`` tokens."""
+        for state, length in zip(states, lengths):
+            state.cache.crop_row(state.row, length)
 
     def propose_rows(self, states: list[DFlashState], roots: list[torch.Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:

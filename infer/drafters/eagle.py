@@ -50,15 +50,9 @@ class EagleDrafter(HeadDrafter):
             self.max_nodes = tree.total_tokens
             self._explored = tree.depth * tree.top_k
 
-    def new_state(self) -> EagleState:
-        return EagleState()
-
-    def reserve(self, state: EagleState, length: int) -> None:
-        """Preallocate the head's cache: every accepted position plus one draft's exploration."""
-        state.cache = StaticHeadCache(length + self._explored + 1)
-
-    def new_rows(self, lengths: list[int]) -> list[EagleState]:
-        """The rows of a batch, on one head cache with a row each."""
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[EagleState]:
+        """The rows of a batch, on one head cache with a row each: every accepted position plus one
+        draft's exploration."""
         cache = StaticHeadCache(max(lengths) + self._explored + 1, rows=len(lengths))
         return [EagleState(cache, b) for b in range(len(lengths))]
 
@@ -100,9 +94,6 @@ class EagleDrafter(HeadDrafter):
         finally:
             cache.counts = None
 
-    def observe(self, state: EagleState, features: Tensor, next_tokens: Tensor) -> None:
-        self.observe_rows([state], [features], [next_tokens])
-
     def observe_rows(self, states: list[EagleState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
         """One head forward per batch over every row's accepted tokens (padded to the longest)."""
         for group in group_rows(states).values():
@@ -115,12 +106,11 @@ class EagleDrafter(HeadDrafter):
                 b = states[i].row
                 states[i].hidden = out[b: b + 1, counts[b] - 1: counts[b]]
 
-    def propose(self, state: EagleState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        return self.propose_rows([state], [root], sampling, [max_depth])[0]
-
-    def rewind(self, state: EagleState, length: int) -> None:
-        """The head cache keeps its first ``length`` entries (``hidden`` is set again by the next observe)."""
-        state.cache.crop_row(state.row, length)
+    def rewind_rows(self, states: list[EagleState], lengths: list[int]) -> None:
+        """Each row's head cache keeps its first ``lengths[i]`` entries (``hidden`` is set again by the
+        next observe)."""
+        for state, length in zip(states, lengths):
+            state.cache.crop_row(state.row, length)
 
     def propose_rows(self, states: list[EagleState], roots: list[Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:

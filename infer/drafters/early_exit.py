@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from infer.drafters.base import Chain, HeadDrafter
-from infer.hf_cache import cache_kwargs
 from infer.drafters.layer_skip import shallow_backbone
 from infer.drafters.lm_drafter import LMDrafter
+from infer.hf_cache import cache_kwargs
 
 DEFAULT_CHAIN = Chain(4)  # drafts per step when none is given (a CPU-sized chain, as layer skip's)
 

@@ -28,9 +28,9 @@ from data.base.paths import cache_root
 from heads.common import final_norm_name
 from heads.layers import additive_mask
 from infer.batch import attention_masks
-from infer.drafters import Chain, Draft, Sampling, chain_buffers
-from infer.hf_cache import cache_kwargs
+from infer.drafters.base import Chain, Draft, Sampling, chain_buffers
 from infer.drafters.lm_drafter import LMDrafter, LMState
+from infer.hf_cache import cache_kwargs
 from infer.target import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
 
 CALIBRATION_DIR = "layer-skip"  # under the cache root: one JSON per (target, device type, dtype)
@@ -163,14 +163,8 @@ class LayerSkipDrafter(LMDrafter):
         self._step: tuple | None = None  # (cache, lengths, pads) of this step, from before_draft
         self._compiled = False
 
-    def new_state(self) -> LayerSkipState:
-        return LayerSkipState()
-
-    def new_rows(self, lengths: list[int]) -> list[LayerSkipState]:
-        states = super().new_rows(lengths)
-        for b, state in enumerate(states):
-            state.row = b
-        return states
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[LayerSkipState]:
+        return [LayerSkipState(seq=prompt[0, :1], row=b) for b, prompt in enumerate(prompts)]
 
     def compile_with(self, compile: bool | str) -> None:
         self._compiled = bool(compile)

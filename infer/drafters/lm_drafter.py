@@ -17,9 +17,9 @@ from transformers.cache_utils import DynamicCache
 
 from data.base.checks import probability
 from infer.cache import keep_accepted
-from infer.recurrent import cache_checkpoint, is_hybrid, restore_cache
-from infer.drafters import Chain, Draft, Drafter, Sampling, chain_draft, root_only
+from infer.drafters.base import Chain, Draft, Drafter, Sampling, chain_draft, root_only
 from infer.hf_cache import cache_kwargs
+from infer.recurrent import cache_checkpoint, is_hybrid, restore_cache
 
 
 def check_same_tokenizer(draft: nn.Module, target: nn.Module) -> None:
@@ -64,14 +64,13 @@ class LMDrafter(Drafter):
         # by checkpoint and replay (infer.recurrent)
         self.hybrid = is_hybrid(model.config)
 
-    def new_state(self) -> LMState:
-        return LMState()
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[LMState]:
+        # observe_rows appends the rest of the prompt and the first token
+        return [LMState(seq=prompt[0, :1]) for prompt in prompts]
 
-    def begin(self, state: LMState, input_ids: Tensor) -> None:
-        state.seq = input_ids[0, :1]  # observe() appends the rest of the prompt and the first token
-
-    def observe(self, state: LMState, features: Tensor, next_tokens: Tensor) -> None:
-        state.seq = torch.cat([state.seq, next_tokens[0].to(state.seq.device)])
+    def observe_rows(self, states: list[LMState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
+        for state, tokens in zip(states, next_tokens):
+            state.seq = torch.cat([state.seq, tokens[0].to(state.seq.device)])
 
     def _new_cache(self) -> DynamicCache:
         """An empty cache for the draft model: transformers' own per-layer kinds for a hybrid."""
@@ -126,8 +125,13 @@ class LMDrafter(Drafter):
         keep_accepted(state.cache, keep, state.cached.new_zeros(0))
         state.cached = state.cached[:keep]
 
+    def propose_rows(self, states: list[LMState], roots: list[Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        """Each row's chain from its own draft-model cache (one row per forward)."""
+        return [self._propose(s, r, sampling, d) for s, r, d in zip(states, roots, max_depths)]
+
     @torch.inference_mode()
-    def propose(self, state: LMState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+    def _propose(self, state: LMState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
         length = min(self.option.length, max_depth)
         if length <= 0:
             return root_only(root)

@@ -47,14 +47,11 @@ class MedusaDrafter(HeadDrafter):
         # (max_depth, device) -> (buffers, ranks (N,), depth, top ranks needed): built once, no syncs later
         self._pruned: dict[tuple[int, str], tuple[TreeBuffers, Tensor, int, int]] = {}
 
-    def new_state(self) -> MedusaState:
-        return MedusaState()
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[MedusaState]:
+        return [MedusaState() for _ in prompts]
 
-    def observe(self, state: MedusaState, features: Tensor, next_tokens: Tensor) -> None:
-        self.observe_rows([state], [features], [next_tokens])
-
-    def rewind(self, state: MedusaState, length: int) -> None:
-        """Nothing to cut: the state is the heads' logits at the last observed token, which the next
+    def rewind_rows(self, states: list[MedusaState], lengths: list[int]) -> None:
+        """Nothing to cut: a state is the heads' logits at the last observed token, which the next
         observe replaces."""
 
     def observe_rows(self, states: list[MedusaState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
@@ -74,8 +71,13 @@ class MedusaDrafter(HeadDrafter):
                                  max(ranks[:keep]) + 1)
         return self._pruned[key]
 
-    def propose(self, state: MedusaState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        logits = state.logits  # (K, V)
+    def propose_rows(self, states: list[MedusaState], roots: list[Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        """Each row's draft from its heads' logits (already computed for every row by ``observe_rows``)."""
+        return [self._propose(s.logits, r, sampling, d) for s, r, d in zip(states, roots, max_depths)]
+
+    def _propose(self, logits: Tensor, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+        """One row's draft from its heads' logits (K, V)."""
         if isinstance(self.option, Chain):
             length = min(self.option.length, max_depth)
             if sampling.greedy:

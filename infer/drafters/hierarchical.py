@@ -12,7 +12,7 @@ chain is token for token the one the draft LM drafts alone (greedy) or has its l
 
 Rejected guesses are cut from the draft LM's cache, and so are tokens the target rejected. A head at
 the inner level is cut back with it: it has read (the draft LM's feature at token i, token i + 1) for
-the kept tokens only (``HeadDrafter.rewind``), and reads the pairs after them before it guesses again.
+the kept tokens only (``HeadDrafter.rewind_rows``), and reads the pairs after them before it guesses again.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from infer.drafters import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
-from infer.hf_cache import cache_kwargs
+from infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
 from infer.drafters.lm_drafter import LMDrafter, LMState
-from infer.ngram import NgramDrafter, find_continuations
+from infer.drafters.ngram import NgramDrafter, find_continuations
+from infer.hf_cache import cache_kwargs
 from infer.target import target_forward
 
 GREEDY = Sampling()
@@ -54,7 +54,7 @@ class HierarchicalDrafter(LMDrafter):
         if isinstance(self.inner, HeadDrafter):
             if not isinstance(self.inner.option, Chain):
                 raise TypeError(f"the inner head guesses a Chain, not {type(self.inner.option).__name__}")
-            if type(self.inner).rewind is HeadDrafter.rewind:
+            if type(self.inner).rewind_rows is HeadDrafter.rewind_rows:
                 raise TypeError(f"{type(self.inner).__name__} cannot be the inner level: it cannot be cut back "
                                 "with the draft LM's cache (an EAGLE, EAGLE-3, DFlash or Medusa head can)")
             try:  # a head of the draft LM: it reads the draft LM's features
@@ -65,12 +65,12 @@ class HierarchicalDrafter(LMDrafter):
             raise TypeError(f"the inner level drafts with an NgramDrafter or a head's drafter, not {type(self.inner).__name__}")
         self._head = isinstance(self.inner, HeadDrafter)
 
-    def new_state(self) -> HierarchicalState:
-        return HierarchicalState(inner=self.inner.new_state() if self._head else None)
-
-    def reserve(self, state: HierarchicalState, length: int) -> None:
-        if self._head:  # the text plus a chain and one round of guesses past it
-            self.inner.reserve(state.inner, length + 2 * self.option.length + 1)
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[HierarchicalState]:
+        """Each row's state; with a head, its own inner state (a batch of one: the rows' draft LMs read
+        different texts at different times), reserved for the text plus a chain and one round of guesses."""
+        inner = [self.inner.new_rows([p], [n + 2 * self.option.length + 1])[0] if self._head else None
+                 for p, n in zip(prompts, lengths)]
+        return [HierarchicalState(seq=p[0, :1], inner=s) for p, s in zip(prompts, inner)]
 
     def _cut(self, state: HierarchicalState, keep: int) -> None:
         super()._cut(state, keep)
@@ -78,7 +78,7 @@ class HierarchicalDrafter(LMDrafter):
             state.feats = state.feats[:keep]
             if state.observed > max(keep - 1, 0):  # a pair needs its next token kept too
                 state.observed = max(keep - 1, 0)
-                self.inner.rewind(state.inner, state.observed)
+                self.inner.rewind_rows([state.inner], [state.observed])
 
     def _read(self, state: HierarchicalState, tokens: Tensor) -> Tensor:
         """Feed ``tokens`` (T,) after the cache; float32 logits (T, V): the law after each of them."""
@@ -107,12 +107,14 @@ class HierarchicalDrafter(LMDrafter):
         text = state.cached if pending is None else torch.cat([state.cached, pending.reshape(1)])
         n = text.numel()
         if state.observed < n - 1:  # the pairs up to the last decided token
-            self.inner.observe(state.inner, state.feats[state.observed: n - 1][None], text[state.observed + 1:][None])
+            self.inner.observe_rows([state.inner], [state.feats[state.observed: n - 1][None]],
+                                    [text[state.observed + 1:][None]])
             state.observed = n - 1
-        return self.inner.propose(state.inner, text[-1], GREEDY, need).tokens[1:]
+        return self.inner.propose_rows([state.inner], [text[-1]], GREEDY, [need])[0].tokens[1:]
 
     @torch.inference_mode()
-    def propose(self, state: HierarchicalState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+    def _propose(self, state: HierarchicalState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+        """One row's chain (``LMDrafter.propose_rows`` runs it per row): the draft LM's rounds of guesses."""
         length = min(self.option.length, max_depth)
         if length <= 0:
             return root_only(root)

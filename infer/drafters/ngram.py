@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from data.base.checks import count
-from infer.drafters import Draft, Drafter, Sampling, root_only
+from infer.drafters.base import Draft, Drafter, Sampling, root_only
 from infer.tree import tree_from_parents
 
 
@@ -75,16 +75,19 @@ class NgramDrafter(Drafter):
         self.max_ngram, self.min_ngram, self.length, self.branches = max_ngram, min_ngram, length, branches
         self.max_nodes = 1 + length * branches  # the most nodes a draft has, root included
 
-    def new_state(self) -> NgramState:
-        return NgramState()
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[NgramState]:
+        return [NgramState(prompt[0, :1]) for prompt in prompts]  # observe_rows appends the rest
 
-    def begin(self, state: NgramState, input_ids: Tensor) -> None:
-        state.seq = input_ids[0, :1]
+    def observe_rows(self, states: list[NgramState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
+        for state, tokens in zip(states, next_tokens):
+            state.seq = torch.cat([state.seq, tokens[0].to(state.seq.device)])
 
-    def observe(self, state: NgramState, features: Tensor, next_tokens: Tensor) -> None:
-        state.seq = torch.cat([state.seq, next_tokens[0].to(state.seq.device)])
+    def propose_rows(self, states: list[NgramState], roots: list[Tensor], sampling: Sampling,
+                     max_depths: list[int]) -> list[Draft]:
+        """Each row's lookup on its own text."""
+        return [self._propose(s, r, d) for s, r, d in zip(states, roots, max_depths)]
 
-    def propose(self, state: NgramState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
+    def _propose(self, state: NgramState, root: Tensor, max_depth: int) -> Draft:
         length = min(self.length, max_depth)
         if length <= 0:
             return root_only(root)

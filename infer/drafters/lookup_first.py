@@ -8,7 +8,7 @@ continuation; when it has at least ``min_lookup`` tokens that draft is verified,
 (a head, a draft LM…) drafts.
 
 The inner drafter is not run on lookup steps: the features and tokens it must see are kept and
-``observe``d in one forward just before its next draft (its state after that is what it would be
+observed in one forward just before its next draft (its state after that is what it would be
 after observing each step — attention is causal — so only the number of its forwards changes).
 Lossless either way: a lookup draft is deterministic (``q`` None), the inner draft carries its own law.
 """
@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from data.base.checks import count
-from infer.drafters import Draft, Drafter, Sampling
-from infer.ngram import NgramDrafter
+from infer.drafters.base import Draft, Drafter, Sampling
+from infer.drafters.ngram import NgramDrafter
 
 
 @dataclass
@@ -50,28 +50,16 @@ class LookupFirst(Drafter):
         # the larger of the two drafts (None: the inner drafter has no bound, so neither has this)
         self.max_nodes = None if drafter.max_nodes is None else max(drafter.max_nodes, self.lookup.max_nodes)
 
-    def new_state(self) -> LookupFirstState:
-        return LookupFirstState(self.lookup.new_state(), self.drafter.new_state())
-
-    def reserve(self, state: LookupFirstState, length: int) -> None:
-        self.drafter.reserve(state.inner, length)
-
-    def new_rows(self, lengths: list[int]) -> list[LookupFirstState]:
-        return [LookupFirstState(self.lookup.new_state(), inner) for inner in self.drafter.new_rows(lengths)]
+    def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[LookupFirstState]:
+        return [LookupFirstState(lookup, inner) for lookup, inner in
+                zip(self.lookup.new_rows(prompts, lengths), self.drafter.new_rows(prompts, lengths))]
 
     def compile_with(self, compile: bool | str) -> None:
         self.drafter.compile_with(compile)
 
-    def begin(self, state: LookupFirstState, input_ids: Tensor) -> None:
-        self.lookup.begin(state.lookup, input_ids)
-        self.drafter.begin(state.inner, input_ids)
-
-    def observe(self, state: LookupFirstState, features: Tensor, next_tokens: Tensor) -> None:
-        self.observe_rows([state], [features], [next_tokens])
-
     def observe_rows(self, states: list[LookupFirstState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
+        self.lookup.observe_rows([s.lookup for s in states], features, next_tokens)
         for state, feats, tokens in zip(states, features, next_tokens):
-            self.lookup.observe(state.lookup, feats, tokens)
             state.features.append(feats)
             state.tokens.append(tokens)
 
@@ -84,13 +72,9 @@ class LookupFirst(Drafter):
         for s in pending:
             s.features, s.tokens = [], []
 
-    def propose(self, state: LookupFirstState, root: Tensor, sampling: Sampling, max_depth: int) -> Draft:
-        return self.propose_rows([state], [root], sampling, [max_depth])[0]
-
     def propose_rows(self, states: list[LookupFirstState], roots: list[Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:
-        drafts: list[Draft | None] = [self.lookup.propose(s.lookup, r, sampling, d)
-                                      for s, r, d in zip(states, roots, max_depths)]
+        drafts = self.lookup.propose_rows([s.lookup for s in states], roots, sampling, max_depths)
         inner = [i for i, d in enumerate(drafts) if d.tokens.shape[0] - 1 < self.min_lookup]
         if inner:
             rows = [states[i] for i in inner]
@@ -98,4 +82,4 @@ class LookupFirst(Drafter):
             for i, draft in zip(inner, self.drafter.propose_rows([s.inner for s in rows], [roots[i] for i in inner],
                                                                  sampling, [max_depths[i] for i in inner])):
                 drafts[i] = draft
-        return drafts  # type: ignore[return-value]
+        return drafts
