@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.batch_sizes:
         result["batch"] = time_batches(methods, prompts, args.batch_sizes, args, target, tokenizer)
     if args.train_throughput:
-        from train.setup import parse_args as train_args
+        from train.args import parse_args as train_args
         from train.throughput import measure_throughput
 
         configs = Path(__file__).resolve().parents[1] / "configs"

@@ -279,6 +279,8 @@ def _drop_inapplicable(raw: dict, from_file: dict) -> list[str]:
     if not isinstance(head, dict) or not isinstance(file_head, dict):
         return []
     kind = head.get("kind", HeadConfig.kind)
+    if kind == file_head.get("kind", HeadConfig.kind):  # the file's keys are for its own kind: checked as set
+        return []
     dropped = []
     for name in [f.name for f in dataclasses.fields(HeadConfig) if f.name != "kind"]:
         kinds = kinds_reading(name)
@@ -445,7 +447,6 @@ _UNBOUNDED_VOCAB = 2**62  # parse time: no target yet, so no vocabulary bound on
 def _validate(cfg: TrainConfig) -> None:
     """Check ranges and combinations; fill kind-dependent defaults (ttt_steps, feature_noise, output_dir)."""
     head, data, opt = cfg.head, cfg.data, cfg.train
-    _check_head(head)
     if opt.feature_noise is not None and head.kind != "eagle":
         raise ConfigError(f"train.feature_noise applies only to head.kind=eagle (head.kind={head.kind})")
     if head.kind == "eagle3" and head.ttt_steps is None:
@@ -478,6 +479,9 @@ def _validate(cfg: TrainConfig) -> None:
         for key, value in values.items():
             if value is not None and value < least:
                 raise ConfigError(f"{key} must be >= {least}, got {value}")
+    # The head checks load the head classes (torch, transformers: 15-26 s on a busy machine), so they
+    # come after the checks that need none: a mistake in a number is one line in a second.
+    _check_head(head)
     _check_head_options(head)
     if data.features is not None and data.feature_cache is not None:
         raise ConfigError("data.features (stored features) and data.feature_cache (filled while training) exclude "
