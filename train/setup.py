@@ -10,7 +10,6 @@ and its loss are one module so that DDP sees one forward per backward. Evaluatio
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
