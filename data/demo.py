@@ -7,6 +7,12 @@ The default location is ``$DRAFTSMITH_CACHE/demo/<size>-seed<N>-<fingerprint>`` 
 defaults to ``~/.cache/draftsmith``). Builds go to a temporary sibling that is renamed into place,
 so an interrupted build never looks complete, under a file lock, so concurrent requests for the
 same LM train it once (POSIX only: ``fcntl``).
+
+``demo:tiny`` also ships built, in ``data/demo_targets/tiny-seed0/`` (``SHIPPED``; package data, so a
+``pip install .`` has it too): a request whose fingerprint equals the shipped copy's, with every shipped
+file as recorded, copies it into the cache instead of training for 7-8 minutes. A changed recipe or
+corpus, or a damaged shipped file, is said in one line and built as before. Refresh the copy after a
+recipe change with ``python scripts/make_demo_target.py --size tiny --ship``.
 """
 from __future__ import annotations
 
@@ -35,6 +41,8 @@ BUILD_TIME = {"tiny": "about 9 minutes on 2 idle CPU cores, longer on busy ones"
 TOKENIZER_SOURCE = {"assistant": "tiny"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 FILES_KEY = "files"  # in the summary: {name: {"bytes", "sha256"}} of every file as built
+# Built demo LMs that ship with draftsmith, one folder per "<size>-seed<seed>" (docs/setup.md: why).
+SHIPPED = Path(__file__).resolve().parent / "demo_targets"
 
 
 def tokenizer_key(tokenizer_dir: str | Path) -> str:
@@ -142,6 +150,7 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
     """
     settings, fp, name = _resolve(size, seed, tokenizer_dir, overrides)
     out = Path(out_dir) if out_dir is not None else cache_root() / "demo" / name
+    default_request = tokenizer_dir is None and not overrides
     if _summary(out, fp) is not None:
         damaged = damaged_files(out)
         if not damaged:
@@ -152,13 +161,6 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists but is not a demo LM with fingerprint {fp} "
                               f"(size={size}, seed={seed}, overrides={overrides}); remove it or choose another --out")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise RuntimeError(f"demo LM {out} is missing and cannot be trained inside a distributed launch; "
-                           f"build it first: python scripts/make_demo_target.py --size {size} --seed {seed}")
-    if tokenizer_dir is None and size in TOKENIZER_SOURCE:
-        tokenizer_dir = ensure_demo_target(TOKENIZER_SOURCE[size], seed, show_progress=show_progress)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir is not None else None
-
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         # Another process building the same LM holds this lock: wait for it, then reuse its result.
@@ -166,6 +168,14 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
         if is_built(out, fp):
             return out
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        if _copy_shipped(SHIPPED / f"{size}-seed{seed}", fp, out, tmp, say_mismatch=default_request):
+            return out
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise RuntimeError(f"demo LM {out} is missing and cannot be trained inside a distributed launch; "
+                               f"build it first: python scripts/make_demo_target.py --size {size} --seed {seed}")
+        if tokenizer_dir is None and size in TOKENIZER_SOURCE:
+            tokenizer_dir = ensure_demo_target(TOKENIZER_SOURCE[size], seed, show_progress=show_progress)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir is not None else None
         arch = {"llama": "Llama", "qwen3_5": "Qwen3.5 hybrid"}[settings.architecture]
         print(f"draftsmith: building the demo target demo:{size} (a {settings.num_layers}-layer {arch} trained on "
               f"Python's standard library; {BUILD_TIME.get(size, 'minutes to hours')}, once: cached in {out})",
@@ -180,6 +190,42 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _copy_shipped(shipped: Path, fp: str, out: Path, tmp: Path, *, say_mismatch: bool) -> bool:
+    """Copy the shipped demo LM ``shipped`` to ``out`` (through ``tmp``, renamed into place) if it is the one
+    with fingerprint ``fp`` and every file is as recorded; False (said in one line when it is a default
+    request or a damaged copy) if not. Caller holds ``out``'s lock."""
+    if not (shipped / SUMMARY_FILE).is_file():
+        return False
+    summary = _summary(shipped, fp)
+    if summary is None:
+        if say_mismatch:
+            try:
+                shipped_fp = json.loads((shipped / SUMMARY_FILE).read_text()).get("fingerprint")
+            except (OSError, ValueError, AttributeError):
+                shipped_fp = "unreadable"
+            print(f"draftsmith: the demo target shipped in {shipped} has fingerprint {shipped_fp}, this request "
+                  f"{fp} (the recipe, its settings or the corpus, this Python's standard library, changed): "
+                  "building it", file=sys.stderr, flush=True)
+        return False
+    recorded = summary.get(FILES_KEY)
+    damaged = changed_files(shipped, recorded) if isinstance(recorded, dict) and recorded else [SUMMARY_FILE]
+    if damaged:
+        print(f"draftsmith: the demo target shipped in {shipped} is damaged ({', '.join(damaged)} missing or "
+              "changed since it was built): building it", file=sys.stderr, flush=True)
+        return False
+    try:
+        tmp.mkdir()
+        for name in [*recorded, SUMMARY_FILE]:
+            shutil.copyfile(shipped / name, tmp / name)
+        share_readable(tmp)  # 0644/0755, as a build leaves it
+        os.replace(tmp, out)  # atomic; succeeds over an empty directory
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"draftsmith: the demo target comes built with draftsmith ({shipped}, fingerprint {fp}): copied to {out}",
+          file=sys.stderr, flush=True)
+    return True
 
 
 def demo_target_path(target: str) -> str:

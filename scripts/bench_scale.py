@@ -26,18 +26,16 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from data.base.checks import cli_count, cli_counts
 from data.base.paths import claim_report_dir
-from infer.bench.report import scale_markdown
-from infer.bench.scale import run_scale
+from data.cli import prog
 from infer.bench.shapes import SHAPES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The options (see the module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog("bench_scale.py"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama3.1-8b")
     p.add_argument("--num-prompts", type=cli_count(), default=2)
     p.add_argument("--prompt-tokens", type=cli_count(), default=128)
@@ -71,6 +69,11 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.out:
         claim_report_dir(args.out)  # before the benchmark: a folder of someone else's files is refused now
+    import torch  # only now: an argument mistake above is one line in a second
+
+    from infer.bench.report import scale_markdown
+    from infer.bench.scale import run_scale
+
     if args.threads:
         torch.set_num_threads(args.threads)
     result = run_scale(args)

@@ -49,28 +49,19 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from tqdm.auto import tqdm
-
 from data.base.checks import cli_count, cli_counts, cli_real
-from data.base.device import default_device
 from data.base.paths import claim_report_dir
-from data.targets import load_target, load_target_tokenizer, resolve_target
-from infer.bench.batch import time_batches
-from infer.bench.cost import step_costs
-from infer.bench.methods import TREE_SPEC, build_methods, time_methods
-from infer.bench.profile import profile_heads
+from data.cli import prog
 from infer.bench.prompts import load_prompts
-from infer.bench.report import summarise, write_report
-from infer.bench.timing import ForwardCounter, hardware
-from infer.threads import choose_threads
+from infer.bench.tree_spec import TREE_SPEC
 
 __all__ = ["load_prompts", "main", "parse_args"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The benchmark's options (see the module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog("benchmark.py"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory, hub id, demo:<size> or demo:smollm2")
     p.add_argument("--heads", nargs="*", default=[], help="trained head directories")
     p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation (a directory, "
@@ -128,6 +119,20 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     deadline = time.monotonic() + 60 * args.max_minutes if args.max_minutes else None
     claim_report_dir(args.out)  # before minutes of timing: a folder of someone else's files is refused now
+    # torch, transformers and the decoders load only now: an argument mistake is one line in a second
+    import torch
+    from tqdm.auto import tqdm
+
+    from data.base.device import default_device
+    from data.targets import load_target, load_target_tokenizer, resolve_target
+    from infer.bench.batch import time_batches
+    from infer.bench.cost import step_costs
+    from infer.bench.methods import build_methods, time_methods
+    from infer.bench.profile import profile_heads
+    from infer.bench.report import summarise, write_report
+    from infer.bench.timing import ForwardCounter, hardware
+    from infer.threads import choose_threads
+
     device = default_device(args.device)
     if device.type == "cpu":  # the one thread policy (infer.threads): --threads, OMP_NUM_THREADS or a probe
         print(choose_threads(args.threads), file=sys.stderr, flush=True)
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.batch_sizes:
         result["batch"] = time_batches(methods, prompts, args.batch_sizes, args, target, tokenizer)
     if args.train_throughput:
-        from train.setup import parse_args as train_args
+        from train.args import parse_args as train_args
         from train.throughput import measure_throughput
 
         configs = Path(__file__).resolve().parents[1] / "configs"

@@ -17,17 +17,15 @@ import sys
 from pathlib import Path
 
 from data.base.checks import cli_count, cli_counts
-from data.base.device import default_device
 from data.base.paths import claim_report_file, json_with_keys
-from infer.bench.calibrate_speculation import calibrate, plan_markdown
+from data.cli import prog
 from infer.bench.prompts import load_prompts
-from infer.drafters import Chain
-from infer.generator import SpeculativeGenerator
 from infer.plan import PLAN_FILE
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog("calibrate_speculation.py"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory, hub id, demo:<size> or demo:smollm2")
     p.add_argument("--head", required=True, help="trained head directory")
     p.add_argument("--batch-sizes", type=cli_counts(), default="1,2,4,8")
@@ -45,6 +43,12 @@ def main(argv: list[str] | None = None) -> dict:
     batch_sizes, lengths = sorted(set(args.batch_sizes)), sorted(set(args.lengths))
     out = claim_report_file(Path(args.out) if args.out else Path(args.head) / PLAN_FILE, json_with_keys("lengths"),
                             "speculation plan")
+    # torch and transformers load only now: an argument mistake above is one line in a second
+    from data.base.device import default_device
+    from infer.bench.calibrate_speculation import calibrate, plan_markdown
+    from infer.drafters import Chain
+    from infer.generator import SpeculativeGenerator
+
     gen = SpeculativeGenerator.from_pretrained(args.target, args.head, device=default_device(args.device),
                                                threads=args.threads, tree=Chain(max(1, max(lengths))), plan=None)
     tok = gen.tokenizer

@@ -17,23 +17,14 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from data.base.checks import cli_count, cli_real
-from data.cli import run
-from data.targets import load_target, resolve_target
-from heads import AutoHead
-from heads.formats import PROVENANCE_KEY, validate_export
-from heads.formats.validation import read_json_object
-from heads.formats.parity import compare_steps, compare_tensors, run_speculators, speculators_python
-from train.features import Features
-from train.objectives.dflash import block_outputs, sequence_context
-from train.unroll import shift_left, unroll
+from data.cli import prog, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The check's options (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=prog("check_export.py"), description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", type=Path, help="the export directory")
     parser.add_argument("--head", required=True, help="the head the export was written from (ours)")
     parser.add_argument("--target", required=True, help="the target (path, Hub id or demo:<size>); the consumer "
@@ -52,6 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens <= args.steps:
         raise ValueError(f"--tokens {args.tokens} must exceed --steps {args.steps} (the last --steps positions "
                          "are not compared)")
+    # torch, transformers and the heads load only now: an argument mistake above is one line in a second
+    from data.targets import load_target, resolve_target
+    from heads import AutoHead
+    from heads.formats import PROVENANCE_KEY, validate_export
+    from heads.formats.parity import speculators_python
+    from heads.formats.validation import read_json_object
+
     config = read_json_object(args.export / "config.json")
     fmt = (config.get(PROVENANCE_KEY) or {}).get("format")
     fmt = "vllm" if fmt == "vllm+sglang" else fmt
@@ -84,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _eagle3(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
     """Both sides on the same target states: ``(1, T)`` tokens, their aux features ``(1, T, 3·H_t)``."""
+    import torch
+
+    from heads.formats.parity import compare_steps, run_speculators
+    from train.unroll import shift_left, unroll
+
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, target.config.vocab_size, (1, args.tokens), generator=generator)
     with torch.no_grad():
@@ -104,6 +107,8 @@ def _eagle3(head, target, config, python, args, target_path) -> tuple[list[str],
 
 def _tensors(head, out) -> tuple[list[str], bool]:
     """The head's tensors against the consumer's loaded ones (its layer is ``layers.0`` where ours ``midlayer``)."""
+    from heads.formats.parity import compare_tensors
+
     ours = {k.replace("midlayer.", "layers.0."): v for k, v in head.state_dict().items()}
     lines, ok = compare_tensors(ours, {k.removeprefix("state."): v for k, v in out.items() if k.startswith("state.")})
     return lines[-6:], ok
@@ -112,6 +117,12 @@ def _tensors(head, out) -> tuple[list[str], bool]:
 def _dflash(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
     """Blocks ``[t_a, MASK...]`` at every anchor a of the same target states on both sides: one line per
     block position k >= 1 (the drafts), then the causal flag as vLLM's update_dflash derives it."""
+    import torch
+
+    from heads.formats.parity import compare_steps, run_speculators
+    from train.features import Features
+    from train.objectives.dflash import block_outputs, sequence_context
+
     generator = torch.Generator().manual_seed(0)
     bs, length = head.config.block_size, max(args.tokens, head.config.block_size + 2)
     ids = torch.randint(3, target.config.vocab_size, (1, length), generator=generator)

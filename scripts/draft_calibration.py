@@ -16,16 +16,17 @@ import argparse
 import statistics
 import sys
 
-import torch
-
 from data.base.checks import cli_count
-from heads import AutoHead
-from infer import Chain, SpeculativeGenerator
-from infer.drafters.eagle import EagleDrafter
+from data.cli import prog
 
 
 def calibration(target, head, prompts: list[list[int]], max_new_tokens: int) -> dict[str, float]:
     """Mean draft top-1 probability against greedy acceptance for one EAGLE head, over ``prompts``."""
+    import torch
+
+    from infer import Chain, SpeculativeGenerator
+    from infer.drafters.eagle import EagleDrafter
+
     gen = SpeculativeGenerator(target, head, tree=Chain(1))
     drafter = gen.drafter
     if not isinstance(drafter, EagleDrafter):
@@ -56,14 +57,16 @@ def calibration(target, head, prompts: list[list[int]], max_new_tokens: int) -> 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     """Calibrate every head in ``--heads`` on the same prompts; prints and returns the numbers."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog("draft_calibration.py"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
     p.add_argument("--heads", nargs="+", required=True)
     p.add_argument("--num-prompts", type=cli_count(), default=8)
     p.add_argument("--prompt-tokens", type=cli_count(), default=128)
     p.add_argument("--max-new-tokens", type=cli_count(), default=96)
-    args = p.parse_args(argv)
+    args = p.parse_args(argv)  # before torch loads: a mistake is one line in a second
     from data.targets import load_target, load_target_tokenizer, resolve_target  # demo:<size>, adapters
+    from heads import AutoHead
 
     target_path = resolve_target(args.target)
     target = load_target(target_path, attn_implementation="sdpa").eval()

@@ -17,21 +17,19 @@ import argparse
 import json
 import sys
 
-import torch
+from typing import TYPE_CHECKING
 
 from data.base.checks import cli_count, cli_real
 from data.base.paths import claim_report_file, json_with_keys
-from data.cli import run
-from data.corpus import split_texts
-from data.demo_lm import pack
-from data.targets import check_head_source
-from heads import AutoHead
-from infer import SpeculativeGenerator
+from data.cli import prog, run
 from infer.bench.prompts import load_prompts
+
+if TYPE_CHECKING:
+    from infer import SpeculativeGenerator
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="drift.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog("drift.py"), description=__doc__.split("\n\n")[0])
     p.add_argument("--head", required=True, help="trained head directory")
     p.add_argument("--target", required=True, help="the new target (directory, PEFT adapter, Hub id, demo:<size>)")
     p.add_argument("--old-target", help="the target the head was trained for (default: the head's own)")
@@ -47,20 +45,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-@torch.no_grad()
 def heldout_loss(model, tokenizer, tokens: int) -> float:
     """Next-token loss in nats/token of ``model`` on the first ``tokens`` of the held-out corpus."""
+    import torch
+
+    from data.corpus import split_texts
+    from data.demo_lm import pack
+
     length = min(512, getattr(model.config, "max_position_embeddings", None) or 512)
     blocks = pack(tokenizer, split_texts("heldout"), length)[: max(1, tokens // length)].to(model.device)
     total = 0.0
-    for batch in blocks.split(4):
-        logits = model(input_ids=batch).logits[:, :-1].float()  # (B, T-1, V)
-        total += torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="sum").item()
+    with torch.no_grad():
+        for batch in blocks.split(4):
+            logits = model(input_ids=batch).logits[:, :-1].float()  # (B, T-1, V)
+            total += torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="sum").item()
     return total / blocks[:, 1:].numel()
 
 
 def decode(gen: SpeculativeGenerator, prompts: list[list[int]], max_new_tokens: int) -> tuple[float, list[list[int]]]:
     """(τ over all prompts, greedy outputs)."""
+    import torch
+
     new_tokens, forwards, outputs = 0, 0, []
     for prompt in prompts:
         ids = torch.tensor([prompt], device=gen.target.device)
@@ -83,6 +88,10 @@ def agreement(old: list[list[int]], new: list[list[int]]) -> float:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = claim_report_file(args.out, json_with_keys("targets", "tau_lost"), "drift report") if args.out else None
+    from data.targets import check_head_source  # torch and transformers load only now: a mistake above is one line
+    from heads import AutoHead
+    from infer import SpeculativeGenerator
+
     check_head_source(args.head)
     head = AutoHead.from_pretrained(args.head)
     old_target = args.old_target or head.config.target_name_or_path

@@ -21,31 +21,20 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from data.base.checks import cli_count, cli_real
-from data.base.device import default_device
-from data.base.progress import progress
-from data.cli import run
-from data.features import DTYPES, bytes_per_token, open_store
-from data.targets import resolve_target
-from heads import build_head
-from infer.target import target_forward
-from infer.threads import choose_threads
+from data.base.names import FEATURE_DTYPES
+from data.cli import prog, run
 from train.config import load_config
-from train.examples import collate, data_sources, load_examples
-from train.feature_source import feature_fingerprint, row_states
-from train.setup import load_frozen_target
 from train.train_head import DEMO_CONFIG
-from train.objectives import objective_class
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog("dump_features.py"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(DEMO_CONFIG),
                    help="the training run's YAML config (default, as train/train_head.py's: %(default)s)")
     p.add_argument("--out", required=True, type=Path, help="feature folder (absent, empty, or an earlier dump's)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), help="storage precision (default: the target's own)")
+    p.add_argument("--dtype", choices=FEATURE_DTYPES, help="storage precision (default: the target's own)")
     p.add_argument("--shard-mb", type=cli_real(0, above=True), default=512, help="write a shard every this many MB (default 512)")
     p.add_argument("--batch-size", type=cli_count(), help="rows per target forward (default: train.micro_batch_size)")
     p.add_argument("--device", help="default: cuda when present, else cpu")
@@ -60,6 +49,21 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError("dump_features runs as one process: start it with python, not accelerate launch with "
                          f"{os.environ['WORLD_SIZE']} processes")
     cfg = load_config(args.config, args.overrides)
+    # torch and transformers load only now: a mistake in the arguments or most config keys is one line first
+    import torch
+
+    from data.base.device import default_device
+    from data.base.progress import progress
+    from data.features import bytes_per_token, open_store
+    from data.targets import resolve_target
+    from heads import build_head
+    from infer.target import target_forward
+    from infer.threads import choose_threads
+    from train.examples import collate, data_sources, load_examples
+    from train.feature_source import feature_fingerprint, row_states
+    from train.objectives import objective_class
+    from train.setup import load_frozen_target
+
     device = default_device(args.device)
     if device.type == "cpu":  # as training: one thread was 10-50x faster than two on a busy machine
         print(f"dump_features: {choose_threads()}", file=sys.stderr, flush=True)

@@ -18,27 +18,23 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from data.base.checks import cli_count
-from data.base.names import is_demo, looks_like_path
-from data.cli import run
-from data.targets import load_target, load_target_config, resolve_target
-from heads import AutoHead
-from heads.formats import FORMATS, export_head
+from data.base.names import EXPORT_FORMATS, is_demo, looks_like_path
+from data.cli import prog, run
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names; torch loads only after the arguments parse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The export options (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=prog("export.py"), description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head", required=True, help="head directory or Hub repo id (anything AutoHead loads)")
-    parser.add_argument("--to", required=True, choices=FORMATS, help="serving format")
+    parser.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="serving format")
     parser.add_argument("--out", required=True, type=Path, help="output directory (must be empty or absent)")
     parser.add_argument("--target", help="target path, Hub id or demo:<size>: checked against the head, fills "
                         "missing facts (required for --to speculators with an EAGLE-3 head: its embedding is written)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the weights (default: as saved)")
+    parser.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: as saved)")
     parser.add_argument("--num-speculative-tokens", type=cli_count(), default=3,
                         help="speculators format: proposal length vLLM uses by default")
     parser.add_argument("--verifier", help="speculators format: the target as `vllm serve DIR` loads it (a Hub id "
@@ -52,7 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> Path:
     """Load the head (and ``--target``), export it, print and return the output directory."""
-    args = parse_args(argv)
+    args = parse_args(argv)  # before torch loads: a mistake is one line in a second
+    import torch
+
+    from data.targets import load_target, load_target_config, resolve_target
+    from heads import AutoHead
+    from heads.formats import export_head
+
     head = AutoHead.from_pretrained(args.head)
     target = None
     if args.target:
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> Path:
         args.out,
         args.to,
         target=target,
-        dtype=DTYPES[args.dtype] if args.dtype else None,
+        dtype=getattr(torch, args.dtype) if args.dtype else None,
         num_speculative_tokens=args.num_speculative_tokens,
         max_position_embeddings=args.max_position_embeddings,
         overwrite=args.overwrite,

@@ -50,9 +50,12 @@ def cli(argv: list[str] | None = None) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
+    options, training = split_args(argv)
+    code = _check_training_args(training)  # before accelerate loads torch: a config mistake is one line in a second
+    if code is not None:
+        return code
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    options, training = split_args(argv)
     parser = launch_command_parser()
     try:
         args = parser.parse_args([*options, str(TRAIN_SCRIPT), *training])
@@ -74,6 +77,24 @@ def cli(argv: list[str] | None = None) -> int:
             print(f"error: accelerate launch failed: {type(err).__name__}: {err}", file=sys.stderr)
         return code
     return 0
+
+
+def _check_training_args(training: list[str]) -> int | None:
+    """None when the training's ``[--config FILE] [key=value ...]`` parse, else the exit code (its one line,
+    or --help, printed). accelerate's own options are checked by accelerate's parser, which loads torch first."""
+    from data.cli import one_line
+    from train.args import parse_args
+    from train.config import ConfigError
+    from train.train_head import DEMO_CONFIG
+
+    try:
+        parse_args(training, default_config=DEMO_CONFIG)
+    except ConfigError as err:
+        print(f"config error: {one_line(err)}", file=sys.stderr)
+        return 2
+    except SystemExit as err:  # argparse printed its one line (2) or the help (0)
+        return int(err.code or 0)
+    return None
 
 
 if __name__ == "__main__":

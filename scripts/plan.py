@@ -21,13 +21,14 @@ import os
 import sys
 
 from data.base.checks import cli_count, cli_real
-from data.cli import run
+from data.base.names import FEATURE_DTYPES
+from data.cli import prog, run
 from train.config import load_config
-from train.cost import GIB, format_plan, make_plan, measure_peak, target_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog("plan.py"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="training YAML (as train/train_head.py takes it)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.micro_batch_size=2")
     p.add_argument("--gpus", type=cli_count(), required=True, help="GPUs (training processes) per node")
@@ -35,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-gib", type=cli_real(0, above=True), default=80.0, help="memory of one GPU in GiB (default 80)")
     p.add_argument("--tokens-per-s", type=cli_real(0, above=True), help="measured training tokens/s of one process")
     p.add_argument("--rows", type=cli_count(), help="training rows, for the disk of offline features")
-    p.add_argument("--feature-dtype", default="bfloat16", choices=("float32", "bfloat16", "float16", "fp8"),
+    p.add_argument("--feature-dtype", default="bfloat16", choices=FEATURE_DTYPES,
                    help="dtype of offline features (scripts/dump_features.py --dtype; default bfloat16)")
     p.add_argument("--measure", action="store_true", help="also train a few steps here and compare the peak")
     return p.parse_intermixed_args(argv)
@@ -44,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
+    # torch and transformers load only now: a mistake in the arguments or most config keys is one line first
+    from train.cost import GIB, format_plan, make_plan, measure_peak, target_config
+
     config = target_config(cfg.target)
     plan = make_plan(cfg, config, args.gpus, args.nodes, gpu_memory_gib=args.gpu_memory_gib,
                      tokens_per_s=args.tokens_per_s, rows=args.rows, feature_dtype=args.feature_dtype)

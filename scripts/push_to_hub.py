@@ -14,19 +14,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from data.cli import run
-from data.targets import hub_errors
-from heads.hub import push_head_to_hub
-from heads.formats import FORMATS
+from data.base.names import EXPORT_FORMATS
+from data.cli import prog, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The upload options (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=prog("push_to_hub.py"), description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head", required=True, type=Path, help="head directory (train/train_head.py output_dir)")
     parser.add_argument("--repo-id", required=True, help="USER/NAME or ORG/NAME")
     parser.add_argument("--private", action="store_true", help="create the repo private")
-    parser.add_argument("--format", choices=FORMATS, help="upload this engine export instead of draftsmith's format")
+    parser.add_argument("--format", choices=EXPORT_FORMATS, help="upload this engine export instead of draftsmith's format")
     parser.add_argument("--revision", help="branch to push to (default: main)")
     parser.add_argument("--token", help="Hub token (default: $HF_TOKEN or the stored login)")
     return parser.parse_args(argv)
@@ -37,6 +36,9 @@ def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     if not args.head.is_dir():
         raise FileNotFoundError(f"--head {args.head} is not a directory")
+    from data.targets import hub_errors  # torch and transformers load only now: a mistake above is one line
+    from heads.hub import push_head_to_hub
+
     with hub_errors(args.repo_id, upload=True):
         url = push_head_to_hub(args.head, args.repo_id, private=args.private, token=args.token, fmt=args.format,
                                revision=args.revision)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -80,3 +81,67 @@ def test_regenerate_reports_argument_mistakes_before_torch_loads():
                           cwd=ROOT)
     assert done.returncode == 2 and "argument --timeout: a number > 0 expected" in done.stderr, done.stderr
     assert "loaded: False False" in done.stderr
+
+
+# One argument mistake per command, each caught by argparse or the config's first checks: exit code 2 and
+# one line before torch or transformers load (they took 15-26 s on a busy 2-core machine).
+MISTAKES = {
+    "train": ["--no-such-option"],
+    "launch": ["train.max_steps=0"],  # the training's arguments; accelerate's own options load torch first
+    "generate": ["--head", "h", "--prompt", "x", "--max-new-tokens", "0"],
+    "export": ["--head", "h", "--to", "nope", "--out", "o"],
+    "check-export": ["e", "--head", "h", "--target", "t", "--steps", "0"],
+    "bench": ["--target", "t", "--trees", "bogus"],
+    "bench-scale": ["--shape", "nope"],
+    "gpu-report": ["--no-such-option"],
+    "regenerate": ["--target", "t", "--data", "d", "--out", "o.jsonl", "--engine", "openai", "--timeout", "0"],
+    "push": ["--head", "h", "--repo-id", "u/n", "--format", "nope"],
+    "make-demo": ["--size", "huge"],
+    "calibrate": ["--target", "t", "--heads", "h", "--num-prompts", "0"],
+    "plan": ["--gpus", "1", "train.max_stepz=1"],
+    "drift": ["--head", "h", "--target", "t", "--threshold", "2"],
+    "speculation-plan": ["--target", "t", "--head", "h", "--lengths", "x"],
+    "dump-features": ["--out", "o", "--dtype", "fp4"],
+}
+# The file each command runs on its own (python FILE ARGS), where it has one.
+FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generate": "infer/generate.py",
+         "export": "scripts/export.py", "check-export": "scripts/check_export.py", "bench": "scripts/benchmark.py",
+         "bench-scale": "scripts/bench_scale.py", "gpu-report": "scripts/gpu_report.py",
+         "regenerate": "scripts/regenerate.py", "push": "scripts/push_to_hub.py",
+         "make-demo": "scripts/make_demo_target.py", "calibrate": "scripts/draft_calibration.py",
+         "plan": "scripts/plan.py", "drift": "scripts/drift.py", "speculation-plan": "scripts/calibrate_speculation.py",
+         "dump-features": "scripts/dump_features.py"}
+
+
+def test_every_command_has_a_mistake_and_a_file():
+    assert set(MISTAKES) == set(COMMANDS) == set(FILES)
+
+
+@pytest.mark.parametrize("how", ["draftsmith", "file"])
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_every_entry_point_reports_argument_mistakes_before_torch_loads(name, how, tmp_path):
+    if how == "draftsmith":
+        call = f"from scripts.cli import main; sys.exit(main({[name, *MISTAKES[name]]!r}))"
+    else:  # as `python FILE ARGS` runs it: the file as __main__, its folder first on sys.path
+        path = ROOT / FILES[name]
+        call = (f"import runpy; sys.argv = {[str(path), *MISTAKES[name]]!r}; sys.path.insert(0, {str(path.parent)!r}); "
+                f"runpy.run_path({str(path)!r}, run_name='__main__')")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DRAFTSMITH_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", PROBE.format(call)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env=env)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert lines[-1] == "loaded: False False", done.stderr
+    assert "error" in lines[-2] and "Traceback" not in done.stderr, done.stderr  # argparse's usage, one line
+
+
+def test_the_light_name_lists_are_the_real_ones():
+    """The names argparse checks before torch loads are the keys of the tables that load it."""
+    from data.base.names import DEMO_SIZES, EXPORT_FORMATS, FEATURE_DTYPES
+    from data.demo_lm import SIZES
+    from data.features import DTYPES
+    from heads.formats import FORMATS
+
+    assert EXPORT_FORMATS == tuple(FORMATS)
+    assert FEATURE_DTYPES == tuple(DTYPES)
+    assert DEMO_SIZES == tuple(SIZES)

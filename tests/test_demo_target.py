@@ -165,6 +165,7 @@ def test_building_a_demo_target_says_so_in_one_line(tmp_path, monkeypatch, capsy
         (out / SUMMARY_FILE).write_text("{}")
 
     monkeypatch.setattr(demo, "train_lm", fake_train)
+    monkeypatch.setattr(demo, "SHIPPED", tmp_path / "nothing-shipped")  # else demo:tiny is copied, not built
     demo.ensure_demo_target("tiny")
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "building the demo target demo:tiny" in err[0] and "minutes" in err[0], err

@@ -86,7 +86,7 @@ def test_help_lists_every_key_with_its_default():
 
 
 def test_overrides_may_come_before_and_after_config(tmp_path):
-    from train.setup import parse_args
+    from train.args import parse_args
 
     path = tmp_path / "c.yaml"
     path.write_text("head:\n  kind: medusa\ntrain:\n  lr: 0.01\n")
@@ -96,7 +96,7 @@ def test_overrides_may_come_before_and_after_config(tmp_path):
 
 def test_the_default_config_takes_any_head_kind_and_a_short_run(capsys):
     """A user who overrides one key of configs/demo.yaml needs no other file."""
-    from train.setup import parse_args
+    from train.args import parse_args
     from train.train_head import DEMO_CONFIG
 
     for kind in ("eagle", "medusa"):

@@ -76,6 +76,8 @@ def _drop_inapplicable(raw: dict, from_file: dict) -> list[str]:
     if not isinstance(head, dict) or not isinstance(file_head, dict):
         return []
     kind = head.get("kind", HeadConfig.kind)
+    if kind == file_head.get("kind", HeadConfig.kind):  # the file's keys are for its own kind: checked as set
+        return []
     dropped = []
     for name in [f.name for f in dataclasses.fields(HeadConfig) if f.name != "kind"]:
         kinds = kinds_reading(name)
@@ -276,11 +278,7 @@ def _check_kind_settings(cfg: TrainConfig) -> None:
 def _validate(cfg: TrainConfig) -> None:
     """Check ranges and combinations; fill the output_dir and, through the kind's objective
     (``Objective.configure``), its defaults (``head.ttt_steps``, ``train.feature_noise``)."""
-    from train.objectives import objective_class
-
     head, data, opt = cfg.head, cfg.data, cfg.train
-    _check_head(head)
-    _check_kind_settings(cfg)
 
     positive = {
         "head.draft_vocab_size": head.draft_vocab_size, "head.ttt_steps": head.ttt_steps,
@@ -305,6 +303,10 @@ def _validate(cfg: TrainConfig) -> None:
         for key, value in values.items():
             if value is not None and value < least:
                 raise ConfigError(f"{key} must be >= {least}, got {value}")
+    # The head checks load the head classes (torch, transformers: 15-26 s on a busy machine), so they
+    # come after the checks that need none: a mistake in a number is one line in a second.
+    _check_head(head)
+    _check_kind_settings(cfg)
     _check_head_options(head)
     if data.features is not None and data.feature_cache is not None:
         raise ConfigError("data.features (stored features) and data.feature_cache (filled while training) exclude "
@@ -336,6 +338,8 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError("resume_from must be null, 'latest' or a checkpoint path")
     if cfg.output_dir is None:
         cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
+    from train.objectives import objective_class  # torch: after the checks that need none
+
     objective_class(head.kind).configure(cfg)  # last: it may rely on every check above
 
 

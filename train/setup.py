@@ -10,7 +10,6 @@ and its loss are one module so that DDP sees one forward per backward. Evaluatio
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -34,7 +33,7 @@ from infer.threads import choose_threads
 from train.launcher import threads_are_launcher_default
 from train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
 from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
-from train.config import TrainConfig, load_config
+from train.config import TrainConfig
 from train.evaluate import eval_and_keep_best
 from train.examples import IndexedRows, collate, data_sources, load_examples, run_cache_dir
 from train.feature_source import FeatureSource
@@ -65,31 +64,6 @@ class TrainResult:
     steps: int
     tokens_per_second: float
     history: list[dict] = field(default_factory=list)
-
-
-def parse_args(argv: list[str] | None = None, default_config: str | Path | None = None) -> TrainConfig:
-    """``[--config FILE] [key=value ...]`` -> ``TrainConfig`` (``default_config`` when no --config)."""
-    from train.config import ConfigError, help_text
-
-    parser = argparse.ArgumentParser(
-        prog="train_head.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a draft head on a frozen target.")
-    parser.add_argument("--config", help="YAML config file (default: %(default)s)", default=default_config)
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=100")
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", default=default_config)
-    chosen, _ = pre.parse_known_args(argv)
-    try:  # --help shows the values this run would start from
-        effective, where = load_config(chosen.config), f"values of {chosen.config} and the built-in defaults"
-    except ConfigError:
-        effective, where = None, "built-in defaults"
-    parser.epilog = f"keys ({where}):\n" + help_text(effective)
-    args = parser.parse_intermixed_args(argv)  # key=value before and after --config
-    notes: list[str] = []
-    cfg = load_config(args.config, args.overrides, default_file=args.config == default_config, notes=notes)
-    for note in notes:
-        print(note, file=sys.stderr)
-    return cfg
 
 
 def setup(cfg: TrainConfig) -> TrainResult:

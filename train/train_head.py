@@ -26,17 +26,18 @@ def cli(argv: list[str] | None = None) -> int:
     """Train; a mistake in the config or its inputs prints one line and returns 2, a divergence returns 1."""
     _unshadow()
     from data.cli import USER_ERRORS, one_line, quiet_libraries
+    from train.args import parse_args  # before torch loads: a mistake is one line in a second
     from train.config import ConfigError
-    from train.divergence import TrainingDiverged
-    from train.setup import parse_args, setup
-    from train.resume import RunComplete
-    from train.metrics import format_acceptance
 
     quiet_libraries()
     try:
         cfg = parse_args(argv, default_config=DEMO_CONFIG)
     except ConfigError as err:
         return _fail(f"config error: {one_line(err)}", 2)
+    from train.divergence import TrainingDiverged
+    from train.metrics import format_acceptance
+    from train.resume import RunComplete
+    from train.setup import setup
     try:
         result = setup(cfg)
     except RunComplete as err:  # resume_from=latest on a finished run: say so, train and save nothing

@@ -1,7 +1,6 @@
 """The decoding methods compared on a real target, and timing them on the same prompts."""
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from data.base.device import sync
 from data.targets import resolve_target
 from heads import AutoHead
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from infer.bench.tree_spec import TREE_SPEC
 from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from infer.drafters import AdaptiveLength, TreeOption, adaptive_chain, drafter_class, fit_chain, make_drafter
 from infer.drafters.hierarchical import HierarchicalDrafter
@@ -36,9 +36,6 @@ class Method:
     runs: list[dict] = field(default_factory=list)
     generator: SpeculativeGenerator | None = None  # head methods: counts come from its stats
     compiled: bool = False  # runs a compiled graph: module hooks would not see its forwards
-
-
-TREE_SPEC = re.compile(r"^(tree|default|chain(\d+)|dyn(\d+)-(\d+)-(\d+)|medusa(\d+))$")
 
 
 def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:

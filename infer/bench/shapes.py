@@ -1,8 +1,10 @@
 """Randomly initialised targets of real model shapes (no download)."""
 from __future__ import annotations
 
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 SHAPES = {
     # Llama-3.1-8B's published config.json (context cut to 8k: the buffer is what matters)
@@ -24,6 +26,9 @@ SHAPES = {
 
 def build_target(shape: str, device: torch.device, dtype: torch.dtype, seed: int):
     """A random-weight Llama of ``shape`` that always generates max_new_tokens (no EOS)."""
+    import torch  # here, not at the top: scripts/bench_scale.py checks --shape against SHAPES before torch loads
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
     config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(seed)
     with torch.device(device):
