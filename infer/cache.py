@@ -32,7 +32,7 @@ class StaticKVCache:
     generator reads (``get_seq_length``), so stock HF attention (sdpa, eager) runs on it unchanged.
     ``update`` writes the T new keys/values at ``slots`` (T,) and returns the layer's whole buffer
     (B, H_kv, max_len, D): the caller's 4D mask must block every slot that holds no valid entry
-    (``infer.batch.verify_mask``). The buffer is allocated at the first ``update`` (the
+    (``infer.masked_forward.verify_mask``). The buffer is allocated at the first ``update`` (the
     prefill), from the key's batch, heads, head dim, dtype and device, and every layer must share
     them.
     """

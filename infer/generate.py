@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     from infer.drafters import AdaptiveLength, Chain, fit_chain
     from infer.generator import SpeculativeGenerator
     from infer.drafters.lookup_first import LookupFirst
-    from infer.plan import find_plan
+    from infer.speculation_plan import find_plan
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = str(default_device(args.device))

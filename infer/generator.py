@@ -18,7 +18,7 @@ verified token costs, and a drafter with nothing to propose verifies the root al
 
 A batch of B left-padded prompts runs the same loop (batch size 1 is one row): each row has its own
 cache slots, positions, drafter state, EOS and budget; one [B, N] verify per step serves every row,
-drafts padded to the step's largest (eager) or the budget (compiled); see ``infer.batch``.
+drafts padded to the step's largest (eager) or the budget (compiled); see ``infer.masked_forward``.
 """
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ from infer.accept import (
     tree_sample_accept,
     typical_accept,
 )
-from infer.batch import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
+from infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
 from infer.compiling import check_compile, compiled, step_begin
 from infer.drafters import (Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, chain_buffers, make_drafter,
                             root_only)
-from infer.plan import SpeculationPlan, find_plan
+from infer.speculation_plan import SpeculationPlan, find_plan
 from infer.drafters.layer_skip import shallow_backbone
 from infer.hf_cache import cache_kwargs
 from infer.recurrent import RECURRENT_LAYER_TYPES, Checkpoint, check_supported, is_hybrid, layer_types
@@ -199,7 +199,7 @@ class SpeculativeGenerator:
         compile: compile the verify step with ``torch.compile`` (True: inductor, with CUDA graphs
             on CUDA; a string names another ``torch.compile`` backend, e.g. "aot_eager"); None =
             the device's default (``default_compile``: CUDA True, CPU False).
-        plan: when to speculate (``infer.plan.SpeculationPlan``, or the path of its JSON): per batch
+        plan: when to speculate (``infer.speculation_plan.SpeculationPlan``, or the path of its JSON): per batch
             size, the most draft levels per step (0: decode without drafting); None = draft as the
             drafter does at every batch size (``from_pretrained`` loads the plan saved next to a head).
         rollback: how a hybrid target's recurrent states go back to the accepted tokens after a partial accept

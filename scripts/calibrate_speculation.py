@@ -20,7 +20,7 @@ from data.base.checks import cli_count, cli_counts
 from data.base.paths import claim_report_file, json_with_keys
 from data.cli import prog
 from infer.bench.prompts import load_prompts
-from infer.plan import PLAN_FILE
+from infer.speculation_plan import PLAN_FILE
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -297,7 +297,7 @@ def test_cli_follows_the_plan_next_to_the_head_as_the_api_does(saved, tmp_path, 
     import shutil
 
     from infer.generate import cli
-    from infer.plan import SpeculationPlan
+    from infer.speculation_plan import SpeculationPlan
 
     made = []
     load = SpeculativeGenerator.from_pretrained.__func__

@@ -13,7 +13,7 @@ from conftest import make_tiny_target
 from heads import build_head
 from infer import Chain, SpeculativeGenerator
 from infer.bench.calibrate_speculation import calibrate
-from infer.plan import PLAN_FILE, SpeculationPlan, choose_lengths, find_plan
+from infer.speculation_plan import PLAN_FILE, SpeculationPlan, choose_lengths, find_plan
 
 VOCAB = 96
 

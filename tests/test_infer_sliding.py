@@ -14,7 +14,7 @@ from test_infer_batch import DRAFTERS, PAD, _expected, _left_pad, _oracle, _prom
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from infer import SpeculativeGenerator
-from infer.batch import attention_masks, sliding_window
+from infer.masked_forward import attention_masks, sliding_window
 
 WINDOW = 6
 INTERLEAVED = ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"]

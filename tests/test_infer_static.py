@@ -16,7 +16,7 @@ from infer import Chain, DynamicTree, SpeculativeGenerator
 from infer.cache import StaticHeadCache, StaticKVCache, keep_accepted
 from infer.drafters import Drafter, default_branching_tree, default_tree
 from infer.generator import default_compile
-from infer.batch import static_forward, verify_mask
+from infer.masked_forward import static_forward, verify_mask
 from infer.target import target_forward
 from infer.tree import pad_tree, tree_attention_mask, tree_from_parents
 

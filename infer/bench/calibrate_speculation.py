@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from infer.bench.batch import left_pad
 from infer.bench.timing import timed
-from infer.plan import SpeculationPlan, choose_lengths
+from infer.speculation_plan import SpeculationPlan, choose_lengths
 from data.base.progress import progress
 
 

@@ -27,7 +27,7 @@ from data.base.checks import count
 from data.base.paths import cache_root
 from heads.common import final_norm_name
 from heads.layers import additive_mask
-from infer.batch import attention_masks
+from infer.masked_forward import attention_masks
 from infer.drafters.base import Chain, Draft, Sampling, chain_buffers
 from infer.drafters.lm_drafter import LMDrafter, LMState
 from infer.hf_cache import cache_kwargs

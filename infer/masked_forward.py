@@ -1,4 +1,5 @@
-"""The batch pieces of the decode step (``SpeculativeGenerator.generate`` runs one loop for B >= 1 rows).
+"""The masked forward of the decode step: per-row masks, positions and slots on fixed shapes
+(``SpeculativeGenerator`` runs one loop for B >= 1 rows).
 
 Per-row state on fixed shapes (the vLLM/SGLang way):
 - the target's ``StaticKVCache`` holds (B, ..., max_len) slots; the prompt fills slots [0, P) of every
