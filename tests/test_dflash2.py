@@ -73,7 +73,7 @@ def differences(target, dflash, dflash2) -> list[str]:
         drafts = []
         for head in (dflash, dflash2):
             drafter = make_drafter(head, target, Chain(4))
-            states = drafter.new_rows([12])
+            states = drafter.new_rows([torch.zeros(1, 12, dtype=torch.long)], [12])
             drafter.observe_rows(states, [feats], [nxt])
             drafts.append(drafter.propose_rows(states, [torch.tensor(17)], Sampling(), [4])[0].tokens)
         if not torch.equal(*drafts):
