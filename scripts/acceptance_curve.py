@@ -42,7 +42,9 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
 ON_POLICY = ["train.stage=on-policy", "train.warmup_steps=5", "train.anchors_per_document=8"]
 # The stage continues a head whose schedule ended at lr 0: restarting it at the recipe's lr undid the head
 # (a 300-step DFlash fell from simulated tau 3.94 to 1.97 within 75 steps at 3e-3, EAGLE-3 from 5.87 to 5.60 at
-# 1e-3, acc_k at step 10 already 0.14 against 0.58); it runs at this fraction of the recipe's lr.
+# 1e-3, acc_k at step 10 already 0.14 against 0.58); it runs at this fraction of the recipe's lr. Most of
+# DFlash's fall was the stage training block positions after a rejection towards the law after its wrong drafts
+# (fixed: 3.94 -> 4.10 at 3e-4, 3.97 at 3e-3; docs/objectives.md).
 ON_POLICY_LR_FRACTION = 0.1
 
 

@@ -60,10 +60,12 @@ def test_a_chain_reads_only_the_data_up_to_its_root(kind, options, overrides):
     loss_mask = torch.zeros_like(ids)
     loss_mask[0, 5:7] = 1  # the only root: token 5 (its first label, 6, is a training target)
 
-    def run(input_ids):
+    def run(input_ids, after_rejection=None):
         features = objective.features(target, {"input_ids": input_ids, "loss_mask": loss_mask}, head)
         objective.perturb(features, cfg, seed=0)
         objective.rollout(features, target, cfg, seed=0)
+        if after_rejection is not None:  # DFlash's positions after a rejection read the data's law on purpose
+            features.rollout.after_rejection = after_rejection
         return features.rollout, objective(features, target.get_output_embeddings())
 
     rollout, out = run(ids)
@@ -71,7 +73,7 @@ def test_a_chain_reads_only_the_data_up_to_its_root(kind, options, overrides):
     changed = ids.clone()
     changed[0, 7:] = (ids[0, 7:] + 1) % 93 + 3  # every token after the root's first label differs
     changed[0, 6] = (ids[0, 6] + 1) % 93 + 3  # and the first label too: the chain drafts it
-    rollout2, out2 = run(changed)
+    rollout2, out2 = run(changed, rollout.after_rejection)
     if kind == "eagle3":  # teacher-forced, the chain at position 4 would read the changed tokens and differ
         forced = [objective.draft_top1(head, objective.features(target, {"input_ids": x, "loss_mask": loss_mask}, head),
                                        3)[:, 0, 4] for x in (ids, changed)]
@@ -80,6 +82,39 @@ def test_a_chain_reads_only_the_data_up_to_its_root(kind, options, overrides):
     torch.testing.assert_close(rollout.target_logp, rollout2.target_logp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.loss, out2.loss, atol=1e-5, rtol=1e-5)
     assert out.count.sum() == rollout.drafts.shape[-1]  # one chain, every position scored
+
+
+def test_a_dflash_block_trains_after_its_first_rejection_against_the_supervised_law():
+    """The block never reads its drafts: a position after the first rejection is scored against the target's
+    law after the data's prefix (token r+1+k given input_ids[:r+1+k]), never the verifier's law after the
+    wrong drafts (which the block cannot condition on, and which simulated tau does not score)."""
+    target = make_tiny_target("llama", initializer_range=0.3)
+    torch.manual_seed(0)
+    head = build_head("dflash", target, block_size=4, num_layers=1, initializer_range=1.0)
+    cfg = load_config(None, ["head.kind=dflash", "head.block_size=4", "train.stage=on-policy", "train.init_from=x",
+                             "train.anchors_per_document=2"])
+    objective = objective_class("dflash")(head, cfg)
+    ids = torch.randint(3, 96, (1, 16))
+    features = objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
+    objective.perturb(features, cfg, seed=0)
+    objective.rollout(features, target, cfg, seed=0)
+    r = features.rollout
+    for n, root in enumerate(r.roots[0].tolist()):
+        for k in range(3):
+            if root + 1 + k < 16:  # the law of token root+1+k after the data's prefix, by hand
+                expected = target_forward(target, ids[:, : root + 1 + k]).logits[0, -1].float().softmax(-1)
+                torch.testing.assert_close(r.after_rejection[0, n, k].exp(), expected, atol=1e-5, rtol=1e-4)
+    r.drafts[0, 0, 0] = r.target_top1[0, 0, 0]  # chain 0's first draft accepted (its law does not read drafts)
+    since = r.since_rejection()
+    assert (since >= 0).any() and (since < 0).any(), since  # both kinds of position are scored
+    lm_head = target.get_output_embeddings()
+    loss = objective(features, lm_head).loss
+    garbled = r.target_logp.clone()
+    garbled[since >= 0] = torch.randn_like(garbled[since >= 0]).log_softmax(-1)  # the law after wrong drafts
+    r.target_logp = garbled
+    torch.testing.assert_close(objective(features, lm_head).loss, loss)
+    r.after_rejection = r.after_rejection.flip(-1)  # what it does read
+    assert not torch.allclose(objective(features, lm_head).loss, loss)
 
 
 @pytest.mark.parametrize("kind, extra", [

@@ -181,3 +181,8 @@ def test_on_policy_loss_by_hand():
     torch.testing.assert_close(rkl, torch.stack([torch.tensor(0.0), r1, r2]))
     masked, _, _ = on_policy_loss(q.log(), p.log(), since, torch.tensor([True, False, True]), decay=0.5)
     torch.testing.assert_close(masked, f0 + 0.5 * r2)
+    s = torch.tensor([[0.2, 0.2, 0.6], [0.5, 0.4, 0.1], [0.1, 0.8, 0.1]])  # the law after the accepted prefix
+    total, fkl, after = on_policy_loss(q.log(), p.log(), since, torch.ones(3, dtype=torch.bool), 0.5, s.log())
+    c1, c2 = -(s[1] * q[1].log()).sum(), -(s[2] * q[2].log()).sum()  # soft CE there, p not read
+    torch.testing.assert_close(total, f0 + c1 + 0.5 * c2)
+    torch.testing.assert_close(after, torch.stack([torch.tensor(0.0), c1, c2]))

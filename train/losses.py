@@ -124,7 +124,7 @@ def weighted_mean(elements: Tensor, weights: Tensor) -> Tensor:
 
 
 def on_policy_loss(logits: Tensor, target_logp: Tensor, since_rejection: Tensor, valid: Tensor,
-                   decay: float) -> tuple[Tensor, Tensor, Tensor]:
+                   decay: float, after_rejection: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Draft-OPD's loss at one chain position k (docs/objectives.md): (weighted sum over ``valid``, forward-KL
     elements of accepted positions, reverse-KL elements of rejected ones; both detached).
 
@@ -132,12 +132,16 @@ def on_policy_loss(logits: Tensor, target_logp: Tensor, since_rejection: Tensor,
     *drafted* prefix (the verifier's, ``verify_drafts``); since_rejection (...) long: ``k - n`` with n the
     chain's accepted length (< 0: k was accepted; j >= 0: k is the j-th position after the first rejection).
     Accepted positions take forward KL(p || q) (as soft CE: the same gradient), rejected ones reverse
-    KL(q || p) weighted ``decay ** j``.
+    KL(q || p) weighted ``decay ** j``; or, given ``after_rejection`` (..., V) (the target's log-law after the
+    *accepted* prefix: a head whose inputs never read its drafts, DFlash), soft CE against that law there,
+    weighted the same (the third value then holds those elements).
     """
     logq = F.log_softmax(logits.float(), dim=-1)
     fkl = -(target_logp.exp() * logq).sum(-1)  # KL(p||q) + H(p)
     rkl = (logq.exp() * (logq - target_logp.float())).sum(-1)  # KL(q||p)
     rejected = since_rejection >= 0
+    if after_rejection is not None:  # the law the head is evaluated on there, not the one after its wrong drafts
+        rkl = -(after_rejection.float().exp() * logq).sum(-1)
     weight = torch.where(rejected, decay ** since_rejection.clamp(min=0).float(), torch.ones_like(fkl))
     valid = valid.bool()
     total = torch.where(rejected, rkl, fkl) * weight * valid

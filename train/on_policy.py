@@ -7,7 +7,10 @@ against the target's law of token r+1+k given ``input_ids[:r+1]`` followed by th
 ``d_0 .. d_{k-1}``: never the data's tokens after r (they are what the target wrote, not what the head
 drafted). With greedy verification the chain's accepted length n is the number of leading drafts equal
 to the target's argmax; positions k < n take forward KL, positions k >= n reverse KL weighted
-``decay ** (k - n)`` (``train.losses.on_policy_loss``).
+``decay ** (k - n)`` (``train.losses.on_policy_loss``). A head whose inputs never read its drafts (DFlash: the
+root and mask tokens) trains its positions k >= n against the target's law after the *accepted* prefix (the
+supervised law) instead: the law after its wrong drafts is one it can never condition on, and training it
+there lowered simulated tau (docs/objectives.md).
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ class Rollout:
     target_logp: Tensor  # (B, N, K, V') the target's log-law at each chain position, given the drafted prefix
     target_top1: Tensor  # (B, N, K) the target's argmax there (full vocabulary): what greedy verification accepts
     step_embeds: Tensor | None = None  # eagle3: (K-1, B, T, H_t) embeddings of the drafts read by steps 1..K-1
+    after_rejection: Tensor | None = None  # (B, N, K, V') heads that never read their drafts: the law after the accepted prefix
+    after_valid: Tensor | None = None  # (B, N, K) bool: where after_rejection is defined (inside the row)
 
     def since_rejection(self) -> Tensor:
         """(B, N, K) long: k - n, with n each chain's accepted length (negative where k was accepted)."""
@@ -72,7 +77,9 @@ def on_policy_output(logits_at: Callable[[int], Tensor], rollout: Rollout, decay
     losses, correct, count, accept = [], [], [], []
     for k in range(rollout.drafts.shape[-1]):
         logits = logits_at(k)
-        value, fkl, rkl = on_policy_loss(logits, rollout.target_logp[:, :, k], since[..., k], rollout.keep, decay)
+        after = None if rollout.after_rejection is None else rollout.after_rejection[:, :, k]
+        valid = rollout.keep if after is None else rollout.keep & ((since[..., k] < 0) | rollout.after_valid[..., k])
+        value, fkl, rkl = on_policy_loss(logits, rollout.target_logp[:, :, k], since[..., k], valid, decay, after)
         total = total + value
         n = rollout.keep.sum().float()
         losses.append(((fkl + rkl).sum() / n.clamp(min=1)).detach())

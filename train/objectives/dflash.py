@@ -207,6 +207,14 @@ class DFlashObjective(Objective):
         drafts = lm_head(out[:, :, 1:].to(lm_head.weight.dtype)).argmax(-1)  # (B, N, bs-1)
         logits = verify_drafts(target, f.input_ids, f.anchors, drafts)  # (B, N, bs-1, V)
         f.rollout = Rollout(f.anchors, f.anchor_keep, drafts, logits.log_softmax(-1), logits.argmax(-1))
+        # The block reads the root and mask tokens only, never its drafts: after the first rejection its
+        # positions train against the supervised law (the target's after the data's prefix), not the law
+        # after its wrong drafts, which it cannot condition on (docs/objectives.md)
+        bs, seq_len = self.head.config.block_size, f.input_ids.shape[1]
+        at = (f.anchors[..., None] + torch.arange(bs - 1, device=f.anchors.device)).clamp(max=seq_len - 1)  # (B, N, bs-1)
+        probs = f.targets.probs.gather(1, at.flatten(1)[..., None].expand(-1, -1, f.targets.probs.shape[-1]))
+        f.rollout.after_rejection = probs.view(*at.shape, -1).clamp(min=1e-30).log()  # (B, N, bs-1, V)
+        f.rollout.after_valid = block_labels(f.loss_mask, f.anchors, f.anchor_keep, bs, f.document_ids)[..., 1:]
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         f = features
