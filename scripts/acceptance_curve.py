@@ -44,8 +44,9 @@ ON_POLICY = ["train.stage=on-policy", "train.warmup_steps=5", "train.anchors_per
 # (a 300-step DFlash fell from simulated tau 3.94 to 1.97 within 75 steps at 3e-3, EAGLE-3 from 5.87 to 5.60 at
 # 1e-3, acc_k at step 10 already 0.14 against 0.58); it runs at this fraction of the recipe's lr. Most of
 # DFlash's fall was the stage training block positions after a rejection towards the law after its wrong drafts
-# (fixed: 3.94 -> 4.10 at 3e-4, 3.97 at 3e-3; docs/objectives.md).
-ON_POLICY_LR_FRACTION = 0.1
+# (fixed: 3.94 -> 4.10 at 3e-4, 3.97 at 3e-3; docs/objectives.md). EAGLE-3 held its tau only at 1e-5 (5.866 ->
+# 5.890; 5.778 at 1e-4): a hundredth of its recipe's lr.
+ON_POLICY_LR_FRACTION = {"eagle3": 0.01, "dflash": 0.1}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -109,11 +110,12 @@ def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, round
             "identical": spec.output_equal_to(vanilla)}
 
 
-def recipe_lr(config: str, overrides: list[str]) -> float:
-    """The learning rate a recipe trains with: its config's ``train.lr`` unless an override sets it."""
+def on_policy_lr(config: str, overrides: list[str]) -> float:
+    """The on-policy stage's learning rate: ``ON_POLICY_LR_FRACTION`` of its kind times the recipe's ``train.lr``."""
     from train.config import load_config
 
-    return load_config(ROOT / config, overrides).train.lr
+    cfg = load_config(ROOT / config, overrides)
+    return ON_POLICY_LR_FRACTION[cfg.head.kind] * cfg.train.lr
 
 
 def stages(args: argparse.Namespace, budget: int, name: str,
@@ -125,7 +127,7 @@ def stages(args: argparse.Namespace, budget: int, name: str,
     out = [(name, config, [*base, f"output_dir={args.runs / f'{name}-{budget}'}", *args.overrides])]
     opd_steps = max(1, budget // 4) if args.on_policy_steps is None else args.on_policy_steps
     if opd_steps:
-        lr = ON_POLICY_LR_FRACTION * recipe_lr(config, [*recipe, *args.overrides])
+        lr = on_policy_lr(config, [*recipe, *args.overrides])
         out.append((f"{name}+opd", config, [*base, *ON_POLICY, f"train.lr={lr:g}", f"train.init_from={args.runs / f'{name}-{budget}'}",
                                             f"output_dir={args.runs / f'{name}+opd-{budget}'}", *args.overrides,
                                             f"train.max_steps={opd_steps}"]))
