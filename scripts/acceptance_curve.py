@@ -39,7 +39,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "dflash-dpace": ("configs/demo-dflash.yaml", ["head.block_size=16", "head.num_layers=5", "train.gamma=null",
                                                   "train.loss=dpace"]),
 }
-ON_POLICY = ["train.stage=on-policy", "train.warmup_steps=5", "train.anchors_per_document=8"]
+# The stage has its own loss (train.loss=ce is required: it overrides a D-PACE recipe's loss)
+ON_POLICY = ["train.stage=on-policy", "train.loss=ce", "train.warmup_steps=5", "train.anchors_per_document=8"]
 # The stage continues a head whose schedule ended at lr 0: restarting it at the recipe's lr undid the head
 # (a 300-step DFlash fell from simulated tau 3.94 to 1.97 within 75 steps at 3e-3, EAGLE-3 from 5.87 to 5.60 at
 # 1e-3, acc_k at step 10 already 0.14 against 0.58); it runs at this fraction of the recipe's lr. Most of

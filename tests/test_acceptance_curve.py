@@ -21,7 +21,8 @@ def test_the_curve_trains_measures_and_writes_its_table(tiny_files, tmp_path):  
         configs[kind].write_text(yaml.safe_dump({"head": head, "data": data, "train": {
             "micro_batch_size": 4, "lr": 3e-3, "log_every": 1}}))
     recipes = {"eagle3": (str(configs["eagle3"]), []),
-               "dflash-new": (str(configs["dflash"]), ["head.block_size=5", "head.num_layers=1"])}  # the CPU chain of 4
+               "dflash-new": (str(configs["dflash"]), ["head.block_size=5", "head.num_layers=1",  # the CPU chain of 4
+                                                        "train.loss=dpace"])}  # its on-policy stage trains with its own loss
     args = acceptance_curve.parse_args([
         "--budgets", "2", "--recipes", "eagle3,dflash-new", "--on-policy-steps", "1", "--target",
         str(tiny_files["target"]), "--max-new-tokens", "8", "--rounds", "1", "--runs", str(tmp_path / "runs"),
