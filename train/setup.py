@@ -69,7 +69,7 @@ class TrainResult:
 def setup(cfg: TrainConfig) -> TrainResult:
     """Resolve the target (before any ``Accelerator`` exists: the demo build makes its own), then train."""
     check_output_dir(cfg)  # before the (maybe long) demo build
-    _choose_cpu_threads()  # before the demo build too: it trains on the same threads
+    _choose_cpu_threads(cfg.train.micro_batch_size * cfg.data.max_length)  # before the demo build too
     target_path = resolve_target(cfg.target)
     output_dir = Path(cfg.output_dir)
     trackers = [name for name, on in (("wandb", cfg.log.wandb), ("tensorboard", cfg.log.tensorboard)) if on]
@@ -88,14 +88,18 @@ def setup(cfg: TrainConfig) -> TrainResult:
         accelerator.end_training()
 
 
-def _choose_cpu_threads() -> None:
+# The thread probe's matmul height for training: a micro-batch's tokens, capped (a larger probe only takes longer)
+PROBE_ROWS_CAP = 1024
+
+
+def _choose_cpu_threads(tokens: int) -> None:
     """The one thread policy (``infer.threads``) for CPU training, also under ``accelerate launch``: its default
     of 1 thread per process is measured against every core when one process has them all; a count the user
     set (``OMP_NUM_THREADS``, ``--num_cpu_threads_per_process N``) is kept. Several processes keep theirs."""
     if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true"):
         return
     alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
-    line = choose_threads(ignore_env=alone and threads_are_launcher_default(),
+    line = choose_threads(ignore_env=alone and threads_are_launcher_default(), rows=min(tokens, PROBE_ROWS_CAP),
                           override="OMP_NUM_THREADS=N or accelerate launch --num_cpu_threads_per_process N overrides")
     if os.environ.get("RANK", "0") == "0":
         print(f"training {line}", file=sys.stderr, flush=True)
