@@ -275,8 +275,9 @@ class SpeculativeGenerator:
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         self._stack: nn.Module | None = None  # a hybrid's replay: the layers up to its last recurrent one
-        # Gated DeltaNet modules whose short verifies and replays run the per-token rule (infer.delta_rule)
-        self._per_token = per_token_modules(target) if self.hybrid else ()
+        # Gated DeltaNet modules whose short verifies and replays run the per-token rule (infer.delta_rule);
+        # empty: the routing is off (scripts/bench_rollback.py --rules chunked empties it to time the chunked rule)
+        self.per_token_modules = per_token_modules(target) if self.hybrid else ()
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
             raise ValueError(f"plan must be a SpeculationPlan, the path of one or None, got {type(plan).__name__}")
@@ -462,7 +463,7 @@ class SpeculativeGenerator:
             start = time.perf_counter()
         if self.compile:
             step_begin(self.device)
-        with per_token_rule(self._per_token):  # short verifies: the per-token Gated DeltaNet rule
+        with per_token_rule(self.per_token_modules):  # short verifies: the per-token Gated DeltaNet rule
             if from_entry:
                 hidden = next(d.entry for d in drafts if d.entry is not None)
                 entries = hidden.new_zeros(*tokens.shape, hidden.shape[-1])  # (B, N, H)
@@ -500,7 +501,7 @@ class SpeculativeGenerator:
             mask = attention_masks(_text_config(self.target), verify_mask(starts, pads, causal, width, self.dtype),
                                    positions, verify_key_positions(starts, pads, positions, width))
             cache.slots = slots
-            with per_token_rule(self._per_token):
+            with per_token_rule(self.per_token_modules):
                 stack(input_ids=tokens[:, :a], attention_mask=mask, position_ids=positions, use_cache=True,
                       **cache_kwargs(stack, cache))
             stats.replays += 1

@@ -1,7 +1,8 @@
 """What rolling back a hybrid target's recurrent states costs, per rollback (docs/hybrid.md).
 
     python scripts/bench_rollback.py --target demo:tiny-hybrid [--heads HEAD_DIR ...] [--rollback merged,replay]
-        [--prompts 4] [--max-new-tokens 128] [--threads 1] [--out FILE.json]
+        [--prompts 4] [--max-new-tokens 128] [--threads 1] [--rules per-token,chunked] [--reference-target demo:tiny]
+        [--out FILE.json]
 
 Two measurements on one target, in one process:
 1. plain decoding (the target's own greedy ``generate``, as ``scripts/benchmark.py``'s vanilla) and, for
@@ -16,6 +17,11 @@ Two measurements on one target, in one process:
    step verifies its pending tokens and its draft in one t(p + N), a replayed one pays t(N) + t(p) (where
    per-position states would cost N · t(1): N one-token forwards, the only way through transformers'
    kernels to hold the state after every position);
+   with ``--rules per-token,chunked`` every method and every t(N) runs twice, interleaved: with the generator's
+   routing of short verifies to the per-token Gated DeltaNet rule (infer.delta_rule, "per-token", what the
+   generator does) and without it (every multi-token forward on the chunked rule, "chunked": the routing
+   off); with ``--reference-target`` (an attention target, e.g. demo:tiny), its t(N) too, interleaved with
+   the hybrid's (the same prompt ids: both demo targets share a tokenizer);
 3. with ``--paths``, t(P, D): one verify of P rows, each a chain of D after the same prompt (a tree's P
    root-to-leaf paths verified as rows sharing the prefix state, next to t(1, D) the chain): docs/hybrid.md.
 """
@@ -30,6 +36,7 @@ import time
 from data.base.checks import cli_count, cli_counts
 
 MODES = ("merged", "replay")
+RULES = ("per-token", "chunked")  # short verifies on the per-token Gated DeltaNet rule (the generator's), or not
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -42,6 +49,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=cli_count(), default=4, help="stdlib prompts to decode")
     p.add_argument("--repeats", type=cli_count(), default=5, help="timed forwards per N")
     p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, infer.threads)")
+    p.add_argument("--rules", default="per-token",
+                   help="comma-separated: per-token (the generator's routing of short verifies, infer.delta_rule), "
+                        "chunked (the routing off)")
+    p.add_argument("--reference-target", help="an attention target whose t(N) is measured beside the hybrid's")
     p.add_argument("--paths", type=cli_counts(), help="comma-separated P: time a [P, D] verify (P rows of a chain of D)")
     p.add_argument("--depth", type=cli_count(), default=6, help="D for --paths: nodes per row, root included")
     p.add_argument("--out", help="write the results as JSON here too")
@@ -50,6 +61,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [m for m in args.rollback if m not in MODES]
     if bad or not args.rollback:
         p.error(f"--rollback: {bad[0] if bad else 'nothing'} is not one of {', '.join(MODES)}")
+    args.rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    bad = [r for r in args.rules if r not in RULES]
+    if bad or not args.rules:
+        p.error(f"--rules: {bad[0] if bad else 'nothing'} is not one of {', '.join(RULES)}")
     return args
 
 
@@ -108,8 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_target_tokenizer(path)
     drafters = {"ngram": NgramDrafter}  # a fresh drafter per generator: no state shared between methods
     drafters.update({h: (lambda h=h: AutoHead.from_pretrained(h).eval()) for h in args.heads})
-    methods = {f"{name}:{mode}": SpeculativeGenerator(target, make(), rollback=mode, profile=True)
-               for name, make in drafters.items() for mode in args.rollback}
+    def generator(model, drafter, rule: str, **options):
+        gen = SpeculativeGenerator(model, drafter, **options)
+        if rule == "chunked":
+            gen.per_token_modules = ()  # the routing off: every multi-token forward runs the chunked rule
+        return gen
+
+    methods = {f"{name}:{mode}" + (f":{rule}" if len(args.rules) > 1 else ""):
+               generator(target, make(), rule, rollback=mode, profile=True)
+               for name, make in drafters.items() for mode in args.rollback for rule in args.rules}
     prompts = bench_prompts(tokenizer, args.prompts, args.max_new_tokens)
 
     def plain(ids):
@@ -137,20 +159,30 @@ def main(argv: list[str] | None = None) -> int:
                 "pending": s.pending_tokens, "verify_s": s.phase_times.get("verify", 0.0),
                 "rollback_s": s.phase_times.get("rollback", 0.0), "identical": torch.equal(out, ref)})
     results = {name: _summary(r, plain_s / plain_tokens) for name, r in runs.items()}
-    # t(N): a verify of a chain of N after the first prompt's prefill (the same slots every time)
-    gen = next(iter(methods.values()))
+    # t(N): a verify of a chain of N after the first prompt's prefill (the same slots every time), each rule's
+    # generator (and the reference target's) in turn for every N and repeat
+    timers = {rule: generator(target, NgramDrafter(), rule) for rule in args.rules}
+    if args.reference_target:
+        reference = load_target(resolve_target(args.reference_target), dtype="auto", attn_implementation="sdpa").eval()
+        timers[args.reference_target] = SpeculativeGenerator(reference, NgramDrafter())
     ids = prompts[0]
-    t = {}
+    samples = {(who, n): [] for who in timers for n in SIZES}
     with torch.inference_mode():
-        for n in SIZES:
-            out = gen.prefill(ids, 64)
-            before = out.past_key_values.states.checkpoint()
-            draft = chain_draft([ids[0, -1]] * n, [])
-            samples = []
-            for _ in range(args.repeats):
-                out.past_key_values.states.restore(before)
-                samples.append(timed(lambda: gen.verify(out.past_key_values, draft)))
-            t[n] = statistics.median(samples)
+        for _ in range(args.repeats):
+            for n in SIZES:
+                for who, gen in timers.items():
+                    out = gen.prefill(ids, 64)
+                    states = getattr(out.past_key_values, "states", None)
+                    before = states.checkpoint() if states is not None else None
+                    draft = chain_draft([ids[0, -1]] * n, [])
+                    for _ in range(2):  # the first forward after a prefill warms its shapes up
+                        if before is not None:
+                            states.restore(before)
+                        took = timed(lambda: gen.verify(out.past_key_values, draft))
+                    samples[(who, n)].append(took)
+    t_by = {who: {n: statistics.median(samples[(who, n)]) for n in SIZES} for who in timers}
+    t = t_by[args.rules[0]]
+    gen = next(iter(methods.values()))
     t_paths = {}
     with torch.inference_mode():  # t(P, D): P rows after the same prompt, each verifying a chain of D
         for paths in sorted(set(args.paths) | {1}) if args.paths else []:
@@ -169,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         "t_verify_ms": {n: round(1000 * v, 3) for n, v in t.items()},
         "t_N_over_t_1": {n: round(v / t[1], 3) for n, v in t.items()},
     }
+    if len(t_by) > 1:
+        result["t_verify_ms_by"] = {who: {n: round(1000 * v, 3) for n, v in tw.items()} for who, tw in t_by.items()}
+        result["t_N_over_t_1_by"] = {who: {n: round(v / tw[1], 3) for n, v in tw.items()} for who, tw in t_by.items()}
     if t_paths:
         result["t_paths_ms"] = {p: round(1000 * v, 3) for p, v in t_paths.items()}
         result["t_paths_over_t_1_path"] = {p: round(v / t_paths[1], 3) for p, v in t_paths.items()}

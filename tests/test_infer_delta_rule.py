@@ -159,7 +159,7 @@ def test_nothing_routes_where_the_rule_is_not_the_torch_reference(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(module, name, _as_transformers_wraps(getattr(module, name).__wrapped__, chunk_gated_delta_rule))
             assert per_token_modules(target) == ()
-            assert SpeculativeGenerator(target, NgramDrafter())._per_token == ()
+            assert SpeculativeGenerator(target, NgramDrafter()).per_token_modules == ()
     # the decorator as transformers builds it, falling back to the reference: routed
     with monkeypatch.context() as m:
         reference = getattr(module, CHUNKED).__wrapped__
