@@ -1,18 +1,19 @@
-"""Which of transformers' two Gated DeltaNet rules a short verify runs (docs/hybrid.md, "The per-token rule").
+"""Which of transformers' two Gated DeltaNet rules a short verify runs (docs/hybrid.md, "Short verifies run the per-token
+Gated DeltaNet rule").
 
 transformers' Gated DeltaNet layers (Qwen3.5 / 3.6, Qwen3-Next, OLMo-hybrid) run one of two module-level
 functions: ``torch_recurrent_gated_delta_rule`` (a loop over tokens: what plain decoding runs, one token
 per call) when the forward has one token and a state, ``torch_chunk_gated_delta_rule`` otherwise. The
 chunked rule's torch reference pads the sequence to a 64-token chunk and solves two 64 x 64 triangular
 systems per head, so on CPU a verify of 2..12 tokens costs about what 64 would, where the per-token loop
-costs in proportion to the tokens (measured in docs/hybrid.md: the per-token rule is faster up to 11-14
-tokens on ``demo:tiny-hybrid``, further on wider layers and batches).
+costs in proportion to the tokens (measured in docs/hybrid.md: per call, the per-token rule is faster up to
+11-12 tokens on ``demo:tiny-hybrid``'s layers, past 16 on wider layers and batches).
 
 ``per_token_rule(modules)`` is a context entered around the generator's verify and replay forwards: inside
 it, those modules' ``torch_chunk_gated_delta_rule`` name routes a call with a state (``initial_state``) and at
 most ``PER_TOKEN_MAX`` tokens to the same module's ``torch_recurrent_gated_delta_rule``, with the same
 arguments; on exit (or an exception) the module's own function is back. Both are transformers' functions:
-nothing of the model is re-implemented, and the per-token rule is plain decoding's own arithmetic.
+nothing of the model is re-implemented, and the per-token rule is the one plain decoding runs.
 
 ``per_token_modules(model)`` picks the modules it applies to: only where both functions are transformers'
 torch reference (never when flash-linear-attention or a hub kernel provides them: their chunked kernels
