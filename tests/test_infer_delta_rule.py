@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-import sys
 
 import pytest
 import torch
@@ -34,10 +33,13 @@ def _module(model):
     return module
 
 
+_LONG: dict = {}
+
+
 def _long_memory(arch: str = "qwen3_5_text"):
-    """A tiny Gated DeltaNet hybrid whose state decays slowly (exp(g) ~ 0.99 per token) and is written hard
-    (beta ~ 1): its greedy text depends on what the state held many tokens back, so a state dropped or one
-    token short shows in the output (the random init forgets within a few tokens)."""
+    """A tiny Gated DeltaNet hybrid whose state decays slowly (A = 0.01, dt_bias 0: exp(g) ~ 0.99 per token):
+    its greedy text depends on what the state held many tokens back, so a state dropped or one token short
+    shows in the output (the random init, A up to 16, forgets within a few tokens)."""
     key = ("long-memory", arch)
     if key not in _LONG:
         model = make_tiny_hybrid(arch, seed=1, sharpen=4.0)
@@ -49,9 +51,6 @@ def _long_memory(arch: str = "qwen3_5_text"):
                     layer.dt_bias.fill_(0.0)
         _LONG[key] = model
     return _LONG[key]
-
-
-_LONG: dict = {}
 
 
 class Spy:
