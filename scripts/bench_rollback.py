@@ -1,8 +1,8 @@
 """What rolling back a hybrid target's recurrent states costs, per rollback (docs/hybrid.md).
 
     python scripts/bench_rollback.py --target demo:tiny-hybrid [--heads HEAD_DIR ...] [--rollback merged,replay]
-        [--prompts 4] [--max-new-tokens 128] [--threads 1] [--rules per-token,chunked] [--reference-target demo:tiny]
-        [--out FILE.json]
+        [--prompts 4] [--max-new-tokens 128] [--threads 1] [--rules per-token,chunked]
+        [--reference-target demo:tiny [--reference-heads HEAD_DIR ...]] [--out FILE.json]
 
 Two measurements on one target, in one process:
 1. plain decoding (the target's own greedy ``generate``, as ``scripts/benchmark.py``'s vanilla) and, for
@@ -20,8 +20,10 @@ Two measurements on one target, in one process:
    with ``--rules per-token,chunked`` every method and every t(N) runs twice, interleaved: with the generator's
    routing of short verifies to the per-token Gated DeltaNet rule (infer.delta_rule, "per-token", what the
    generator does) and without it (every multi-token forward on the chunked rule, "chunked": the routing
-   off); with ``--reference-target`` (an attention target, e.g. demo:tiny), its t(N) too, interleaved with
-   the hybrid's (the same prompt ids: both demo targets share a tokenizer);
+   off); with ``--reference-target`` (an attention target, e.g. demo:tiny), plain decoding, n-grams and each
+   ``--reference-heads`` head on it too (each with the generator's defaults), prompt by prompt in turn with
+   the hybrid's methods, and its t(N) beside the hybrid's (the same prompt ids: both demo targets share a
+   tokenizer): the speedups of both targets under the same load;
 3. with ``--paths``, t(P, D): one verify of P rows, each a chain of D after the same prompt (a tree's P
    root-to-leaf paths verified as rows sharing the prefix state, next to t(1, D) the chain): docs/hybrid.md.
 """
@@ -52,7 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rules", default="per-token",
                    help="comma-separated: per-token (the generator's routing of short verifies, infer.delta_rule), "
                         "chunked (the routing off)")
-    p.add_argument("--reference-target", help="an attention target whose t(N) is measured beside the hybrid's")
+    p.add_argument("--reference-target", help="an attention target decoded (n-grams and --reference-heads) and timed "
+                                               "(t(N)) beside the hybrid, in turn")
+    p.add_argument("--reference-heads", nargs="*", default=[], help="head directories for --reference-target")
     p.add_argument("--paths", type=cli_counts(), help="comma-separated P: time a [P, D] verify (P rows of a chain of D)")
     p.add_argument("--depth", type=cli_count(), default=6, help="D for --paths: nodes per row, root included")
     p.add_argument("--out", help="write the results as JSON here too")
@@ -65,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [r for r in args.rules if r not in RULES]
     if bad or not args.rules:
         p.error(f"--rules: {bad[0] if bad else 'nothing'} is not one of {', '.join(RULES)}")
+    if args.reference_heads and not args.reference_target:
+        p.error("--reference-heads needs --reference-target")
     return args
 
 
@@ -134,36 +140,44 @@ def main(argv: list[str] | None = None) -> int:
                for name, make in drafters.items() for mode in args.rollback for rule in args.rules}
     prompts = bench_prompts(tokenizer, args.prompts, args.max_new_tokens)
 
-    def plain(ids):
-        return target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                               max_new_tokens=args.max_new_tokens, pad_token_id=0)
+    groups = {"target": (target, methods)}
+    if args.reference_target:  # an attention target decoded beside the hybrid, prompt by prompt in turn
+        reference = load_target(resolve_target(args.reference_target), dtype="auto", attn_implementation="sdpa").eval()
+        made = {"ngram": NgramDrafter, **{h: (lambda h=h: AutoHead.from_pretrained(h).eval()) for h in args.reference_heads}}
+        groups["reference"] = (reference, {name: SpeculativeGenerator(reference, make(), profile=True)
+                                           for name, make in made.items()})
+
+    def plain(model, ids):
+        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=args.max_new_tokens, pad_token_id=0)
 
     with torch.inference_mode():  # warm-up: first calls allocate caches and pick kernels
-        plain(prompts[0])
-        for gen in methods.values():
-            gen.generate(prompts[0], max_new_tokens=args.max_new_tokens)
-    runs: dict[str, list[dict]] = {name: [] for name in methods}
-    plain_s = plain_tokens = 0.0
+        for model, gens in groups.values():
+            plain(model, prompts[0])
+            for gen in gens.values():
+                gen.generate(prompts[0], max_new_tokens=args.max_new_tokens)
+    runs: dict[str, dict[str, list[dict]]] = {g: {name: [] for name in gens} for g, (_, gens) in groups.items()}
+    plain_s, plain_tokens = dict.fromkeys(groups, 0.0), dict.fromkeys(groups, 0)
     for ids in prompts:
-        with torch.inference_mode():
-            start = time.perf_counter()
-            ref = plain(ids)
-            plain_s += time.perf_counter() - start
-        plain_tokens += ref.shape[1] - ids.shape[1]
-        for name, gen in methods.items():
-            out = gen.generate(ids, max_new_tokens=args.max_new_tokens)
-            s = gen.last_stats
-            runs[name].append({
-                "seconds": s.wall_time, "tokens": s.new_tokens, "steps": s.steps, "step_tokens": s.step_tokens,
-                "verified": s.verified_tokens, "replays": s.replays, "replayed": s.replayed_tokens,
-                "pending": s.pending_tokens, "verify_s": s.phase_times.get("verify", 0.0),
-                "rollback_s": s.phase_times.get("rollback", 0.0), "identical": torch.equal(out, ref)})
-    results = {name: _summary(r, plain_s / plain_tokens) for name, r in runs.items()}
+        for g, (model, gens) in groups.items():
+            with torch.inference_mode():
+                start = time.perf_counter()
+                ref = plain(model, ids)
+                plain_s[g] += time.perf_counter() - start
+            plain_tokens[g] += ref.shape[1] - ids.shape[1]
+            for name, gen in gens.items():
+                out = gen.generate(ids, max_new_tokens=args.max_new_tokens)
+                s = gen.last_stats
+                runs[g][name].append({
+                    "seconds": s.wall_time, "tokens": s.new_tokens, "steps": s.steps, "step_tokens": s.step_tokens,
+                    "verified": s.verified_tokens, "replays": s.replays, "replayed": s.replayed_tokens,
+                    "pending": s.pending_tokens, "verify_s": s.phase_times.get("verify", 0.0),
+                    "rollback_s": s.phase_times.get("rollback", 0.0), "identical": torch.equal(out, ref)})
+    results = {g: {name: _summary(r, plain_s[g] / plain_tokens[g]) for name, r in runs[g].items()} for g in groups}
     # t(N): a verify of a chain of N after the first prompt's prefill (the same slots every time), each rule's
     # generator (and the reference target's) in turn for every N and repeat
     timers = {rule: generator(target, NgramDrafter(), rule) for rule in args.rules}
     if args.reference_target:
-        reference = load_target(resolve_target(args.reference_target), dtype="auto", attn_implementation="sdpa").eval()
         timers[args.reference_target] = SpeculativeGenerator(reference, NgramDrafter())
     ids = prompts[0]
     samples = {(who, n): [] for who in timers for n in SIZES}
@@ -197,10 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "target": args.target, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(), "command": " ".join(["python scripts/bench_rollback.py", *(sys.argv[1:] if argv is None else argv)]),
-        "plain_tokens_per_s": round(plain_tokens / plain_s, 2), "methods": results,
+        "plain_tokens_per_s": round(plain_tokens["target"] / plain_s["target"], 2), "methods": results["target"],
         "t_verify_ms": {n: round(1000 * v, 3) for n, v in t.items()},
         "t_N_over_t_1": {n: round(v / t[1], 3) for n, v in t.items()},
     }
+    if args.reference_target:
+        result["reference"] = {"target": args.reference_target, "methods": results["reference"],
+                               "plain_tokens_per_s": round(plain_tokens["reference"] / plain_s["reference"], 2)}
     if len(t_by) > 1:
         result["t_verify_ms_by"] = {who: {n: round(1000 * v, 3) for n, v in tw.items()} for who, tw in t_by.items()}
         result["t_N_over_t_1_by"] = {who: {n: round(v / tw[1], 3) for n, v in tw.items()} for who, tw in t_by.items()}

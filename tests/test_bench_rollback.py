@@ -55,12 +55,16 @@ def test_both_rules_and_a_reference_target_time_side_by_side(tmp_path, tokenizer
     routed, chunked = result["methods"]["ngram:merged:per-token"], result["methods"]["ngram:merged:chunked"]
     assert routed["identical"] and chunked["identical"] and routed["tau"] == chunked["tau"]
     assert set(result["t_N_over_t_1_by"]) == {"per-token", "chunked", str(tmp_path / "llama")}
+    beside = result["reference"]["methods"]["ngram"]  # the reference target decoded in turn with the hybrid
+    assert beside["identical"] and beside["tau"] >= 1.0 and result["reference"]["plain_tokens_per_s"] > 0
     assert all(by["1"] == 1.0 for by in result["t_N_over_t_1_by"].values())
 
 
-def test_an_unknown_rule_is_refused():
+def test_an_unknown_rule_and_reference_heads_without_a_reference_are_refused():
     with pytest.raises(SystemExit):
         main(["--rules", "per-token,fused"])
+    with pytest.raises(SystemExit):
+        main(["--reference-heads", "runs/x"])
 
 
 def test_an_unknown_rollback_is_refused():
