@@ -44,6 +44,7 @@ from infer.accept import (
 from infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from infer.cache import StaticKVCache
 from infer.compiling import check_compile, compiled, step_begin
+from infer.delta_rule import per_token_modules, per_token_rule
 from infer.drafters import (Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, chain_buffers, make_drafter,
                             root_only)
 from infer.speculation_plan import SpeculationPlan, find_plan
@@ -274,6 +275,9 @@ class SpeculativeGenerator:
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         self._stack: nn.Module | None = None  # a hybrid's replay: the layers up to its last recurrent one
+        # Gated DeltaNet modules whose short verifies and replays run the per-token rule (infer.delta_rule);
+        # empty: the routing is off (scripts/bench_rollback.py --rules chunked empties it to time the chunked rule)
+        self.per_token_modules = per_token_modules(target) if self.hybrid else ()
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
             raise ValueError(f"plan must be a SpeculationPlan, the path of one or None, got {type(plan).__name__}")
@@ -459,16 +463,17 @@ class SpeculativeGenerator:
             start = time.perf_counter()
         if self.compile:
             step_begin(self.device)
-        if from_entry:
-            hidden = next(d.entry for d in drafts if d.entry is not None)
-            entries = hidden.new_zeros(*tokens.shape, hidden.shape[-1])  # (B, N, H)
-            for b, d in enumerate(drafts):
-                if d.entry is not None:
-                    entries[b, : d.entry.shape[0]] = d.entry
-            out = masked_forward(self.drafter.entry_model, tokens, slots, mask, positions, cache,
-                                 self.drafter.aux_layer_ids, inputs_embeds=entries)
-        else:
-            out = self._verify_fn(self.target, tokens, slots, mask, positions, cache, self.drafter.aux_layer_ids)
+        with per_token_rule(self.per_token_modules):  # short verifies: the per-token Gated DeltaNet rule
+            if from_entry:
+                hidden = next(d.entry for d in drafts if d.entry is not None)
+                entries = hidden.new_zeros(*tokens.shape, hidden.shape[-1])  # (B, N, H)
+                for b, d in enumerate(drafts):
+                    if d.entry is not None:
+                        entries[b, : d.entry.shape[0]] = d.entry
+                out = masked_forward(self.drafter.entry_model, tokens, slots, mask, positions, cache,
+                                     self.drafter.aux_layer_ids, inputs_embeds=entries)
+            else:
+                out = self._verify_fn(self.target, tokens, slots, mask, positions, cache, self.drafter.aux_layer_ids)
         if first:
             self._sync()
             stats.compile_time += time.perf_counter() - start
@@ -496,8 +501,9 @@ class SpeculativeGenerator:
             mask = attention_masks(_text_config(self.target), verify_mask(starts, pads, causal, width, self.dtype),
                                    positions, verify_key_positions(starts, pads, positions, width))
             cache.slots = slots
-            stack(input_ids=tokens[:, :a], attention_mask=mask, position_ids=positions, use_cache=True,
-                  **cache_kwargs(stack, cache))
+            with per_token_rule(self.per_token_modules):
+                stack(input_ids=tokens[:, :a], attention_mask=mask, position_ids=positions, use_cache=True,
+                      **cache_kwargs(stack, cache))
             stats.replays += 1
             stats.replayed_tokens += a * tokens.shape[0]
             after.take_rows(cache.states.current(), kept == a)

@@ -1,7 +1,8 @@
 """What rolling back a hybrid target's recurrent states costs, per rollback (docs/hybrid.md).
 
     python scripts/bench_rollback.py --target demo:tiny-hybrid [--heads HEAD_DIR ...] [--rollback merged,replay]
-        [--prompts 4] [--max-new-tokens 128] [--threads 1] [--out FILE.json]
+        [--prompts 4] [--max-new-tokens 128] [--threads 1] [--rules per-token,chunked]
+        [--reference-target demo:tiny [--reference-heads HEAD_DIR ...]] [--out FILE.json]
 
 Two measurements on one target, in one process:
 1. plain decoding (the target's own greedy ``generate``, as ``scripts/benchmark.py``'s vanilla) and, for
@@ -16,6 +17,13 @@ Two measurements on one target, in one process:
    step verifies its pending tokens and its draft in one t(p + N), a replayed one pays t(N) + t(p) (where
    per-position states would cost N · t(1): N one-token forwards, the only way through transformers'
    kernels to hold the state after every position);
+   with ``--rules per-token,chunked`` every method and every t(N) runs twice, interleaved: with the generator's
+   routing of short verifies to the per-token Gated DeltaNet rule (infer.delta_rule, "per-token", what the
+   generator does) and without it (every multi-token forward on the chunked rule, "chunked": the routing
+   off); with ``--reference-target`` (an attention target, e.g. demo:tiny), plain decoding, n-grams and each
+   ``--reference-heads`` head on it too (each with the generator's defaults), prompt by prompt in turn with
+   the hybrid's methods, and its t(N) beside the hybrid's (the same prompt ids: both demo targets share a
+   tokenizer): the speedups of both targets under the same load;
 3. with ``--paths``, t(P, D): one verify of P rows, each a chain of D after the same prompt (a tree's P
    root-to-leaf paths verified as rows sharing the prefix state, next to t(1, D) the chain): docs/hybrid.md.
 """
@@ -30,6 +38,7 @@ import time
 from data.base.checks import cli_count, cli_counts
 
 MODES = ("merged", "replay")
+RULES = ("per-token", "chunked")  # short verifies on the per-token Gated DeltaNet rule (the generator's), or not
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -42,6 +51,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=cli_count(), default=4, help="stdlib prompts to decode")
     p.add_argument("--repeats", type=cli_count(), default=5, help="timed forwards per N")
     p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, infer.threads)")
+    p.add_argument("--rules", default="per-token",
+                   help="comma-separated: per-token (the generator's routing of short verifies, infer.delta_rule), "
+                        "chunked (the routing off)")
+    p.add_argument("--reference-target", help="an attention target decoded (n-grams and --reference-heads) and timed "
+                                               "(t(N)) beside the hybrid, in turn")
+    p.add_argument("--reference-heads", nargs="*", default=[], help="head directories for --reference-target")
     p.add_argument("--paths", type=cli_counts(), help="comma-separated P: time a [P, D] verify (P rows of a chain of D)")
     p.add_argument("--depth", type=cli_count(), default=6, help="D for --paths: nodes per row, root included")
     p.add_argument("--out", help="write the results as JSON here too")
@@ -50,6 +65,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [m for m in args.rollback if m not in MODES]
     if bad or not args.rollback:
         p.error(f"--rollback: {bad[0] if bad else 'nothing'} is not one of {', '.join(MODES)}")
+    args.rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    bad = [r for r in args.rules if r not in RULES]
+    if bad or not args.rules:
+        p.error(f"--rules: {bad[0] if bad else 'nothing'} is not one of {', '.join(RULES)}")
+    if args.reference_heads and not args.reference_target:
+        p.error("--reference-heads needs --reference-target")
     return args
 
 
@@ -108,49 +129,74 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_target_tokenizer(path)
     drafters = {"ngram": NgramDrafter}  # a fresh drafter per generator: no state shared between methods
     drafters.update({h: (lambda h=h: AutoHead.from_pretrained(h).eval()) for h in args.heads})
-    methods = {f"{name}:{mode}": SpeculativeGenerator(target, make(), rollback=mode, profile=True)
-               for name, make in drafters.items() for mode in args.rollback}
+    def generator(model, drafter, rule: str, **options):
+        gen = SpeculativeGenerator(model, drafter, **options)
+        if rule == "chunked":
+            gen.per_token_modules = ()  # the routing off: every multi-token forward runs the chunked rule
+        return gen
+
+    methods = {f"{name}:{mode}" + (f":{rule}" if len(args.rules) > 1 else ""):
+               generator(target, make(), rule, rollback=mode, profile=True)
+               for name, make in drafters.items() for mode in args.rollback for rule in args.rules}
     prompts = bench_prompts(tokenizer, args.prompts, args.max_new_tokens)
 
-    def plain(ids):
-        return target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                               max_new_tokens=args.max_new_tokens, pad_token_id=0)
+    groups = {"target": (target, methods)}
+    if args.reference_target:  # an attention target decoded beside the hybrid, prompt by prompt in turn
+        reference = load_target(resolve_target(args.reference_target), dtype="auto", attn_implementation="sdpa").eval()
+        made = {"ngram": NgramDrafter, **{h: (lambda h=h: AutoHead.from_pretrained(h).eval()) for h in args.reference_heads}}
+        groups["reference"] = (reference, {name: SpeculativeGenerator(reference, make(), profile=True)
+                                           for name, make in made.items()})
+
+    def plain(model, ids):
+        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=args.max_new_tokens, pad_token_id=0)
 
     with torch.inference_mode():  # warm-up: first calls allocate caches and pick kernels
-        plain(prompts[0])
-        for gen in methods.values():
-            gen.generate(prompts[0], max_new_tokens=args.max_new_tokens)
-    runs: dict[str, list[dict]] = {name: [] for name in methods}
-    plain_s = plain_tokens = 0.0
+        for model, gens in groups.values():
+            plain(model, prompts[0])
+            for gen in gens.values():
+                gen.generate(prompts[0], max_new_tokens=args.max_new_tokens)
+    runs: dict[str, dict[str, list[dict]]] = {g: {name: [] for name in gens} for g, (_, gens) in groups.items()}
+    plain_s, plain_tokens = dict.fromkeys(groups, 0.0), dict.fromkeys(groups, 0)
     for ids in prompts:
-        with torch.inference_mode():
-            start = time.perf_counter()
-            ref = plain(ids)
-            plain_s += time.perf_counter() - start
-        plain_tokens += ref.shape[1] - ids.shape[1]
-        for name, gen in methods.items():
-            out = gen.generate(ids, max_new_tokens=args.max_new_tokens)
-            s = gen.last_stats
-            runs[name].append({
-                "seconds": s.wall_time, "tokens": s.new_tokens, "steps": s.steps, "step_tokens": s.step_tokens,
-                "verified": s.verified_tokens, "replays": s.replays, "replayed": s.replayed_tokens,
-                "pending": s.pending_tokens, "verify_s": s.phase_times.get("verify", 0.0),
-                "rollback_s": s.phase_times.get("rollback", 0.0), "identical": torch.equal(out, ref)})
-    results = {name: _summary(r, plain_s / plain_tokens) for name, r in runs.items()}
-    # t(N): a verify of a chain of N after the first prompt's prefill (the same slots every time)
-    gen = next(iter(methods.values()))
+        for g, (model, gens) in groups.items():
+            with torch.inference_mode():
+                start = time.perf_counter()
+                ref = plain(model, ids)
+                plain_s[g] += time.perf_counter() - start
+            plain_tokens[g] += ref.shape[1] - ids.shape[1]
+            for name, gen in gens.items():
+                out = gen.generate(ids, max_new_tokens=args.max_new_tokens)
+                s = gen.last_stats
+                runs[g][name].append({
+                    "seconds": s.wall_time, "tokens": s.new_tokens, "steps": s.steps, "step_tokens": s.step_tokens,
+                    "verified": s.verified_tokens, "replays": s.replays, "replayed": s.replayed_tokens,
+                    "pending": s.pending_tokens, "verify_s": s.phase_times.get("verify", 0.0),
+                    "rollback_s": s.phase_times.get("rollback", 0.0), "identical": torch.equal(out, ref)})
+    results = {g: {name: _summary(r, plain_s[g] / plain_tokens[g]) for name, r in runs[g].items()} for g in groups}
+    # t(N): a verify of a chain of N after the first prompt's prefill (the same slots every time), each rule's
+    # generator (and the reference target's) in turn for every N and repeat
+    timers = {rule: generator(target, NgramDrafter(), rule) for rule in args.rules}
+    if args.reference_target:
+        timers[args.reference_target] = SpeculativeGenerator(reference, NgramDrafter())
     ids = prompts[0]
-    t = {}
+    samples = {(who, n): [] for who in timers for n in SIZES}
     with torch.inference_mode():
-        for n in SIZES:
-            out = gen.prefill(ids, 64)
-            before = out.past_key_values.states.checkpoint()
-            draft = chain_draft([ids[0, -1]] * n, [])
-            samples = []
-            for _ in range(args.repeats):
-                out.past_key_values.states.restore(before)
-                samples.append(timed(lambda: gen.verify(out.past_key_values, draft)))
-            t[n] = statistics.median(samples)
+        for _ in range(args.repeats):
+            for n in SIZES:
+                for who, gen in timers.items():
+                    out = gen.prefill(ids, 64)
+                    states = getattr(out.past_key_values, "states", None)
+                    before = states.checkpoint() if states is not None else None
+                    draft = chain_draft([ids[0, -1]] * n, [])
+                    for _ in range(2):  # the first forward after a prefill warms its shapes up
+                        if before is not None:
+                            states.restore(before)
+                        took = timed(lambda: gen.verify(out.past_key_values, draft))
+                    samples[(who, n)].append(took)
+    t_by = {who: {n: statistics.median(samples[(who, n)]) for n in SIZES} for who in timers}
+    t = t_by[args.rules[0]]
+    gen = next(iter(methods.values()))
     t_paths = {}
     with torch.inference_mode():  # t(P, D): P rows after the same prompt, each verifying a chain of D
         for paths in sorted(set(args.paths) | {1}) if args.paths else []:
@@ -165,10 +211,16 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "target": args.target, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(), "command": " ".join(["python scripts/bench_rollback.py", *(sys.argv[1:] if argv is None else argv)]),
-        "plain_tokens_per_s": round(plain_tokens / plain_s, 2), "methods": results,
+        "plain_tokens_per_s": round(plain_tokens["target"] / plain_s["target"], 2), "methods": results["target"],
         "t_verify_ms": {n: round(1000 * v, 3) for n, v in t.items()},
         "t_N_over_t_1": {n: round(v / t[1], 3) for n, v in t.items()},
     }
+    if args.reference_target:
+        result["reference"] = {"target": args.reference_target, "methods": results["reference"],
+                               "plain_tokens_per_s": round(plain_tokens["reference"] / plain_s["reference"], 2)}
+    if len(t_by) > 1:
+        result["t_verify_ms_by"] = {who: {n: round(1000 * v, 3) for n, v in tw.items()} for who, tw in t_by.items()}
+        result["t_N_over_t_1_by"] = {who: {n: round(v / tw[1], 3) for n, v in tw.items()} for who, tw in t_by.items()}
     if t_paths:
         result["t_paths_ms"] = {p: round(1000 * v, 3) for p, v in t_paths.items()}
         result["t_paths_over_t_1_path"] = {p: round(v / t_paths[1], 3) for p, v in t_paths.items()}

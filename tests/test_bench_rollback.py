@@ -41,6 +41,32 @@ def test_it_reports_both_rollbacks_and_the_verify_cost(tmp_path, tokenizer):
     assert result["t_N_over_t_1"]["1"] == 1.0
 
 
+def test_both_rules_and_a_reference_target_time_side_by_side(tmp_path, tokenizer):
+    """--rules per-token,chunked runs every method with the routing of short verifies on and off (the same
+    greedy text, so the same tau), and --reference-target times an attention target's verify beside them."""
+    target = make_tiny_hybrid("qwen3_5_text", vocab=len(tokenizer))
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    make_tiny_target("llama", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "llama")
+    assert main(["--target", str(tmp_path / "target"), "--max-new-tokens", "16", "--prompts", "1", "--repeats", "1",
+                 "--threads", "1", "--rollback", "merged", "--rules", "per-token,chunked",
+                 "--reference-target", str(tmp_path / "llama"), "--out", str(tmp_path / "r.json")]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    routed, chunked = result["methods"]["ngram:merged:per-token"], result["methods"]["ngram:merged:chunked"]
+    assert routed["identical"] and chunked["identical"] and routed["tau"] == chunked["tau"]
+    assert set(result["t_N_over_t_1_by"]) == {"per-token", "chunked", str(tmp_path / "llama")}
+    beside = result["reference"]["methods"]["ngram"]  # the reference target decoded in turn with the hybrid
+    assert beside["identical"] and beside["tau"] >= 1.0 and result["reference"]["plain_tokens_per_s"] > 0
+    assert all(by["1"] == 1.0 for by in result["t_N_over_t_1_by"].values())
+
+
+def test_an_unknown_rule_and_reference_heads_without_a_reference_are_refused():
+    with pytest.raises(SystemExit):
+        main(["--rules", "per-token,fused"])
+    with pytest.raises(SystemExit):
+        main(["--reference-heads", "runs/x"])
+
+
 def test_an_unknown_rollback_is_refused():
     with pytest.raises(SystemExit):
         main(["--rollback", "merged,undo"])

@@ -1,0 +1,122 @@
+"""Which of transformers' two Gated DeltaNet rules a short verify runs (docs/hybrid.md, "Short verifies run the per-token
+Gated DeltaNet rule").
+
+transformers' Gated DeltaNet layers (Qwen3.5 / 3.6, Qwen3-Next, OLMo-hybrid) run one of two module-level
+functions: ``torch_recurrent_gated_delta_rule`` (a loop over tokens: what plain decoding runs, one token
+per call) when the forward has one token and a state, ``torch_chunk_gated_delta_rule`` otherwise. The
+chunked rule's torch reference pads the sequence to a 64-token chunk and solves two 64 x 64 triangular
+systems per head, so on CPU a verify of 2..12 tokens costs about what 64 would, where the per-token loop
+costs in proportion to the tokens (measured in docs/hybrid.md: per call, the per-token rule is faster up to
+11-12 tokens on ``demo:tiny-hybrid``'s layers, past 16 on wider layers and batches).
+
+``per_token_rule(modules)`` is a context entered around the generator's verify and replay forwards: inside
+it, those modules' ``torch_chunk_gated_delta_rule`` name routes a call with a state (``initial_state``) and at
+most ``PER_TOKEN_MAX`` tokens to the same module's ``torch_recurrent_gated_delta_rule``, with the same
+arguments; on exit (or an exception) the module's own function is back. Both are transformers' functions:
+nothing of the model is re-implemented, and the per-token rule is the one plain decoding runs.
+
+``per_token_modules(model)`` picks the modules it applies to: only where both functions are transformers'
+torch reference (never when flash-linear-attention or a hub kernel provides them: their chunked kernels
+have no 64-token padding to avoid), the layer runs its class's own ``forward`` (a hub kernel may replace
+it), and the model sits on the CPU (the only device the crossover was measured on).
+
+Why a context and not a permanent patch: the swap lives only as long as our verify forward, so anything
+else in the process calling the same model class (its ``generate``, training, another library) runs
+transformers' code unchanged. A swap is process-wide while it lasts; a forward of another model of the same
+class in another thread during our verify would also route, which only changes which of two exact
+algorithms computes the same function. Nested and concurrent contexts count entries per module and
+restore the original when the last one leaves.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from contextlib import contextmanager
+from types import ModuleType
+
+from torch import nn
+
+CHUNKED = "torch_chunk_gated_delta_rule"  # transformers' name in every Gated DeltaNet modeling file (5.17 and 5.24)
+PER_TOKEN = "torch_recurrent_gated_delta_rule"
+# Most tokens a stateful call routes to the per-token rule: the kernel-level crossover on demo:tiny-hybrid's
+# layers (CPU, one thread, batch 1: 11-12 tokens; wider heads and batches favour the per-token rule further).
+PER_TOKEN_MAX = 12
+
+_lock = threading.Lock()
+_entered: dict[str, list] = {}  # module name -> [its own chunked function, entries]
+
+
+def _is_torch_reference(fn) -> bool:
+    """Whether ``fn`` (a module-level rule, wrapped by transformers' kernel fallback decorator) runs the torch
+    reference: the decorator keeps the implementation it chose (fla's when installed) in its closure."""
+    reference = inspect.unwrap(fn)
+    try:
+        chosen = inspect.getclosurevars(fn).nonlocals.get("implementation", reference)
+    except (TypeError, ValueError):  # not a Python function: a kernel object, not the torch reference
+        return False
+    return chosen is reference and reference.__module__.startswith("transformers.")
+
+
+def per_token_modules(model: nn.Module) -> tuple[ModuleType, ...]:
+    """The modeling modules whose Gated DeltaNet layers in ``model`` run transformers' torch reference of
+    both rules, through their class's own ``forward``, on the CPU (empty: nothing to route)."""
+    modules: dict[str, ModuleType] = {}
+    for layer in model.modules():
+        module = sys.modules.get(type(layer).__module__)
+        own = type(layer).forward
+        code = getattr(inspect.unwrap(own), "__code__", None)
+        if code is None or CHUNKED not in code.co_names:
+            continue  # not a Gated DeltaNet layer: its forward never calls the chunked rule
+        forward = vars(layer).get("_old_forward", vars(layer).get("forward", own))  # accelerate keeps the class's
+        if getattr(forward, "__func__", forward) is not own:  # a hub kernel's forward replaced the class's
+            continue
+        chunked = _entered[module.__name__][0] if module.__name__ in _entered else getattr(module, CHUNKED)
+        if not (_is_torch_reference(chunked) and _is_torch_reference(getattr(module, PER_TOKEN, None))):
+            continue
+        if any(p.device.type != "cpu" for p in layer.parameters(recurse=False)):
+            continue
+        modules[module.__name__] = module
+    return tuple(modules.values())
+
+
+def _routed(module: ModuleType, chunked, max_tokens: int):
+    """``module``'s chunked rule, sending a call with a state and at most ``max_tokens`` tokens to the
+    module's per-token rule (looked up per call). query (B, T, H_k, d_k); initial_state (B, H_v, d_k, d_v)."""
+
+    def rule(query, key, value, g, beta, chunk_size: int = 64, initial_state=None, output_final_state: bool = False,
+             use_qk_l2norm_in_kernel: bool = False, **kwargs):
+        if initial_state is not None and query.shape[1] <= max_tokens:
+            return getattr(module, PER_TOKEN)(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                                              output_final_state=output_final_state,
+                                              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+        return chunked(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
+                       output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+
+    rule.routes_short_calls = True  # marks the swap (tests look for it)
+    return rule
+
+
+@contextmanager
+def per_token_rule(modules: tuple[ModuleType, ...], max_tokens: int = PER_TOKEN_MAX):
+    """Inside: ``modules``' chunked Gated DeltaNet rule runs stateful calls of at most ``max_tokens`` tokens
+    with the per-token rule; on exit each module's own function is back (when no other context holds it)."""
+    with _lock:
+        for module in modules:
+            entry = _entered.setdefault(module.__name__, [getattr(module, CHUNKED), 0])
+            if entry[1] == 0:
+                setattr(module, CHUNKED, _routed(module, entry[0], max_tokens))
+            entry[1] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            for module in modules:
+                entry = _entered[module.__name__]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    setattr(module, CHUNKED, entry[0])
+                    del _entered[module.__name__]
+
+
+__all__ = ["PER_TOKEN_MAX", "per_token_modules", "per_token_rule"]

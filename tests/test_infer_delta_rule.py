@@ -1,0 +1,255 @@
+"""A hybrid's short verifies run transformers' per-token Gated DeltaNet rule (infer.delta_rule, docs/hybrid.md):
+the routing engages on the verify and the replay, never on the prefill or outside the generator; it restores
+the module's own function on exit and on an exception; it does nothing where the rule is not transformers'
+torch reference (flash-linear-attention, a hub kernel's forward, a model off the CPU); greedy output stays
+the target's own on every hybrid in tests/hybrids.py; and a router that drops the state or runs it one
+token short fails the same checks."""
+from __future__ import annotations
+
+import functools
+import math
+import random
+
+import pytest
+import torch
+from hybrids import HYBRIDS, make_tiny_hybrid
+from test_infer_hybrid import Oracle, _hf, _perturbed, _prompt, _target
+
+from heads import build_head
+from infer import SpeculativeGenerator
+from infer import delta_rule
+from infer.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, per_token_modules, per_token_rule
+from infer.drafters import chain_draft, root_only
+from infer.drafters.ngram import NgramDrafter
+from infer.recurrent import LinearAttentionLayer
+
+pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
+
+GDN = ("qwen3_5_text", "qwen3_next", "olmo_hybrid")  # the families whose layers run the Gated DeltaNet rules
+
+
+def _module(model):
+    (module,) = per_token_modules(model)
+    return module
+
+
+_LONG: dict = {}
+
+
+def _long_memory(arch: str = "qwen3_5_text"):
+    """A tiny Gated DeltaNet hybrid whose state decays slowly (A = 0.01, dt_bias 0: exp(g) ~ 0.99 per token):
+    its greedy text depends on what the state held many tokens back, so a state dropped or one token short
+    shows in the output (the random init, A up to 16, forgets within a few tokens)."""
+    key = ("long-memory", arch)
+    if key not in _LONG:
+        model = make_tiny_hybrid(arch, seed=1, sharpen=4.0)
+        model.generation_config.eos_token_id = None
+        with torch.no_grad():
+            for layer in model.modules():
+                if hasattr(layer, "A_log") and hasattr(layer, "dt_bias"):
+                    layer.A_log.fill_(math.log(0.01))
+                    layer.dt_bias.fill_(0.0)
+        _LONG[key] = model
+    return _LONG[key]
+
+
+class Spy:
+    """Counts which rule ran, on how many tokens, with or without a state, in which phase of the generator."""
+
+    def __init__(self, monkeypatch, module, gen: SpeculativeGenerator | None = None) -> None:
+        self.calls: list[tuple[str, str, int, bool]] = []  # (phase, rule, tokens, has state)
+        self.phase = "outside"
+        for name, rule in ((CHUNKED, "chunked"), (PER_TOKEN, "per-token")):
+            monkeypatch.setattr(module, name, self._counting(getattr(module, name), rule))
+        if gen is not None:
+            for method, phase in (("prefill", "prefill"), ("_verify_rows", "verify"), ("_replay", "replay")):
+                monkeypatch.setattr(gen, method, self._in_phase(getattr(gen, method), phase))
+
+    def _counting(self, fn, rule):
+        @functools.wraps(fn)
+        def counted(query, *args, **kwargs):
+            self.calls.append((self.phase, rule, query.shape[1], kwargs.get("initial_state") is not None))
+            return fn(query, *args, **kwargs)
+        return counted
+
+    def _in_phase(self, fn, phase):
+        def run(*args, **kwargs):
+            outer, self.phase = self.phase, phase
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.phase = outer
+        return run
+
+
+@pytest.mark.parametrize("arch", GDN)
+def test_short_verifies_run_the_per_token_rule_and_nothing_else_does(monkeypatch, arch):
+    target = _target(arch)
+    ids = _prompt(random.Random(5), 14)
+    ref = _hf(target, ids, 40)
+    module = _module(target)
+    gen = SpeculativeGenerator(target, Oracle(ref, good=4))
+    spy = Spy(monkeypatch, module, gen)  # installed after the generator: its own rules, counted
+    chunked = getattr(module, CHUNKED)
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)
+    assert getattr(module, CHUNKED) is chunked  # restored after the decode
+    verify = [(rule, n, state) for phase, rule, n, state in spy.calls if phase == "verify"]
+    assert {("per-token", True)} == {(rule, state) for rule, n, state in verify if n <= PER_TOKEN_MAX}
+    assert any(n > 1 for rule, n, _ in verify if rule == "per-token")  # multi-token verifies were routed
+    assert all(rule == "chunked" and not state for phase, rule, _, state in spy.calls if phase == "prefill")
+    # outside the generator a stateful multi-token forward keeps transformers' choice: the chunked rule
+    spy.calls.clear()
+    with torch.inference_mode():
+        out = target(ids, use_cache=True)
+        target(ids[:, :3], past_key_values=out.past_key_values, use_cache=True)
+    assert ("outside", "chunked", 3, True) in spy.calls and all(rule == "chunked" for _, rule, _, _ in spy.calls)
+
+
+def test_replays_route_too_and_long_calls_stay_chunked(monkeypatch):
+    """The replay (rollback="replay") is a short stateful forward as well; a verify longer than PER_TOKEN_MAX
+    keeps the chunked rule."""
+    target = _target("qwen3_5_text")
+    ids = _prompt(random.Random(6), 14)
+    ref = _hf(target, ids, 40)
+    module = _module(target)
+    gen = SpeculativeGenerator(target, Oracle(ref, good=PER_TOKEN_MAX + 2), rollback="replay")
+    spy = Spy(monkeypatch, module, gen)
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)
+    assert any(phase == "replay" and rule == "per-token" and n > 1 for phase, rule, n, _ in spy.calls)
+    assert any(phase == "verify" and rule == "chunked" and n > PER_TOKEN_MAX and state
+               for phase, rule, n, state in spy.calls)
+
+
+def test_the_context_restores_on_exit_on_an_exception_and_when_nested():
+    target = _target("qwen3_5_text")
+    module = _module(target)
+    own = getattr(module, CHUNKED)
+    with per_token_rule((module,)):
+        routed = getattr(module, CHUNKED)
+        assert routed.routes_short_calls
+        with per_token_rule((module,)):  # nested (a replay inside a verify's context, another generator)
+            assert getattr(module, CHUNKED) is routed
+        assert getattr(module, CHUNKED) is routed  # the outer context still holds it
+    assert getattr(module, CHUNKED) is own
+    with pytest.raises(RuntimeError, match="boom"):
+        with per_token_rule((module,)):
+            raise RuntimeError("boom")
+    assert getattr(module, CHUNKED) is own and not delta_rule._entered
+    assert per_token_modules(target) == (module,)  # the modules are found again after the swap
+
+
+def _as_transformers_wraps(fn, implementation):
+    """``fn`` wrapped the way transformers' kernel fallback decorator wraps it, with ``implementation`` chosen
+    (a flash-linear-attention function when that package is installed)."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        return implementation(*args, **kwargs)
+    return wrapped
+
+
+def test_nothing_routes_where_the_rule_is_not_the_torch_reference(monkeypatch):
+    target = _target("qwen3_5_text")
+    module = _module(target)
+    def chunk_gated_delta_rule(*args, **kwargs):  # stands in for flash-linear-attention's kernel
+        raise AssertionError("never called here")
+
+    chunk_gated_delta_rule.__module__ = "fla.ops.gated_delta_rule"
+    for name in (CHUNKED, PER_TOKEN):  # fla installed: transformers' decorator chose its kernel for either rule
+        with monkeypatch.context() as m:
+            m.setattr(module, name, _as_transformers_wraps(getattr(module, name).__wrapped__, chunk_gated_delta_rule))
+            assert per_token_modules(target) == ()
+            assert SpeculativeGenerator(target, NgramDrafter()).per_token_modules == ()
+    # the decorator as transformers builds it, falling back to the reference: routed
+    with monkeypatch.context() as m:
+        reference = getattr(module, CHUNKED).__wrapped__
+        m.setattr(module, CHUNKED, _as_transformers_wraps(reference, reference))
+        assert per_token_modules(target) == (module,)
+    # a hub kernel replaced the Gated DeltaNet layers' forward (kernels' kernelize binds it on the instance)
+    layers = [m for m in target.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+    assert layers
+    try:
+        for layer in layers:
+            layer.forward = lambda *args, **kwargs: None
+        assert per_token_modules(target) == ()
+    finally:
+        for layer in layers:
+            del layer.forward
+    assert per_token_modules(target) == (module,)
+    # not on the CPU (the crossover was measured there only): the meta device stands in for a GPU
+    assert per_token_modules(make_tiny_hybrid("qwen3_5_text").to("meta")) == ()
+    # families without Gated DeltaNet layers: nothing to route
+    assert per_token_modules(_target("nemotron_h")) == () == per_token_modules(_target("lfm2"))
+
+
+@pytest.mark.parametrize("arch", sorted(HYBRIDS))
+def test_every_hybrid_stays_lossless_with_the_routing(monkeypatch, arch):
+    """n-grams and an EAGLE-3 head on every hybrid family (the per-token rule engaged where the family has
+    Gated DeltaNet layers: counted)."""
+    target = _target(arch)
+    rng = random.Random(arch)
+    ids = _prompt(rng, 12)
+    ref = _hf(target, ids, 32)
+    routed = []
+    for module in per_token_modules(target):
+        monkeypatch.setattr(module, PER_TOKEN, _counted(getattr(module, PER_TOKEN), routed))
+    for drafter in (NgramDrafter(length=5), _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))):
+        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=32), ref), arch
+    assert (arch in GDN) == any(n > 1 for n in routed)
+
+
+def _counted(fn, into: list):
+    @functools.wraps(fn)
+    def counted(query, *args, **kwargs):
+        into.append(query.shape[1])
+        return fn(query, *args, **kwargs)
+    return counted
+
+
+# ------------------------------------------------------------------------------------- planted bugs
+
+class AllRight(Oracle):
+    """Drafts ``good`` right tokens after the root: every step accepts all, so the verify's own final states are
+    kept (a partial accept restores the checkpoint and never reads them)."""
+
+    def _propose(self, state, root, max_depth: int):
+        right = self.ref[state["seq"].numel(): state["seq"].numel() + min(self.good, max_depth)]
+        return root_only(root) if right.numel() < 1 else chain_draft([root, *right], [])
+
+
+def _runs(target, seeds=(2, 3, 4), max_new: int = 48) -> list[tuple]:
+    """(output, the target's own) for each prompt, with a partial accept at every step and with none."""
+    runs = []
+    for seed in seeds:
+        ids = _prompt(random.Random(seed), 14)
+        ref = _hf(target, ids, max_new)
+        for drafter in (Oracle(ref, good=4), AllRight(ref, good=4)):
+            runs.append((SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=max_new), ref))
+    return runs
+
+
+@pytest.mark.parametrize("bug", ["no initial state", "state one token short"])
+def test_a_router_that_loses_the_state_is_caught(monkeypatch, bug):
+    target = _long_memory()
+    assert all(torch.equal(out, ref) for out, ref in _runs(target))
+    routed = delta_rule._routed
+
+    def planted(module, chunked, max_tokens):
+        rule = routed(module, chunked, max_tokens)
+        per_token = getattr(module, PER_TOKEN)
+
+        def buggy(query, key, value, g, beta, initial_state=None, **kwargs):
+            if initial_state is None or query.shape[1] > max_tokens:
+                return rule(query, key, value, g, beta, initial_state=initial_state, **kwargs)
+            kwargs.pop("chunk_size", None)
+            if bug == "no initial state":  # the layer's state dropped: every verify starts from zeros
+                return per_token(query, key, value, g=g, beta=beta, **kwargs)
+            out, _ = per_token(query, key, value, g=g, beta=beta, initial_state=initial_state, **kwargs)
+            _, short = per_token(query[:, :-1], key[:, :-1], value[:, :-1], g=g[:, :-1], beta=beta[:, :-1],
+                                 initial_state=initial_state, **kwargs)
+            return out, short  # right outputs, the state after all but the last token
+
+        buggy.routes_short_calls = True
+        return buggy
+
+    monkeypatch.setattr(delta_rule, "_routed", planted)
+    assert not all(torch.equal(out, ref) for out, ref in _runs(target))
