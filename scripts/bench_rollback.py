@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from data.base.checks import cli_count, cli_counts
+from data.base.checks import cli_choices, cli_count, cli_counts
 
 MODES = ("merged", "replay")
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -37,7 +37,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="demo:tiny-hybrid", help="a hybrid target: HF id, directory or demo:<size>")
     p.add_argument("--heads", nargs="*", default=[], help="head directories, run after n-grams")
-    p.add_argument("--rollback", default=",".join(MODES), help="comma-separated rollbacks to compare: merged, replay")
+    p.add_argument("--rollback", type=cli_choices(MODES), default=",".join(MODES),
+                   help="comma-separated rollbacks to compare: merged, replay")
     p.add_argument("--max-new-tokens", type=cli_count(), default=128)
     p.add_argument("--prompts", type=cli_count(), default=4, help="stdlib prompts to decode")
     p.add_argument("--repeats", type=cli_count(), default=5, help="timed forwards per N")
@@ -45,12 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--paths", type=cli_counts(), help="comma-separated P: time a [P, D] verify (P rows of a chain of D)")
     p.add_argument("--depth", type=cli_count(), default=6, help="D for --paths: nodes per row, root included")
     p.add_argument("--out", help="write the results as JSON here too")
-    args = p.parse_args(argv)
-    args.rollback = [m.strip() for m in args.rollback.split(",") if m.strip()]
-    bad = [m for m in args.rollback if m not in MODES]
-    if bad or not args.rollback:
-        p.error(f"--rollback: {bad[0] if bad else 'nothing'} is not one of {', '.join(MODES)}")
-    return args
+    return p.parse_args(argv)
 
 
 def bench_prompts(tokenizer, count: int, max_new_tokens: int) -> list:
