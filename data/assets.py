@@ -16,7 +16,6 @@ Names (see ``docs/real-model.md`` for the facts the code relies on):
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from data.base.paths import cache_root
+from data.base.paths import cache_lock, cache_root
 from data.jsonfile import read_json
 
 
@@ -89,8 +88,7 @@ def fetch(name_or_asset: str | Asset, *, log=print) -> Path:
     if _complete(out, asset):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process fetching the same asset: wait, then reuse
+    with cache_lock(out.parent / ".lock"):  # another process fetching the same asset: wait, then reuse
         if _complete(out, asset) or _verified(out, asset, log):
             return out
         start = time.perf_counter()
@@ -218,8 +216,7 @@ def smollm2_dir() -> Path:
         return out
     gguf = fetch(asset)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with cache_lock(out.parent / f".{out.name}.lock"):
         if _converted_intact(out):
             return out
         if out.exists():

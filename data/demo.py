@@ -16,7 +16,6 @@ recipe change with ``python scripts/make_demo_target.py --size tiny --ship``.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -28,7 +27,7 @@ from transformers import AutoTokenizer
 
 from data.corpus import corpus_fingerprint
 from data.base.names import DEMO_PREFIX
-from data.base.paths import cache_root, changed_files, folder_digests, share_readable
+from data.base.paths import cache_lock, cache_root, changed_files, folder_digests, share_readable
 from data.demo_lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 
 # Bump when data/demo_lm.py or data/tokenizer.py change what the same settings produce.
@@ -151,22 +150,21 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
     settings, fp, name = _resolve(size, seed, tokenizer_dir, overrides)
     out = Path(out_dir) if out_dir is not None else cache_root() / "demo" / name
     default_request = tokenizer_dir is None and not overrides
-    if _summary(out, fp) is not None:
-        damaged = damaged_files(out)
-        if not damaged:
-            return out
-        print(f"draftsmith: the cached demo target {out} is damaged ({', '.join(damaged)} missing or changed "
-              "since it was built): building it again", file=sys.stderr, flush=True)
-        shutil.rmtree(out)  # our own cache entry, marked by its fingerprint
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if is_built(out, fp):
+        return out
+    # The summary is read last: another process may rename its finished build into place meanwhile.
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and _summary(out, fp) is None:
         raise FileExistsError(f"{out} exists but is not a demo LM with fingerprint {fp} "
                               f"(size={size}, seed={seed}, overrides={overrides}); remove it or choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        # Another process building the same LM holds this lock: wait for it, then reuse its result.
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if is_built(out, fp):
-            return out
+    with cache_lock(out.parent / f".{out.name}.lock"):  # another process building it: wait, then reuse its result
+        if _summary(out, fp) is not None:
+            damaged = damaged_files(out)
+            if not damaged:
+                return out
+            print(f"draftsmith: the cached demo target {out} is damaged ({', '.join(damaged)} missing or changed "
+                  "since it was built): building it again", file=sys.stderr, flush=True)
+            shutil.rmtree(out)  # our own cache entry, marked by its fingerprint
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         if _copy_shipped(SHIPPED / f"{size}-seed{seed}", fp, out, tmp, say_mismatch=default_request):
             return out

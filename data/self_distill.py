@@ -10,7 +10,8 @@ it took the README head from 1.0x to about 2x (docs/benchmarks.md, "Self-distill
 The file is cached as ``<cache>/self_distill/<key>.jsonl``, the key a hash of the source data, the
 target's weights and tokenizer, the generation settings and the row count; ``<key>.json``, written
 last, holds its size and sha256. A cached file that does not match it (edited, cut) is named and made
-again; a partial file of an interrupted run is ours and is replaced.
+again; a partial file of an interrupted run is ours and is replaced. A file lock (``.<key>.lock``) makes
+two jobs asking for the same file at once regenerate it once: the second waits, then reads it.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from data.base.paths import file_digest
+from data.base.paths import cache_lock, file_digest
 from data.pipeline import load_rows, source_fingerprint, tokenizer_fingerprint
 from data.regenerate import HFEngine, Settings, regenerate
 
@@ -62,17 +63,36 @@ def self_distilled(source: object, rows: int, model: torch.nn.Module, tokenizer,
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:24]
     folder = Path(cache_dir) / "self_distill"
     path, manifest = folder / f"{key}.jsonl", folder / f"{key}.json"
-    if path.is_file() and manifest.is_file():
-        try:
-            recorded = json.loads(manifest.read_text()).get("file")
-        except (OSError, ValueError, AttributeError):  # a cut or edited manifest vouches for nothing
-            recorded = None
-        if recorded == file_digest(path):
-            logger.info("self-distilled data: %s (cached)", path)
-            return path
-        logger.warning("%s does not match its manifest %s (edited or cut); making it again", path, manifest)
+    if _cached(path, manifest):
+        return path
     folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f"{key}.partial.jsonl"  # ours: an interrupted run's rows are made again
+    with cache_lock(folder / f".{key}.lock"):  # another job making the same file: wait, then reuse it
+        if _cached(path, manifest):
+            return path
+        if path.is_file() and manifest.is_file():
+            logger.warning("%s does not match its manifest %s (edited or cut); making it again", path, manifest)
+        _make(source, rows, model, tokenizer, settings, key_parts, path, manifest, batch_size, progress)
+    return path
+
+
+def _cached(path: Path, manifest: Path) -> bool:
+    """Whether ``path`` is there with the size and sha256 its manifest records."""
+    if not (path.is_file() and manifest.is_file()):
+        return False
+    try:
+        recorded = json.loads(manifest.read_text()).get("file")
+    except (OSError, ValueError, AttributeError):  # a cut or edited manifest vouches for nothing
+        recorded = None
+    if recorded != file_digest(path):
+        return False
+    logger.info("self-distilled data: %s (cached)", path)
+    return True
+
+
+def _make(source: object, rows: int, model: torch.nn.Module, tokenizer, settings: Settings, key_parts: dict,
+          path: Path, manifest: Path, batch_size: int, progress: bool) -> None:
+    """Regenerate the rows into ``path``, then write its ``manifest`` (the caller holds the key's lock)."""
+    partial = path.with_suffix(".partial.jsonl")  # ours: an interrupted run's rows are made again
     partial.unlink(missing_ok=True)
     manifest.unlink(missing_ok=True)
     source_rows = load_rows(source)
@@ -92,5 +112,6 @@ def self_distilled(source: object, rows: int, model: torch.nn.Module, tokenizer,
         raise ValueError(f"the target regenerated none of the {len(source_rows)} rows of {source}:\n{stats}")
     logger.info("self-distilled data:\n%s", stats)
     os.replace(partial, path)
-    manifest.write_text(json.dumps({**key_parts, "file": file_digest(path), "stats": str(stats)}, indent=1))
-    return path
+    tmp = manifest.with_name(f"{manifest.name}.tmp")  # whole or absent: a reader outside the lock never sees half
+    tmp.write_text(json.dumps({**key_parts, "file": file_digest(path), "stats": str(stats)}, indent=1))
+    os.replace(tmp, manifest)

@@ -35,7 +35,7 @@ import statistics
 import sys
 import time
 
-from data.base.checks import cli_count, cli_counts
+from data.base.checks import cli_choices, cli_count, cli_counts
 
 MODES = ("merged", "replay")
 RULES = ("per-token", "chunked")  # short verifies on the per-token Gated DeltaNet rule (the generator's), or not
@@ -46,12 +46,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="demo:tiny-hybrid", help="a hybrid target: HF id, directory or demo:<size>")
     p.add_argument("--heads", nargs="*", default=[], help="head directories, run after n-grams")
-    p.add_argument("--rollback", default=",".join(MODES), help="comma-separated rollbacks to compare: merged, replay")
+    p.add_argument("--rollback", type=cli_choices(MODES), default=",".join(MODES),
+                   help="comma-separated rollbacks to compare: merged, replay")
     p.add_argument("--max-new-tokens", type=cli_count(), default=128)
     p.add_argument("--prompts", type=cli_count(), default=4, help="stdlib prompts to decode")
     p.add_argument("--repeats", type=cli_count(), default=5, help="timed forwards per N")
     p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, infer.threads)")
-    p.add_argument("--rules", default="per-token",
+    p.add_argument("--rules", type=cli_choices(RULES), default="per-token",
                    help="comma-separated: per-token (the generator's routing of short verifies, infer.delta_rule), "
                         "chunked (the routing off)")
     p.add_argument("--reference-target", help="an attention target decoded (n-grams and --reference-heads) and timed "
@@ -61,14 +62,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--depth", type=cli_count(), default=6, help="D for --paths: nodes per row, root included")
     p.add_argument("--out", help="write the results as JSON here too")
     args = p.parse_args(argv)
-    args.rollback = [m.strip() for m in args.rollback.split(",") if m.strip()]
-    bad = [m for m in args.rollback if m not in MODES]
-    if bad or not args.rollback:
-        p.error(f"--rollback: {bad[0] if bad else 'nothing'} is not one of {', '.join(MODES)}")
-    args.rules = [r.strip() for r in args.rules.split(",") if r.strip()]
-    bad = [r for r in args.rules if r not in RULES]
-    if bad or not args.rules:
-        p.error(f"--rules: {bad[0] if bad else 'nothing'} is not one of {', '.join(RULES)}")
     if args.reference_heads and not args.reference_target:
         p.error("--reference-heads needs --reference-target")
     return args

@@ -40,7 +40,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from data.base.checks import cli_real
+from data.base.checks import cli_choices, cli_real
 from data.base.paths import claim_report_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-min", type=cli_real(0, above=True), default=25.0, help="minutes for the whole run")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "bench-gpu-smollm2", help="report folder")
     p.add_argument("--work", type=Path, default=Path("runs/gpu-report"), help="cached phases (data, heads, logs)")
-    p.add_argument("--kinds", default="eagle3", help=f"comma-separated head kinds to train, of {', '.join(KINDS)}")
+    p.add_argument("--kinds", type=cli_choices(KINDS), default="eagle3",
+                   help=f"comma-separated head kinds to train, of {', '.join(KINDS)}")
     p.add_argument("--target", default="demo:smollm2")
     p.add_argument("--data", default="demo:sharegpt:heldout",
                    help="conversations to regenerate: the heads' evaluation set (what data.eval takes)")
@@ -105,12 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "else configs/demo-KIND.yaml)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     p.add_argument("--smoke", action="store_true", help="a few rows, steps and tokens: checks the path on CPU")
-    args = p.parse_args(argv)
-    args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    bad = [k for k in args.kinds if k not in KINDS]
-    if bad or not args.kinds:
-        p.error(f"--kinds: unknown kind(s) {bad}; use {', '.join(KINDS)}")
-    return args
+    return p.parse_args(argv)
 
 
 class Status:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import pytest
@@ -22,6 +23,42 @@ _CONFIGS = {
     "qwen3": Qwen3Config,
     "mistral": MistralConfig,
 }
+
+
+MAX_WORKERS = 4  # each xdist worker imports torch and transformers (~1 GB): more cores than this do not pay
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown when xdist is off
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one worker per usable core, at most MAX_WORKERS, so a 16-core GPU
+    machine does not start 16 torch imports; ``DRAFTSMITH_TEST_WORKERS=N`` overrides (0: one process). A
+    single test file runs in this process: ``--dist=loadfile`` gives a file one worker, and starting
+    workers would only add their imports."""
+    wanted = os.environ.get("DRAFTSMITH_TEST_WORKERS")
+    if wanted is not None:
+        return int(wanted)
+    files = {arg.split("::")[0] for arg in config.args}
+    if len(files) == 1 and os.path.isfile(next(iter(files))):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, MAX_WORKERS)
+
+
+def pytest_addoption(parser, pluginmanager):
+    """Without pytest-xdist (``-p no:xdist``, or not installed) addopts' ``--numprocesses=auto --dist=loadfile``
+    would be unknown options: accept and ignore them, and the suite runs in this one process."""
+    if pluginmanager.has_plugin("xdist"):
+        return
+    parser.addoption("--numprocesses", dest="numprocesses", default=None, help="ignored: pytest-xdist is off")
+    parser.addoption("--dist", dest="dist", default="no", help="ignored: pytest-xdist is off")
+
+
+def free_port() -> int:
+    """A TCP port free right now, for a test's ``--main_process_port``: a fixed one would collide with the
+    same test on another xdist worker or another checkout's suite on this machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def make_tiny_target(

@@ -4,7 +4,6 @@ selector that changes the path (every family, compiled, a tiny hybrid, a briefly
 keeps the target's law; export to z-lab's DFlash2DraftModel and back; the speculators format refuses it."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -12,6 +11,7 @@ import random
 import pytest
 import torch
 from conftest import ARCHES, make_successor_target, make_tiny_target
+from test_dflash_infer import fit_dflash
 from test_infer_sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from heads import AutoHead, build_head
@@ -20,7 +20,6 @@ from heads.formats import export_head, import_dflash, validate_export
 from infer import Chain, SpeculativeGenerator
 from infer.drafters import Sampling, make_drafter
 from train.config import ConfigError, load_config
-from train.losses import DraftTargets
 from train.objectives import objective_class
 from train.objectives.dflash import SELECTOR_ALPHA, selector_ce
 
@@ -229,21 +228,7 @@ def test_a_trained_dflash2_is_lossless_and_its_selector_learns():
         seqs = _hf_greedy(model, prompts, 24)
     torch.manual_seed(0)
     head = build_head("dflash", model, variant="dflash2", block_size=5, num_layers=2, selector_rank=16, selector_top_k=8)
-    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash", "head.variant=dflash2"]))
-    opt = torch.optim.AdamW(head.parameters(), lr=5e-3)
-    lm_head = model.get_output_embeddings()
-    every = objective.features(model, {"input_ids": seqs, "loss_mask": torch.ones_like(seqs)}, head)
-    for step in range(250):
-        rows = torch.randint(0, seqs.shape[0], (16,))
-        features = dataclasses.replace(
-            every, input_ids=every.input_ids[rows], loss_mask=every.loss_mask[rows], hidden=every.hidden[rows],
-            embeds=every.embeds[rows], top1=every.top1[rows], targets=DraftTargets(*(t[rows] for t in every.targets)))
-        objective.perturb(features, None, seed=step)
-        loss = objective(features, lm_head).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    head.eval()
+    head = fit_dflash(model, seqs, head, 250, "head.variant=dflash2")
     assert head.selector.successor_codebook.abs().sum() > 0
     assert any(p.abs().sum() > 0 for n, p in head.named_parameters() if "kernel_projection" in n)
     gen = SpeculativeGenerator(model, head, tree=Chain(4))

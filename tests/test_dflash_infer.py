@@ -119,15 +119,15 @@ def successor_target():
     return model, seqs
 
 
-def test_trained_head_is_lossless_with_long_runs(successor_target):
-    model, seqs = successor_target
-    torch.manual_seed(0)
-    head = build_head("dflash", model, block_size=5, num_layers=2)
-    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash"]))
+def fit_dflash(model, seqs, head, steps: int, *overrides: str):
+    """``steps`` AdamW steps (lr 5e-3) of the DFlash objective on 16 random rows of ``seqs`` (n, T) each, the
+    target's features computed once for all rows; ``overrides`` are config key=values. Returns the head, in
+    eval mode."""
+    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash", *overrides]))
     opt = torch.optim.AdamW(head.parameters(), lr=5e-3)
     lm_head = model.get_output_embeddings()
     every = objective.features(model, {"input_ids": seqs, "loss_mask": torch.ones_like(seqs)}, head)  # once
-    for step in range(600):
+    for step in range(steps):
         rows = torch.randint(0, seqs.shape[0], (16,))
         features = dataclasses.replace(
             every, input_ids=every.input_ids[rows], loss_mask=every.loss_mask[rows], hidden=every.hidden[rows],
@@ -137,7 +137,13 @@ def test_trained_head_is_lossless_with_long_runs(successor_target):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    head.eval()
+    return head.eval()
+
+
+def test_trained_head_is_lossless_with_long_runs(successor_target):
+    model, seqs = successor_target
+    torch.manual_seed(0)
+    head = fit_dflash(model, seqs, build_head("dflash", model, block_size=5, num_layers=2), 600)
     gen = SpeculativeGenerator(model, head, tree=Chain(4))
     taus = []
     for i, ids in enumerate(torch.randint(3, VOCAB, (3, 5), generator=torch.Generator().manual_seed(1))):

@@ -14,11 +14,12 @@ import random
 import pytest
 import torch
 from conftest import make_tiny_target
+from test_infer_generator import OracleDrafter
 
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from infer.cache import StaticHeadCache
-from infer.drafters import Draft, Drafter, Sampling, make_drafter
+from infer.drafters import Draft, Sampling, make_drafter
 from infer.drafters.adaptive import AdaptiveLength
 from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.drafters.lm_drafter import LMDrafter
@@ -72,34 +73,14 @@ def _expected(model, prompts, max_new, eos=None) -> torch.Tensor:
     return torch.cat([ids, new], dim=1)
 
 
-class RowOracle(Drafter):
-    """Each row's state finds its reference (prompt + greedy continuation, and the true final hidden
-    states along it) from the prompt ``new_rows`` shows it; drafts a tree around the truth with decoy
-    siblings and some wrong tokens."""
-
-    aux_layer_ids = ()
+class RowOracle(OracleDrafter):
+    """test_infer_generator's oracle (each row checked against its reference) drafting a random depth per
+    step, decoy siblings without subtrees: rows of a batch draft and accept different lengths."""
 
     def __init__(self, references: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]], depth: int,
                  seed: int, wrong_rate: float = 0.15):
-        self.references, self.depth, self.rng, self.wrong_rate = references, depth, random.Random(seed), wrong_rate
+        super().__init__(references, depth, seed, wrong_rate)
         self.max_nodes = 1 + 3 * depth
-
-    def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[dict]:
-        return [dict(zip(("seq", "features"), self.references[tuple(p[0].tolist())]), pos=0) for p in prompts]
-
-    def observe_rows(self, states: list[dict], features: list[torch.Tensor], next_tokens: list[torch.Tensor]) -> None:
-        for state, feats, tokens in zip(states, features, next_tokens):
-            self._observe(state, feats, tokens)
-
-    def propose_rows(self, states: list[dict], roots: list[torch.Tensor], sampling: Sampling,
-                     max_depths: list[int]) -> list[Draft]:
-        return [self._propose(s, r, d) for s, r, d in zip(states, roots, max_depths)]
-
-    def _observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        start, count = state["pos"], next_tokens.shape[1]
-        assert torch.equal(next_tokens[0], state["seq"][start + 1: start + 1 + count])
-        torch.testing.assert_close(features[0], state["features"][start: start + count], rtol=1e-4, atol=1e-4)
-        state["pos"] += count
 
     def _propose(self, state: dict, root: torch.Tensor, max_depth: int) -> Draft:
         seq, pos = state["seq"], state["pos"]

@@ -125,17 +125,19 @@ def test_eagle3_reduced_draft_vocab_maps_to_target_ids():
 
 
 class OracleDrafter(Drafter):
-    """Drafts a tree around the reference continuation: the true token at each depth (sometimes
-    replaced by a wrong one), shuffled among decoy siblings that carry decoy subtrees."""
+    """Drafts a tree around each row's reference continuation: the true token at each depth (sometimes
+    replaced by a wrong one), shuffled among decoy siblings that carry decoy subtrees. ``references`` maps a
+    prompt's tokens to its reference: (prompt + greedy continuation (L,), the true final hidden states
+    along it (L, H)), which every forward the generator reports is checked against."""
 
     aux_layer_ids = ()
 
-    def __init__(self, sequence: torch.Tensor, features: torch.Tensor, depth: int, seed: int, wrong_rate: float):
-        self.seq, self.features = sequence, features  # (L,), (L, H) true final hidden states
-        self.depth, self.rng, self.wrong_rate = depth, random.Random(seed), wrong_rate
+    def __init__(self, references: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]], depth: int,
+                 seed: int, wrong_rate: float):
+        self.references, self.depth, self.rng, self.wrong_rate = references, depth, random.Random(seed), wrong_rate
 
     def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[dict]:
-        return [{"pos": 0} for _ in prompts]
+        return [dict(zip(("seq", "features"), self.references[tuple(p[0].tolist())]), pos=0) for p in prompts]
 
     def observe_rows(self, states: list[dict], features: list[torch.Tensor], next_tokens: list[torch.Tensor]) -> None:
         for state, feats, tokens in zip(states, features, next_tokens):
@@ -147,19 +149,19 @@ class OracleDrafter(Drafter):
 
     def _observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         start, count = state["pos"], next_tokens.shape[1]
-        assert torch.equal(next_tokens[0], self.seq[start + 1 : start + 1 + count])
+        assert torch.equal(next_tokens[0], state["seq"][start + 1 : start + 1 + count])
         tol = 1e-8 if features.dtype == torch.float64 else 1e-4
-        torch.testing.assert_close(features[0], self.features[start : start + count], rtol=tol, atol=tol)
+        torch.testing.assert_close(features[0], state["features"][start : start + count], rtol=tol, atol=tol)
         state["pos"] += count
 
     def _propose(self, state: dict, root: torch.Tensor, max_depth: int) -> Draft:
-        pos = state["pos"]
-        assert int(root) == int(self.seq[pos])
-        levels = min(self.depth, max_depth, self.seq.numel() - pos - 1)
+        seq, pos = state["seq"], state["pos"]
+        assert int(root) == int(seq[pos])
+        levels = min(self.depth, max_depth, seq.numel() - pos - 1)
         parents, tokens = [-1], [int(root)]
         main, decoys = 0, []  # node on the true path; decoy nodes of the previous level
         for d in range(1, levels + 1):
-            truth = int(self.seq[pos + d])
+            truth = int(seq[pos + d])
             token = (truth + 1) % VOCAB if self.rng.random() < self.wrong_rate else truth
             level = [(main, token, True)]
             level += [(main, (truth + k) % VOCAB, False) for k in range(2, 2 + self.rng.randrange(3))]
@@ -188,7 +190,8 @@ def test_oracle_long_runs_eos_and_budget(arch):
             feats = target_forward(model, ref).final_hidden[0]
         eos = int(ref[0, prompt_len + rng.randrange(max_new)]) if case % 2 else None
         expected = _hf_greedy(model, ids, max_new, eos=eos)
-        oracle = OracleDrafter(ref[0], feats, depth=rng.randrange(3, 9), seed=case, wrong_rate=0.15)
+        oracle = OracleDrafter({tuple(ids[0].tolist()): (ref[0], feats)}, depth=rng.randrange(3, 9), seed=case,
+                               wrong_rate=0.15)
         gen = SpeculativeGenerator(model, oracle)
         out = gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos)
         assert torch.equal(out, expected), (case, eos)
@@ -218,7 +221,8 @@ def test_streamer_gets_prompt_then_every_accepted_run():
     with torch.no_grad():
         feats = target_forward(model, ref).final_hidden[0]
     streamer = RecordingStreamer()
-    gen = SpeculativeGenerator(model, OracleDrafter(ref[0], feats, depth=5, seed=0, wrong_rate=0.0))
+    gen = SpeculativeGenerator(model, OracleDrafter({tuple(ids[0].tolist()): (ref[0], feats)}, depth=5, seed=0,
+                                                    wrong_rate=0.0))
     out = gen.generate(ids, max_new_tokens=40, streamer=streamer)
     assert torch.equal(streamer.puts[0], ids) and streamer.ended == 1
     assert torch.equal(torch.cat([p.flatten() for p in streamer.puts[1:]]), out[0, 4:])

@@ -96,7 +96,8 @@ def test_static_long_accepted_runs_compact_in_place(arch, compile):
         with torch.no_grad():
             feats = target_forward(model, ref).final_hidden[0]
         eos = int(ref[0, prompt_len + rng.randrange(max_new)]) if case == 1 else None
-        oracle = BoundedOracle(ref[0], feats, depth=rng.randrange(3, 8), seed=case, wrong_rate=0.15)
+        oracle = BoundedOracle({tuple(ids[0].tolist()): (ref[0], feats)}, depth=rng.randrange(3, 8), seed=case,
+                               wrong_rate=0.15)
         gen = SpeculativeGenerator(model, oracle, cache_implementation="static", compile=compile)
         out = gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos)
         assert torch.equal(out, _hf_greedy(model, ids, max_new, eos=eos)), (case, eos)

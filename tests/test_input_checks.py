@@ -72,9 +72,12 @@ def test_checks_name_the_value():
     ("benchmark", ["--target", "t", "--tree-sizes", "8,x"], "argument --tree-sizes: comma-separated whole"),
     ("benchmark", ["--target", "t", "--max-new-tokens", "2.5"], "argument --max-new-tokens: a whole number >= 1"),
     ("benchmark", ["--target", "t", "--warmup", "-1"], "argument --warmup: a whole number >= 0 expected"),
+    ("bench_rollback", ["--rollback", "merged,undo"],
+     "argument --rollback: comma-separated names of merged, replay expected, got 'merged,undo'"),
+    ("gpu_report", ["--kinds", ","], "argument --kinds: comma-separated names of eagle3, eagle, medusa expected"),
 ])
 def test_benchmark_clis_refuse_bad_counts(script, argv, message, capsys):
-    """Counts are checked as they are parsed (0 and negative sizes ran, or failed minutes later)."""
+    """Counts and names are checked as they are parsed (0 and negative sizes ran, or failed minutes later)."""
     import importlib
 
     with pytest.raises(SystemExit) as stop:

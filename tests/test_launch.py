@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import free_port
 
 from scripts.launch import exit_code, split_args
 
@@ -36,7 +37,7 @@ def test_exit_code_of_the_launchers_failures():
 def test_a_mistake_exits_2_with_one_line(tmp_path, processes):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     options = ["--num_processes", str(processes), "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(29540 + processes)]
+               "--main_process_port", str(free_port())]
     if processes > 1:
         options.insert(0, "--multi_gpu")
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch.py"), *options, "train.micro_batch_size=0"],

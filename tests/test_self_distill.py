@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from fixtures.chat_tokenizers import make_chat_tokenizer
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from data.regenerate import HFEngine, Settings
+from data import self_distill
 from data.self_distill import self_distilled, spread, weights_fingerprint
 from train.config import ConfigError, load_config
 from train.examples import data_sources
@@ -82,6 +85,38 @@ def test_rows_are_the_targets_own_text_made_once_and_cached(target, tmp_path, mo
 
     other = self_distilled(TEXTS + CHATS, 3, model, tokenizer, SETTINGS, tmp_path, progress=False)
     assert other != path and len(read(other)) == 3  # another row count, another file
+
+
+def test_two_jobs_asking_at_once_regenerate_once(target, tmp_path, monkeypatch):
+    """Two jobs (threads here; another process or pytest worker alike) ask for the same rows on an empty
+    cache: the first regenerates only once the second has found the cache empty too; the second waits on
+    the key's lock, then reads the first's file (without the lock it regenerated too, over the first's rows)."""
+    model, tokenizer = target
+    missed, both_missed, runs = set(), threading.Event(), []
+    cached, run = self_distill._cached, HFEngine.run
+
+    def cached_or_miss(path, manifest):
+        hit = cached(path, manifest)
+        if not hit:
+            missed.add(threading.get_ident())
+            if len(missed) == 2:
+                both_missed.set()
+        return hit
+
+    def run_when_both_asked(self, *args, **kwargs):
+        runs.append(threading.get_ident())
+        assert both_missed.wait(timeout=60), "the second job never asked"
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(self_distill, "_cached", cached_or_miss)
+    monkeypatch.setattr(HFEngine, "run", run_when_both_asked)
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(self_distilled, TEXTS + CHATS, 4, model, tokenizer, SETTINGS, tmp_path, progress=False)
+                for _ in range(2)]
+        first, second = (job.result(timeout=120) for job in jobs)
+    assert first == second and len(runs) == 1 and len(read(first)) == 4
+    left = {p.name for p in first.parent.iterdir() if not p.name.startswith(".")}
+    assert left == {first.name, first.with_suffix(".json").name}  # no partial file or manifest left behind
 
 
 def test_the_key_follows_every_weight(target):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import free_port
 from test_train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
 
 from heads import AutoHead
@@ -36,7 +37,7 @@ def test_script_runs_from_another_directory(tmp_path):
     assert bad.returncode == 2 and "head.kind: must be one of" in bad.stderr
 
 
-def launch_two_processes(config: dict, tmp_path: Path, port: int = 29533) -> subprocess.CompletedProcess:
+def launch_two_processes(config: dict, tmp_path: Path) -> subprocess.CompletedProcess:
     """``accelerate launch`` of train_head.py on 2 CPU processes. accelerate 1.x starts several CPU
     processes through its multi-process launcher when ACCELERATE_USE_CPU is set; ``--cpu`` alone
     starts one process."""
@@ -45,7 +46,7 @@ def launch_two_processes(config: dict, tmp_path: Path, port: int = 29533) -> sub
     # CUDA_VISIBLE_DEVICES="": on a GPU machine the two ranks would otherwise pick cuda:0 and cuda:1.
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            str(SCRIPT), "--config", str(path)]
     run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

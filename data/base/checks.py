@@ -54,6 +54,17 @@ def cli_counts(least: int = 1):
     return parse
 
 
+def cli_choices(choices: tuple[str, ...]):
+    """An argparse ``type``: comma-separated names, at least one, each of ``choices`` (e.g. ``eagle3,medusa``)."""
+    def parse(text: str) -> list[str]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if not items or any(item not in choices for item in items):
+            raise argparse.ArgumentTypeError(f"comma-separated names of {', '.join(choices)} expected, got {text!r}")
+        return items
+    parse.__name__ = "names"
+    return parse
+
+
 def cli_real(least: float = 0.0, most: float = math.inf, *, above: bool = False):
     """An argparse ``type``: a finite number in [``least``, ``most``], or in (``least``, ``most``] with
     ``above`` (a timeout of 0 seconds or a top-p of 0 is no value)."""

@@ -1,10 +1,12 @@
 """Where draftsmith caches things, files other users can read, and file digests."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -13,6 +15,16 @@ def cache_root() -> Path:
 
     Below it: ``data/`` tokenized examples, ``draft_vocab/``, ``demo/`` demo LMs, ``assets/`` wheels."""
     return Path(os.environ.get("DRAFTSMITH_CACHE") or Path.home() / ".cache" / "draftsmith")
+
+
+@contextlib.contextmanager
+def cache_lock(lock_file: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_file`` (created if missing) for the ``with`` block: another process
+    making the same cache entry (a second job, a test on another pytest worker) waits here, then finds it
+    made. POSIX ``flock``: released when the process dies, so a killed build never blocks the next one."""
+    with open(lock_file, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def share_readable(path: str | os.PathLike) -> None:
