@@ -99,13 +99,31 @@ def test_every_drafter_is_lossless_on_a_hybrid(arch, name):
 
 @pytest.mark.parametrize("arch", sorted(set(HYBRIDS) - set(MAIN)))
 def test_every_hybrid_family_is_lossless(arch):
-    """The other families (Falcon-H1, Bamba, Granite-4-H, Jamba, OLMo-hybrid): n-grams and a head."""
+    """The other families (Falcon-H1, Bamba, Granite-4-H, Jamba, OLMo-hybrid, Qwen3.5-MoE, LFM2-MoE, LFM3,
+    Kimi-Linear, Bailing-hybrid, Zamba, Zamba2): n-grams under both rollbacks and a head, on one row and on
+    a prompt one longer than the head's first chain (4); a left-padded batch of rows of different lengths
+    with one stopping at EOS mid-batch equals each row alone."""
     target = _target(arch)
     rng = random.Random(arch)
-    ids = _prompt(rng, 12)
-    ref = _hf(target, ids, 32)
-    for drafter in (NgramDrafter(length=5), _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))):
-        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=32), ref), arch
+    head = _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))
+    for ids, n in ((_prompt(rng, 12), 32), (_prompt(rng, 5), 16)):
+        ref = _hf(target, ids, n)
+        for drafter, rollback in ((NgramDrafter(length=5), "merged"), (NgramDrafter(length=5), "replay"), (head, None)):
+            out = SpeculativeGenerator(target, drafter, rollback=rollback).generate(ids, max_new_tokens=n)
+            assert torch.equal(out, ref), (arch, ids.shape[1], type(drafter).__name__, rollback)
+    rows = [_prompt(rng, n)[0] for n in (11, 4, 8)]
+    eos = int(_hf(target, rows[1][None], 16)[0, rows[1].numel() + 5])  # row 1 stops at its 6th new token
+    alone = [_hf(target, r[None], 16, eos=eos)[0, r.numel():] for r in rows]
+    width = max(r.numel() for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, r in enumerate(rows):
+        ids[b, width - r.numel():], mask[b, width - r.numel():] = r, 1
+    out = SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, attention_mask=mask, max_new_tokens=16,
+                                                                         eos_token_id=eos, pad_token_id=0)
+    for b, expected in enumerate(alone):
+        assert torch.equal(out[b, width: width + expected.numel()], expected), (arch, b)
+        assert bool((out[b, width + expected.numel():] == 0).all()), (arch, b)
 
 
 @pytest.mark.parametrize("compile", [False, "eager"])  # "eager": drafts padded to the budget, one shape
