@@ -206,28 +206,41 @@ def _states(layers: dict):
                 yield i, "recurrent", s, layer.recurrent_states[s]
 
 
-def cache_checkpoint(cache) -> tuple[list[int | None], Checkpoint]:
-    """A transformers ``DynamicCache`` (of a hybrid draft model) at this point: each attention layer's
-    length and a copy of every recurrent state (``restore_cache`` goes back to it)."""
-    lengths = [layer.keys.shape[-2] if getattr(layer, "keys", None) is not None and layer.keys.numel() else None
-               for layer in cache.layers]
+def cache_checkpoint(cache) -> tuple[list, Checkpoint]:
+    """A transformers ``DynamicCache`` (of a hybrid draft model) at this point: per attention layer its length,
+    or for a sliding-window layer (which drops its oldest entries as it grows, so no length cuts it back) its
+    keys, values and token count; and a copy of every recurrent state (``restore_cache`` goes back to it).
+    A sliding layer's tensors are kept uncopied: its ``update`` concatenates into new ones, never in place."""
+    kept: list = []
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if keys is None or not keys.numel():
+            kept.append(None)
+        elif getattr(layer, "is_sliding", False):
+            kept.append((layer.keys, layer.values, layer.cumulative_length))
+        else:
+            kept.append(keys.shape[-2])
     linear = {i: layer for i, layer in enumerate(cache.layers) if _is_linear(layer)}
-    return lengths, Checkpoint({(i, kind, s): t.clone() for i, kind, s, t in _states(linear)})
+    return kept, Checkpoint({(i, kind, s): t.clone() for i, kind, s, t in _states(linear)})
 
 
-def restore_cache(cache, checkpoint: tuple[list[int | None], Checkpoint]) -> None:
-    """Cut every attention layer back to its checkpointed length and put every recurrent state back."""
-    lengths, states = checkpoint
+def restore_cache(cache, checkpoint: tuple[list, Checkpoint]) -> None:
+    """Cut every attention layer back to its checkpointed length (a sliding one: its kept entries) and put
+    every recurrent state back."""
+    kept, states = checkpoint
     for i, layer in enumerate(cache.layers):
-        if i < len(lengths) and lengths[i] is not None:
-            layer.keys = layer.keys[..., : lengths[i], :]
-            layer.values = layer.values[..., : lengths[i], :]
+        saved = kept[i] if i < len(kept) else None
+        if isinstance(saved, tuple):
+            layer.keys, layer.values, layer.cumulative_length = saved
+        elif saved is not None:
+            layer.keys = layer.keys[..., :saved, :]
+            layer.values = layer.values[..., :saved, :]
         if _is_linear(layer):
             for s in range(layer.number_of_states):
                 for kind, store in (("conv", layer.conv_states), ("recurrent", layer.recurrent_states)):
-                    saved = states.states.get((i, kind, s))
-                    if saved is not None:
-                        store[s].copy_(saved)
+                    state = states.states.get((i, kind, s))
+                    if state is not None:
+                        store[s].copy_(state)
 
 
 __all__ = ["Checkpoint", "LAYER_KINDS", "LinearStates", "RECURRENT_LAYER_TYPES", "RECURRENT_MASK_KEYS", "REFUSED_KINDS",

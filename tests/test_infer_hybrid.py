@@ -22,7 +22,7 @@ from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.drafters.lm_drafter import LMDrafter
 from infer.drafters.lookup_first import LookupFirst
 from infer.drafters.ngram import NgramDrafter
-from infer.recurrent import LinearAttentionLayer, check_supported, is_hybrid
+from infer.recurrent import LinearAttentionLayer
 from infer.tree import tree_from_parents
 
 # transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)
@@ -247,18 +247,26 @@ def test_a_hybrid_draft_lm_is_refused_by_hierarchical_drafting():
         HierarchicalDrafter(_target("qwen3_5_text", seed=7), target, NgramDrafter(length=4), Chain(4))
 
 
-def test_what_cannot_be_supported_is_one_line():
-    """A recurrent model without attention layers (pure Mamba) is refused naming it and its layer kind."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+@pytest.mark.parametrize("arch", ["lfm3", "qwen3_5_text"])
+def test_a_draft_lms_cache_restores_exactly(arch):
+    """A hybrid draft LM's cache (transformers' own, sliding-window layers included: LFM3's window is 8, and
+    they drop their oldest entries as they grow) restored to a checkpoint and fed other tokens gives the
+    logits of a fresh forward over the same text."""
+    from transformers import DynamicCache
 
-    config = AutoConfig.for_model("mamba", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8)
-    mamba = AutoModelForCausalLM.from_config(config).eval()
-    assert is_hybrid(mamba)
-    with pytest.raises(ValueError, match=r"MambaForCausalLM: every layer is a linear_attention layer"):
-        check_supported(mamba)
-    with pytest.raises(ValueError, match="MambaForCausalLM"):
-        SpeculativeGenerator(mamba, NgramDrafter())
-    assert not is_hybrid(make_tiny_target("llama", vocab_size=VOCAB))
+    from infer.recurrent import cache_checkpoint, restore_cache
+
+    model = _target(arch)
+    ids = _prompt(random.Random(4), 12)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        saved = cache_checkpoint(cache)
+        model(torch.tensor([[5, 6, 7, 8, 9, 10]]), cache=cache, use_cache=True)  # drafts past the window
+        restore_cache(cache, saved)
+        after = model(torch.tensor([[11, 12]]), cache=cache, use_cache=True).logits
+        fresh = model(torch.cat([ids, torch.tensor([[11, 12]])], dim=1)).logits[:, -2:]
+    torch.testing.assert_close(after, fresh, rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------- sampling
