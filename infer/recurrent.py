@@ -244,5 +244,5 @@ def restore_cache(cache, checkpoint: tuple[list, Checkpoint]) -> None:
 
 
 __all__ = ["Checkpoint", "LAYER_KINDS", "LinearStates", "RECURRENT_LAYER_TYPES", "RECURRENT_MASK_KEYS", "REFUSED_KINDS",
-           "cache_checkpoint", "check_supported", "is_hybrid", "layer_kind", "layer_types", "model_type", "restore_cache",
-           "unsupported"]
+           "cache_checkpoint", "check_supported", "is_hybrid", "layer_kind", "layer_types", "model_type",
+           "restore_cache", "unsupported"]

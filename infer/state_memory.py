@@ -79,8 +79,8 @@ def layer_state(config) -> StateShape:
     n, groups = _get(c, "ssm_state_size", "mamba_d_state"), _get(c, "n_groups", "mamba_n_groups", "mamba_ngroups")
     k = _get(c, "conv_kernel", "mamba_d_conv")
     inner = _get(c, "mamba_d_ssm") if getattr(c, "mamba_d_ssm", None) else heads * dim
-    return StateShape(kind, (inner + 2 * groups * n) * k, heads * dim * n,
-                      f"conv (d_inner {inner} + 2·{groups}·{n}) × d_conv {k} + recurrent {heads} heads × {dim} × {n}")
+    return StateShape(kind, (inner + 2 * groups * n) * k, heads * dim * n, f"conv (d_inner {inner} + 2·{groups}·{n}) "
+                      f"× d_conv {k} + recurrent {heads} heads × {dim} × {n}")
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ HYBRIDS: dict[str, dict] = {
     "kimi_linear": dict(num_hidden_layers=4, layer_types=_LINEAR_FULL, mlp_layer_types=["dense", "sparse"] * 2,
                         **_KDA),  # Kimi Delta Attention + MLA (its cache holds the compressed latents)
     "bailing_hybrid": dict(num_hidden_layers=4, layer_types=_LINEAR_FULL, mlp_layer_types=["dense", "sparse"] * 2,
-                           num_expert_group=1, topk_group=1, first_k_dense_replace=1, **_KDA),  # Ling/Ring-linear
+                           num_expert_group=1, topk_group=1, first_k_dense_replace=1, **_KDA),  # Ling-3.0
     "zamba": dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, attention_head_dim=16,
                   attention_hidden_size=64, n_mamba_heads=2, mamba_d_state=8, mamba_dt_rank=8,
                   num_key_value_heads=4),  # Mamba-1, a shared attention block in its "hybrid" layers

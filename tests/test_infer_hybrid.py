@@ -100,9 +100,9 @@ def test_every_drafter_is_lossless_on_a_hybrid(arch, name):
 @pytest.mark.parametrize("arch", sorted(set(HYBRIDS) - set(MAIN)))
 def test_every_hybrid_family_is_lossless(arch):
     """The other families (Falcon-H1, Bamba, Granite-4-H, Jamba, OLMo-hybrid, Qwen3.5-MoE, LFM2-MoE, LFM3,
-    Kimi-Linear, Bailing-hybrid, Zamba, Zamba2): n-grams under both rollbacks and a head, on one row and on
-    a prompt one longer than the head's first chain (4); a left-padded batch of rows of different lengths
-    with one stopping at EOS mid-batch equals each row alone."""
+    Kimi-Linear, Ling-3.0 (Bailing-hybrid), Zamba, Zamba2): n-grams under both rollbacks and a head, on one
+    row and on a prompt one longer than the head's first chain (4); a left-padded batch of rows of different
+    lengths with one stopping at EOS mid-batch equals each row alone."""
     target = _target(arch)
     rng = random.Random(arch)
     head = _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))

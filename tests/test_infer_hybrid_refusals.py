@@ -16,6 +16,7 @@ from hybrids import make_tiny_hybrid
 from test_train_fixtures import tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from data.cli import run
 from data.tokenizer import train_tokenizer
 from infer import SpeculativeGenerator
 from infer.drafters.ngram import NgramDrafter
@@ -76,26 +77,21 @@ def test_refused_before_loading_at_every_entry_point(tmp_path, capsys):
     with pytest.raises(ValueError, match=line):
         SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), lambda target: NgramDrafter(), threads=1)
     capsys.readouterr()
-    assert benchmark_main_exit(["--target", str(tmp_path / "target"), "--out", str(tmp_path / "bench")]) == 2
+    assert run(benchmark_main, ["--target", str(tmp_path / "target"), "--out", str(tmp_path / "bench")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "Traceback" not in "".join(err) and any(l.startswith("error: MambaForCausalLM (mamba): its Mamba-1") for l in err)
+    assert "Traceback" not in "".join(err)
+    assert any(line.startswith("error: MambaForCausalLM (mamba): its Mamba-1") for line in err), err
     files = test_train_fixtures.write_text_files(tmp_path)
     with pytest.raises(ValueError, match=line):
         setup(tiny_config(files, tmp_path / "out", "head.kind=eagle3"))
-
-
-def benchmark_main_exit(argv: list[str]) -> int:
-    from data.cli import run
-
-    return run(benchmark_main, argv)
 
 
 def test_a_stateful_family_the_table_does_not_know_is_refused(monkeypatch):
     """A hybrid transformers may add later is refused until tested: here LFM2 with its row taken out."""
     model = make_tiny_hybrid("lfm2")
     monkeypatch.delitem(LAYER_KINDS, "lfm2")
-    with pytest.raises(ValueError, match=r"^Lfm2ForCausalLM \(lfm2\) keeps a recurrent state in its conv/full_attention "
-                                         r"layers, a family draftsmith has not verified lossless"):
+    with pytest.raises(ValueError, match=r"^Lfm2ForCausalLM \(lfm2\) keeps a recurrent state in its "
+                                         r"conv/full_attention layers, a family draftsmith has not verified lossless"):
         SpeculativeGenerator(model, NgramDrafter())
 
 
