@@ -63,7 +63,7 @@ def is_hybrid(model_or_config) -> bool:
 # own ``LinearAttentionLayer`` cache interface, so a checkpoint of those states rolls it back.
 LAYER_KINDS = {
     "qwen3_5_text": "Gated DeltaNet", "qwen3_5_moe_text": "Gated DeltaNet", "qwen3_next": "Gated DeltaNet",
-    "olmo_hybrid": "Gated DeltaNet",
+    "olmo_hybrid": "Gated DeltaNet", "lara_mini": "Gated DeltaNet",
     "kimi_linear": "Kimi Delta Attention", "bailing_hybrid": "Kimi Delta Attention",
     "nemotron_h": "Mamba-2", "falcon_h1": "Mamba-2", "bamba": "Mamba-2", "granitemoehybrid": "Mamba-2",
     "zamba2": "Mamba-2",

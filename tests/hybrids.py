@@ -39,6 +39,10 @@ HYBRIDS: dict[str, dict] = {
                                                           "linear_attention"], num_key_value_heads=4,
                         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
                         linear_value_head_dim=16, linear_conv_kernel_dim=4),
+    "lara_mini": dict(num_hidden_layers=4, layer_types=["linear_attention", "sliding_attention", "linear_attention",
+                                                         "full_attention"], sliding_window=8, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                      **_GDN),  # Gated DeltaNet + sliding and full attention + MoE
     "qwen3_5_moe_text": dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=32, **_GDN),  # Qwen3.5-MoE's language model
     "lfm2_moe": dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],

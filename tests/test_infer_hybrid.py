@@ -99,7 +99,7 @@ def test_every_drafter_is_lossless_on_a_hybrid(arch, name):
 
 @pytest.mark.parametrize("arch", sorted(set(HYBRIDS) - set(MAIN)))
 def test_every_hybrid_family_is_lossless(arch):
-    """The other families (Falcon-H1, Bamba, Granite-4-H, Jamba, OLMo-hybrid, Qwen3.5-MoE, LFM2-MoE, LFM3,
+    """The other families (Falcon-H1, Bamba, Granite-4-H, Jamba, OLMo-hybrid, Lara, Qwen3.5-MoE, LFM2-MoE, LFM3,
     Kimi-Linear, Ling-3.0 (Bailing-hybrid), Zamba, Zamba2): n-grams under both rollbacks and a head, on one
     row and on a prompt one longer than the head's first chain (4); a left-padded batch of rows of different
     lengths with one stopping at EOS mid-batch equals each row alone."""

@@ -87,7 +87,14 @@ def test_refused_before_loading_at_every_entry_point(tmp_path, capsys):
 
 
 def test_a_stateful_family_the_table_does_not_know_is_refused(monkeypatch):
-    """A hybrid transformers may add later is refused until tested: here LFM2 with its row taken out."""
+    """A hybrid outside the table is refused until tested: ZAYA1 (its "hybrid" layers' mask keys are not the
+    verify's), and LFM2 with its row taken out."""
+    config = AutoConfig.for_model("zaya", **{**_COMMON, "num_hidden_layers": 2, "layer_types": ["hybrid"] * 2,
+                                             "num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+                                             "head_dim": 8, "router_hidden_size": 16})
+    with pytest.raises(ValueError, match=r"^ZayaForCausalLM \(zaya\) keeps a recurrent state in its hybrid layers, "
+                                         r"a family draftsmith has not verified lossless; supported hybrids: "):
+        SpeculativeGenerator(AutoModelForCausalLM.from_config(config).eval(), NgramDrafter())
     model = make_tiny_hybrid("lfm2")
     monkeypatch.delitem(LAYER_KINDS, "lfm2")
     with pytest.raises(ValueError, match=r"^Lfm2ForCausalLM \(lfm2\) keeps a recurrent state in its "

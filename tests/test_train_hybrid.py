@@ -67,7 +67,7 @@ def test_stored_features_of_a_hybrid_give_the_online_losses(hybrid_files, tmp_pa
 
 
 # the families tests/hybrids.py gained after Qwen3.5's: one online EAGLE-3 run each, default aux layers
-NEWER = ("qwen3_5_moe_text", "lfm2_moe", "lfm3", "kimi_linear", "bailing_hybrid", "zamba", "zamba2")
+NEWER = ("lara_mini", "qwen3_5_moe_text", "lfm2_moe", "lfm3", "kimi_linear", "bailing_hybrid", "zamba", "zamba2")
 
 
 @pytest.mark.parametrize("arch", NEWER)
