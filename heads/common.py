@@ -69,6 +69,10 @@ def rope_config_from_target(target: PretrainedConfig | PreTrainedModel) -> dict[
     # the frequencies; a head's own Llama layer rotates its whole head_dim (heads.layers.Rotary), as the
     # engines' EAGLE-3 layers do, and an export carrying the key was refused.
     rope.pop("partial_rotary_factor", None)
+    if rope["rope_type"] == "proportional":  # LFM3's: the default frequencies (over ``factor``) on the rotated
+        # part of a head; over a whole head (the partial factor dropped above) that is the linear rope
+        rope["rope_type"] = "linear"
+        rope["factor"] = float(rope.get("factor", 1.0))
     return rope
 
 

@@ -34,7 +34,9 @@ class StaticKVCache:
     (B, H_kv, max_len, D): the caller's 4D mask must block every slot that holds no valid entry
     (``infer.masked_forward.verify_mask``). The buffer is allocated at the first ``update`` (the
     prefill), from the key's batch, heads, head dim, dtype and device, and every layer must share
-    them.
+    them. Keys and values may differ in their last dim (Kimi-Linear's and Bailing's MLA layers cache
+    the compressed latent (B, 1, T, kv_lora_rank) as keys and the rope part (B, 1, T, rope_dim) as
+    values): D is the larger, and each is written to and read from its own first dims.
     """
 
     is_compileable = True  # read by HF helpers that ask whether a cache can be compiled
@@ -46,6 +48,7 @@ class StaticKVCache:
         # per layer, as HF caches have it (transformers 5.17's mask code scans it for full layers)
         self.is_sliding = [False] * num_layers
         self.buffer: Tensor | None = None  # (L, 2, B, H_kv, max_len, D)
+        self.dims: tuple[int, int] | None = None  # (key dim, value dim), each <= D: set with the buffer
         self.slots: Tensor | None = None  # (T,) long: where the next forward writes
         # Eager forwards attend over the first ``window`` slots only (prefix + new tokens), as a
         # growing cache would; None = the whole buffer (a compiled step needs one shape).
@@ -77,23 +80,26 @@ class StaticKVCache:
     def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
         """Write key/value (B, H_kv, T, D) at ``slots``; return the layer's full buffers."""
         if self.buffer is None:
-            shape = (self.num_layers, 2, *key.shape[:2], self.max_len, key.shape[-1])
+            self.dims = (key.shape[-1], value.shape[-1])
+            shape = (self.num_layers, 2, *key.shape[:2], self.max_len, max(self.dims))
             self.buffer = key.new_zeros(shape)
             if not torch.compiler.is_compiling():
                 torch._dynamo.mark_static_address(self.buffer)  # fixed address: CUDA graphs replay on it
         if self.slots is None or self.slots.shape[-1] != key.shape[-2]:
             raise RuntimeError(f"StaticKVCache.slots must name {key.shape[-2]} write positions before the forward")
-        if key.shape[:2] + key.shape[-1:] != self.buffer.shape[2:4] + self.buffer.shape[-1:]:
+        if key.shape[:2] != self.buffer.shape[2:4] or (key.shape[-1], value.shape[-1]) != self.dims:
             raise ValueError(
-                f"layer {layer_idx} keys have shape {tuple(key.shape)}; StaticKVCache needs every layer to share "
-                f"batch, heads and head dim {tuple(self.buffer.shape[2:4])}, {self.buffer.shape[-1]}: targets whose "
-                "layers differ in KV shape are not supported"
+                f"layer {layer_idx} keys have shape {tuple(key.shape)}, values {tuple(value.shape)}; StaticKVCache "
+                f"needs every layer to share batch, heads and key/value dims {tuple(self.buffer.shape[2:4])}, "
+                f"{self.dims}: targets whose layers differ in KV shape are not supported"
             )
         keys, values = self.buffer[layer_idx, 0], self.buffer[layer_idx, 1]  # views: (B, H_kv, M, D)
+        if self.dims[0] != self.dims[1]:  # MLA latents: each its own first dims, (B, H_kv, M, D_k or D_v)
+            keys, values = keys[..., : self.dims[0]], values[..., : self.dims[1]]
         if self.slots.dim() == 2:  # (B, T): each row writes at its own slots (a batch of ragged rows)
             index = self.slots[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
             keys.scatter_(2, index, key.to(keys.dtype))
-            values.scatter_(2, index, value.to(values.dtype))
+            values.scatter_(2, index[..., :1].expand(-1, -1, -1, value.shape[-1]), value.to(values.dtype))
         else:
             keys.index_copy_(2, self.slots, key.to(keys.dtype))
             values.index_copy_(2, self.slots, value.to(values.dtype))

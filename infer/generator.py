@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from data.targets import load_target, load_target_tokenizer, resolve_target
+from data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
 from heads import AutoHead
 from infer.accept import (
     Accepted,
@@ -225,6 +225,7 @@ class SpeculativeGenerator:
         plan: SpeculationPlan | str | os.PathLike | None = None,
         rollback: str | None = None,
     ) -> None:
+        check_supported(target)  # first: a stateful model it cannot decode is named with its layer kind
         attn = getattr(target.config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
             raise ValueError(
@@ -233,7 +234,6 @@ class SpeculativeGenerator:
             )
         if acceptance not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
-        check_supported(target)
         # A hybrid target's recurrent layers read a verify's tokens as one sequence: drafts are chains, and
         # each step's states are rolled back to a checkpoint (infer.recurrent, ``rollback``).
         self.hybrid = is_hybrid(target)
@@ -323,6 +323,7 @@ class SpeculativeGenerator:
         if device.type == "cpu":
             print(choose_threads(threads), file=sys.stderr, flush=True)
         target_path = resolve_target(target_path)
+        check_supported(load_target_config(target_path))  # before the weights (and sdpa's own refusal of RNNs)
         target = load_target(target_path, dtype=dtype or "auto", attn_implementation="sdpa").to(device).eval()
         if callable(head_path) and not isinstance(head_path, nn.Module):
             head = head_path(target)  # a drafter built for the loaded target

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from transformers import PretrainedConfig
 
 try:  # transformers >= 5.24: one cache interface for every hybrid model's recurrent layers
     from transformers.cache_utils import LinearAttentionCacheLayerMixin, LinearAttentionLayer
@@ -57,23 +58,77 @@ def is_hybrid(model_or_config) -> bool:
     return any(t in RECURRENT_LAYER_TYPES for t in layer_types(model_or_config))
 
 
-def check_supported(model: nn.Module) -> None:
-    """One line for a stateful model draftsmith cannot decode: one without attention layers (pure Mamba,
-    RWKV, xLSTM) has no ``position_ids``/4D-mask forward to verify a draft through."""
+# The hybrid families whose speculative decoding is tested lossless (tests/hybrids.py builds each tiny), by
+# the text config's ``model_type``, with the kind of their recurrent layers: each goes through transformers'
+# own ``LinearAttentionLayer`` cache interface, so a checkpoint of those states rolls it back.
+LAYER_KINDS = {
+    "qwen3_5_text": "Gated DeltaNet", "qwen3_5_moe_text": "Gated DeltaNet", "qwen3_next": "Gated DeltaNet",
+    "olmo_hybrid": "Gated DeltaNet", "lara_mini": "Gated DeltaNet",
+    "kimi_linear": "Kimi Delta Attention", "bailing_hybrid": "Kimi Delta Attention",
+    "nemotron_h": "Mamba-2", "falcon_h1": "Mamba-2", "bamba": "Mamba-2", "granitemoehybrid": "Mamba-2",
+    "zamba2": "Mamba-2",
+    "jamba": "Mamba-1", "zamba": "Mamba-1",
+    "lfm2": "short conv", "lfm2_moe": "short conv", "lfm3": "short conv",
+}
+# Stateful families transformers ships that cannot be verified through its own model code: model_type ->
+# (layer kind, why). The first two keep their state outside transformers' cache interface; the rest have no
+# attention layer (no position_ids / 4D-mask forward to verify a draft through).
+REFUSED_KINDS = {
+    "minimax": ("lightning attention", "keeps its state in MiniMaxCache, a cache class of its own"),
+    "recurrent_gemma": ("RG-LRU recurrent block", "keeps its state on the module, outside the cache, and restarts "
+                        "it on every forward of several tokens (a verify)"),
+    "mamba": ("Mamba-1", "has no attention layer"), "falcon_mamba": ("Mamba-1", "has no attention layer"),
+    "mamba2": ("Mamba-2", "has no attention layer"),
+    "rwkv": ("RWKV time mixing", "has no attention layer and keeps its state outside transformers' cache"),
+    "xlstm": ("mLSTM", "has no attention layer and keeps its state in xLSTMCache, a cache class of its own"),
+}
+
+
+def model_type(model_or_config) -> str:
+    """The text config's ``model_type`` (a multimodal model's language part)."""
+    config = getattr(model_or_config, "config", model_or_config)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return str(getattr(config, "model_type", ""))
+
+
+def layer_kind(model_or_config) -> str:
+    """The kind of a supported hybrid's recurrent layers ("Gated DeltaNet", "Mamba-2", ...)."""
+    kind = LAYER_KINDS.get(model_type(model_or_config))
+    if kind is None:
+        raise ValueError(unsupported(model_or_config))
+    return kind
+
+
+def unsupported(model_or_config) -> str:
+    """The one line naming a stateful model draftsmith cannot decode, and its layer kind."""
+    config = getattr(model_or_config, "config", model_or_config)
+    name = type(model_or_config).__name__ if isinstance(model_or_config, nn.Module) else \
+        (getattr(config, "architectures", None) or [type(config).__name__])[0]
+    mtype = model_type(model_or_config)
+    if mtype in REFUSED_KINDS:
+        kind, why = REFUSED_KINDS[mtype]
+        return (f"{name} ({mtype}): its {kind} layers are not supported: the model {why}; speculative decoding "
+                "supports the hybrids in docs/hybrid.md")
+    kinds = "/".join(sorted(set(layer_types(model_or_config)))) or "undeclared"
+    return (f"{name} ({mtype}) keeps a recurrent state in its {kinds} layers, a family draftsmith has not verified "
+            f"lossless; supported hybrids: {', '.join(sorted(LAYER_KINDS))}")
+
+
+def check_supported(model: nn.Module | PretrainedConfig) -> None:
+    """One line for a stateful model (or its config, before the weights load) draftsmith cannot decode: a
+    family outside ``LAYER_KINDS`` (refused families name their layer kind and why, ``REFUSED_KINDS``), or
+    any on transformers < 5.24."""
+    if model_type(model) in REFUSED_KINDS:  # a config alone need not say it is stateful (RWKV, xLSTM)
+        raise ValueError(unsupported(model))
     if not is_hybrid(model):
         return
+    if model_type(model) not in LAYER_KINDS:
+        raise ValueError(unsupported(model))
     if LinearAttentionLayer is None:
         import transformers
-        raise ValueError(f"{type(model).__name__} keeps a recurrent state; speculative decoding on hybrid targets "
-                         f"needs transformers >= 5.24 (its LinearAttentionLayer cache), this is {transformers.__version__}")
-    types = layer_types(model)
-    if types and not any(t in ("full_attention", "sliding_attention", "hybrid") for t in types):
-        kinds = sorted(set(types))
-        raise ValueError(f"{type(model).__name__}: every layer is a {'/'.join(kinds)} layer (no attention); "
-                         "speculative decoding supports hybrids of attention and recurrent layers only")
-    if not types:
-        raise ValueError(f"{type(model).__name__} keeps a recurrent state but declares no layer_types: "
-                         "its recurrent layer kind is not supported")
+        raise ValueError(f"{type(model).__name__} keeps a recurrent state ({layer_kind(model)} layers); speculative "
+                         "decoding on hybrid targets needs transformers >= 5.24 (its LinearAttentionLayer cache), "
+                         f"this is {transformers.__version__}")
 
 
 class LinearStates:
@@ -151,29 +206,43 @@ def _states(layers: dict):
                 yield i, "recurrent", s, layer.recurrent_states[s]
 
 
-def cache_checkpoint(cache) -> tuple[list[int | None], Checkpoint]:
-    """A transformers ``DynamicCache`` (of a hybrid draft model) at this point: each attention layer's
-    length and a copy of every recurrent state (``restore_cache`` goes back to it)."""
-    lengths = [layer.keys.shape[-2] if getattr(layer, "keys", None) is not None and layer.keys.numel() else None
-               for layer in cache.layers]
+def cache_checkpoint(cache) -> tuple[list, Checkpoint]:
+    """A transformers ``DynamicCache`` (of a hybrid draft model) at this point: per attention layer its length,
+    or for a sliding-window layer (which drops its oldest entries as it grows, so no length cuts it back) its
+    keys, values and token count; and a copy of every recurrent state (``restore_cache`` goes back to it).
+    A sliding layer's tensors are kept uncopied: its ``update`` concatenates into new ones, never in place."""
+    kept: list = []
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if keys is None or not keys.numel():
+            kept.append(None)
+        elif getattr(layer, "is_sliding", False):
+            kept.append((layer.keys, layer.values, layer.cumulative_length))
+        else:
+            kept.append(keys.shape[-2])
     linear = {i: layer for i, layer in enumerate(cache.layers) if _is_linear(layer)}
-    return lengths, Checkpoint({(i, kind, s): t.clone() for i, kind, s, t in _states(linear)})
+    return kept, Checkpoint({(i, kind, s): t.clone() for i, kind, s, t in _states(linear)})
 
 
-def restore_cache(cache, checkpoint: tuple[list[int | None], Checkpoint]) -> None:
-    """Cut every attention layer back to its checkpointed length and put every recurrent state back."""
-    lengths, states = checkpoint
+def restore_cache(cache, checkpoint: tuple[list, Checkpoint]) -> None:
+    """Cut every attention layer back to its checkpointed length (a sliding one: its kept entries) and put
+    every recurrent state back."""
+    kept, states = checkpoint
     for i, layer in enumerate(cache.layers):
-        if i < len(lengths) and lengths[i] is not None:
-            layer.keys = layer.keys[..., : lengths[i], :]
-            layer.values = layer.values[..., : lengths[i], :]
+        saved = kept[i] if i < len(kept) else None
+        if isinstance(saved, tuple):
+            layer.keys, layer.values, layer.cumulative_length = saved
+        elif saved is not None:
+            layer.keys = layer.keys[..., :saved, :]
+            layer.values = layer.values[..., :saved, :]
         if _is_linear(layer):
             for s in range(layer.number_of_states):
                 for kind, store in (("conv", layer.conv_states), ("recurrent", layer.recurrent_states)):
-                    saved = states.states.get((i, kind, s))
-                    if saved is not None:
-                        store[s].copy_(saved)
+                    state = states.states.get((i, kind, s))
+                    if state is not None:
+                        store[s].copy_(state)
 
 
-__all__ = ["Checkpoint", "LinearStates", "RECURRENT_LAYER_TYPES", "RECURRENT_MASK_KEYS", "cache_checkpoint",
-           "check_supported", "is_hybrid", "layer_types", "restore_cache"]
+__all__ = ["Checkpoint", "LAYER_KINDS", "LinearStates", "RECURRENT_LAYER_TYPES", "RECURRENT_MASK_KEYS", "REFUSED_KINDS",
+           "cache_checkpoint", "check_supported", "is_hybrid", "layer_kind", "layer_types", "model_type",
+           "restore_cache", "unsupported"]

@@ -124,13 +124,14 @@ def main(argv: list[str] | None = None) -> dict:
     from tqdm.auto import tqdm
 
     from data.base.device import default_device
-    from data.targets import load_target, load_target_tokenizer, resolve_target
+    from data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
     from infer.bench.batch import time_batches
     from infer.bench.cost import step_costs
     from infer.bench.methods import build_methods, time_methods
     from infer.bench.profile import profile_heads
     from infer.bench.report import summarise, write_report
     from infer.bench.timing import ForwardCounter, hardware
+    from infer.recurrent import check_supported
     from infer.threads import choose_threads
 
     device = default_device(args.device)
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
     target_path = resolve_target(args.target)  # results keep the name given (demo:smollm2), not the cache path
+    check_supported(load_target_config(target_path))  # a stateful model it cannot decode: one line, before loading
     target = load_target(target_path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
     tokenizer = load_target_tokenizer(target_path)
     prompts = load_prompts(args, tokenizer)

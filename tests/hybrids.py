@@ -1,5 +1,6 @@
 """Tiny hybrid targets (recurrent or convolution layers beside attention) built in-process from
-transformers' own configs: every hybrid family transformers 5.24 can build tiny on CPU."""
+transformers' own configs: every hybrid family transformers 5.24 can build tiny on CPU and draftsmith
+supports (infer.recurrent.LAYER_KINDS; the refused ones are in tests/test_infer_hybrid_refusals.py)."""
 from __future__ import annotations
 
 import torch
@@ -11,6 +12,11 @@ _GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_di
             linear_conv_kernel_dim=4, head_dim=8)
 _MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
                mamba_chunk_size=16)  # 4 heads x 16 = 2 x hidden 32
+
+_LINEAR_FULL = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
+_KDA = dict(num_experts=4, num_experts_per_token=2, moe_intermediate_size=32, kv_lora_rank=16, qk_rope_head_dim=4,
+            v_head_dim=8, qk_nope_head_dim=8, linear_head_dim=8, linear_num_heads=4, head_dim=8,
+            num_key_value_heads=4)  # Kimi Delta Attention beside multi-head latent attention (MLA)
 
 # model_type -> (config overrides); each has at least one attention layer and one recurrent layer
 HYBRIDS: dict[str, dict] = {
@@ -33,6 +39,27 @@ HYBRIDS: dict[str, dict] = {
                                                           "linear_attention"], num_key_value_heads=4,
                         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
                         linear_value_head_dim=16, linear_conv_kernel_dim=4),
+    "lara_mini": dict(num_hidden_layers=4, layer_types=["linear_attention", "sliding_attention", "linear_attention",
+                                                         "full_attention"], sliding_window=8, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                      **_GDN),  # Gated DeltaNet + sliding and full attention + MoE
+    "qwen3_5_moe_text": dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32, **_GDN),  # Qwen3.5-MoE's language model
+    "lfm2_moe": dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
+                     num_dense_layers=1, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     conv_L_cache=3),  # LFM2-MoE: short conv + attention, MoE past the first layer
+    "lfm3": dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "sliding_attention"],
+                 head_dim=8, sliding_window=8, conv_L_cache=3),  # short conv + full and sliding attention
+    "kimi_linear": dict(num_hidden_layers=4, layer_types=_LINEAR_FULL, mlp_layer_types=["dense", "sparse"] * 2,
+                        **_KDA),  # Kimi Delta Attention + MLA (its cache holds the compressed latents)
+    "bailing_hybrid": dict(num_hidden_layers=4, layer_types=_LINEAR_FULL, mlp_layer_types=["dense", "sparse"] * 2,
+                           num_expert_group=1, topk_group=1, first_k_dense_replace=1, **_KDA),  # Ling-3.0
+    "zamba": dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, attention_head_dim=16,
+                  attention_hidden_size=64, n_mamba_heads=2, mamba_d_state=8, mamba_dt_rank=8,
+                  num_key_value_heads=4),  # Mamba-1, a shared attention block in its "hybrid" layers
+    "zamba2": dict(num_hidden_layers=4, layers_block_type=["linear_attention", "hybrid", "linear_attention",
+                                                           "linear_attention"], mamba_d_state=8, n_mamba_heads=4,
+                   mamba_headdim=16, chunk_size=16, num_key_value_heads=4, adapter_rank=8),  # Mamba-2 + shared block
 }
 
 

@@ -174,6 +174,30 @@ def test_build_head_reads_target_rope():
     assert head.config.rope_config == {"rope_type": "linear", "rope_theta": 1234.0, "factor": 2.0}
 
 
+def test_a_proportional_rope_is_the_linear_rope_over_a_whole_head():
+    """LFM3's full-attention rope ("proportional": default frequencies over ``factor`` on part of a head): with
+    the partial factor dropped, as heads rotate their whole head_dim, transformers' frequencies are the heads'
+    linear rope's."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from heads.common import rope_config_from_target
+    from heads.layers import rope_inv_freq
+
+    if "proportional" not in ROPE_INIT_FUNCTIONS:
+        pytest.skip("this transformers has no proportional rope (LFM3)")
+    params = {"full_attention": {"rope_type": "proportional", "rope_theta": 5000.0, "factor": 2.0,
+                                 "partial_rotary_factor": 0.5},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    cfg = AutoConfig.for_model("lfm3", hidden_size=64, num_attention_heads=4, head_dim=16, rope_parameters=params)
+    rope = rope_config_from_target(cfg)
+    assert rope == {"rope_type": "linear", "rope_theta": 5000.0, "factor": 2.0}
+    whole = AutoConfig.for_model("lfm3", hidden_size=64, num_attention_heads=4, head_dim=16, rope_parameters={
+        **params, "full_attention": {**params["full_attention"], "partial_rotary_factor": 1.0}})
+    theirs, _ = ROPE_INIT_FUNCTIONS["proportional"](whole, torch.device("cpu"), layer_type="full_attention")
+    torch.testing.assert_close(rope_inv_freq(16, rope), theirs)
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_incremental_cache_equals_full_forward(target, kind):
     head = build_head(kind, target).eval()

@@ -22,7 +22,7 @@ from infer.drafters.layer_skip import LayerSkipDrafter
 from infer.drafters.lm_drafter import LMDrafter
 from infer.drafters.lookup_first import LookupFirst
 from infer.drafters.ngram import NgramDrafter
-from infer.recurrent import LinearAttentionLayer, check_supported, is_hybrid
+from infer.recurrent import LinearAttentionLayer
 from infer.tree import tree_from_parents
 
 # transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)
@@ -99,13 +99,31 @@ def test_every_drafter_is_lossless_on_a_hybrid(arch, name):
 
 @pytest.mark.parametrize("arch", sorted(set(HYBRIDS) - set(MAIN)))
 def test_every_hybrid_family_is_lossless(arch):
-    """The other families (Falcon-H1, Bamba, Granite-4-H, Jamba, OLMo-hybrid): n-grams and a head."""
+    """The other families (Falcon-H1, Bamba, Granite-4-H, Jamba, OLMo-hybrid, Lara, Qwen3.5-MoE, LFM2-MoE, LFM3,
+    Kimi-Linear, Ling-3.0 (Bailing-hybrid), Zamba, Zamba2): n-grams under both rollbacks and a head, on one
+    row and on a prompt one longer than the head's first chain (4); a left-padded batch of rows of different
+    lengths with one stopping at EOS mid-batch equals each row alone."""
     target = _target(arch)
     rng = random.Random(arch)
-    ids = _prompt(rng, 12)
-    ref = _hf(target, ids, 32)
-    for drafter in (NgramDrafter(length=5), _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))):
-        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=32), ref), arch
+    head = _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))
+    for ids, n in ((_prompt(rng, 12), 32), (_prompt(rng, 5), 16)):
+        ref = _hf(target, ids, n)
+        for drafter, rollback in ((NgramDrafter(length=5), "merged"), (NgramDrafter(length=5), "replay"), (head, None)):
+            out = SpeculativeGenerator(target, drafter, rollback=rollback).generate(ids, max_new_tokens=n)
+            assert torch.equal(out, ref), (arch, ids.shape[1], type(drafter).__name__, rollback)
+    rows = [_prompt(rng, n)[0] for n in (11, 4, 8)]
+    eos = int(_hf(target, rows[1][None], 16)[0, rows[1].numel() + 5])  # row 1 stops at its 6th new token
+    alone = [_hf(target, r[None], 16, eos=eos)[0, r.numel():] for r in rows]
+    width = max(r.numel() for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, r in enumerate(rows):
+        ids[b, width - r.numel():], mask[b, width - r.numel():] = r, 1
+    out = SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, attention_mask=mask, max_new_tokens=16,
+                                                                         eos_token_id=eos, pad_token_id=0)
+    for b, expected in enumerate(alone):
+        assert torch.equal(out[b, width: width + expected.numel()], expected), (arch, b)
+        assert bool((out[b, width + expected.numel():] == 0).all()), (arch, b)
 
 
 @pytest.mark.parametrize("compile", [False, "eager"])  # "eager": drafts padded to the budget, one shape
@@ -229,18 +247,26 @@ def test_a_hybrid_draft_lm_is_refused_by_hierarchical_drafting():
         HierarchicalDrafter(_target("qwen3_5_text", seed=7), target, NgramDrafter(length=4), Chain(4))
 
 
-def test_what_cannot_be_supported_is_one_line():
-    """A recurrent model without attention layers (pure Mamba) is refused naming it and its layer kind."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+@pytest.mark.parametrize("arch", ["lfm3", "qwen3_5_text"])
+def test_a_draft_lms_cache_restores_exactly(arch):
+    """A hybrid draft LM's cache (transformers' own, sliding-window layers included: LFM3's window is 8, and
+    they drop their oldest entries as they grow) restored to a checkpoint and fed other tokens gives the
+    logits of a fresh forward over the same text."""
+    from transformers import DynamicCache
 
-    config = AutoConfig.for_model("mamba", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8)
-    mamba = AutoModelForCausalLM.from_config(config).eval()
-    assert is_hybrid(mamba)
-    with pytest.raises(ValueError, match=r"MambaForCausalLM: every layer is a linear_attention layer"):
-        check_supported(mamba)
-    with pytest.raises(ValueError, match="MambaForCausalLM"):
-        SpeculativeGenerator(mamba, NgramDrafter())
-    assert not is_hybrid(make_tiny_target("llama", vocab_size=VOCAB))
+    from infer.recurrent import cache_checkpoint, restore_cache
+
+    model = _target(arch)
+    ids = _prompt(random.Random(4), 12)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        saved = cache_checkpoint(cache)
+        model(torch.tensor([[5, 6, 7, 8, 9, 10]]), cache=cache, use_cache=True)  # drafts past the window
+        restore_cache(cache, saved)
+        after = model(torch.tensor([[11, 12]]), cache=cache, use_cache=True).logits
+        fresh = model(torch.cat([ids, torch.tensor([[11, 12]])], dim=1)).logits[:, -2:]
+    torch.testing.assert_close(after, fresh, rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------- sampling

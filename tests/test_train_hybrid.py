@@ -12,6 +12,7 @@ from test_train_fixtures import tiny_config
 
 from data.tokenizer import train_tokenizer
 from heads import AutoHead
+from heads.eagle3 import default_aux_layer_ids
 from infer import SpeculativeGenerator
 from infer.recurrent import LinearAttentionLayer
 from scripts.dump_features import main as dump_main
@@ -63,3 +64,24 @@ def test_stored_features_of_a_hybrid_give_the_online_losses(hybrid_files, tmp_pa
     assert dump_main(["--config", str(config_file(cfg, tmp_path / "cfg.yaml")), "--out", str(store),
                       "--dtype", "float32", "data.features=null"]) == 0
     torch.testing.assert_close(losses(setup(cfg)), online, rtol=0, atol=1e-4)
+
+
+# the families tests/hybrids.py gained after Qwen3.5's: one online EAGLE-3 run each, default aux layers
+NEWER = ("lara_mini", "qwen3_5_moe_text", "lfm2_moe", "lfm3", "kimi_linear", "bailing_hybrid", "zamba", "zamba2")
+
+
+@pytest.mark.parametrize("arch", NEWER)
+def test_eagle3_trains_online_on_every_newer_hybrid_family(tmp_path, arch):
+    """Online EAGLE-3 steps on the frozen hybrid (its recurrent layers run whole rows, no cache): finite
+    losses, and the default aux layers are the kind's for the target's depth, whatever each layer's kind."""
+    tokenizer = train_tokenizer(test_train_fixtures.source_texts(), vocab_size=300)
+    model = make_tiny_hybrid(arch, vocab=len(tokenizer))
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    files = test_train_fixtures.write_text_files(tmp_path)
+    result = setup(tiny_config(files, tmp_path / "out", "head.kind=eagle3", *KINDS["eagle3"], *QUICK,
+                               "train.max_steps=2", "train.warmup_steps=1"))
+    history = losses(result)
+    assert len(history) == 2 and all(torch.isfinite(torch.tensor(history))), history
+    head = AutoHead.from_pretrained(result.output_dir)
+    assert list(head.config.aux_layer_ids) == default_aux_layer_ids(model.config.num_hidden_layers)

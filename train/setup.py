@@ -28,6 +28,7 @@ from transformers import get_scheduler
 from data.base.checks import at_most
 from data.targets import load_target, load_target_tokenizer, resolve_target
 from heads import build_head
+from infer.recurrent import check_supported
 from infer.target import decoder_layers, loaded_target_identity
 from infer.threads import choose_threads
 from train.launcher import threads_are_launcher_default
@@ -147,6 +148,7 @@ def load_frozen_target(cfg: TrainConfig, target_path: str, device, accelerator: 
         target.config._name_or_path = cfg.target
     target.requires_grad_(False).eval()
     decoder_layers(target)  # an encoder (BERT) is refused here alike for every head kind
+    check_supported(target)  # a stateful model no head could decode with (pure Mamba, MiniMax, ...): one line
     # sharded before it moves: the device never holds the whole target (shard_target moves it)
     if not (accelerator is not None and cfg.train.target_sharding == "fsdp" and shard_target(target, accelerator)):
         target.to(device)
