@@ -20,6 +20,7 @@ from infer import SpeculativeGenerator
 from infer import delta_rule
 from infer.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, per_token_modules, per_token_rule
 from infer.drafters import chain_draft, root_only
+from infer.hf_cache import cache_kwargs, returned_cache
 from infer.drafters.ngram import NgramDrafter
 from infer.recurrent import LAYER_KINDS, LinearAttentionLayer
 
@@ -101,7 +102,7 @@ def test_short_verifies_run_the_per_token_rule_and_nothing_else_does(monkeypatch
     spy.calls.clear()
     with torch.inference_mode():
         out = target(ids, use_cache=True)
-        target(ids[:, :3], past_key_values=out.past_key_values, use_cache=True)
+        target(ids[:, :3], use_cache=True, **cache_kwargs(target, returned_cache(out)))
     assert ("outside", "chunked", 3, True) in spy.calls and all(rule == "chunked" for _, rule, _, _ in spy.calls)
 
 
