@@ -126,6 +126,17 @@ def test_every_hybrid_family_is_lossless(arch):
         assert bool((out[b, width + expected.numel():] == 0).all()), (arch, b)
 
 
+@pytest.mark.parametrize("arch", sorted(set(HYBRIDS) - set(MAIN)))
+def test_every_drafter_is_lossless_on_every_other_family(arch):
+    """Every drafter (heads of each kind, n-grams, lookup-first, layer skip, hybrid draft LMs, hierarchical) on
+    each family outside the four: one row of 14 tokens, 24 new (the four above run two prompts each)."""
+    target = _target(arch)
+    ids = _prompt(random.Random(arch), 14)
+    ref = _hf(target, ids, 24)
+    for name, drafter in _drafters(arch, target).items():
+        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=24), ref), (arch, name)
+
+
 @pytest.mark.parametrize("compile", [False, "eager"])  # "eager": drafts padded to the budget, one shape
 @pytest.mark.parametrize("arch", ["qwen3_5_text", "nemotron_h"])
 def test_left_padded_batch_with_eos_equals_each_row_alone(arch, compile):

@@ -117,14 +117,26 @@ def _first_layers(target: nn.Module, k: int) -> nn.Module:
     return _layers(target, 0, k)
 
 
+# config fields with one entry per layer that a backbone's forward reads by its layers' positions
+PER_LAYER = ("layer_types", "layers_block_type")
+
+
 def _layers(target: nn.Module, start: int, stop: int) -> nn.Module:
     """A shallow copy of the target's backbone over its layers [start, stop) (its own module table and
     config saying ``num_hidden_layers = stop - start``; the layer objects are the target's)."""
     backbone = backbone_of(target)
     config = copy.deepcopy(causal_lm_of(target).config)
+    # per-layer lists, read before the count changes (some configs derive them from it)
+    lists = {name: list(getattr(config, name)) for name in PER_LAYER if isinstance(getattr(config, name, None), list)}
     config.num_hidden_layers = stop - start
-    if getattr(config, "layer_types", None):
-        config.layer_types = list(config.layer_types)[start:stop]
+    derived = {}
+    for name, values in lists.items():
+        try:
+            setattr(config, name, values[start:stop])
+        except AttributeError:  # Jamba, Bamba, Falcon-H1: a read-only property of other fields
+            derived[getattr(config, "attribute_map", {}).get(name, name)] = values[start:stop]
+    if derived:  # this copy's own subclass holds the cut lists in place of the properties
+        config.__class__ = type(type(config).__name__, (type(config),), derived)
     stack = copy.copy(backbone)
     stack._modules = dict(backbone._modules)  # its own module table: the target's keeps all layers
     stack.layers = nn.ModuleList(list(decoder_layers(target))[start:stop])
