@@ -16,6 +16,7 @@ from test_infer_sampling import joint_pvalue
 
 from heads import build_head
 from infer import Chain, DynamicTree, SpeculativeGenerator
+from infer.bench.batch import left_pad
 from infer.drafters import Draft, Drafter, Sampling, chain_draft, make_drafter, root_only
 from infer.drafters.hierarchical import HierarchicalDrafter
 from infer.drafters.layer_skip import LayerSkipDrafter
@@ -52,6 +53,18 @@ def _prompt(rng: random.Random, length: int) -> torch.Tensor:
     motif = [rng.randrange(3, VOCAB) for _ in range(4)]
     return torch.tensor([[1] + [motif[i % 4] if rng.random() < 0.8 else rng.randrange(3, VOCAB)
                                 for i in range(length - 1)]])
+
+
+def _left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask) (B, P) of the 1-D prompts ``rows``, padded on the left with 0."""
+    return left_pad([r.tolist() for r in rows], 0, torch.device("cpu"))
+
+
+def _assert_each_row_alone(out: torch.Tensor, width: int, alone: list[torch.Tensor], arch: str) -> None:
+    """Each row of a batch's output (B, width + new) holds that row's own continuation, then only pads."""
+    for b, expected in enumerate(alone):
+        assert torch.equal(out[b, width: width + expected.numel()], expected), (arch, b)
+        assert bool((out[b, width + expected.numel():] == 0).all()), (arch, b)
 
 
 def _perturbed(head, seed: int = 0, scale: float = 0.05):
@@ -114,16 +127,10 @@ def test_every_hybrid_family_is_lossless(arch):
     rows = [_prompt(rng, n)[0] for n in (11, 4, 8)]
     eos = int(_hf(target, rows[1][None], 16)[0, rows[1].numel() + 5])  # row 1 stops at its 6th new token
     alone = [_hf(target, r[None], 16, eos=eos)[0, r.numel():] for r in rows]
-    width = max(r.numel() for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, r in enumerate(rows):
-        ids[b, width - r.numel():], mask[b, width - r.numel():] = r, 1
+    ids, mask = _left_padded(rows)
     out = SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, attention_mask=mask, max_new_tokens=16,
                                                                          eos_token_id=eos, pad_token_id=0)
-    for b, expected in enumerate(alone):
-        assert torch.equal(out[b, width: width + expected.numel()], expected), (arch, b)
-        assert bool((out[b, width + expected.numel():] == 0).all()), (arch, b)
+    _assert_each_row_alone(out, ids.shape[1], alone, arch)
 
 
 @pytest.mark.parametrize("arch", sorted(set(HYBRIDS) - set(MAIN)))
@@ -148,17 +155,11 @@ def test_left_padded_batch_with_eos_equals_each_row_alone(arch, compile):
     alone = [_hf(target, r[None], 24)[0, r.numel():] for r in rows]
     eos = int(alone[1][5])  # row 1 stops at its 6th new token
     alone = [_hf(target, r[None], 24, eos=eos)[0, r.numel():] for r in rows]
-    width = max(r.numel() for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, r in enumerate(rows):
-        ids[b, width - r.numel():], mask[b, width - r.numel():] = r, 1
+    ids, mask = _left_padded(rows)
     for drafter in (NgramDrafter(length=4), _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))):
         out = SpeculativeGenerator(target, drafter, compile=compile).generate(
             ids, attention_mask=mask, max_new_tokens=24, eos_token_id=eos, pad_token_id=0)
-        for b, expected in enumerate(alone):
-            assert torch.equal(out[b, width: width + expected.numel()], expected), (arch, b)
-            assert bool((out[b, width + expected.numel():] == 0).all())
+        _assert_each_row_alone(out, ids.shape[1], alone, arch)
 
 
 @pytest.mark.parametrize("arch", MAIN)

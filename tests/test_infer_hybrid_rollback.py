@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from test_infer_hybrid import MAIN, VOCAB, _hf, _perturbed, _prompt, _target
+from test_infer_hybrid import MAIN, VOCAB, _hf, _left_padded, _perturbed, _prompt, _target
 
 from heads import build_head
 from infer import SpeculativeGenerator
@@ -58,16 +58,6 @@ class RowOracle(Drafter):
         return drafts
 
 
-def _batch(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded (B, P) ids and mask."""
-    width = max(r.numel() for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, r in enumerate(rows):
-        ids[b, width - r.numel():], mask[b, width - r.numel():] = r, 1
-    return ids, mask
-
-
 def _alone(target, rows: list[torch.Tensor], max_new: int, eos: int | None = None) -> list[torch.Tensor]:
     """Each row's own greedy text (prompt + continuation, cut after EOS)."""
     return [_hf(target, r[None], max_new, eos=eos)[0] for r in rows]
@@ -81,7 +71,7 @@ def _mid_batch_eos(continuations: list[torch.Tensor]) -> int | None:
     return next((t for k, t in enumerate(row) if k >= 5 and t not in row[:k] and t not in others), None)
 
 
-def _check_batch(out: torch.Tensor, width: int, rows: list[torch.Tensor], alone: list[torch.Tensor]) -> None:
+def _check_left_padded(out: torch.Tensor, width: int, rows: list[torch.Tensor], alone: list[torch.Tensor]) -> None:
     for b, (r, expected) in enumerate(zip(rows, alone)):
         new = expected[r.numel():]
         assert torch.equal(out[b, width: width + new.numel()], new), b
@@ -125,12 +115,12 @@ def test_left_padded_batch_is_each_row_alone(arch, mode):
     alone = _alone(target, rows, 24, eos=eos)
     assert [a.numel() - r.numel() for r, a in zip(rows, alone)][1] < 24 <= min(a.numel() - r.numel()
                                                                                 for r, a in zip(rows[::2], alone[::2]))
-    ids, mask = _batch(rows)
+    ids, mask = _left_padded(rows)
     drafters = (RowOracle(alone), NgramDrafter(length=4), _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2])))
     for drafter in drafters:
         gen = SpeculativeGenerator(target, drafter, rollback=mode)
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=eos, pad_token_id=0)
-        _check_batch(out, ids.shape[1], rows, alone)
+        _check_left_padded(out, ids.shape[1], rows, alone)
         if mode == "merged" and isinstance(drafter, RowOracle):
             assert gen.last_stats.pending_tokens > 0
 
