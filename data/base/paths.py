@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): caches are made without the cross-process lock
+    fcntl = None
 
 
 def cache_root() -> Path:
@@ -23,7 +27,8 @@ def cache_lock(lock_file: str | os.PathLike) -> Iterator[None]:
     making the same cache entry (a second job, a test on another pytest worker) waits here, then finds it
     made. POSIX ``flock``: released when the process dies, so a killed build never blocks the next one."""
     with open(lock_file, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
 
