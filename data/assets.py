@@ -28,8 +28,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from data.base.paths import cache_lock, cache_root
-from data.jsonfile import read_json
+from draftsmith.data.base.paths import cache_lock, cache_root
+from draftsmith.data.jsonfile import read_json
 
 
 @dataclass(frozen=True)

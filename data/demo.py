@@ -25,10 +25,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from data.corpus import corpus_fingerprint
-from data.base.names import DEMO_PREFIX
-from data.base.paths import cache_lock, cache_root, changed_files, folder_digests, share_readable
-from data.demo_lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
+from draftsmith.data.corpus import corpus_fingerprint
+from draftsmith.data.base.names import DEMO_PREFIX
+from draftsmith.data.base.paths import cache_lock, cache_root, changed_files, folder_digests, share_readable
+from draftsmith.data.demo_lm import SUMMARY_FILE, LMSettings, settings_for, train_lm
 
 # Bump when data/demo_lm.py or data/tokenizer.py change what the same settings produce.
 RECIPE_VERSION = 2
@@ -230,7 +230,7 @@ def demo_target_path(target: str) -> str:
     """A loadable path or hub id; ``demo:<size>`` is the demo LM of that size, built first if missing;
     ``demo:smollm2`` is SmolLM2-135M-Instruct, fetched and converted once (``data.assets``)."""
     if target == f"{DEMO_PREFIX}smollm2":
-        from data.assets import smollm2_dir
+        from draftsmith.data.assets import smollm2_dir
 
         return str(smollm2_dir())
     if target.startswith(DEMO_PREFIX):

@@ -27,9 +27,9 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerBase
 
-from data.base.progress import progress
-from data.corpus import corpus_fingerprint, relative_name, split_files, split_texts
-from data.tokenizer import IM_END, train_tokenizer
+from draftsmith.data.base.progress import progress
+from draftsmith.data.corpus import corpus_fingerprint, relative_name, split_files, split_texts
+from draftsmith.data.tokenizer import IM_END, train_tokenizer
 
 SUMMARY_FILE = "demo_target.json"
 EMBED_INIT_STD = 0.5  # see _init_for_depth

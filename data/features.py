@@ -26,8 +26,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from data.base.checks import indices
-from data.base.paths import file_digest, share_readable
+from draftsmith.data.base.checks import indices
+from draftsmith.data.base.paths import file_digest, share_readable
 
 MARKER = ".draftsmith-features"
 FORMAT_VERSION = 1

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 from jinja2 import TemplateError
 
-from data.conversations import MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, Messages, RowError
+from draftsmith.data.conversations import MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, Messages, RowError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

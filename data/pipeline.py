@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from data.base.names import DEMO_PREFIX
-from data.base.paths import cache_root, changed_files, folder_digests
-from data.jsonfile import read_json
-from data.conversations import NO_LOSS_AFTER_TRUNCATION, OVERLONG, REASONS, RowError, normalize_row
-from data.masks import Method, encode_conversation, encode_text, mask_method
+from draftsmith.data.base.names import DEMO_PREFIX
+from draftsmith.data.base.paths import cache_root, changed_files, folder_digests
+from draftsmith.data.jsonfile import read_json
+from draftsmith.data.conversations import NO_LOSS_AFTER_TRUNCATION, OVERLONG, REASONS, RowError, normalize_row
+from draftsmith.data.masks import Method, encode_conversation, encode_text, mask_method
 
 if TYPE_CHECKING:
     import datasets
@@ -93,11 +93,11 @@ def _load_rows(source: object, lenient_json: bool) -> tuple[list[dict] | dataset
     if isinstance(source, list):
         return source, 0
     if isinstance(source, str) and source.startswith("stdlib:"):
-        from data.corpus import corpus_rows  # lazy: scans the stdlib, only needed for this source
+        from draftsmith.data.corpus import corpus_rows  # lazy: scans the stdlib, only needed for this source
 
         return corpus_rows(source.removeprefix("stdlib:")), 0  # validates the split name
     if isinstance(source, str) and source.startswith(DEMO_PREFIX):
-        from data.assets import demo_rows  # lazy: fetches the asset on first use
+        from draftsmith.data.assets import demo_rows  # lazy: fetches the asset on first use
 
         return demo_rows(source)
     if isinstance(source, (str, os.PathLike)):
@@ -180,7 +180,7 @@ def source_fingerprint(source: object, lenient_json: bool = False) -> str:
     """A hash of a data source's content: a demo asset's pinned sha256 and split rule, a file's or folder's
     bytes, else the rows themselves (``stdlib:*``, a Dataset or a list of rows)."""
     if isinstance(source, str) and source.startswith(DEMO_PREFIX):
-        from data.assets import demo_fingerprint
+        from draftsmith.data.assets import demo_fingerprint
 
         return demo_fingerprint(source)
     if _is_file_source(source):

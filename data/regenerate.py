@@ -28,7 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from data.conversations import Messages, RowError, normalize_row
+from draftsmith.data.conversations import Messages, RowError, normalize_row
 
 # Reasons a row is skipped (besides data.conversations' own).
 NOT_A_CONVERSATION = "not_a_conversation"  # a plain-text row sent to a chat server
@@ -232,7 +232,7 @@ def regenerate(rows: list, out: Path, engine, settings: Settings, *, resume: boo
     ``max_failures``: stop (``RegenerationStopped``) once that many conversations in a row ended
     with a server error or a bad reply; None never stops.
     """
-    from data.base.progress import progress as progress_bar
+    from draftsmith.data.base.progress import progress as progress_bar
 
     if out.is_dir():
         raise IsADirectoryError(f"--out {out} is a directory; name a JSONL file")
@@ -284,8 +284,8 @@ class HFEngine:
     def __init__(self, target_path: str, *, batch_size: int = 16, device: str | None = None, dtype=None):
         import torch  # here, not at the top: --engine openai never loads torch
 
-        from data.base.device import default_device
-        from data.targets import load_target, load_target_tokenizer
+        from draftsmith.data.base.device import default_device
+        from draftsmith.data.targets import load_target, load_target_tokenizer
 
         device = default_device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)

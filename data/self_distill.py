@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from data.base.paths import cache_lock, file_digest
-from data.pipeline import load_rows, source_fingerprint, tokenizer_fingerprint
-from data.regenerate import HFEngine, Settings, regenerate
+from draftsmith.data.base.paths import cache_lock, file_digest
+from draftsmith.data.pipeline import load_rows, source_fingerprint, tokenizer_fingerprint
+from draftsmith.data.regenerate import HFEngine, Settings, regenerate
 
 logger = logging.getLogger("draftsmith.data")
 VERSION = 1  # bump when the rows this makes change for the same inputs

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from data.base.checks import indices
-from data.base.names import ADAPTER_BASE_KEY, HEAD_MODEL_TYPE_PREFIX, is_demo, is_head_model_type, looks_like_path
-from data.jsonfile import read_json
+from draftsmith.data.base.checks import indices
+from draftsmith.data.base.names import ADAPTER_BASE_KEY, HEAD_MODEL_TYPE_PREFIX, is_demo, is_head_model_type, looks_like_path
+from draftsmith.data.jsonfile import read_json
 
 
 class HubUnreachable(OSError):
@@ -34,7 +34,7 @@ def resolve_target(target: str | os.PathLike, role: str = "target") -> str:
     """
     target = str(target)
     if is_demo(target):
-        from data.demo import demo_target_path  # imported only for demo names (it pulls in the builder)
+        from draftsmith.data.demo import demo_target_path  # imported only for demo names (it pulls in the builder)
 
         return demo_target_path(target)
     path = Path(target).expanduser()

@@ -1,12 +1,12 @@
 """Draft heads: what a head *is* (config + module). See docs/design.md for the contracts."""
-from heads.auto import HEAD_CLASSES, AutoHead, build_head
-from heads.common import DraftHead, DraftHeadConfig, target_identity
-from heads.dflash import DFlashConfig, DFlashHead
-from heads.eagle import EagleConfig, EagleHead
-from heads.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
-from heads.early_exit import EarlyExitConfig, EarlyExitHead
-from heads.layers import HeadCache, HeadOutput
-from heads.medusa import MedusaConfig, MedusaHead
+from draftsmith.heads.auto import HEAD_CLASSES, AutoHead, build_head
+from draftsmith.heads.common import DraftHead, DraftHeadConfig, target_identity
+from draftsmith.heads.dflash import DFlashConfig, DFlashHead
+from draftsmith.heads.eagle import EagleConfig, EagleHead
+from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
+from draftsmith.heads.early_exit import EarlyExitConfig, EarlyExitHead
+from draftsmith.heads.layers import HeadCache, HeadOutput
+from draftsmith.heads.medusa import MedusaConfig, MedusaHead
 
 __all__ = [
     "AutoHead",

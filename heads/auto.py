@@ -10,12 +10,12 @@ from safetensors import SafetensorError
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from heads.common import DraftHead, DraftHeadConfig
-from heads.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead
-from heads.eagle import EagleConfig, EagleHead
-from heads.eagle3 import Eagle3Config, Eagle3Head
-from heads.early_exit import EarlyExitConfig, EarlyExitHead
-from heads.medusa import MedusaConfig, MedusaHead
+from draftsmith.heads.common import DraftHead, DraftHeadConfig
+from draftsmith.heads.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead
+from draftsmith.heads.eagle import EagleConfig, EagleHead
+from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.heads.early_exit import EarlyExitConfig, EarlyExitHead
+from draftsmith.heads.medusa import MedusaConfig, MedusaHead
 
 # The one list of head kinds, each under its config's head_kind. A kind is its head (heads/<kind>.py), its
 # training objective (train/objectives/<kind>.py) and its drafter (infer/drafters/<kind>.py), found by name;
@@ -63,7 +63,7 @@ class AutoHead:
 
     @staticmethod
     def from_pretrained(path_or_repo: str | os.PathLike, **kwargs: Any) -> DraftHead:
-        from data.targets import check_head_source, hub_errors
+        from draftsmith.data.targets import check_head_source, hub_errors
 
         if not kwargs.get("subfolder"):
             check_head_source(path_or_repo)
@@ -80,15 +80,15 @@ class AutoHead:
                     "incomplete or corrupt, save or download it again"
                 ) from err
         if any(a in PUBLIC_EAGLE3_ARCHITECTURES for a in config_dict.get("architectures") or []):
-            from heads.formats import import_eagle3
+            from draftsmith.heads.formats import import_eagle3
 
             return import_eagle3(path_or_repo, **kwargs)
         if config_dict.get("speculators_model_type") == "dflash":
-            from heads.formats import import_speculators_dflash
+            from draftsmith.heads.formats import import_speculators_dflash
 
             return import_speculators_dflash(path_or_repo, **kwargs)
         if DFLASH_ARCHITECTURE in (config_dict.get("architectures") or []):
-            from heads.formats import import_dflash
+            from draftsmith.heads.formats import import_dflash
 
             return import_dflash(path_or_repo, **kwargs)
         raise ValueError(

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCardData
 
-from data.base.names import is_demo, public_target_name
-from heads.common import DraftHead
+from draftsmith.data.base.names import is_demo, public_target_name
+from draftsmith.heads.common import DraftHead
 
 METRICS_FILE = "metrics.jsonl"  # train.setup: one JSON record per line; evaluations carry "tau", "acc", ...
 TRAIN_CONFIG_FILE = "config.yaml"  # train.setup: the resolved TrainConfig

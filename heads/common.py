@@ -11,10 +11,10 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
-from data.base.checks import indices
-from data.base.names import ADAPTER_BASE_KEY
-from data.base.paths import share_readable
-from heads.layers import RMSNorm
+from draftsmith.data.base.checks import indices
+from draftsmith.data.base.names import ADAPTER_BASE_KEY
+from draftsmith.data.base.paths import share_readable
+from draftsmith.heads.layers import RMSNorm
 
 # Fields that decide whether a head's tensors fit a target. Checked on every use.
 _SHAPE_FIELDS = ("hidden_size", "num_layers", "vocab_size")

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from heads.common import DraftHead
-from heads.eagle import EagleConfig, layer_kwargs_from_target
-from heads.layers import MLP, RMSNorm, Rotary, rotate_half
+from draftsmith.heads.common import DraftHead
+from draftsmith.heads.eagle import EagleConfig, layer_kwargs_from_target
+from draftsmith.heads.layers import MLP, RMSNorm, Rotary, rotate_half
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's published drafters; heads.formats.dflash writes and reads it
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters (z-lab *-DFlash-b16) and SpecForge's default

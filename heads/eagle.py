@@ -12,8 +12,8 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from heads.common import DraftHead, DraftHeadConfig, rope_config_from_target, text_config
-from heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
+from draftsmith.heads.common import DraftHead, DraftHeadConfig, rope_config_from_target, text_config
+from draftsmith.heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
 
 
 class EagleConfig(DraftHeadConfig):

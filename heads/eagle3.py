@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from data.base.checks import count
-from heads.common import DraftHead, final_norm_scale
-from heads.eagle import EagleConfig, EagleHead
-from heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
+from draftsmith.data.base.checks import count
+from draftsmith.heads.common import DraftHead, final_norm_scale
+from draftsmith.heads.eagle import EagleConfig, EagleHead
+from draftsmith.heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
 
 
 AUX_LAYERS = 3  # vLLM, SGLang and TensorRT-LLM size the fc for 3 x target_hidden_size, whatever the config says

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
-from heads.common import DraftHead, DraftHeadConfig, final_norm_scale, rope_config_from_target, text_config
-from heads.layers import Attention, HeadCache, HeadOutput, RMSNorm, Rotary
+from draftsmith.heads.common import DraftHead, DraftHeadConfig, final_norm_scale, rope_config_from_target, text_config
+from draftsmith.heads.layers import Attention, HeadCache, HeadOutput, RMSNorm, Rotary
 
 
 class EarlyExitConfig(DraftHeadConfig):

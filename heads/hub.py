@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from huggingface_hub import HfApi
 
-from heads.auto import AutoHead
-from heads.card import TRAINING_FILES, model_card, training_info
-from heads.common import DraftHead
-from heads.formats import EXPORT_MARKER, FORMATS, export_head
+from draftsmith.heads.auto import AutoHead
+from draftsmith.heads.card import TRAINING_FILES, model_card, training_info
+from draftsmith.heads.common import DraftHead
+from draftsmith.heads.formats import EXPORT_MARKER, FORMATS, export_head
 
 
 def push_head_to_hub(

@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
-from data.base.checks import count
-from heads.common import DraftHead, DraftHeadConfig, text_config
+from draftsmith.data.base.checks import count
+from draftsmith.heads.common import DraftHead, DraftHeadConfig, text_config
 
 
 class MedusaConfig(DraftHeadConfig):

@@ -1,14 +1,14 @@
 """draftsmith inference: drafting, tree verification and lossless speculative generation.
 
-The names below load on first use (PEP 562), so that ``python -m infer.generate`` checks its arguments
+The names below load on first use (PEP 562), so that ``python -m draftsmith.infer.generate`` checks its arguments
 before torch and transformers load."""
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"Chain": "infer.drafters", "DynamicTree": "infer.drafters", "Sampling": "infer.drafters",
-            "StaticTree": "infer.drafters", "GenerationStats": "infer.generator",
-            "SpeculativeGenerator": "infer.generator"}
+_EXPORTS = {"Chain": "draftsmith.infer.drafters", "DynamicTree": "draftsmith.infer.drafters", "Sampling": "draftsmith.infer.drafters",
+            "StaticTree": "draftsmith.infer.drafters", "GenerationStats": "draftsmith.infer.generator",
+            "SpeculativeGenerator": "draftsmith.infer.generator"}
 
 __all__ = ["Chain", "DynamicTree", "GenerationStats", "Sampling", "SpeculativeGenerator", "StaticTree"]
 

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
-from heads.layers import HeadCache, additive_mask
-from infer.recurrent import LinearStates
+from draftsmith.heads.layers import HeadCache, additive_mask
+from draftsmith.infer.recurrent import LinearStates
 
 
 class StaticKVCache:

@@ -1,10 +1,10 @@
 """Generate with a draft head from the command line.
 
-    python -m infer.generate --head H [--target T] --prompt "def fib(n):" [--chat]
+    python -m draftsmith.infer.generate --head H [--target T] --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
         [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--lookup-first]
         [--compile] [--compare [--rounds R]]
-    python -m infer.generate --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
+    python -m draftsmith.infer.generate --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
         [--depth D] [--branch K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
@@ -34,13 +34,13 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from data.base.checks import cli_count, cli_real
-from data.cli import prog, run
+from draftsmith.data.base.checks import cli_count, cli_real
+from draftsmith.data.cli import prog, run
 
 if TYPE_CHECKING:  # torch, transformers and the drafters load after the arguments are checked (seconds)
     import torch
 
-    from infer.generator import SpeculativeGenerator
+    from draftsmith.infer.generator import SpeculativeGenerator
 
 LAYER_SKIP = re.compile(r"layer-skip(?::([1-9][0-9]*))?")  # --drafter layer-skip[:K]
 
@@ -63,7 +63,7 @@ def draft_lm_spec(spec: str) -> tuple[str, str | None]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=prog("python -m infer.generate"), description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog("python -m draftsmith.infer.generate"), description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
     p.add_argument("--head", help="draft head: directory or HF id")
     p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), lm:DIR+ngram "
@@ -122,7 +122,7 @@ def tree_option(kind: str, device: str, args: argparse.Namespace):
     kind's default drafter (``make_drafter``: on CPU an EAGLE head's chain adapts its length)."""
     import torch
 
-    from infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, drafter_class
+    from draftsmith.infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, drafter_class
 
     shape = {"depth": args.depth, "top_k": args.branch, "total_tokens": args.total_tokens}
     given = {k: v for k, v in shape.items() if v is not None}
@@ -146,9 +146,9 @@ def head_drafter(head, tree, adaptive: bool, lookup_first: bool):
     """A factory for ``from_pretrained``: the head's drafter for ``tree`` (None: the kind's default on
     the target's device); ``adaptive``: its chain's length adapted (``adaptive_chain``);
     ``lookup_first``: behind prompt lookup."""
-    from infer.drafters import adaptive_chain, make_drafter
-    from infer.drafters.lookup_first import LookupFirst
-    from infer.drafters.ngram import NgramDrafter
+    from draftsmith.infer.drafters import adaptive_chain, make_drafter
+    from draftsmith.infer.drafters.lookup_first import LookupFirst
+    from draftsmith.infer.drafters.ngram import NgramDrafter
 
     def build(target):
         head.check_target(target)
@@ -162,17 +162,17 @@ def classic_drafter(args: argparse.Namespace, target):
     """The ``--drafter`` for a loaded target (lm:DIR loads the draft LM on its device and dtype)."""
     from transformers import AutoModelForCausalLM
 
-    from data.targets import resolve_target
-    from heads import AutoHead
-    from infer.drafters import AdaptiveLength, Chain, drafter_class, make_drafter
-    from infer.drafters.lm_drafter import LMDrafter
-    from infer.drafters.ngram import NgramDrafter
+    from draftsmith.data.targets import resolve_target
+    from draftsmith.heads import AutoHead
+    from draftsmith.infer.drafters import AdaptiveLength, Chain, drafter_class, make_drafter
+    from draftsmith.infer.drafters.lm_drafter import LMDrafter
+    from draftsmith.infer.drafters.ngram import NgramDrafter
 
     if args.drafter == "ngram":
         length = args.depth or (16 if args.adaptive else 8)
         drafter = NgramDrafter(max_ngram=3, length=length, branches=args.branch or 1)
     elif LAYER_SKIP.fullmatch(args.drafter):
-        from infer.drafters.layer_skip import LayerSkipDrafter
+        from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
 
         k = LAYER_SKIP.fullmatch(args.drafter).group(1)
         length = args.depth or (16 if args.adaptive else 4)
@@ -188,7 +188,7 @@ def classic_drafter(args: argparse.Namespace, target):
         if inner is None:
             drafter = LMDrafter(model, target, Chain(length))
         else:
-            from infer.drafters.hierarchical import HierarchicalDrafter
+            from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
 
             if inner == "ngram":
                 guesser = NgramDrafter(max_ngram=3, length=length)
@@ -247,7 +247,7 @@ def compare_rounds(gen: SpeculativeGenerator, ids: torch.Tensor, max_new_tokens:
     slows both alike), each from the same seed; tokens/s are all tokens over all seconds."""
     import torch
 
-    from data.base.device import sync
+    from draftsmith.data.base.device import sync
 
     spec, vanilla = Timed(), Timed()
     for _ in range(rounds):
@@ -268,12 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import TextStreamer
 
-    from data.base.device import default_device
-    from heads import AutoHead
-    from infer.drafters import AdaptiveLength, Chain, fit_chain
-    from infer.generator import SpeculativeGenerator
-    from infer.drafters.lookup_first import LookupFirst
-    from infer.speculation_plan import find_plan
+    from draftsmith.data.base.device import default_device
+    from draftsmith.heads import AutoHead
+    from draftsmith.infer.drafters import AdaptiveLength, Chain, fit_chain
+    from draftsmith.infer.generator import SpeculativeGenerator
+    from draftsmith.infer.drafters.lookup_first import LookupFirst
+    from draftsmith.infer.speculation_plan import find_plan
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = str(default_device(args.device))

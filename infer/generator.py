@@ -31,9 +31,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
-from heads import AutoHead
-from infer.accept import (
+from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
+from draftsmith.heads import AutoHead
+from draftsmith.infer.accept import (
     Accepted,
     chain_sample_accept,
     check_sampling_params,
@@ -41,21 +41,21 @@ from infer.accept import (
     tree_sample_accept,
     typical_accept,
 )
-from infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
-from infer.cache import StaticKVCache
-from infer.compiling import check_compile, compiled, step_begin
-from infer.delta_rule import per_token_modules, per_token_rule
-from infer.drafters import (Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, chain_buffers, make_drafter,
+from draftsmith.infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
+from draftsmith.infer.cache import StaticKVCache
+from draftsmith.infer.compiling import check_compile, compiled, step_begin
+from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
+from draftsmith.infer.drafters import (Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, chain_buffers, make_drafter,
                             root_only)
-from infer.speculation_plan import SpeculationPlan, find_plan
-from infer.drafters.layer_skip import shallow_backbone
-from infer.hf_cache import cache_kwargs
-from infer.recurrent import RECURRENT_LAYER_TYPES, Checkpoint, check_supported, is_hybrid, layer_types
-from infer.target import TargetOutput, backbone_of, decoder_layers
-from infer.threads import choose_threads
-from infer.tree import pad_tree
-from data.base.checks import probability
-from data.base.device import default_device, sync
+from draftsmith.infer.speculation_plan import SpeculationPlan, find_plan
+from draftsmith.infer.drafters.layer_skip import shallow_backbone
+from draftsmith.infer.hf_cache import cache_kwargs
+from draftsmith.infer.recurrent import RECURRENT_LAYER_TYPES, Checkpoint, check_supported, is_hybrid, layer_types
+from draftsmith.infer.target import TargetOutput, backbone_of, decoder_layers
+from draftsmith.infer.threads import choose_threads
+from draftsmith.infer.tree import pad_tree
+from draftsmith.data.base.checks import probability
+from draftsmith.data.base.device import default_device, sync
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # flash attention takes no arbitrary tree mask
 # rollback="merged": the most tokens a row carries pending into the next verify (they widen it); past this,

@@ -26,11 +26,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from heads.layers import additive_mask
-from infer.cache import StaticKVCache
-from infer.hf_cache import cache_kwargs
-from infer.recurrent import RECURRENT_MASK_KEYS, is_hybrid
-from infer.target import TargetOutput, backbone_of, causal_lm_of
+from draftsmith.heads.layers import additive_mask
+from draftsmith.infer.cache import StaticKVCache
+from draftsmith.infer.hf_cache import cache_kwargs
+from draftsmith.infer.recurrent import RECURRENT_MASK_KEYS, is_hybrid
+from draftsmith.infer.target import TargetOutput, backbone_of, causal_lm_of
 
 
 def masked_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, mask: Tensor | dict[str, Tensor],

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infer.recurrent import RECURRENT_LAYER_TYPES, is_hybrid, layer_kind, layer_types
+from draftsmith.infer.recurrent import RECURRENT_LAYER_TYPES, is_hybrid, layer_kind, layer_types
 
 RECURRENT_STATE_BYTES = 4  # fp32 recurrent matrices, in any model dtype
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache
 
-from infer.hf_cache import cache_kwargs, returned_cache
+from draftsmith.infer.hf_cache import cache_kwargs, returned_cache
 
 
 
@@ -119,7 +119,7 @@ def target_forward(
 def loaded_target_identity(model: nn.Module) -> dict:
     """What a head checkpoint records about its target (name_or_path, architecture, model_type,
     hidden_size, num_layers, vocab_size, max_position_embeddings); see ``heads.common``."""
-    from heads.common import (
+    from draftsmith.heads.common import (
         target_identity as identity,  # one definition, shared with heads
     )
 

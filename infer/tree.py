@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from heads.layers import additive_mask
+from draftsmith.heads.layers import additive_mask
 
 # mc_sim_7b_63 from the Medusa repository (medusa/model/medusa_choices.py): 63 non-root nodes,
 # depth 4, built greedily from measured per-head top-k accuracies of Vicuna-7B heads.

@@ -85,18 +85,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def train(config: str, overrides: list[str]):
     """One training run in this process (``train.setup.setup``)."""
-    from train.config import load_config
-    from train.setup import setup
+    from draftsmith.train.config import load_config
+    from draftsmith.train.setup import setup
 
     return setup(load_config(ROOT / config, overrides))
 
 
 def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, rounds: int) -> dict:
-    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m infer.generate --compare`` measures them."""
+    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m draftsmith.infer.generate --compare`` measures them."""
     import torch
 
-    from infer.generate import compare_rounds, encode
-    from infer.generator import SpeculativeGenerator
+    from draftsmith.infer.generate import compare_rounds, encode
+    from draftsmith.infer.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator.from_pretrained(target, str(head_dir), device="cpu")
     ids = encode(gen.tokenizer, prompt, False)
@@ -113,7 +113,7 @@ def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, round
 
 def on_policy_lr(config: str, overrides: list[str]) -> float:
     """The on-policy stage's learning rate: ``ON_POLICY_LR_FRACTION`` of its kind times the recipe's ``train.lr``."""
-    from train.config import load_config
+    from draftsmith.train.config import load_config
 
     cfg = load_config(ROOT / config, overrides)
     return ON_POLICY_LR_FRACTION[cfg.head.kind] * cfg.train.lr
@@ -213,6 +213,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

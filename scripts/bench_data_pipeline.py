@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from data.base.checks import cli_count
-from data.pipeline import build_examples
-from data.tokenizer import train_tokenizer
+from draftsmith.data.base.checks import cli_count
+from draftsmith.data.pipeline import build_examples
+from draftsmith.data.tokenizer import train_tokenizer
 
 WORDS = (
     "the a model token draft head tree verify accept cache layer python list dict function value "
@@ -93,6 +93,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(lambda argv: main()))

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import torch
 
-from data.base.checks import cli_count
-from data.cli import run
-from data.targets import resolve_target
-from infer.threads import choose_threads
-from train.config import load_config
-from train.examples import IndexedRows, collate
-from train.feature_source import FeatureSource
-from train.setup import prepare_run
-from train.objectives import objective_class
+from draftsmith.data.base.checks import cli_count
+from draftsmith.data.cli import run
+from draftsmith.data.targets import resolve_target
+from draftsmith.infer.threads import choose_threads
+from draftsmith.train.config import load_config
+from draftsmith.train.examples import IndexedRows, collate
+from draftsmith.train.feature_source import FeatureSource
+from draftsmith.train.setup import prepare_run
+from draftsmith.train.objectives import objective_class
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ import statistics
 import sys
 import time
 
-from data.base.checks import cli_choices, cli_count, cli_counts
+from draftsmith.data.base.checks import cli_choices, cli_count, cli_counts
 
 MODES = ("merged", "replay")
 RULES = ("per-token", "chunked")  # short verifies on the per-token Gated DeltaNet rule (the generator's), or not
@@ -71,7 +71,7 @@ def bench_prompts(tokenizer, count: int, max_new_tokens: int) -> list:
     """``count`` prompts (1, 128): the held-out code continuations ``scripts/benchmark.py`` runs by default."""
     import torch
 
-    from data.corpus import continuation_prompts
+    from draftsmith.data.corpus import continuation_prompts
 
     return [torch.tensor([ids]) for ids in continuation_prompts(tokenizer, count, 128, max_new_tokens)]
 
@@ -106,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # argument mistakes end here, before torch loads
     import torch
 
-    from data.targets import load_target, load_target_tokenizer, resolve_target
-    from heads import AutoHead
-    from infer import SpeculativeGenerator
-    from infer.drafters import chain_draft
-    from infer.drafters.ngram import NgramDrafter
-    from infer.recurrent import is_hybrid
-    from infer.threads import choose_threads
+    from draftsmith.data.targets import load_target, load_target_tokenizer, resolve_target
+    from draftsmith.heads import AutoHead
+    from draftsmith.infer import SpeculativeGenerator
+    from draftsmith.infer.drafters import chain_draft
+    from draftsmith.infer.drafters.ngram import NgramDrafter
+    from draftsmith.infer.recurrent import is_hybrid
+    from draftsmith.infer.threads import choose_threads
 
     print(choose_threads(args.threads), file=sys.stderr, flush=True)
     path = resolve_target(args.target)

@@ -26,10 +26,10 @@ import json
 import sys
 from pathlib import Path
 
-from data.base.checks import cli_count, cli_counts
-from data.base.paths import claim_report_dir
-from data.cli import prog
-from infer.bench.shapes import SHAPES
+from draftsmith.data.base.checks import cli_count, cli_counts
+from draftsmith.data.base.paths import claim_report_dir
+from draftsmith.data.cli import prog
+from draftsmith.infer.bench.shapes import SHAPES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -71,8 +71,8 @@ def main(argv=None) -> dict:
         claim_report_dir(args.out)  # before the benchmark: a folder of someone else's files is refused now
     import torch  # only now: an argument mistake above is one line in a second
 
-    from infer.bench.report import scale_markdown
-    from infer.bench.scale import run_scale
+    from draftsmith.infer.bench.report import scale_markdown
+    from draftsmith.infer.bench.scale import run_scale
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,6 +87,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

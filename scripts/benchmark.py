@@ -13,7 +13,7 @@ prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafte
 3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
 ``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.lookup_first``); each head with every
 tree in ``--trees`` (by default ``default,tree,chain4``; a tree equal to an earlier one is run once):
-``default`` (what ``python -m infer.generate`` and a generator given no tree draft: on CPU an EAGLE
+``default`` (what ``python -m draftsmith.infer.generate`` and a generator given no tree draft: on CPU an EAGLE
 head's adaptive chain), ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
 an EAGLE-2 dynamic tree), ``chainN``,
 ``dynD-K-N`` (EAGLE: DynamicTree(depth=D, top_k=K, total_tokens=N)), ``medusaN`` (the first N
@@ -49,11 +49,11 @@ import sys
 import time
 from pathlib import Path
 
-from data.base.checks import cli_count, cli_counts, cli_real
-from data.base.paths import claim_report_dir
-from data.cli import prog
-from infer.bench.prompts import load_prompts
-from infer.bench.tree_spec import TREE_SPEC
+from draftsmith.data.base.checks import cli_count, cli_counts, cli_real
+from draftsmith.data.base.paths import claim_report_dir
+from draftsmith.data.cli import prog
+from draftsmith.infer.bench.prompts import load_prompts
+from draftsmith.infer.bench.tree_spec import TREE_SPEC
 
 __all__ = ["load_prompts", "main", "parse_args"]
 
@@ -123,16 +123,16 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from tqdm.auto import tqdm
 
-    from data.base.device import default_device
-    from data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
-    from infer.bench.batch import time_batches
-    from infer.bench.cost import step_costs
-    from infer.bench.methods import build_methods, time_methods
-    from infer.bench.profile import profile_heads
-    from infer.bench.report import summarise, write_report
-    from infer.bench.timing import ForwardCounter, hardware
-    from infer.recurrent import check_supported
-    from infer.threads import choose_threads
+    from draftsmith.data.base.device import default_device
+    from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
+    from draftsmith.infer.bench.batch import time_batches
+    from draftsmith.infer.bench.cost import step_costs
+    from draftsmith.infer.bench.methods import build_methods, time_methods
+    from draftsmith.infer.bench.profile import profile_heads
+    from draftsmith.infer.bench.report import summarise, write_report
+    from draftsmith.infer.bench.timing import ForwardCounter, hardware
+    from draftsmith.infer.recurrent import check_supported
+    from draftsmith.infer.threads import choose_threads
 
     device = default_device(args.device)
     if device.type == "cpu":  # the one thread policy (infer.threads): --threads, OMP_NUM_THREADS or a probe
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.batch_sizes:
         result["batch"] = time_batches(methods, prompts, args.batch_sizes, args, target, tokenizer)
     if args.train_throughput:
-        from train.args import parse_args as train_args
-        from train.throughput import measure_throughput
+        from draftsmith.train.args import parse_args as train_args
+        from draftsmith.train.throughput import measure_throughput
 
         configs = Path(__file__).resolve().parents[1] / "configs"
         demo = {"medusa": "demo-medusa.yaml", "eagle": "demo-eagle.yaml", "eagle3": "demo.yaml"}
@@ -187,6 +187,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

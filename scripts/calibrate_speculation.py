@@ -16,11 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from data.base.checks import cli_count, cli_counts
-from data.base.paths import claim_report_file, json_with_keys
-from data.cli import prog
-from infer.bench.prompts import load_prompts
-from infer.speculation_plan import PLAN_FILE
+from draftsmith.data.base.checks import cli_count, cli_counts
+from draftsmith.data.base.paths import claim_report_file, json_with_keys
+from draftsmith.data.cli import prog
+from draftsmith.infer.bench.prompts import load_prompts
+from draftsmith.infer.speculation_plan import PLAN_FILE
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -44,10 +44,10 @@ def main(argv: list[str] | None = None) -> dict:
     out = claim_report_file(Path(args.out) if args.out else Path(args.head) / PLAN_FILE, json_with_keys("lengths"),
                             "speculation plan")
     # torch and transformers load only now: an argument mistake above is one line in a second
-    from data.base.device import default_device
-    from infer.bench.calibrate_speculation import calibrate, plan_markdown
-    from infer.drafters import Chain
-    from infer.generator import SpeculativeGenerator
+    from draftsmith.data.base.device import default_device
+    from draftsmith.infer.bench.calibrate_speculation import calibrate, plan_markdown
+    from draftsmith.infer.drafters import Chain
+    from draftsmith.infer.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator.from_pretrained(args.target, args.head, device=default_device(args.device),
                                                threads=args.threads, tree=Chain(max(1, max(lengths))), plan=None)
@@ -65,6 +65,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

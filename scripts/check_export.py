@@ -17,8 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from data.base.checks import cli_count, cli_real
-from data.cli import prog, run
+from draftsmith.data.base.checks import cli_count, cli_real
+from draftsmith.data.cli import prog, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--tokens {args.tokens} must exceed --steps {args.steps} (the last --steps positions "
                          "are not compared)")
     # torch, transformers and the heads load only now: an argument mistake above is one line in a second
-    from data.targets import load_target, resolve_target
-    from heads import AutoHead
-    from heads.formats import PROVENANCE_KEY, validate_export
-    from heads.formats.parity import speculators_python
-    from heads.formats.validation import read_json_object
+    from draftsmith.data.targets import load_target, resolve_target
+    from draftsmith.heads import AutoHead
+    from draftsmith.heads.formats import PROVENANCE_KEY, validate_export
+    from draftsmith.heads.formats.parity import speculators_python
+    from draftsmith.heads.formats.validation import read_json_object
 
     config = read_json_object(args.export / "config.json")
     fmt = (config.get(PROVENANCE_KEY) or {}).get("format")
@@ -84,8 +84,8 @@ def _eagle3(head, target, config, python, args, target_path) -> tuple[list[str],
     """Both sides on the same target states: ``(1, T)`` tokens, their aux features ``(1, T, 3·H_t)``."""
     import torch
 
-    from heads.formats.parity import compare_steps, run_speculators
-    from train.unroll import shift_left, unroll
+    from draftsmith.heads.formats.parity import compare_steps, run_speculators
+    from draftsmith.train.unroll import shift_left, unroll
 
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, target.config.vocab_size, (1, args.tokens), generator=generator)
@@ -107,7 +107,7 @@ def _eagle3(head, target, config, python, args, target_path) -> tuple[list[str],
 
 def _tensors(head, out) -> tuple[list[str], bool]:
     """The head's tensors against the consumer's loaded ones (its layer is ``layers.0`` where ours ``midlayer``)."""
-    from heads.formats.parity import compare_tensors
+    from draftsmith.heads.formats.parity import compare_tensors
 
     ours = {k.replace("midlayer.", "layers.0."): v for k, v in head.state_dict().items()}
     lines, ok = compare_tensors(ours, {k.removeprefix("state."): v for k, v in out.items() if k.startswith("state.")})
@@ -119,9 +119,9 @@ def _dflash(head, target, config, python, args, target_path) -> tuple[list[str],
     block position k >= 1 (the drafts), then the causal flag as vLLM's update_dflash derives it."""
     import torch
 
-    from heads.formats.parity import compare_steps, run_speculators
-    from train.features import Features
-    from train.objectives.dflash import block_outputs, sequence_context
+    from draftsmith.heads.formats.parity import compare_steps, run_speculators
+    from draftsmith.train.features import Features
+    from draftsmith.train.objectives.dflash import block_outputs, sequence_context
 
     generator = torch.Generator().manual_seed(0)
     bs, length = head.config.block_size, max(args.tokens, head.config.block_size + 2)

@@ -28,23 +28,23 @@ import sys
 # command -> (module, function, how): "cli" functions return an exit code and print their own
 # one-line errors; "main" functions take argv and go through data.cli.run for that.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train": ("train.train_head", "cli", "train a draft head (configs/demo.yaml by default)"),
-    "launch": ("scripts.launch", "cli", "accelerate launch of the training (several processes), ending with its own exit code"),
-    "generate": ("infer.generate", "cli", "speculative generation with a head or a classic drafter"),
-    "export": ("scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
-    "check-export": ("scripts.check_export", "cli", "an export run by its consumer's own code drafts what the head does"),
-    "bench": ("scripts.benchmark", "main", "every decoding method on one target, against the bound"),
-    "bench-scale": ("scripts.bench_scale", "main", "decoding speed at real model shapes (random weights)"),
-    "gpu-report": ("scripts.gpu_report", "main", "the real-model experiment in one command: regenerate, train, benchmark"),
-    "regenerate": ("scripts.regenerate", "main", "self-distilled training data: the target rewrites the answers"),
-    "push": ("scripts.push_to_hub", "cli", "publish a head (or an engine export) on the Hugging Face Hub"),
-    "make-demo": ("scripts.make_demo_target", "main", "build (or reuse) the offline demo target"),
-    "calibrate": ("scripts.draft_calibration", "main", "a head's draft confidence against its acceptance"),
-    "plan": ("scripts.plan", "main", "what a training config costs per GPU before launch (memory, tokens, disk)"),
-    "drift": ("scripts.drift", "cli", "the τ a head loses when its target changes, and whether to retrain it"),
-    "speculation-plan": ("scripts.calibrate_speculation", "main",
+    "train": ("draftsmith.train.train_head", "cli", "train a draft head (configs/demo.yaml by default)"),
+    "launch": ("draftsmith.scripts.launch", "cli", "accelerate launch of the training (several processes), ending with its own exit code"),
+    "generate": ("draftsmith.infer.generate", "cli", "speculative generation with a head or a classic drafter"),
+    "export": ("draftsmith.scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
+    "check-export": ("draftsmith.scripts.check_export", "cli", "an export run by its consumer's own code drafts what the head does"),
+    "bench": ("draftsmith.scripts.benchmark", "main", "every decoding method on one target, against the bound"),
+    "bench-scale": ("draftsmith.scripts.bench_scale", "main", "decoding speed at real model shapes (random weights)"),
+    "gpu-report": ("draftsmith.scripts.gpu_report", "main", "the real-model experiment in one command: regenerate, train, benchmark"),
+    "regenerate": ("draftsmith.scripts.regenerate", "main", "self-distilled training data: the target rewrites the answers"),
+    "push": ("draftsmith.scripts.push_to_hub", "cli", "publish a head (or an engine export) on the Hugging Face Hub"),
+    "make-demo": ("draftsmith.scripts.make_demo_target", "main", "build (or reuse) the offline demo target"),
+    "calibrate": ("draftsmith.scripts.draft_calibration", "main", "a head's draft confidence against its acceptance"),
+    "plan": ("draftsmith.scripts.plan", "main", "what a training config costs per GPU before launch (memory, tokens, disk)"),
+    "drift": ("draftsmith.scripts.drift", "cli", "the τ a head loses when its target changes, and whether to retrain it"),
+    "speculation-plan": ("draftsmith.scripts.calibrate_speculation", "main",
                          "per batch size, the draft length that measures fastest (0 = off); the generator follows it"),
-    "dump-features": ("scripts.dump_features", "main", "store the target's hidden states once; train with data.features"),
+    "dump-features": ("draftsmith.scripts.dump_features", "main", "store the target's hidden states once; train with data.features"),
 }
 
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [f"draftsmith {name}", *rest]  # argparse names the command in its usage lines
     if function == "cli":
         return entry(rest)
-    from data.cli import run
+    from draftsmith.data.cli import run
 
     return run(entry, rest)
 

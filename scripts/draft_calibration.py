@@ -16,16 +16,16 @@ import argparse
 import statistics
 import sys
 
-from data.base.checks import cli_count
-from data.cli import prog
+from draftsmith.data.base.checks import cli_count
+from draftsmith.data.cli import prog
 
 
 def calibration(target, head, prompts: list[list[int]], max_new_tokens: int) -> dict[str, float]:
     """Mean draft top-1 probability against greedy acceptance for one EAGLE head, over ``prompts``."""
     import torch
 
-    from infer import Chain, SpeculativeGenerator
-    from infer.drafters.eagle import EagleDrafter
+    from draftsmith.infer import Chain, SpeculativeGenerator
+    from draftsmith.infer.drafters.eagle import EagleDrafter
 
     gen = SpeculativeGenerator(target, head, tree=Chain(1))
     drafter = gen.drafter
@@ -65,13 +65,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--prompt-tokens", type=cli_count(), default=128)
     p.add_argument("--max-new-tokens", type=cli_count(), default=96)
     args = p.parse_args(argv)  # before torch loads: a mistake is one line in a second
-    from data.targets import load_target, load_target_tokenizer, resolve_target  # demo:<size>, adapters
-    from heads import AutoHead
+    from draftsmith.data.targets import load_target, load_target_tokenizer, resolve_target  # demo:<size>, adapters
+    from draftsmith.heads import AutoHead
 
     target_path = resolve_target(args.target)
     target = load_target(target_path, attn_implementation="sdpa").eval()
     tokenizer = load_target_tokenizer(target_path)
-    from data.corpus import continuation_prompts
+    from draftsmith.data.corpus import continuation_prompts
 
     prompts = continuation_prompts(tokenizer, args.num_prompts, args.prompt_tokens, args.max_new_tokens)
     results = {}
@@ -84,6 +84,6 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    from data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

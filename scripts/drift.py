@@ -19,13 +19,13 @@ import sys
 
 from typing import TYPE_CHECKING
 
-from data.base.checks import cli_count, cli_real
-from data.base.paths import claim_report_file, json_with_keys
-from data.cli import prog, run
-from infer.bench.prompts import load_prompts
+from draftsmith.data.base.checks import cli_count, cli_real
+from draftsmith.data.base.paths import claim_report_file, json_with_keys
+from draftsmith.data.cli import prog, run
+from draftsmith.infer.bench.prompts import load_prompts
 
 if TYPE_CHECKING:
-    from infer import SpeculativeGenerator
+    from draftsmith.infer import SpeculativeGenerator
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,8 +49,8 @@ def heldout_loss(model, tokenizer, tokens: int) -> float:
     """Next-token loss in nats/token of ``model`` on the first ``tokens`` of the held-out corpus."""
     import torch
 
-    from data.corpus import split_texts
-    from data.demo_lm import pack
+    from draftsmith.data.corpus import split_texts
+    from draftsmith.data.demo_lm import pack
 
     length = min(512, getattr(model.config, "max_position_embeddings", None) or 512)
     blocks = pack(tokenizer, split_texts("heldout"), length)[: max(1, tokens // length)].to(model.device)
@@ -88,9 +88,9 @@ def agreement(old: list[list[int]], new: list[list[int]]) -> float:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = claim_report_file(args.out, json_with_keys("targets", "tau_lost"), "drift report") if args.out else None
-    from data.targets import check_head_source  # torch and transformers load only now: a mistake above is one line
-    from heads import AutoHead
-    from infer import SpeculativeGenerator
+    from draftsmith.data.targets import check_head_source  # torch and transformers load only now: a mistake above is one line
+    from draftsmith.heads import AutoHead
+    from draftsmith.infer import SpeculativeGenerator
 
     check_head_source(args.head)
     head = AutoHead.from_pretrained(args.head)

@@ -21,11 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from data.base.checks import cli_count, cli_real
-from data.base.names import FEATURE_DTYPES
-from data.cli import prog, run
-from train.config import load_config
-from train.train_head import DEMO_CONFIG
+from draftsmith.data.base.checks import cli_count, cli_real
+from draftsmith.data.base.names import FEATURE_DTYPES
+from draftsmith.data.cli import prog, run
+from draftsmith.train.config import load_config
+from draftsmith.train.train_head import DEMO_CONFIG
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,17 +52,17 @@ def main(argv: list[str] | None = None) -> int:
     # torch and transformers load only now: a mistake in the arguments or most config keys is one line first
     import torch
 
-    from data.base.device import default_device
-    from data.base.progress import progress
-    from data.features import bytes_per_token, open_store
-    from data.targets import resolve_target
-    from heads import build_head
-    from infer.target import target_forward
-    from infer.threads import choose_threads
-    from train.examples import collate, data_sources, load_examples
-    from train.feature_source import feature_fingerprint, row_states
-    from train.objectives import objective_class
-    from train.setup import load_frozen_target
+    from draftsmith.data.base.device import default_device
+    from draftsmith.data.base.progress import progress
+    from draftsmith.data.features import bytes_per_token, open_store
+    from draftsmith.data.targets import resolve_target
+    from draftsmith.heads import build_head
+    from draftsmith.infer.target import target_forward
+    from draftsmith.infer.threads import choose_threads
+    from draftsmith.train.examples import collate, data_sources, load_examples
+    from draftsmith.train.feature_source import feature_fingerprint, row_states
+    from draftsmith.train.objectives import objective_class
+    from draftsmith.train.setup import load_frozen_target
 
     device = default_device(args.device)
     if device.type == "cpu":  # as training: one thread was 10-50x faster than two on a busy machine

@@ -18,9 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-from data.base.checks import cli_count
-from data.base.names import EXPORT_FORMATS, is_demo, looks_like_path
-from data.cli import prog, run
+from draftsmith.data.base.checks import cli_count
+from draftsmith.data.base.names import EXPORT_FORMATS, is_demo, looks_like_path
+from draftsmith.data.cli import prog, run
 
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names; torch loads only after the arguments parse
 
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)  # before torch loads: a mistake is one line in a second
     import torch
 
-    from data.targets import load_target, load_target_config, resolve_target
-    from heads import AutoHead
-    from heads.formats import export_head
+    from draftsmith.data.targets import load_target, load_target_config, resolve_target
+    from draftsmith.heads import AutoHead
+    from draftsmith.heads.formats import export_head
 
     head = AutoHead.from_pretrained(args.head)
     target = None

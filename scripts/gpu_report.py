@@ -40,8 +40,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from data.base.checks import cli_choices, cli_real
-from data.base.paths import claim_report_dir
+from draftsmith.data.base.checks import cli_choices, cli_real
+from draftsmith.data.base.paths import claim_report_dir
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("eagle3", "eagle", "medusa")
@@ -149,8 +149,8 @@ def regenerate_rows(args, pl: Plan, target_path: str, out: Path) -> dict:
     """The first ``pl.conversations`` rows, regenerated in growing prefixes until the minutes are spent."""
     import torch
 
-    from data.pipeline import load_rows
-    from data.regenerate import HFEngine, Settings, existing_rows, regenerate
+    from draftsmith.data.pipeline import load_rows
+    from draftsmith.data.regenerate import HFEngine, Settings, existing_rows, regenerate
 
     rows = _first(load_rows(args.data), pl.conversations)
     settings = Settings(target=args.target, engine="hf", max_new_tokens=pl.regen_max_new_tokens,
@@ -238,7 +238,7 @@ def report_rows(bench_rows: list[dict]) -> list[dict]:
 
 def benchmark(args, pl: Plan, heads: list[str], out: Path) -> dict:
     """``scripts/benchmark.py`` with every baseline and each head's default tree and chains."""
-    from scripts.benchmark import main as bench_main
+    from draftsmith.scripts.benchmark import main as bench_main
 
     argv = ["--target", args.target, "--prompts", args.prompts, "--num-prompts", str(pl.num_prompts),
             "--max-new-tokens", str(pl.max_new_tokens), "--repeats", str(pl.repeats), "--warmup", "1",
@@ -288,11 +288,11 @@ def main(argv: list[str] | None = None) -> dict:
     status = Status(args.work / "status.json")
 
     def assets() -> dict:
-        from data.targets import resolve_target
+        from draftsmith.data.targets import resolve_target
 
         path = resolve_target(args.target)
         if args.prompts == "demo:mtbench":
-            from data.assets import mtbench_prompts
+            from draftsmith.data.assets import mtbench_prompts
 
             mtbench_prompts()
         return {"target_path": str(path)}
@@ -315,6 +315,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from data.cli import run
+    from draftsmith.data.cli import run
 
     sys.exit(run(main))

@@ -82,10 +82,10 @@ def cli(argv: list[str] | None = None) -> int:
 def _check_training_args(training: list[str]) -> int | None:
     """None when the training's ``[--config FILE] [key=value ...]`` parse, else the exit code (its one line,
     or --help, printed). accelerate's own options are checked by accelerate's parser, which loads torch first."""
-    from data.cli import one_line
-    from train.args import parse_args
-    from train.config import ConfigError
-    from train.train_head import DEMO_CONFIG
+    from draftsmith.data.cli import one_line
+    from draftsmith.train.args import parse_args
+    from draftsmith.train.config import ConfigError
+    from draftsmith.train.train_head import DEMO_CONFIG
 
     try:
         parse_args(training, default_config=DEMO_CONFIG)

@@ -23,9 +23,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from data.base.checks import cli_count
-from data.base.names import DEMO_SIZES
-from data.cli import prog
+from draftsmith.data.base.checks import cli_count
+from draftsmith.data.base.names import DEMO_SIZES
+from draftsmith.data.cli import prog
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)  # before torch loads: a mistake is one line in a second
     import torch
 
-    from data.demo import ensure_demo_target
-    from data.demo_lm import SUMMARY_FILE, format_summary
-    from infer.threads import choose_threads
+    from draftsmith.data.demo import ensure_demo_target
+    from draftsmith.data.demo_lm import SUMMARY_FILE, format_summary
+    from draftsmith.infer.threads import choose_threads
 
     if not torch.cuda.is_available():
         print(choose_threads(), file=sys.stderr, flush=True)  # the one thread policy (infer.threads)
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> Path:
 def ship(built: Path, name: str) -> Path:
     """Replace ``data/demo_targets/<name>`` (``data.demo.SHIPPED``) with the files of ``built``, bit for bit;
     its ``demo_target.json`` carries the fingerprint and every file's sha256 that ``data.demo`` checks."""
-    from data.demo import SHIPPED, is_built
-    from data.demo_lm import SUMMARY_FILE
+    from draftsmith.data.demo import SHIPPED, is_built
+    from draftsmith.data.demo_lm import SUMMARY_FILE
 
     dest = SHIPPED / name
     if dest.exists() and is_built(dest, json.loads((built / SUMMARY_FILE).read_text())["fingerprint"]):
@@ -89,6 +89,6 @@ def ship(built: Path, name: str) -> Path:
 
 
 if __name__ == "__main__":
-    from data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

@@ -20,10 +20,10 @@ import argparse
 import os
 import sys
 
-from data.base.checks import cli_count, cli_real
-from data.base.names import FEATURE_DTYPES
-from data.cli import prog, run
-from train.config import load_config
+from draftsmith.data.base.checks import cli_count, cli_real
+from draftsmith.data.base.names import FEATURE_DTYPES
+from draftsmith.data.cli import prog, run
+from draftsmith.train.config import load_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     # torch and transformers load only now: a mistake in the arguments or most config keys is one line first
-    from train.cost import GIB, format_plan, make_plan, measure_peak, target_config
+    from draftsmith.train.cost import GIB, format_plan, make_plan, measure_peak, target_config
 
     config = target_config(cfg.target)
     plan = make_plan(cfg, config, args.gpus, args.nodes, gpu_memory_gib=args.gpu_memory_gib,

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from data.base.paths import claim_report_file
+from draftsmith.data.base.paths import claim_report_file
 
 PLOT_SOFTWARE = "draftsmith scripts/plot_runs.py"
 
@@ -83,6 +83,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from data.base.names import EXPORT_FORMATS
-from data.cli import prog, run
+from draftsmith.data.base.names import EXPORT_FORMATS
+from draftsmith.data.cli import prog, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     if not args.head.is_dir():
         raise FileNotFoundError(f"--head {args.head} is not a directory")
-    from data.targets import hub_errors  # torch and transformers load only now: a mistake above is one line
-    from heads.hub import push_head_to_hub
+    from draftsmith.data.targets import hub_errors  # torch and transformers load only now: a mistake above is one line
+    from draftsmith.heads.hub import push_head_to_hub
 
     with hub_errors(args.repo_id, upload=True):
         url = push_head_to_hub(args.head, args.repo_id, private=args.private, token=args.token, fmt=args.format,

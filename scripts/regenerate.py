@@ -26,9 +26,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from data.base.checks import cli_count, cli_real
-from data.cli import run
-from data.regenerate import HFEngine, OpenAIEngine, Settings, check_base_url, regenerate
+from draftsmith.data.base.checks import cli_count, cli_real
+from draftsmith.data.cli import run
+from draftsmith.data.regenerate import HFEngine, OpenAIEngine, Settings, check_base_url, regenerate
 
 MAX_RETRIES = 20
 
@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Regenerate every assistant turn of ``--data`` into ``--out``; 0 when done."""
     args = parse_args(argv)
-    from data.pipeline import load_rows
+    from draftsmith.data.pipeline import load_rows
 
     settings = Settings(target=args.target, engine=args.engine, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, max_length=args.max_length, seed=args.seed,
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit is not None:
         rows = rows[: args.limit] if isinstance(rows, list) else rows.select(range(min(args.limit, len(rows))))
     if args.engine == "hf":
-        from data.targets import resolve_target
+        from draftsmith.data.targets import resolve_target
 
         engine = HFEngine(resolve_target(args.target), batch_size=args.batch_size, device=args.device)
     else:

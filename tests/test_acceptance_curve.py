@@ -9,7 +9,7 @@ import pytest
 import yaml
 from test_train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
 
-from scripts import acceptance_curve
+from draftsmith.scripts import acceptance_curve
 
 
 def test_the_curve_trains_measures_and_writes_its_table(tiny_files, tmp_path):  # noqa: F811

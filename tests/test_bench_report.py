@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from infer.bench.cost import bound, cost_at, monotone
-from infer.bench.methods import Method
-from infer.bench.report import COLUMNS, UNSTABLE, markdown, summarise
+from draftsmith.infer.bench.cost import bound, cost_at, monotone
+from draftsmith.infer.bench.methods import Method
+from draftsmith.infer.bench.report import COLUMNS, UNSTABLE, markdown, summarise
 
 
 def _method(name: str, runs: list[tuple[int, float]], tau: float = 1.0, n_verify: float = 1.0) -> Method:

@@ -10,9 +10,9 @@ import test_train_fixtures
 from conftest import make_tiny_target
 from hybrids import make_tiny_hybrid
 
-from data.tokenizer import train_tokenizer
-from infer.recurrent import LinearAttentionLayer
-from scripts.bench_rollback import main
+from draftsmith.data.tokenizer import train_tokenizer
+from draftsmith.infer.recurrent import LinearAttentionLayer
+from draftsmith.scripts.bench_rollback import main
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 

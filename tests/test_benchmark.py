@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_tiny_target
-from data.tokenizer import train_tokenizer
-from heads import build_head
+from draftsmith.data.tokenizer import train_tokenizer
+from draftsmith.heads import build_head
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,12 +91,12 @@ def test_benchmark_measures_every_method(bench_dirs):
 
 
 def test_the_default_methods_include_what_infer_generate_decodes(bench_dirs):
-    """On CPU an EAGLE head decodes with its adaptive chain by default (python -m infer.generate): the
+    """On CPU an EAGLE head decodes with its adaptive chain by default (python -m draftsmith.infer.generate): the
     benchmark's default --trees runs it too, so the head is not judged by shapes nobody decodes with; a
     default equal to another tree (Medusa's is its static tree) runs once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from infer.bench.methods import build_methods
+    from draftsmith.infer.bench.methods import build_methods
 
     root, heads, _ = bench_dirs
     module = _load_script()
@@ -172,7 +172,7 @@ def test_prompts_file_with_messages_rows():
     """apply_chat_template returns a BatchEncoding (a Mapping, not a dict): its input_ids are the prompt."""
     import argparse
 
-    from data.tokenizer import train_tokenizer as make
+    from draftsmith.data.tokenizer import train_tokenizer as make
 
     tokenizer = make(["hello there, how are you", "fine thanks"] * 10, vocab_size=300)
     assert tokenizer.chat_template

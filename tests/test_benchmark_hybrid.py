@@ -10,8 +10,8 @@ from conftest import make_tiny_target
 from hybrids import make_tiny_hybrid
 from test_benchmark import _load_script
 
-from data.tokenizer import train_tokenizer
-from heads import build_head
+from draftsmith.data.tokenizer import train_tokenizer
+from draftsmith.heads import build_head
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ import torch
 from conftest import make_tiny_target
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from data.base.paths import cache_root
-from heads import build_head
-from heads.card import model_card
-from data.base.names import public_target_name
-from heads.formats import export_head
-from train.setup import setup
+from draftsmith.data.base.paths import cache_root
+from draftsmith.heads import build_head
+from draftsmith.heads.card import model_card
+from draftsmith.data.base.names import public_target_name
+from draftsmith.heads.formats import export_head
+from draftsmith.train.setup import setup
 
 SNAPSHOT = "/root/.cache/huggingface/hub/models--org--tiny-llama/snapshots/0123abcd"
 
@@ -74,10 +74,10 @@ def test_engine_commands_never_name_a_demo_target():
     assert "vllm serve demo:" not in card and "resolve_target('demo:tiny')" in card
 
 
-@pytest.mark.parametrize("fmt", [None, *__import__("heads.formats", fromlist=["FORMATS"]).FORMATS])
+@pytest.mark.parametrize("fmt", [None, *__import__("draftsmith.heads.formats", fromlist=["FORMATS"]).FORMATS])
 def test_no_export_readme_tells_an_engine_to_load_a_demo_name(fmt):
     """The README of every export format, for every kind it takes: engines load a directory, never demo:<size>."""
-    from heads.formats import FORMATS
+    from draftsmith.heads.formats import FORMATS
 
     target = make_tiny_target("llama", num_layers=8)
     kinds = FORMATS[fmt].kinds if fmt is not None else ("eagle3", "eagle", "medusa", "dflash")

@@ -15,10 +15,10 @@ from conftest import make_tiny_target
 from safetensors.torch import load_file, save_file
 from test_formats import _perturb
 
-from heads import build_head
-from heads.formats import export_head, validate_export
-from heads.formats.parity import compare_steps, compare_tensors, speculators_python, venv_dir
-from scripts.check_export import cli as check_cli
+from draftsmith.heads import build_head
+from draftsmith.heads.formats import export_head, validate_export
+from draftsmith.heads.formats.parity import compare_steps, compare_tensors, speculators_python, venv_dir
+from draftsmith.scripts.check_export import cli as check_cli
 
 L = 8
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.cli import COMMANDS, main
+from draftsmith.scripts.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_a_command_runs_with_its_own_errors(tmp_path, capsys):
 
 
 def test_module_and_console_script(tmp_path):
-    runs = [[sys.executable, "-m", "scripts.cli", "--help"]]
+    runs = [[sys.executable, "-m", "draftsmith.scripts.cli", "--help"]]
     if shutil.which("draftsmith"):  # installed by `pip install -e .` ([project.scripts])
         runs.append(["draftsmith", "--help"])
     for cmd in runs:
@@ -57,7 +57,7 @@ PROBE = ("import sys, atexit; atexit.register(lambda: print('loaded:', 'torch' i
 
 @pytest.mark.parametrize("call, name", [
     ("from scripts.cli import main; sys.exit(main(['generate', {}]))", "draftsmith generate"),
-    ("from infer.generate import cli; sys.exit(cli([{}]))", "python -m infer.generate"),
+    ("from infer.generate import cli; sys.exit(cli([{}]))", "python -m draftsmith.infer.generate"),
 ])
 @pytest.mark.parametrize("mistake, message", [
     ("'--head', 'h', '--prompt', 'x', '--max-new-tokens', '0'", "argument --max-new-tokens: a whole number >= 1"),
@@ -137,10 +137,10 @@ def test_every_entry_point_reports_argument_mistakes_before_torch_loads(name, ho
 
 def test_the_light_name_lists_are_the_real_ones():
     """The names argparse checks before torch loads are the keys of the tables that load it."""
-    from data.base.names import DEMO_SIZES, EXPORT_FORMATS, FEATURE_DTYPES
-    from data.demo_lm import SIZES
-    from data.features import DTYPES
-    from heads.formats import FORMATS
+    from draftsmith.data.base.names import DEMO_SIZES, EXPORT_FORMATS, FEATURE_DTYPES
+    from draftsmith.data.demo_lm import SIZES
+    from draftsmith.data.features import DTYPES
+    from draftsmith.heads.formats import FORMATS
 
     assert EXPORT_FORMATS == tuple(FORMATS)
     assert FEATURE_DTYPES == tuple(DTYPES)

@@ -13,9 +13,11 @@ import torch
 from conftest import make_tiny_target
 from huggingface_hub import HfApi
 
-import data.demo
-from data.targets import HubUnreachable, resolve_target
-from heads import build_head
+import draftsmith.data.demo
+
+from draftsmith import data
+from draftsmith.data.targets import HubUnreachable, resolve_target
+from draftsmith.heads import build_head
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -82,7 +84,7 @@ def test_export_accepts_a_demo_target_name(dirs, tmp_path, monkeypatch, capsys):
 
 
 def test_generator_accepts_a_demo_target_name(dirs, monkeypatch):
-    from infer import SpeculativeGenerator
+    from draftsmith.infer import SpeculativeGenerator
 
     calls = []
     monkeypatch.setattr(data.demo, "demo_target_path", lambda name: calls.append(name) or str(dirs / "target"))
@@ -117,7 +119,7 @@ def test_a_head_on_an_unreachable_hub_names_the_repo(dirs, tmp_path, monkeypatch
 
 
 def test_generate_cli_mistakes_are_one_line(dirs, tmp_path, capsys):
-    from infer.generate import cli
+    from draftsmith.infer.generate import cli
 
     assert cli(["--head", str(tmp_path / "missing"), "--prompt", "w5"]) == 2
     assert "no such directory" in _one_error_line(capsys)
@@ -157,7 +159,7 @@ def test_infer_does_not_import_train():
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            assert not any(n == "train" or n.startswith("train.") for n in names), f"{path.name} imports {names}"
+            assert not any(n in ("train", "draftsmith.train") or n.startswith(("train.", "draftsmith.train.")) for n in names), f"{path.name} imports {names}"
     proc = subprocess.run([sys.executable, "-c", "import sys, infer, infer.generate; "
                            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'train'))"],
                           capture_output=True, text=True, timeout=300,
@@ -167,7 +169,7 @@ def test_infer_does_not_import_train():
 
 def test_a_relative_path_under_an_existing_folder_is_a_path(tmp_path, monkeypatch):
     """`runs/demo-tiny-eagle3` before training: a missing directory, not a Hub repo to look up."""
-    from heads import AutoHead
+    from draftsmith.heads import AutoHead
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from train.config import TrainConfig, from_dict, load_config
+from draftsmith.train.config import TrainConfig, from_dict, load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer, LlamaConfig
 
-from data import corpus
-from data.tokenizer import BOS, EOS, IM_END, IM_START, PAD, SPECIAL_TOKENS, train_tokenizer
+from draftsmith.data import corpus
+from draftsmith.data.tokenizer import BOS, EOS, IM_END, IM_START, PAD, SPECIAL_TOKENS, train_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "You write Python."},

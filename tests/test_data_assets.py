@@ -11,8 +11,8 @@ import zipfile
 
 import pytest
 
-from data import assets
-from data.assets import Asset, AssetError, fetch
+from draftsmith.data import assets
+from draftsmith.data.assets import Asset, AssetError, fetch
 
 PAYLOAD = b'{"question_id": 81, "turns": ["Write a haiku.", "Another."]}\n' * 50
 
@@ -124,7 +124,7 @@ def test_an_unreachable_index_gives_a_clear_error(local_index, monkeypatch):
 def test_a_damaged_cache_without_an_index_is_one_line(local_index, monkeypatch, capsys):
     """scripts/benchmark.py --prompts demo:mtbench on a damaged cache with the index unreachable: the
     entry points' one line and exit code 2 (data.cli.run), not an AssetError traceback."""
-    from data.cli import run
+    from draftsmith.data.cli import run
 
     assert fetch(local_index, log=None).read_bytes() == PAYLOAD
     cached = assets.asset_dir(local_index) / local_index.filename
@@ -174,7 +174,7 @@ def test_mtbench_prompts_interleave_categories(tmp_path, monkeypatch):
     assert all(len(p) == 1 and p[0]["role"] == "user" for p in prompts)
 
     from fixtures.chat_tokenizers import make_chat_tokenizer
-    from scripts.benchmark import load_prompts, parse_args
+    from draftsmith.scripts.benchmark import load_prompts, parse_args
 
     tokenizer = make_chat_tokenizer("chatml")
     ids = load_prompts(parse_args(["--target", "unused", "--prompts", "demo:mtbench", "--num-prompts", "2"]), tokenizer)

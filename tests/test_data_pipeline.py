@@ -9,8 +9,8 @@ import datasets
 import pytest
 from fixtures.chat_tokenizers import make_chat_tokenizer
 
-from data.masks import encode_conversation, mask_runs
-from data.pipeline import build_examples, default_cache_dir, load_rows
+from draftsmith.data.masks import encode_conversation, mask_runs
+from draftsmith.data.pipeline import build_examples, default_cache_dir, load_rows
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 
@@ -249,7 +249,7 @@ def test_default_cache_dir_follows_env(chatml, tmp_path, monkeypatch):
 
 
 def test_stdlib_source():
-    from data.corpus import corpus_rows
+    from draftsmith.data.corpus import corpus_rows
 
     rows = load_rows("stdlib:heldout")
     assert rows == corpus_rows("heldout") and rows and set(rows[0]) == {"text"}

@@ -7,11 +7,11 @@ from collections import Counter
 import pytest
 from fixtures.chat_tokenizers import make_chat_tokenizer
 
-from data import assets
-from data.conversations import LEADING_ASSISTANT, MERGED_SAME_ROLE, ROLE_ALIAS, RowError, normalize_row
-from data.masks import mask_runs
-from data.jsonfile import read_json
-from data.pipeline import build_examples, load_rows
+from draftsmith.data import assets
+from draftsmith.data.conversations import LEADING_ASSISTANT, MERGED_SAME_ROLE, ROLE_ALIAS, RowError, normalize_row
+from draftsmith.data.masks import mask_runs
+from draftsmith.data.jsonfile import read_json
+from draftsmith.data.pipeline import build_examples, load_rows
 
 
 def turns(*pairs: tuple[str, str], id: str = "x_0") -> dict:

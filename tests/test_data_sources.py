@@ -7,8 +7,8 @@ import pytest
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoTokenizer
 
-from data.pipeline import build_examples, load_rows
-from train.setup import setup
+from draftsmith.data.pipeline import build_examples, load_rows
+from draftsmith.train.setup import setup
 
 ROWS = [{"text": "def f(x):\n    return x + 1\n" * 3}, {"text": "class A:\n    pass\n" * 4}]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import data.demo as demo
-from data.base.paths import changed_files
-from data.corpus import corpus_fingerprint
-from data.demo_lm import SUMMARY_FILE, settings_for
+import draftsmith.data.demo as demo
+from draftsmith.data.base.paths import changed_files
+from draftsmith.data.corpus import corpus_fingerprint
+from draftsmith.data.demo_lm import SUMMARY_FILE, settings_for
 
 SHIPPED_TINY = demo.SHIPPED / "tiny-seed0"
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from data.tokenizer import IM_END
-from data.demo import damaged_files, demo_target_dir, ensure_demo_target, is_built
-from data.demo_lm import EMBED_INIT_STD, SIZES, SUMMARY_FILE, LMSettings, build_model, settings_for
+from draftsmith.data.tokenizer import IM_END
+from draftsmith.data.demo import damaged_files, demo_target_dir, ensure_demo_target, is_built
+from draftsmith.data.demo_lm import EMBED_INIT_STD, SIZES, SUMMARY_FILE, LMSettings, build_model, settings_for
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_demo_target.py"
 
@@ -155,7 +155,7 @@ def test_presets_and_validation():
 
 
 def test_building_a_demo_target_says_so_in_one_line(tmp_path, monkeypatch, capsys):
-    import data.demo as demo
+    import draftsmith.data.demo as demo
 
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
 

@@ -14,14 +14,14 @@ from conftest import ARCHES, make_successor_target, make_tiny_target
 from test_dflash_infer import fit_dflash
 from test_infer_sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
-from heads import AutoHead, build_head
-from heads.dflash import CandidateSelector, DynamicConv
-from heads.formats import export_head, import_dflash, validate_export
-from infer import Chain, SpeculativeGenerator
-from infer.drafters import Sampling, make_drafter
-from train.config import ConfigError, load_config
-from train.objectives import objective_class
-from train.objectives.dflash import SELECTOR_ALPHA, selector_ce
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.heads.dflash import CandidateSelector, DynamicConv
+from draftsmith.heads.formats import export_head, import_dflash, validate_export
+from draftsmith.infer import Chain, SpeculativeGenerator
+from draftsmith.infer.drafters import Sampling, make_drafter
+from draftsmith.train.config import ConfigError, load_config
+from draftsmith.train.objectives import objective_class
+from draftsmith.train.objectives.dflash import SELECTOR_ALPHA, selector_ce
 
 VOCAB = 96
 SMALL = {"block_size": 5, "num_layers": 2, "selector_rank": 8, "selector_top_k": 6}
@@ -150,7 +150,7 @@ def test_the_objective_adds_the_decayed_selector_loss():
             totals.append(objective(features, lm_head).loss)
         objectives.append((objective, features))
     objective, f = objectives[1]
-    from train.objectives.dflash import block_labels, block_outputs, sequence_context
+    from draftsmith.train.objectives.dflash import block_labels, block_outputs, sequence_context
     with torch.no_grad():
         out = block_outputs(dflash2, f, f.anchors, sequence_context(dflash2, f))
     trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, 5, f.document_ids)

@@ -12,10 +12,10 @@ from conftest import make_tiny_target
 from safetensors.torch import load_file, save_file
 from test_formats import _perturb
 
-from heads import AutoHead, build_head
-from heads.formats import export_head, import_dflash, validate_export
-from infer import Chain, SpeculativeGenerator
-from scripts.export import cli as export_cli
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.heads.formats import export_head, import_dflash, validate_export
+from draftsmith.infer import Chain, SpeculativeGenerator
+from draftsmith.scripts.export import cli as export_cli
 
 L = 8
 

@@ -11,12 +11,12 @@ import torch
 from conftest import ARCHES, make_successor_target, make_tiny_target
 from test_infer_sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
-from heads import AutoHead, build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator
-from infer.drafters import Sampling, default_tree, make_drafter
-from train.config import load_config
-from train.losses import DraftTargets
-from train.objectives import objective_class
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
+from draftsmith.infer.drafters import Sampling, default_tree, make_drafter
+from draftsmith.train.config import load_config
+from draftsmith.train.losses import DraftTargets
+from draftsmith.train.objectives import objective_class
 
 VOCAB = 96
 

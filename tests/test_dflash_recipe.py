@@ -10,12 +10,12 @@ import torch
 from conftest import make_tiny_target
 from test_train_fixtures import tiny_files  # noqa: F401  (fixture)
 
-from heads import build_head
-from train.config import ConfigError, load_config
-from train.losses import DraftTargets
-from train.objectives import objective_class
-from train.anchors import draw_anchors
-from train.objectives.dflash import DFlashFeatures, block_labels, block_mask, check_mask_token, default_gamma
+from draftsmith.heads import build_head
+from draftsmith.train.config import ConfigError, load_config
+from draftsmith.train.losses import DraftTargets
+from draftsmith.train.objectives import objective_class
+from draftsmith.train.anchors import draw_anchors
+from draftsmith.train.objectives.dflash import DFlashFeatures, block_labels, block_mask, check_mask_token, default_gamma
 
 
 def test_anchors_start_where_the_anchor_and_its_first_label_are_training_targets():
@@ -147,7 +147,7 @@ def test_a_run_refuses_a_mask_token_that_aliases_eos(tiny_files, tmp_path):  # n
     from test_train_fixtures import tiny_config
     from transformers import AutoTokenizer
 
-    from train.setup import setup
+    from draftsmith.train.setup import setup
 
     eos = AutoTokenizer.from_pretrained(tiny_files["target"]).eos_token_id
     with pytest.raises(ValueError, match=rf"head.mask_token_id={eos} is the target's eos_token"):

@@ -7,12 +7,12 @@ import torch
 from conftest import make_tiny_target
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from heads import AutoHead, build_head
-from train.config import ConfigError, load_config
-from train.features import Features
-from train.setup import setup
-from train.objectives import objective_class
-from train.objectives.dflash import block_mask
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.train.config import ConfigError, load_config
+from draftsmith.train.features import Features
+from draftsmith.train.setup import setup
+from draftsmith.train.objectives import objective_class
+from draftsmith.train.objectives.dflash import block_mask
 
 
 def test_block_mask_sees_context_before_its_anchor_and_its_own_block():
@@ -28,8 +28,8 @@ def test_training_block_equals_the_inference_block(monkeypatch):
     """Evaluation's parallel blocks (every position an anchor, as in training) == what the drafter
     proposes after observing tokens 0..i and rooting at token i+1."""
     monkeypatch.setattr("train.objectives.dflash.EVAL_CHUNK", 5)  # several chunks, the last one short
-    from infer import Chain
-    from infer.drafters import Sampling, make_drafter
+    from draftsmith.infer import Chain
+    from draftsmith.infer.drafters import Sampling, make_drafter
 
     target = make_tiny_target("qwen3")
     torch.manual_seed(0)
@@ -116,7 +116,7 @@ def test_accelerate_launch_two_processes(tiny_files, tmp_path):  # noqa: F811
 
 
 def test_lk_loss_is_minus_log_expected_acceptance():
-    from train.losses import soft_loss
+    from draftsmith.train.losses import soft_loss
 
     p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
     logits = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.5, 1e-9]]))
@@ -132,7 +132,7 @@ def test_lk_loss_is_minus_log_expected_acceptance():
 
 def test_medusa_lk_scores_head_k_against_the_targets_law_k_plus_one_ahead():
     """Head k at position i drafts token i+k+2: its law is scored against the target's at j = i+1+k."""
-    from train.losses import medusa_soft_loss, soft_loss
+    from draftsmith.train.losses import medusa_soft_loss, soft_loss
 
     torch.manual_seed(0)
     heads, target_logits = torch.randn(2, 1, 6, 5), torch.randn(1, 6, 5)
@@ -152,7 +152,7 @@ def test_medusa_lk_scores_head_k_against_the_targets_law_k_plus_one_ahead():
 def test_lk_lambda_mixes_ce_and_acceptance_by_the_acceptance_rate():
     """LK^lambda = w * CE + (1 - w) * (1 - rate), w = exp(-3 rate) with the rate detached (SpecForge's
     script defaults kl_scale 1, kl_decay 3): checked by hand, and its gradient mixes both terms' gradients."""
-    from train.losses import soft_loss
+    from draftsmith.train.losses import soft_loss
 
     p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
     logits = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.5, 1e-9]])).requires_grad_()

@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
-from heads import build_head
-from train.config import load_config
-from train.objectives import objective_class
-from train.losses import soft_ce
-from train.objectives.dflash import block_labels
+from draftsmith.heads import build_head
+from draftsmith.train.config import load_config
+from draftsmith.train.objectives import objective_class
+from draftsmith.train.losses import soft_ce
+from draftsmith.train.objectives.dflash import block_labels
 
 
 def _dpace_by_hand(elements: list[list[float]], confidence: list[list[float]], valid: list[list[bool]],
@@ -29,7 +29,7 @@ def _dpace_by_hand(elements: list[list[float]], confidence: list[list[float]], v
 
 
 def test_dflash_dpace_loss_by_hand():
-    from train.objectives.dflash import block_outputs, sequence_context
+    from draftsmith.train.objectives.dflash import block_outputs, sequence_context
 
     target = make_tiny_target("llama", initializer_range=0.3)
     torch.manual_seed(0)
@@ -61,7 +61,7 @@ def test_dflash_dpace_loss_by_hand():
 
 
 def test_eagle3_dpace_loss_by_hand():
-    from train.unroll import unroll
+    from draftsmith.train.unroll import unroll
 
     target = make_tiny_target("llama", initializer_range=0.3)
     torch.manual_seed(0)

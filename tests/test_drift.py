@@ -8,9 +8,9 @@ import torch
 from test_peft_targets import save_adapter
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from data.targets import load_target, load_target_tokenizer
-from scripts.drift import agreement, main
-from train.setup import setup
+from draftsmith.data.targets import load_target, load_target_tokenizer
+from draftsmith.scripts.drift import agreement, main
+from draftsmith.train.setup import setup
 
 ARGS = ["--num-prompts", "3", "--prompt-tokens", "16", "--max-new-tokens", "24", "--heldout-tokens", "256",
         "--threads", "1"]

@@ -14,12 +14,12 @@ from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from safetensors.torch import load_file, save_file
 
-from heads import AutoHead, build_head
-from heads.formats import export_head, import_eagle3, validate_export
-from heads.layers import RMSNorm
-from infer import Chain, DynamicTree, SpeculativeGenerator
-from train.config import ConfigError
-from train.setup import setup
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.heads.formats import export_head, import_eagle3, validate_export
+from draftsmith.heads.layers import RMSNorm
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
+from draftsmith.train.config import ConfigError
+from draftsmith.train.setup import setup
 
 
 @pytest.fixture(scope="module")

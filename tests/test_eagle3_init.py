@@ -10,8 +10,8 @@ import torch
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoModelForCausalLM
 
-from train.setup import setup
-from train.objectives.eagle3 import FIRST_LOSS_BOUND
+from draftsmith.train.setup import setup
+from draftsmith.train.objectives.eagle3 import FIRST_LOSS_BOUND
 
 
 def _first_loss(files, out, *extra) -> float:

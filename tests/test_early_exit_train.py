@@ -8,12 +8,12 @@ from conftest import make_tiny_target
 import test_train_fixtures
 from test_train_fixtures import tiny_config
 
-from heads import AutoHead, build_head
-from infer import Chain, SpeculativeGenerator
-from infer.drafters import Sampling, make_drafter
-from train.config import ConfigError, load_config
-from train.setup import setup
-from train.objectives import objective_class
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.infer import Chain, SpeculativeGenerator
+from draftsmith.infer.drafters import Sampling, make_drafter
+from draftsmith.train.config import ConfigError, load_config
+from draftsmith.train.setup import setup
+from draftsmith.train.objectives import objective_class
 
 tiny_files = test_train_fixtures.tiny_files  # the fixture: a tiny target and data files
 

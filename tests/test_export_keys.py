@@ -12,8 +12,8 @@ from conftest import make_tiny_target
 from safetensors.torch import load_file
 from test_formats import _perturb
 
-from heads import build_head
-from heads.formats import export_head
+from draftsmith.heads import build_head
+from draftsmith.heads.formats import export_head
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "export-keys.md"
 ABSENT = object()  # the key is not written: the reader's default applies

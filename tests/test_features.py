@@ -17,15 +17,18 @@ import torch
 import test_train_fixtures
 from test_train_fixtures import tiny_config
 
-import train.feature_source
-import train.objectives.base
-from data.features import FeatureStoreError, decode, encode, open_store
+import draftsmith.train.feature_source
+
+from draftsmith import train
+import draftsmith.train.objectives.base
+from draftsmith import train
+from draftsmith.data.features import FeatureStoreError, decode, encode, open_store
 from conftest import make_tiny_target
-from scripts.dump_features import main as dump_main
-from train.config import ConfigError, load_config
-from train.feature_source import FeatureSource
-from train.setup import setup
-from train.objectives import objective_class
+from draftsmith.scripts.dump_features import main as dump_main
+from draftsmith.train.config import ConfigError, load_config
+from draftsmith.train.feature_source import FeatureSource
+from draftsmith.train.setup import setup
+from draftsmith.train.objectives import objective_class
 
 ROOT = Path(__file__).resolve().parents[1]
 tiny_files = test_train_fixtures.tiny_files  # the fixture, used by name
@@ -117,7 +120,7 @@ def test_a_folder_made_for_another_config_or_holding_other_files_is_refused(tiny
     cfg_file = config_file(tiny_config(tiny_files, tmp_path / "run", "head.kind=medusa", *QUICK), tmp_path / "c.yaml")
     assert dump_main(["--config", str(cfg_file), "--out", str(store)]) == 0
     shards = sorted(p.name for p in store.iterdir())
-    from data.cli import run
+    from draftsmith.data.cli import run
 
     assert run(dump_main, ["--config", str(cfg_file), "--out", str(store), "head.kind=eagle"]) == 2
     assert "head.kind='medusa' there, 'eagle' here" in capsys.readouterr().err
@@ -172,7 +175,7 @@ def test_a_dump_killed_with_sigkill_resumes_with_every_row_exactly_once(tiny_fil
     assert len(rows) == fingerprint["data.rows"] == 1440 and sorted(rows) == list(range(1440))
     assert len(json.loads(manifest.read_text())["shards"]) > done
     assert not list(store.glob(".*.tmp"))
-    from train.examples import load_examples
+    from draftsmith.train.examples import load_examples
     from transformers import AutoTokenizer
 
     examples, _ = load_examples(str(big), AutoTokenizer.from_pretrained(tiny_files["target"]), cfg, 300, "data.train")

@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
 from conftest import make_tiny_target
-from heads import AutoHead, Eagle3Head, build_head, default_aux_layer_ids
-from heads.formats import (
+from draftsmith.heads import AutoHead, Eagle3Head, build_head, default_aux_layer_ids
+from draftsmith.heads.formats import (
     EXPORT_MARKER,
     FORMATS,
     aux_layer_ids_from_config,
@@ -308,7 +308,7 @@ def _snapshot(root: Path) -> dict:
 
 def test_overwrite_never_replaces_a_file_or_the_target(tmp_path, target, eagle3_reduced):
     """``export --target T --out T --overwrite`` is refused and T is intact; so is a file at --out."""
-    from scripts import export
+    from draftsmith.scripts import export
 
     head_dir, target_dir = tmp_path / "head", tmp_path / "target"
     eagle3_reduced.save_pretrained(head_dir)
@@ -490,7 +490,7 @@ def test_import_rejects_a_mismatched_target_and_variants(tmp_path, target, eagle
 
 
 def test_round_trip_decodes_identically(tmp_path, target, eagle3_reduced):
-    from infer import DynamicTree, SpeculativeGenerator
+    from draftsmith.infer import DynamicTree, SpeculativeGenerator
 
     back = import_eagle3(export_head(eagle3_reduced, tmp_path / "out", "speculators", target=target))
     prompt = torch.tensor([[1, 7, 22, 5, 9]])
@@ -590,7 +590,7 @@ def test_formats_are_one_module_per_engine_family():
 ])
 def test_an_export_whose_verifier_vllm_cannot_load_says_so(tmp_path, target, eagle3_reduced, capsys, verifier,
                                                            warning):
-    from scripts.export import main
+    from draftsmith.scripts.export import main
 
     eagle3_reduced.save_pretrained(tmp_path / "head")
     target.save_pretrained(tmp_path / "target")  # an EAGLE-3 speculators export carries the target's embedding

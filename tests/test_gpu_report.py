@@ -9,7 +9,7 @@ import yaml
 from conftest import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
 
-from scripts.gpu_report import main, plan, report_rows
+from draftsmith.scripts.gpu_report import main, plan, report_rows
 
 
 def sharegpt(*pairs, id):

@@ -9,8 +9,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from conftest import make_tiny_target
-from heads import AutoHead, Eagle3Head, EagleHead, HeadCache, MedusaHead, build_head
-from heads.layers import Rotary
+from draftsmith.heads import AutoHead, Eagle3Head, EagleHead, HeadCache, MedusaHead, build_head
+from draftsmith.heads.layers import Rotary
 
 H, V, I, L = 32, 96, 64, 8  # tiny target dims (make_tiny_target defaults, 8 layers)
 NH, NKV, HD = 4, 2, 8
@@ -181,8 +181,8 @@ def test_a_proportional_rope_is_the_linear_rope_over_a_whole_head():
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from heads.common import rope_config_from_target
-    from heads.layers import rope_inv_freq
+    from draftsmith.heads.common import rope_config_from_target
+    from draftsmith.heads.layers import rope_inv_freq
 
     if "proportional" not in ROPE_INIT_FUNCTIONS:
         pytest.skip("this transformers has no proportional rope (LFM3)")

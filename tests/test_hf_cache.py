@@ -13,14 +13,14 @@ from transformers import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils.generic import ModelOutput
 
-from heads import build_head
-from infer import Chain, SpeculativeGenerator
-from infer import hf_cache
-from infer.drafters import DynamicTree, make_drafter
-from infer.drafters.hierarchical import HierarchicalDrafter
-from infer.drafters.layer_skip import LayerSkipDrafter
-from infer.drafters.ngram import NgramDrafter
-from infer.target import target_forward
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, SpeculativeGenerator
+from draftsmith.infer import hf_cache
+from draftsmith.infer.drafters import DynamicTree, make_drafter
+from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
+from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.target import target_forward
 
 VOCAB = 96
 NEW_NAME = "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)}  # transformers >= 5.24

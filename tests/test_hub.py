@@ -13,8 +13,8 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
 from safetensors.torch import load_file
 
 from conftest import make_tiny_target
-from heads import AutoHead, build_head
-from heads.hub import push_head_to_hub
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.heads.hub import push_head_to_hub
 
 NAME, L = "org/tiny-llama", 8
 REPO = "user/tiny-eagle3"

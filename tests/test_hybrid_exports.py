@@ -10,9 +10,9 @@ import torch
 from hybrids import make_tiny_hybrid
 from test_formats import L, _sglang_states, _trtllm_states, _vllm_states
 
-from heads import build_head, default_aux_layer_ids
-from heads.formats import FORMATS, export_head
-from infer.recurrent import layer_types
+from draftsmith.heads import build_head, default_aux_layer_ids
+from draftsmith.heads.formats import FORMATS, export_head
+from draftsmith.infer.recurrent import layer_types
 
 NAME = "org/tiny-qwen3.5"
 

@@ -24,7 +24,9 @@ def python_files() -> list[Path]:
 def module_file(dotted: str) -> Path | None:
     """The file that defines ``dotted`` (a module or a package), or None when it is not ours."""
     parts = dotted.split(".")
-    if parts[0] not in LAYERS:
+    if parts[0] == "draftsmith":
+        parts = parts[1:]
+    if not parts or parts[0] not in LAYERS:
         return None
     base = ROOT.joinpath(*parts)
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
@@ -169,12 +171,34 @@ def test_the_checks_can_fail():
 
 
 @pytest.mark.parametrize("statement, expected", [
-    ("from heads.common import DraftHead", "heads/common.py"),
-    ("from heads import common", "heads/common.py"),
-    ("import infer.tree", "infer/tree.py"),
-    ("from heads import AutoHead", "heads/__init__.py"),
+    ("from draftsmith.heads.common import DraftHead", "heads/common.py"),
+    ("from draftsmith.heads import common", "heads/common.py"),
+    ("import draftsmith.infer.tree", "infer/tree.py"),
+    ("from draftsmith.heads import AutoHead", "heads/__init__.py"),
+    ("from draftsmith import data", "data/__init__.py"),
+    ("from heads.common import DraftHead", "heads/common.py"),  # what the unprefixed-import test below refuses
 ])
 def test_imports_resolve_to_the_most_specific_file(statement, expected):
     source = f"def f():\n    {statement}\n"  # a lazy import counts too
     found = imported_files(ROOT / "scripts" / "probe.py", source)
     assert {p.relative_to(ROOT).as_posix() for p in found} == {expected}
+
+
+def unprefixed_imports(path: Path, source: str | None = None) -> list[str]:
+    """Imports of our folders by their bare names (``import data``, ``from infer.tree import ...``): after
+    ``pip install`` only ``draftsmith.<folder>`` exists, and a bare ``data`` is whatever else the user has."""
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names if name.split(".")[0] in LAYERS]
+    return found
+
+
+def test_every_import_of_ours_goes_through_the_draftsmith_namespace():
+    files = [*python_files(), *sorted((ROOT / "tests").rglob("*.py"))]
+    found = [line for path in files for line in unprefixed_imports(path)]
+    assert not found, "bare imports of our folders (import them as draftsmith.<folder>):\n" + "\n".join(found)
+    planted = unprefixed_imports(ROOT / "tests" / "probe.py", "import os\nfrom infer.tree import Tree\nimport data.demo\n")
+    assert planted == ["tests/probe.py:2: infer.tree", "tests/probe.py:3: data.demo"]

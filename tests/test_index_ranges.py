@@ -18,8 +18,8 @@ import torch
 from conftest import make_tiny_target
 from safetensors.torch import load_file, save_file
 
-from data.base.checks import at_most, index, indices
-from heads import AutoHead, build_head
+from draftsmith.data.base.checks import at_most, index, indices
+from draftsmith.heads import AutoHead, build_head
 
 L, V = 8, 96
 
@@ -86,7 +86,7 @@ def test_a_heads_config_index_outside_its_target_is_refused_naming_the_file(tmp_
 
 
 def test_eagle3_import_refuses_a_d2t_outside_the_vocabulary(tmp_path, target):
-    from heads.formats import export_head
+    from draftsmith.heads.formats import export_head
 
     head = build_head("eagle3", target, draft_vocab_size=32)
     export_head(head, tmp_path / "exported", "vllm")
@@ -101,8 +101,8 @@ def test_a_resumed_data_position_past_the_epoch_is_refused():
     """A checkpoint's loop position indexes the epoch's micro-batches: past them the whole epoch was skipped."""
     from torch.utils.data import DataLoader
 
-    from train.fit import _micro_batches
-    from train.resume import TrainState
+    from draftsmith.train.fit import _micro_batches
+    from draftsmith.train.resume import TrainState
 
     loader = DataLoader(list(range(4)), batch_size=2)  # 2 micro-batches per epoch
     with pytest.raises(ValueError, match=r"data position batch=3 is outside \[0, 2\]"):
@@ -112,7 +112,7 @@ def test_a_resumed_data_position_past_the_epoch_is_refused():
 def test_an_adapters_layers_to_transform_past_its_base_is_refused(tmp_path):
     from test_peft_targets import save_adapter
 
-    from data.targets import load_target
+    from draftsmith.data.targets import load_target
 
     adapter_dir, _ = save_adapter(make_tiny_target("llama"), tmp_path)  # a 6-layer base
     config = json.loads((adapter_dir / "adapter_config.json").read_text())

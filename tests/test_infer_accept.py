@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer.accept import (
+from draftsmith.infer.accept import (
     chain_sample_accept,
     check_sampling_params,
     greedy_accept,
@@ -18,7 +18,7 @@ from infer.accept import (
     tree_sample_accept,
     typical_accept,
 )
-from infer.tree import tree_from_parents
+from draftsmith.infer.tree import tree_from_parents
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -200,7 +200,7 @@ def _broken_tree_accept(p, tok, children):
         length += active.long()
         if not active.any():
             break
-    from infer.accept import Accepted
+    from draftsmith.infer.accept import Accepted
 
     return Accepted(nodes, length, bonus)
 

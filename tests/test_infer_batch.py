@@ -16,16 +16,16 @@ import torch
 from conftest import make_tiny_target
 from test_infer_generator import OracleDrafter
 
-from heads import build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.cache import StaticHeadCache
-from infer.drafters import Draft, Sampling, make_drafter
-from infer.drafters.adaptive import AdaptiveLength
-from infer.drafters.layer_skip import LayerSkipDrafter
-from infer.drafters.lm_drafter import LMDrafter
-from infer.drafters.ngram import NgramDrafter
-from infer.target import target_forward
-from infer.tree import tree_attention_mask, tree_from_parents
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from draftsmith.infer.cache import StaticHeadCache
+from draftsmith.infer.drafters import Draft, Sampling, make_drafter
+from draftsmith.infer.drafters.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.target import target_forward
+from draftsmith.infer.tree import tree_attention_mask, tree_from_parents
 
 VOCAB = 96
 PAD = 0

@@ -7,10 +7,10 @@ import torch
 from conftest import make_tiny_target
 from transformers.cache_utils import DynamicCache
 
-from heads.layers import HeadCache
-from infer.cache import keep_accepted
-from infer.target import target_forward
-from infer.tree import tree_attention_mask, tree_from_parents
+from draftsmith.heads.layers import HeadCache
+from draftsmith.infer.cache import keep_accepted
+from draftsmith.infer.target import target_forward
+from draftsmith.infer.tree import tree_attention_mask, tree_from_parents
 
 
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 4]  # accepted path below: 0 -> 1 -> 4 -> 7 (not contiguous)

@@ -10,11 +10,11 @@ import torch
 from conftest import make_tiny_target, record_drafts
 from test_infer_sampling import VOCAB as SMALL_VOCAB, exact_law, joint_pvalue, sample_triples
 
-from infer import Chain, SpeculativeGenerator
-from infer.drafters.adaptive import AdaptiveLength
-from infer.drafters.layer_skip import LayerSkipDrafter, early_exit_view
-from infer.drafters.lm_drafter import LMDrafter
-from infer.drafters.ngram import NgramDrafter, find_continuations, prefix_tree
+from draftsmith.infer import Chain, SpeculativeGenerator
+from draftsmith.infer.drafters.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter, early_exit_view
+from draftsmith.infer.drafters.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.ngram import NgramDrafter, find_continuations, prefix_tree
 
 VOCAB = 48
 ARCHES3 = ("llama", "qwen2", "mistral")
@@ -189,8 +189,8 @@ def test_wrong_q_is_detected(small_pair):
 
 def test_eagle_chain_confidence_stop():
     """A head chain stops a level early below the confidence threshold; output unchanged."""
-    from heads import build_head
-    from infer.drafters import make_drafter
+    from draftsmith.heads import build_head
+    from draftsmith.infer.drafters import make_drafter
 
     target = _target("qwen2")
     torch.manual_seed(0)
@@ -259,8 +259,8 @@ def test_layer_skip_sampling_follows_the_target_law(arch):
 def test_eagle_heads_adapt_their_chain_by_default_on_cpu():
     """On CPU a generator given an EAGLE head and no tree drafts an adaptive chain (from 4, up to 16),
     which beat every fixed chain measured (docs/benchmarks.md); a tree given, or Medusa, stays as it is."""
-    from heads import build_head
-    from infer.drafters import HeadDrafter, StaticTree
+    from draftsmith.heads import build_head
+    from draftsmith.infer.drafters import HeadDrafter, StaticTree
 
     target = _target("llama")
     ids = _repetitive_prompt(random.Random(4), 12)

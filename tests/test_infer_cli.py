@@ -1,4 +1,4 @@
-"""``python -m infer.generate`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
+"""``python -m draftsmith.infer.generate`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
 from __future__ import annotations
 
 import re
@@ -9,9 +9,9 @@ from conftest import make_tiny_target
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from heads import build_head
-from infer import SpeculativeGenerator
-from infer.generate import main
+from draftsmith.heads import build_head
+from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer.generate import main
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
@@ -61,7 +61,7 @@ def test_cli_streams_and_compares(saved, capsys, extra):
 
 def test_cli_rejects_medusa_tree_flags(saved, tmp_path, capsys):
     """Through the entry point: one line and exit code 2 (a SystemExit with a message exited with 1)."""
-    from infer.generate import cli
+    from draftsmith.infer.generate import cli
 
     target = make_tiny_target("llama")
     build_head("medusa", target).save_pretrained(tmp_path / "medusa")
@@ -75,8 +75,8 @@ def test_cli_rejects_medusa_tree_flags(saved, tmp_path, capsys):
 
 
 def test_cli_tree_flags_shape_the_devices_defaults():
-    from infer import Chain, DynamicTree, StaticTree
-    from infer.generate import parse_args, tree_option
+    from draftsmith.infer import Chain, DynamicTree, StaticTree
+    from draftsmith.infer.generate import parse_args, tree_option
 
     def tree(device, kind, *flags):
         return tree_option(kind, device, parse_args(["--target", "t", "--head", "h", "--prompt", "p", *flags]))
@@ -107,7 +107,7 @@ def test_cli_defaults_to_the_target_the_head_was_made_for(saved, tmp_path, capsy
 
 
 def test_threads_are_chosen_by_measurement_and_printed(monkeypatch):
-    import infer.threads as threads
+    import draftsmith.infer.threads as threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
@@ -180,7 +180,7 @@ def test_cli_early_exit_head_and_calibrated_layer_skip(saved, capsys, monkeypatc
     --drafter layer-skip says which k it took: half the layers, then the calibrated one."""
     from transformers import AutoModelForCausalLM
 
-    from infer.drafters.layer_skip import calibration_path
+    from draftsmith.infer.drafters.layer_skip import calibration_path
 
     target = AutoModelForCausalLM.from_pretrained(saved / "target")
     torch.manual_seed(0)
@@ -211,7 +211,7 @@ def test_cli_needs_one_drafter(saved):
 
 
 def test_from_pretrained_follows_the_one_thread_policy(saved, capsys):
-    from infer import SpeculativeGenerator
+    from draftsmith.infer import SpeculativeGenerator
 
     SpeculativeGenerator.from_pretrained(str(saved / "target"), str(saved / "head"), device="cpu", threads=1)
     assert "threads: 1 of" in capsys.readouterr().err and torch.get_num_threads() == 1
@@ -250,12 +250,12 @@ def test_compare_alternates_timed_rounds(saved, capsys, monkeypatch):
 def test_a_compiled_generator_warms_up_at_the_real_size(saved, capsys, monkeypatch):
     """A compiled step's shapes include the cache size: the warm-up decodes max_new_tokens, not 4 (no real
     compilation here: the compile function is replaced by the identity)."""
-    import infer.drafters.base as drafter_base
-    import infer.generator as generator
+    import draftsmith.infer.drafters.base as drafter_base
+    import draftsmith.infer.generator as generator
 
     monkeypatch.setattr(generator.SpeculativeGenerator, "_make_verify_fn",
                         staticmethod(lambda compile, device: generator.masked_forward))
-    import infer.drafters.eagle as eagle
+    import draftsmith.infer.drafters.eagle as eagle
 
     for drafter in (drafter_base.Drafter, eagle.EagleDrafter):  # the EAGLE-3 head's drafter compiles its chain
         monkeypatch.setattr(drafter, "compile_with", lambda self, compile: None)
@@ -296,8 +296,8 @@ def test_cli_follows_the_plan_next_to_the_head_as_the_api_does(saved, tmp_path, 
     {"1": 0} is followed (the generator holds it: no drafting), a damaged plan is one line naming it."""
     import shutil
 
-    from infer.generate import cli
-    from infer.speculation_plan import SpeculationPlan
+    from draftsmith.infer.generate import cli
+    from draftsmith.infer.speculation_plan import SpeculationPlan
 
     made = []
     load = SpeculativeGenerator.from_pretrained.__func__
@@ -333,8 +333,8 @@ def test_cli_defaults_fit_a_dflash_head_of_block_size_4(saved, tmp_path, capsys)
 def test_training_probes_threads_with_its_micro_batch_size(monkeypatch):
     """Training's thread probe is as tall as a micro-batch's tokens (capped): a decode-sized probe measured 1 and 2
     threads within 3% on an idle 2-core machine and kept 1, and the demo training took 6.5 minutes instead of 4."""
-    import infer.threads as threads
-    from train import setup
+    import draftsmith.infer.threads as threads
+    from draftsmith.train import setup
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "available_cores", lambda: 2)

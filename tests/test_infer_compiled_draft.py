@@ -12,9 +12,9 @@ import pytest
 import torch
 from test_infer_batch import BATCH_ARCHES, _alone, _expected, _left_pad, _prompts, _target
 
-from heads import build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator
-from infer.drafters import Sampling, make_drafter
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
+from draftsmith.infer.drafters import Sampling, make_drafter
 
 
 def _spy_fixed(drafter) -> list[int]:
@@ -99,7 +99,7 @@ def test_sampling_and_confidence_stay_eager():
 def test_a_head_step_over_slot_writes_equals_the_eager_step():
     """One head step for rows of different lengths: over the whole buffer with ``slot_mask`` (stale
     entries planted past each row) it equals the eager step over each row's own entries (fp64)."""
-    from infer.cache import SlotWrites, StaticHeadCache, slot_mask
+    from draftsmith.infer.cache import SlotWrites, StaticHeadCache, slot_mask
 
     model = _target("mistral").double()
     torch.manual_seed(4)

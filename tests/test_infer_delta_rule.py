@@ -15,14 +15,14 @@ import torch
 from hybrids import HYBRIDS, make_tiny_hybrid
 from test_infer_hybrid import Oracle, _hf, _perturbed, _prompt, _target
 
-from heads import build_head
-from infer import SpeculativeGenerator
-from infer import delta_rule
-from infer.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, per_token_modules, per_token_rule
-from infer.drafters import chain_draft, root_only
-from infer.hf_cache import cache_kwargs, returned_cache
-from infer.drafters.ngram import NgramDrafter
-from infer.recurrent import LAYER_KINDS, LinearAttentionLayer
+from draftsmith.heads import build_head
+from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer import delta_rule
+from draftsmith.infer.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, per_token_modules, per_token_rule
+from draftsmith.infer.drafters import chain_draft, root_only
+from draftsmith.infer.hf_cache import cache_kwargs, returned_cache
+from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.recurrent import LAYER_KINDS, LinearAttentionLayer
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 

@@ -15,11 +15,11 @@ from conftest import ARCHES, make_tiny_target
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast, TextStreamer
 
-from heads import build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.drafters import Draft, Drafter, Sampling, default_branching_tree, default_tree
-from infer.target import target_forward
-from infer.tree import tree_from_parents
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from draftsmith.infer.drafters import Draft, Drafter, Sampling, default_branching_tree, default_tree
+from draftsmith.infer.target import target_forward
+from draftsmith.infer.tree import tree_from_parents
 
 
 KINDS = ("medusa", "eagle", "eagle3")

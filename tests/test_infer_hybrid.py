@@ -14,17 +14,17 @@ from conftest import make_tiny_target
 from hybrids import HYBRIDS, make_tiny_hybrid
 from test_infer_sampling import joint_pvalue
 
-from heads import build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator
-from infer.bench.batch import left_pad
-from infer.drafters import Draft, Drafter, Sampling, chain_draft, make_drafter, root_only
-from infer.drafters.hierarchical import HierarchicalDrafter
-from infer.drafters.layer_skip import LayerSkipDrafter
-from infer.drafters.lm_drafter import LMDrafter
-from infer.drafters.lookup_first import LookupFirst
-from infer.drafters.ngram import NgramDrafter
-from infer.recurrent import LinearAttentionLayer
-from infer.tree import tree_from_parents
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
+from draftsmith.infer.bench.batch import left_pad
+from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_draft, make_drafter, root_only
+from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
+from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.lookup_first import LookupFirst
+from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.recurrent import LinearAttentionLayer
+from draftsmith.infer.tree import tree_from_parents
 
 # transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
@@ -266,7 +266,7 @@ def test_a_draft_lms_cache_restores_exactly(arch):
     logits of a fresh forward over the same text."""
     from transformers import DynamicCache
 
-    from infer.recurrent import cache_checkpoint, restore_cache
+    from draftsmith.infer.recurrent import cache_checkpoint, restore_cache
 
     model = _target(arch)
     ids = _prompt(random.Random(4), 12)

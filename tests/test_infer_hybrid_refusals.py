@@ -16,13 +16,13 @@ from hybrids import make_tiny_hybrid
 from test_train_fixtures import tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from data.cli import run
-from data.tokenizer import train_tokenizer
-from infer import SpeculativeGenerator
-from infer.drafters.ngram import NgramDrafter
-from infer.recurrent import LAYER_KINDS, REFUSED_KINDS, LinearAttentionLayer, check_supported, is_hybrid
-from scripts.benchmark import main as benchmark_main
-from train.setup import setup
+from draftsmith.data.cli import run
+from draftsmith.data.tokenizer import train_tokenizer
+from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.recurrent import LAYER_KINDS, REFUSED_KINDS, LinearAttentionLayer, check_supported, is_hybrid
+from draftsmith.scripts.benchmark import main as benchmark_main
+from draftsmith.train.setup import setup
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from test_infer_hybrid import MAIN, VOCAB, _hf, _left_padded, _perturbed, _prompt, _target
 
-from heads import build_head
-from infer import SpeculativeGenerator
-from infer.drafters import Draft, Drafter, Sampling, chain_draft, root_only
-from infer.generator import MAX_PENDING
-from infer.drafters.ngram import NgramDrafter
-from infer.recurrent import LinearAttentionLayer, LinearStates
+from draftsmith.heads import build_head
+from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_draft, root_only
+from draftsmith.infer.generator import MAX_PENDING
+from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.recurrent import LinearAttentionLayer, LinearStates
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_infer_batch import BATCH_ARCHES, _expected, _left_pad, _prompts, _target
 
-from heads import build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator
-from infer.drafters import Sampling, make_drafter
-from infer.drafters.lookup_first import LookupFirst
-from infer.drafters.ngram import NgramDrafter
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
+from draftsmith.infer.drafters import Sampling, make_drafter
+from draftsmith.infer.drafters.lookup_first import LookupFirst
+from draftsmith.infer.drafters.ngram import NgramDrafter
 
 
 def _count_sources(drafter: LookupFirst) -> dict[str, int]:

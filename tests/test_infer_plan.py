@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
-from heads import build_head
-from infer import Chain, SpeculativeGenerator
-from infer.bench.calibrate_speculation import calibrate
-from infer.speculation_plan import PLAN_FILE, SpeculationPlan, choose_lengths, find_plan
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, SpeculativeGenerator
+from draftsmith.infer.bench.calibrate_speculation import calibrate
+from draftsmith.infer.speculation_plan import PLAN_FILE, SpeculationPlan, choose_lengths, find_plan
 
 VOCAB = 96
 

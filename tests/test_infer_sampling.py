@@ -11,10 +11,10 @@ import torch
 from conftest import make_tiny_target
 from test_infer_accept import chi_square_pvalue, reference_probs
 
-from heads import build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.drafters import Draft, Drafter, Sampling
-from infer.tree import tree_from_parents
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from draftsmith.infer.drafters import Draft, Drafter, Sampling
+from draftsmith.infer.tree import tree_from_parents
 
 VOCAB = 8
 PROMPT = torch.tensor([[1, 5, 3]])

@@ -15,14 +15,14 @@ from conftest import record_drafts
 from test_infer_classic import ARCHES3, _hf, _repetitive_prompt, _target
 from test_infer_sampling import exact_law, joint_pvalue, sample_triples
 
-from heads import build_head
-from infer import Chain, SpeculativeGenerator
-from infer.drafters import DynamicTree, Sampling, make_drafter
-from infer.drafters.adaptive import AdaptiveLength
-from infer.drafters.hierarchical import HierarchicalDrafter
-from infer.drafters.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path
-from infer.drafters.lm_drafter import LMDrafter
-from infer.drafters.ngram import NgramDrafter
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, SpeculativeGenerator
+from draftsmith.infer.drafters import DynamicTree, Sampling, make_drafter
+from draftsmith.infer.drafters.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
+from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path
+from draftsmith.infer.drafters.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.ngram import NgramDrafter
 
 small_pair = test_infer_classic.small_pair  # the fixture: a small target and a different draft LM
 
@@ -325,7 +325,7 @@ def test_inner_rule_keeps_the_draft_law():
 
 def test_calibration_file_sets_the_default_k(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
-    from infer.bench.calibrate_layer_skip import calibrate_layer_skip
+    from draftsmith.infer.bench.calibrate_layer_skip import calibrate_layer_skip
 
     target = _target("mistral")
     assert calibrated_layers(target) is None and LayerSkipDrafter(target).layers == 3  # default: half of 6

@@ -13,8 +13,8 @@ from conftest import make_tiny_target
 from test_infer_batch import DRAFTERS, PAD, _expected, _left_pad, _oracle, _prompts
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from infer import SpeculativeGenerator
-from infer.masked_forward import attention_masks, sliding_window
+from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer.masked_forward import attention_masks, sliding_window
 
 WINDOW = 6
 INTERLEAVED = ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"]

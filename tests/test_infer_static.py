@@ -11,14 +11,14 @@ from conftest import ARCHES, has_cuda, make_tiny_target
 from test_infer_generator import SMALL, VOCAB, OracleDrafter
 from transformers.cache_utils import DynamicCache
 
-from heads import build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator
-from infer.cache import StaticHeadCache, StaticKVCache, keep_accepted
-from infer.drafters import Drafter, default_branching_tree, default_tree
-from infer.generator import default_compile
-from infer.masked_forward import static_forward, verify_mask
-from infer.target import target_forward
-from infer.tree import pad_tree, tree_attention_mask, tree_from_parents
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
+from draftsmith.infer.cache import StaticHeadCache, StaticKVCache, keep_accepted
+from draftsmith.infer.drafters import Drafter, default_branching_tree, default_tree
+from draftsmith.infer.generator import default_compile
+from draftsmith.infer.masked_forward import static_forward, verify_mask
+from draftsmith.infer.target import target_forward
+from draftsmith.infer.tree import pad_tree, tree_attention_mask, tree_from_parents
 
 KINDS = ("medusa", "eagle", "eagle3")
 # compile=False runs the static path eagerly; "aot_eager" traces it with dynamo + AOTAutograd

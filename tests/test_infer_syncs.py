@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
-from heads import build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 
 VOCAB = 96
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero")

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
-from infer.target import decoder_layers, target_forward, loaded_target_identity
+from draftsmith.infer.target import decoder_layers, target_forward, loaded_target_identity
 
 
 def test_matches_output_hidden_states(arch):

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from conftest import make_successor_target
 
-from heads import build_head
-from infer import Chain, SpeculativeGenerator
-from infer.drafters import default_branching_tree
-from infer.target import target_forward
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, SpeculativeGenerator
+from draftsmith.infer.drafters import default_branching_tree
+from draftsmith.infer.target import target_forward
 
 VOCAB = 96
 

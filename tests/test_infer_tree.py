@@ -5,8 +5,8 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
-from infer.target import target_forward
-from infer.tree import (
+from draftsmith.infer.target import target_forward
+from draftsmith.infer.tree import (
     MEDUSA_DEFAULT_CHOICES,
     Candidates,
     expand_level,

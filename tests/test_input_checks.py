@@ -9,15 +9,15 @@ import torch
 from conftest import make_tiny_target
 from safetensors.torch import load_file, save_file
 
-from data.base.checks import count, probability
-from heads import AutoHead, build_head
-from heads.formats import export_head
-from infer import SpeculativeGenerator
-from infer.drafters import Chain, DynamicTree, StaticTree, make_drafter
-from infer.drafters.adaptive import AdaptiveLength
-from infer.drafters.lm_drafter import LMDrafter
-from infer.drafters.ngram import NgramDrafter
-from train.config import ConfigError, load_config
+from draftsmith.data.base.checks import count, probability
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.heads.formats import export_head
+from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer.drafters import Chain, DynamicTree, StaticTree, make_drafter
+from draftsmith.infer.drafters.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.train.config import ConfigError, load_config
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +81,14 @@ def test_benchmark_clis_refuse_bad_counts(script, argv, message, capsys):
     import importlib
 
     with pytest.raises(SystemExit) as stop:
-        importlib.import_module(f"scripts.{script}").parse_args(argv)
+        importlib.import_module(f"draftsmith.scripts.{script}").parse_args(argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag, value", [("--depth", "0"), ("--branch", "0"), ("--total-tokens", "1"),
                                          ("--max-new-tokens", "0")])
 def test_generate_cli_refuses_zero_instead_of_defaulting(flag, value, capsys):
-    from infer.generate import parse_args
+    from draftsmith.infer.generate import parse_args
 
     with pytest.raises(SystemExit) as stop:
         parse_args(["--head", "h", "--prompt", "p", flag, value])
@@ -101,9 +101,9 @@ class _Parsed(BaseException):
 
 
 # scripts.launch parses nothing itself: accelerate's parser takes its options, the training config the rest
-ENTRY_POINTS = [*({module for module, _, _ in __import__("scripts.cli").cli.COMMANDS.values()} - {"scripts.launch"}),
-                "scripts.bench_data_pipeline", "scripts.bench_features", "scripts.plot_runs",
-                "scripts.calibrate_layer_skip"]
+ENTRY_POINTS = [*({module for module, _, _ in __import__("draftsmith.scripts.cli").cli.COMMANDS.values()} - {"draftsmith.scripts.launch"}),
+                "draftsmith.scripts.bench_data_pipeline", "draftsmith.scripts.bench_features", "draftsmith.scripts.plot_runs",
+                "draftsmith.scripts.calibrate_layer_skip"]
 
 
 def _parser_of(module_name: str, monkeypatch):
@@ -134,14 +134,14 @@ def test_every_numeric_option_is_checked_as_it_is_parsed(module_name, monkeypatc
 
 
 @pytest.mark.parametrize("module_name, argv, message", [
-    ("scripts.regenerate", ["--target", "t", "--data", "d", "--out", "o", "--timeout", "nan"],
+    ("draftsmith.scripts.regenerate", ["--target", "t", "--data", "d", "--out", "o", "--timeout", "nan"],
      "argument --timeout: a number > 0 expected, got 'nan'"),
-    ("scripts.drift", ["--head", "h", "--target", "t", "--threshold", "0"], "argument --threshold: a number > 0"),
-    ("scripts.plan", ["--gpus", "0"], "argument --gpus: a whole number >= 1 expected, got '0'"),
-    ("scripts.calibrate_speculation", ["--target", "t", "--head", "h", "--lengths", "2,-1"],
+    ("draftsmith.scripts.drift", ["--head", "h", "--target", "t", "--threshold", "0"], "argument --threshold: a number > 0"),
+    ("draftsmith.scripts.plan", ["--gpus", "0"], "argument --gpus: a whole number >= 1 expected, got '0'"),
+    ("draftsmith.scripts.calibrate_speculation", ["--target", "t", "--head", "h", "--lengths", "2,-1"],
      "argument --lengths: comma-separated whole numbers >= 0 expected"),
-    ("infer.generate", ["--head", "h", "--prompt", "p", "--top-p", "1.5"], "argument --top-p: a number > 0 and <= 1"),
-    ("infer.generate", ["--head", "h", "--prompt", "p", "--temperature", "-0.1"], "argument --temperature: a number >= 0"),
+    ("draftsmith.infer.generate", ["--head", "h", "--prompt", "p", "--top-p", "1.5"], "argument --top-p: a number > 0 and <= 1"),
+    ("draftsmith.infer.generate", ["--head", "h", "--prompt", "p", "--temperature", "-0.1"], "argument --temperature: a number >= 0"),
 ])
 def test_bad_numbers_end_in_one_line_with_exit_code_2(module_name, argv, message, capsys):
     import importlib
@@ -195,7 +195,7 @@ def test_a_medusa_config_declaring_more_heads_than_the_file_is_refused(target, t
 
 
 def test_a_head_where_a_language_model_is_expected(target, tmp_path):
-    from data.targets import resolve_target
+    from draftsmith.data.targets import resolve_target
 
     build_head("eagle3", target).save_pretrained(tmp_path / "head")
     with pytest.raises(ValueError, match=r"target .*head: is a draftsmith eagle3 head, not a language model"):
@@ -225,8 +225,8 @@ def test_a_head_with_only_pickled_weights_is_refused_without_unpickling(target, 
 
 
 def test_every_head_kind_is_recognised_as_a_head_by_its_model_type():
-    from data.base.names import is_head_model_type
-    from heads import HEAD_CLASSES
+    from draftsmith.data.base.names import is_head_model_type
+    from draftsmith.heads import HEAD_CLASSES
 
     for kind, cls in HEAD_CLASSES.items():  # output-dir safety, export refusal and targets read the prefix
         assert is_head_model_type(cls.config_class.model_type), kind
@@ -235,7 +235,7 @@ def test_every_head_kind_is_recognised_as_a_head_by_its_model_type():
 
 def test_a_file_given_as_the_head_is_named(tmp_path):
     """Was transformers' "the config file at 'notes.txt' is not a valid JSON file"."""
-    from data.targets import check_head_source
+    from draftsmith.data.targets import check_head_source
 
     notes = tmp_path / "notes.txt"
     notes.write_text("hello\n")
@@ -245,8 +245,8 @@ def test_a_file_given_as_the_head_is_named(tmp_path):
 
 def test_a_device_this_torch_cannot_use_is_refused_naming_it(capsys):
     """--device cuda on a machine without CUDA ended in torch's AssertionError traceback (exit code 1)."""
-    from data.base.device import default_device
-    from infer.generate import cli
+    from draftsmith.data.base.device import default_device
+    from draftsmith.infer.generate import cli
 
     with pytest.raises(ValueError, match="device 'foo' is not a torch device"):
         default_device("foo")
@@ -260,7 +260,7 @@ def test_a_device_this_torch_cannot_use_is_refused_naming_it(capsys):
 
 def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
     """drift --out and calibrate_speculation --out wrote over any file named (a README.md, say)."""
-    from data.base.paths import claim_report_file, json_with_keys
+    from draftsmith.data.base.paths import claim_report_file, json_with_keys
 
     ours = json_with_keys("lengths")
     theirs = tmp_path / "README.md"
@@ -272,8 +272,8 @@ def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
     assert claim_report_file(tmp_path / "new.json", ours, "speculation plan") == tmp_path / "new.json"
     with pytest.raises(IsADirectoryError):
         claim_report_file(tmp_path, ours, "speculation plan")
-    for script, argv in [("scripts.drift", ["--head", "h", "--target", "t", "--out", str(theirs)]),
-                         ("scripts.calibrate_speculation", ["--target", "t", "--head", "h", "--out", str(theirs)])]:
+    for script, argv in [("draftsmith.scripts.drift", ["--head", "h", "--target", "t", "--out", str(theirs)]),
+                         ("draftsmith.scripts.calibrate_speculation", ["--target", "t", "--head", "h", "--out", str(theirs)])]:
         with pytest.raises(FileExistsError, match="never replaced"):  # refused before anything loads
             __import__(script, fromlist=["main"]).main(argv)
     assert theirs.read_text() == "# mine\n"

@@ -18,17 +18,17 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
-import infer
-from heads import HEAD_CLASSES, build_head
-from heads.card import model_card
-from heads.formats import FORMATS, export_head, validate_export
-from infer.drafters import drafter_class
-from infer.drafters.base import Drafter, HeadDrafter
-from infer.target import TargetOutput, target_forward
-from heads.auto import config_options
-from train.config import ConfigError, load_config
-from train.objectives import Objective, objective_class
-from train.settings import TrainConfig
+from draftsmith import infer
+from draftsmith.heads import HEAD_CLASSES, build_head
+from draftsmith.heads.card import model_card
+from draftsmith.heads.formats import FORMATS, export_head, validate_export
+from draftsmith.infer.drafters import drafter_class
+from draftsmith.infer.drafters.base import Drafter, HeadDrafter
+from draftsmith.infer.target import TargetOutput, target_forward
+from draftsmith.heads.auto import config_options
+from draftsmith.train.config import ConfigError, load_config
+from draftsmith.train.objectives import Objective, objective_class
+from draftsmith.train.settings import TrainConfig
 
 KINDS = tuple(HEAD_CLASSES)
 SMALL = {"dflash": ["head.block_size=4", "head.num_layers=1"]}  # a fast CPU shape; other kinds: their defaults
@@ -63,13 +63,13 @@ def drift(base: type, cls: type) -> list[str]:
 def drafter_classes() -> list[type]:
     """Every drafter class ``infer/`` defines: each of its modules imported, then ``Drafter``'s subclasses
     (``HeadDrafter``, a base itself, left out)."""
-    for module in pkgutil.walk_packages(infer.__path__, "infer."):
+    for module in pkgutil.walk_packages(infer.__path__, "draftsmith.infer."):
         importlib.import_module(module.name)
     found, todo = set(), [Drafter]
     while todo:
         for sub in todo.pop().__subclasses__():
             todo.append(sub)
-            if sub.__module__.startswith("infer.") and sub is not HeadDrafter:
+            if sub.__module__.startswith("draftsmith.infer.") and sub is not HeadDrafter:
                 found.add(sub)
     return sorted(found, key=lambda c: f"{c.__module__}.{c.__name__}")
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import free_port
 
-from scripts.launch import exit_code, split_args
+from draftsmith.scripts.launch import exit_code, split_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +78,7 @@ def test_training_tells_accelerates_thread_default_from_the_users_choice(tmp_pat
 @pytest.mark.parametrize("option", ["--num_processes", "--num_machines", "--num_cpu_threads_per_process"])
 def test_a_count_of_0_is_refused_before_anything_starts(option, capsys):
     """accelerate reads ``--num_processes 0`` as "not given" and trains with one process, exit 0."""
-    from scripts.launch import cli
+    from draftsmith.scripts.launch import cli
 
     assert cli([option, "0", "train.max_steps=1"]) == 2
     assert capsys.readouterr().err == f"error: {option} must be >= 1, got 0\n"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from fixtures.chat_tokenizers import STYLES, make_chat_tokenizer
 
-from data.conversations import MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, RowError
-from data.masks import encode_conversation, encode_text, mask_method, mask_runs
+from draftsmith.data.conversations import MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, RowError
+from draftsmith.data.masks import encode_conversation, encode_text, mask_method, mask_runs
 
 WITH_SYSTEM = [
     {"role": "system", "content": "You are terse. Answer in one line."},
@@ -128,7 +128,7 @@ def test_plain_text_gets_one_bos_and_full_loss():
 
 
 def test_demo_tokenizer_template_masks_like_prefix_diff():
-    from data.tokenizer import train_tokenizer
+    from draftsmith.data.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer([m["content"] for m in WITH_SYSTEM + NO_SYSTEM] * 4, vocab_size=300)
     assert mask_method(tokenizer) == "generation"
@@ -163,7 +163,8 @@ def test_generation_span_running_past_its_turn_is_refused(monkeypatch):
     except RowError as err:
         assert err.reason == MASK_MISMATCH and "trailing user turn" in err.detail
     # the guard itself, on the mask the older transformers returns
-    import data.masks
+    import draftsmith.data.masks
+    from draftsmith import data
 
     monkeypatch.setattr(data.masks, "_generation_mask", lambda tok, messages: ([1, 2, 3], [0, 1, 1]))
     with pytest.raises(RowError) as info:

@@ -10,14 +10,14 @@ import torch
 from conftest import has_cuda
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from data.targets import load_target
-from heads import AutoHead
-from infer import SpeculativeGenerator, StaticTree
-from train.backbone import LORA_ADAPTER, MERGED_TARGET, add_lora, lora_parameters, original
-from train.checkpoint import CHECKPOINTS
-from train.config import ConfigError
-from train.setup import setup
-from train.resume import latest_checkpoint, mark_run
+from draftsmith.data.targets import load_target
+from draftsmith.heads import AutoHead
+from draftsmith.infer import SpeculativeGenerator, StaticTree
+from draftsmith.train.backbone import LORA_ADAPTER, MERGED_TARGET, add_lora, lora_parameters, original
+from draftsmith.train.checkpoint import CHECKPOINTS
+from draftsmith.train.config import ConfigError
+from draftsmith.train.setup import setup
+from draftsmith.train.resume import latest_checkpoint, mark_run
 
 MEDUSA2 = ["head.kind=medusa", "head.num_heads=2", "train.backbone_lora_rank=4", "train.lr=1e-2",
            "train.backbone_lr=1e-3"]

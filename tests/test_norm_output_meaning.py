@@ -12,8 +12,8 @@ import torch
 from conftest import make_tiny_target
 from test_formats import _perturb
 
-from heads import AutoHead, build_head
-from heads.formats import export_head, import_eagle3, validate_export
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.heads.formats import export_head, import_eagle3, validate_export
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ import torch
 from conftest import make_tiny_target
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from heads import build_head
-from infer.target import target_forward
-from train.config import load_config
-from train.setup import setup
-from train.objectives import objective_class
-from train.on_policy import Rollout, verify_drafts
+from draftsmith.heads import build_head
+from draftsmith.infer.target import target_forward
+from draftsmith.train.config import load_config
+from draftsmith.train.setup import setup
+from draftsmith.train.objectives import objective_class
+from draftsmith.train.on_policy import Rollout, verify_drafts
 
 
 def test_accepted_length_counts_the_leading_drafts_the_target_agrees_with():
@@ -145,7 +145,7 @@ def test_the_on_policy_stage_continues_a_head_and_resumes_exactly(tiny_files, tm
 def test_the_stage_reads_stored_features_like_any_run(tiny_files, tmp_path, caplog):  # noqa: F811
     """Online and from a feature dump (scripts/dump_features.py + data.features), the stage's losses agree: the
     head's context comes from the store, the verification of its drafts from the target."""
-    from scripts.dump_features import main as dump_main
+    from draftsmith.scripts.dump_features import main as dump_main
 
     extra = ["head.kind=dflash", "head.block_size=4", "head.num_layers=1", "data.eval=null", "train.log_every=1"]
     base = setup(tiny_config(tiny_files, tmp_path / "supervised", *extra, "train.max_steps=3", "train.lr=1e-2"))

@@ -15,12 +15,12 @@ from peft import LoraConfig, get_peft_model
 from test_infer_sampling import VOCAB, exact_law, joint_pvalue, sample_triples
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
-from heads import AutoHead, build_head
-from heads.card import model_card
-from infer import SpeculativeGenerator, StaticTree
-from train.setup import setup
-from train.warm_start import warm_start
+from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
+from draftsmith.heads import AutoHead, build_head
+from draftsmith.heads.card import model_card
+from draftsmith.infer import SpeculativeGenerator, StaticTree
+from draftsmith.train.setup import setup
+from draftsmith.train.warm_start import warm_start
 
 ADAPTED_ARCHES = ("llama", "qwen2", "mistral")
 
@@ -185,7 +185,7 @@ def test_adapter_by_hub_id_takes_the_same_path(tmp_path, monkeypatch):
 
 
 def test_export_checks_a_head_against_an_adapter_target(tmp_path):
-    from scripts.export import main as export
+    from draftsmith.scripts.export import main as export
 
     adapter_dir, _ = save_adapter(make_tiny_target("llama"), tmp_path)
     head = build_head("medusa", load_target(str(adapter_dir)), num_heads=2)
@@ -201,7 +201,7 @@ def test_export_checks_a_head_against_an_adapter_target(tmp_path):
 
 
 def test_regeneration_engine_loads_an_adapter_target(tiny_files, tmp_path):
-    from data.regenerate import HFEngine
+    from draftsmith.data.regenerate import HFEngine
 
     adapter_dir, reference = save_adapter(load_target(str(tiny_files["target"])), tmp_path, scale=0.2)
     load_target_tokenizer(str(tiny_files["target"])).save_pretrained(tmp_path / "base")

@@ -10,9 +10,9 @@ import torch
 from conftest import make_tiny_target
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from heads import build_head
-from heads.formats import export_head
-from train.setup import setup
+from draftsmith.heads import build_head
+from draftsmith.heads.formats import export_head
+from draftsmith.train.setup import setup
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from data.features import bytes_per_token, state_widths
-from train.config import load_config
-from train.cost import GIB, KNOWN_TARGETS, format_plan, make_plan, shapes, target_config
+from draftsmith.data.features import bytes_per_token, state_widths
+from draftsmith.train.config import load_config
+from draftsmith.train.cost import GIB, KNOWN_TARGETS, format_plan, make_plan, shapes, target_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_70B = ROOT / "configs" / "llama3.3-70b-eagle3.yaml"

@@ -10,12 +10,12 @@ import torch
 from conftest import make_tiny_target
 from hybrids import HYBRIDS, make_tiny_hybrid
 
-from infer import SpeculativeGenerator
-from infer.drafters.ngram import NgramDrafter
-from infer.state_memory import state_memory
-from scripts.plan import main
-from train.config import load_config
-from train.cost import format_plan, make_plan, target_config
+from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.state_memory import state_memory
+from draftsmith.scripts.plan import main
+from draftsmith.train.config import load_config
+from draftsmith.train.cost import format_plan, make_plan, target_config
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo-hybrid.yaml"
 

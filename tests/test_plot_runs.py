@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from scripts.plot_runs import main, tau_curve
+from draftsmith.scripts.plot_runs import main, tau_curve
 
 
 def _run(directory, taus):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import io
 
-from data.base.progress import LineProgress, progress
+from draftsmith.data.base.progress import LineProgress, progress
 
 
 def test_lines_name_the_step_the_total_and_the_postfix():

@@ -18,9 +18,9 @@ from conftest import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from data.cli import run as cli_run
-from data.regenerate import Conversation
-from scripts.regenerate import main
+from draftsmith.data.cli import run as cli_run
+from draftsmith.data.regenerate import Conversation
+from draftsmith.scripts.regenerate import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_MAX_TOKENS = 200  # the server refuses longer prompts with HTTP 400, as vLLM does
@@ -286,7 +286,8 @@ def test_a_server_that_never_answers_is_named_in_seconds_with_the_defaults(targe
                                                                           tmp_path, capsys, monkeypatch):
     """With the defaults (--timeout 120, 4 retries) a silent server ran 10 minutes before a word: the
     GET /models probe names it after PROBE_SECONDS (shortened here)."""
-    import data.regenerate
+    import draftsmith.data.regenerate
+    from draftsmith import data
 
     monkeypatch.setattr(data.regenerate, "PROBE_SECONDS", 0.5)
     code = run_cli("--target", target_dir, "--data", data_file, "--out", tmp_path / "out.jsonl", "--engine", "openai",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from data.base.paths import REPORT_MARKER, claim_report_dir
+from draftsmith.data.base.paths import REPORT_MARKER, claim_report_dir
 
 REPO = Path(__file__).resolve().parents[1]
 

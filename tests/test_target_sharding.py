@@ -11,8 +11,8 @@ from accelerate import Accelerator
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from test_train_script import launch_two_processes, tiny_dict
 
-from train.config import ConfigError, load_config
-from train.target_sharding import is_sharded, shard_target
+from draftsmith.train.config import ConfigError, load_config
+from draftsmith.train.target_sharding import is_sharded, shard_target
 
 
 def test_target_sharding_key_is_checked(tiny_files, tmp_path):
@@ -67,8 +67,8 @@ def test_sharded_target_trains_like_a_whole_one(tiny_files, tmp_path, kind):
 def test_the_unsharded_parts_move_without_touching_the_layers():
     from conftest import make_tiny_target
 
-    from infer.target import decoder_layers
-    from train.target_sharding import _move_unsharded
+    from draftsmith.infer.target import decoder_layers
+    from draftsmith.train.target_sharding import _move_unsharded
 
     target = make_tiny_target("llama", tie_word_embeddings=True)
     assert target.get_output_embeddings().weight is target.get_input_embeddings().weight

@@ -7,7 +7,7 @@ import zipfile
 import pytest
 import torch
 
-from data.base.torch_bin import read_torch_bin
+from draftsmith.data.base.torch_bin import read_torch_bin
 
 
 def _state() -> dict[str, torch.Tensor]:

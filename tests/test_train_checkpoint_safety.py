@@ -10,10 +10,10 @@ import pytest
 import torch
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from train.checkpoint import CheckpointError
-from train.checkpoint import CHECKPOINTS
-from train.setup import setup
-from train.resume import latest_checkpoint, mark_run
+from draftsmith.train.checkpoint import CheckpointError
+from draftsmith.train.checkpoint import CHECKPOINTS
+from draftsmith.train.setup import setup
+from draftsmith.train.resume import latest_checkpoint, mark_run
 
 FAST = ["head.kind=medusa", "train.max_steps=4", "train.save_every=2", "train.eval_every=0", "data.eval=null",
         "train.warmup_steps=0", "train.keep_last_checkpoints=3"]

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from train.config import ConfigError, help_text, load_config
-from train.settings import DEFAULT_TTT_STEPS
+from draftsmith.train.config import ConfigError, help_text, load_config
+from draftsmith.train.settings import DEFAULT_TTT_STEPS
 
 
 def test_defaults_and_overrides():
@@ -86,7 +86,7 @@ def test_help_lists_every_key_with_its_default():
 
 
 def test_overrides_may_come_before_and_after_config(tmp_path):
-    from train.args import parse_args
+    from draftsmith.train.args import parse_args
 
     path = tmp_path / "c.yaml"
     path.write_text("head:\n  kind: medusa\ntrain:\n  lr: 0.01\n")
@@ -96,8 +96,8 @@ def test_overrides_may_come_before_and_after_config(tmp_path):
 
 def test_the_default_config_takes_any_head_kind_and_a_short_run(capsys):
     """A user who overrides one key of configs/demo.yaml needs no other file."""
-    from train.args import parse_args
-    from train.train_head import DEMO_CONFIG
+    from draftsmith.train.args import parse_args
+    from draftsmith.train.train_head import DEMO_CONFIG
 
     for kind in ("eagle", "medusa"):
         cfg = parse_args([f"head.kind={kind}"], default_config=DEMO_CONFIG)
@@ -111,8 +111,8 @@ def test_the_default_config_takes_any_head_kind_and_a_short_run(capsys):
 
 
 def test_help_shows_the_effective_defaults():
-    from train.config import help_text
-    from train.train_head import DEMO_CONFIG
+    from draftsmith.train.config import help_text
+    from draftsmith.train.train_head import DEMO_CONFIG
 
     text = help_text(load_config(DEMO_CONFIG))
     assert "train.lr = 0.001" in text and "data.max_length = 256" in text and "train.max_steps = 300" in text and "data.self_distill.rows = 768" in text

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.draft_vocab import build_draft_vocab, coverage, select_draft_vocab, token_counts
+from draftsmith.train.draft_vocab import build_draft_vocab, coverage, select_draft_vocab, token_counts
 
 
 def test_select_most_frequent_sorted_by_id():

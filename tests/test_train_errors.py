@@ -7,7 +7,7 @@ import pytest
 from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoTokenizer
 
-from train.setup import setup
+from draftsmith.train.setup import setup
 
 
 def test_data_without_usable_rows(tiny_files, tmp_path):
@@ -74,15 +74,15 @@ def test_an_encoder_target_is_refused_alike_for_every_kind(tiny_files, tmp_path,
     ("[1,2,3,4]", "exactly 3"),
 ])
 def test_aux_layer_ids_the_engines_cannot_load_are_refused_at_parse_time(tiny_files, tmp_path, ids, message):
-    from train.config import ConfigError
+    from draftsmith.train.config import ConfigError
 
     with pytest.raises(ConfigError, match=rf"head.aux_layer_ids.*{message}"):
         tiny_config(tiny_files, tmp_path / "out", f"head.aux_layer_ids={ids}")
 
 
 def test_default_aux_layers_are_three_distinct_valid_layers_or_refused():
-    from heads import default_aux_layer_ids
-    from heads.eagle3 import Eagle3Config
+    from draftsmith.heads import default_aux_layer_ids
+    from draftsmith.heads.eagle3 import Eagle3Config
 
     for layers in range(3, 40):
         ids = default_aux_layer_ids(layers)

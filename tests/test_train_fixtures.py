@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
-from data.tokenizer import train_tokenizer
-from train.config import TrainConfig, load_config
+from draftsmith.data.tokenizer import train_tokenizer
+from draftsmith.train.config import TrainConfig, load_config
 
 MAX_LENGTH = 48
 

@@ -10,13 +10,13 @@ from hybrids import make_tiny_hybrid
 from test_features import QUICK, config_file, losses
 from test_train_fixtures import tiny_config
 
-from data.tokenizer import train_tokenizer
-from heads import AutoHead
-from heads.eagle3 import default_aux_layer_ids
-from infer import SpeculativeGenerator
-from infer.recurrent import LinearAttentionLayer
-from scripts.dump_features import main as dump_main
-from train.setup import setup
+from draftsmith.data.tokenizer import train_tokenizer
+from draftsmith.heads import AutoHead
+from draftsmith.heads.eagle3 import default_aux_layer_ids
+from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer.recurrent import LinearAttentionLayer
+from draftsmith.scripts.dump_features import main as dump_main
+from draftsmith.train.setup import setup
 from transformers import AutoModelForCausalLM
 
 # transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from train.losses import (
+from draftsmith.train.losses import (
     decayed_sum,
     eagle_loss,
     medusa_loss,
@@ -142,7 +142,7 @@ def test_ttt_step_alignment(step):
 
 
 def test_dpace_weights_by_hand():
-    from train.losses import dpace_weights
+    from draftsmith.train.losses import dpace_weights
 
     # q = [0.8, 0.5], alpha 0.5: q~ = [0.9, 0.75], survival C = [0.9, 0.675], w_j = sum_{m>=j} C_m
     w = dpace_weights(torch.tensor([[0.8, 0.5]]), torch.ones(1, 2, dtype=torch.bool), 0.5)
@@ -158,7 +158,7 @@ def test_dpace_weights_by_hand():
 
 
 def test_acceptance_rate_is_the_overlap_of_the_two_laws():
-    from train.metrics import acceptance_rate
+    from draftsmith.train.metrics import acceptance_rate
 
     p = torch.tensor([0.5, 0.5, 0.0])
     q_logits = torch.tensor([1.0, 1.0, 2.0]).log()  # q = [0.25, 0.25, 0.5]
@@ -167,7 +167,7 @@ def test_acceptance_rate_is_the_overlap_of_the_two_laws():
 
 
 def test_on_policy_loss_by_hand():
-    from train.losses import on_policy_loss
+    from draftsmith.train.losses import on_policy_loss
 
     p = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]])
     q = torch.tensor([[0.5, 0.25, 0.25], [0.6, 0.2, 0.2], [0.2, 0.2, 0.6]])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.metrics import AcceptanceMeter, format_acceptance, step_correctness
+from draftsmith.train.metrics import AcceptanceMeter, format_acceptance, step_correctness
 
 
 def test_step_correctness_alignment():

@@ -11,12 +11,14 @@ import torch
 from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoTokenizer
 
-import train.objectives.medusa
-from train.checkpoint import CheckpointError
-from train.checkpoint import CHECKPOINTS
-from train.divergence import DivergenceGuard, TrainingDiverged
-from train.setup import setup
-from train.resume import latest_checkpoint, mark_run
+import draftsmith.train.objectives.medusa
+
+from draftsmith import train
+from draftsmith.train.checkpoint import CheckpointError
+from draftsmith.train.checkpoint import CHECKPOINTS
+from draftsmith.train.divergence import DivergenceGuard, TrainingDiverged
+from draftsmith.train.setup import setup
+from draftsmith.train.resume import latest_checkpoint, mark_run
 
 
 @pytest.mark.parametrize("kind, extra", [

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from train.checkpoint import CHECKPOINTS, COMPLETE
-from train.config import ConfigError
-from train.setup import setup
-from train.resume import RESUME_FIXED, RunComplete, latest_checkpoint
+from draftsmith.train.checkpoint import CHECKPOINTS, COMPLETE
+from draftsmith.train.config import ConfigError
+from draftsmith.train.setup import setup
+from draftsmith.train.resume import RESUME_FIXED, RunComplete, latest_checkpoint
 
 FAST = ["head.kind=medusa", "train.save_every=2", "train.eval_every=0", "data.eval=null", "train.warmup_steps=0",
         "train.keep_last_checkpoints=3"]
@@ -67,7 +67,7 @@ def test_resuming_a_finished_run_says_it_is_complete(tiny_files, tmp_path, capsy
         setup(tiny_config(tiny_files, out, *args, "resume_from=latest"))
     assert snapshot(out) == before  # nothing evaluated, saved or rewritten
 
-    from train.train_head import cli
+    from draftsmith.train.train_head import cli
 
     overrides = [f"{k}={v}" for k, v in (a.split("=", 1) for a in
                                          [*tiny_config_args(tiny_files, out), *args, "resume_from=latest"])]

@@ -13,16 +13,16 @@ import yaml
 from conftest import free_port
 from test_train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
 
-from heads import AutoHead
-from train.config import from_dict
-from train.setup import setup
+from draftsmith.heads import AutoHead
+from draftsmith.train.config import from_dict
+from draftsmith.train.setup import setup
 
 SCRIPT = Path(__file__).resolve().parent.parent / "train" / "train_head.py"
 
 
 def test_importing_the_entry_point_does_nothing():
     before = list(sys.path)
-    import train.train_head as entry
+    import draftsmith.train.train_head as entry
 
     assert sys.path == before and callable(entry.cli)
 
@@ -131,7 +131,7 @@ def test_config_errors_under_accelerate_launch_end_without_a_traceback(tmp_path)
 
 
 def test_input_errors_and_divergence_are_one_line(tiny_files, tmp_path, capsys):
-    from train.train_head import cli
+    from draftsmith.train.train_head import cli
 
     base = [f"target={tiny_files['target']}", f"data.eval={tiny_files['eval']}", f"cache_dir={tmp_path / 'c'}",
             "data.max_length=48", "train.max_steps=6", "train.eval_every=0", "train.warmup_steps=0",

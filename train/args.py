@@ -9,8 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from data.cli import prog
-from train.config import ConfigError, TrainConfig, help_text, load_config
+from draftsmith.data.cli import prog
+from draftsmith.train.config import ConfigError, TrainConfig, help_text, load_config
 
 
 def parse_args(argv: list[str] | None = None, default_config: str | Path | None = None) -> TrainConfig:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from data.base.names import ADAPTER_BASE_KEY
+from draftsmith.data.base.names import ADAPTER_BASE_KEY
 
 if TYPE_CHECKING:
     from peft import PeftModel

@@ -32,8 +32,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from data.base.paths import file_digest, share_readable
-from train.backbone import lora_parameters
+from draftsmith.data.base.paths import file_digest, share_readable
+from draftsmith.train.backbone import lora_parameters
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"  # output_dir/best: the head with the best simulated τ so far

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from train.settings import ConfigError, HeadConfig, TrainConfig, plain
+from draftsmith.train.settings import ConfigError, HeadConfig, TrainConfig, plain
 
 # ---------------------------------------------------------------- parsing
 
@@ -187,7 +187,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
 
 def head_kinds() -> tuple[str, ...]:
     """Every head kind: the keys of ``heads.HEAD_CLASSES`` (the one list of kinds)."""
-    from heads.auto import HEAD_CLASSES
+    from draftsmith.heads.auto import HEAD_CLASSES
 
     return tuple(HEAD_CLASSES)
 
@@ -195,7 +195,7 @@ def head_kinds() -> tuple[str, ...]:
 def kinds_reading_setting(setting: str) -> tuple[str, ...]:
     """The head kinds whose training objective declares ``setting`` in ``Objective.reads`` (``head.ttt_steps``,
     ``train.gamma``, ``train.loss=dpace``)."""
-    from train.objectives import objective_class
+    from draftsmith.train.objectives import objective_class
 
     return tuple(kind for kind in head_kinds() if setting in objective_class(kind).reads)
 
@@ -203,7 +203,7 @@ def kinds_reading_setting(setting: str) -> tuple[str, ...]:
 def training_keys() -> dict[str, tuple[str, ...]]:
     """The ``head.*`` keys a kind's training objective reads, not its head config (``Objective.reads``), with
     the kinds that read each: ``heads.build_head`` never sees them."""
-    from train.objectives import objective_class
+    from draftsmith.train.objectives import objective_class
 
     names = {setting.removeprefix("head.") for kind in head_kinds() for setting in objective_class(kind).reads
              if setting.startswith("head.")}
@@ -213,7 +213,7 @@ def training_keys() -> dict[str, tuple[str, ...]]:
 def kinds_reading(name: str) -> tuple[str, ...]:
     """The head kinds that read ``head.<name>``: those whose head config takes it, or whose training objective
     does (``training_keys``)."""
-    from heads.auto import HEAD_CLASSES, config_options
+    from draftsmith.heads.auto import HEAD_CLASSES, config_options
 
     read_by_objectives = training_keys()
     if name in read_by_objectives:
@@ -223,7 +223,7 @@ def kinds_reading(name: str) -> tuple[str, ...]:
 
 def _check_head(head: HeadConfig) -> None:
     """head.kind is registered and every head.* key set is read by that kind."""
-    from heads.auto import HEAD_CLASSES
+    from draftsmith.heads.auto import HEAD_CLASSES
 
     if head.kind not in HEAD_CLASSES:
         raise ConfigError(f"head.kind: must be one of {', '.join(HEAD_CLASSES)} (got {head.kind!r})")
@@ -237,7 +237,7 @@ def _check_head(head: HeadConfig) -> None:
 def _check_head_options(head: HeadConfig) -> None:
     """The kind's head config takes the options: its own checks, as ``heads.build_head`` runs them (the
     target is unknown here, so its vocabulary is taken as unbounded and its layers as unknown)."""
-    from heads.auto import HEAD_CLASSES
+    from draftsmith.heads.auto import HEAD_CLASSES
 
     options = head.build_options()
     try:
@@ -260,7 +260,7 @@ _INSTEAD = {"train.gamma": "; use train.loss_decay",
 def _check_kind_settings(cfg: TrainConfig) -> None:
     """Every ``train.*`` setting some kinds' objectives declare in ``Objective.reads`` (``train.<key>``: set
     away from its default; ``train.<key>=<value>``) is read by ``head.kind``'s objective."""
-    from train.objectives import objective_class
+    from draftsmith.train.objectives import objective_class
 
     kind = cfg.head.kind
     declared = dict.fromkeys(setting for k in head_kinds() for setting in objective_class(k).reads
@@ -338,7 +338,7 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError("resume_from must be null, 'latest' or a checkpoint path")
     if cfg.output_dir is None:
         cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
-    from train.objectives import objective_class  # torch: after the checks that need none
+    from draftsmith.train.objectives import objective_class  # torch: after the checks that need none
 
     objective_class(head.kind).configure(cfg)  # last: it may rely on every check above
 

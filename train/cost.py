@@ -19,14 +19,14 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from data.base.checks import at_most
-from data.base.names import DEMO_PREFIX, is_demo
-from data.features import bytes_per_token, state_widths
-from data.targets import resolve_target
-from heads import build_head
-from infer.state_memory import StateMemory, state_memory
-from infer.target import decoder_layers
-from train.config import TrainConfig
+from draftsmith.data.base.checks import at_most
+from draftsmith.data.base.names import DEMO_PREFIX, is_demo
+from draftsmith.data.features import bytes_per_token, state_widths
+from draftsmith.data.targets import resolve_target
+from draftsmith.heads import build_head
+from draftsmith.infer.state_memory import StateMemory, state_memory
+from draftsmith.infer.target import decoder_layers
+from draftsmith.train.config import TrainConfig
 
 GIB = 2**30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -59,7 +59,7 @@ def target_config(target: str) -> PretrainedConfig:
         shape = dict(KNOWN_TARGETS[target])
         return AutoConfig.for_model(shape.pop("model_type"), **shape)
     if is_demo(target):  # only a demo LM already in the cache: planning neither builds nor fetches one
-        from data.demo import demo_target_dir
+        from draftsmith.data.demo import demo_target_dir
 
         size = target.removeprefix(DEMO_PREFIX)
         if size == "smollm2":
@@ -312,7 +312,7 @@ def measure_peak(cfg: TrainConfig, steps: int = 3) -> dict:
     resident set before: every page the process touched, tensors and allocator slack and the data
     set's pages included, so it is an upper bound of the tensors' peak.
     """
-    from train.throughput import measure_throughput
+    from draftsmith.train.throughput import measure_throughput
 
     cuda = torch.cuda.is_available()
     if cuda:

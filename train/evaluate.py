@@ -11,12 +11,12 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader
 
-from train.checkpoint import BEST
-from train.config import TrainConfig
-from train.metrics import AcceptanceMeter, format_acceptance, step_correctness
-from train.objectives import objective_class
-from train.resume import TrainState
-from train.target_sharding import pad_target_passes, passes_short
+from draftsmith.train.checkpoint import BEST
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.metrics import AcceptanceMeter, format_acceptance, step_correctness
+from draftsmith.train.objectives import objective_class
+from draftsmith.train.resume import TrainState
+from draftsmith.train.target_sharding import pad_target_passes, passes_short
 
 logger = logging.getLogger("draftsmith.train")
 

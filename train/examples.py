@@ -7,8 +7,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from data.base.paths import cache_root
-from train.settings import TrainConfig
+from draftsmith.data.base.paths import cache_root
+from draftsmith.train.settings import TrainConfig
 
 
 class IndexedRows(Dataset):
@@ -42,7 +42,7 @@ def collate(rows: list[dict], pad_id: int) -> dict[str, Tensor]:
 
 def load_examples(source: str, tokenizer, cfg: TrainConfig, vocab_size: int, key: str):
     """Tokenized examples of ``source`` (``data.pipeline``), checked against the target's vocab."""
-    from data.pipeline import build_examples
+    from draftsmith.data.pipeline import build_examples
 
     try:
         examples, summary = build_examples(source, tokenizer, max_length=cfg.data.max_length,
@@ -68,8 +68,8 @@ def data_sources(cfg: TrainConfig, target, tokenizer, progress: bool = True) -> 
     sd = cfg.data.self_distill
     if not sd.rows:
         return cfg.data.train, cfg.data.eval
-    from data.regenerate import Settings
-    from data.self_distill import self_distilled
+    from draftsmith.data.regenerate import Settings
+    from draftsmith.data.self_distill import self_distilled
 
     settings = Settings(target=cfg.target, engine="hf", max_new_tokens=sd.max_new_tokens, temperature=sd.temperature,
                         max_length=cfg.data.max_length, seed=cfg.seed, prompt_tokens=sd.prompt_tokens)

@@ -16,11 +16,11 @@ import logging
 import torch
 from torch import nn
 
-from data.features import FeatureStore, FeatureStoreError, open_store
-from data.pipeline import tokenizer_fingerprint
-from infer.target import TargetOutput, causal_lm_of, loaded_target_identity, target_forward
-from train.config import TrainConfig
-from train.features import Features
+from draftsmith.data.features import FeatureStore, FeatureStoreError, open_store
+from draftsmith.data.pipeline import tokenizer_fingerprint
+from draftsmith.infer.target import TargetOutput, causal_lm_of, loaded_target_identity, target_forward
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.features import Features
 
 logger = logging.getLogger("draftsmith.train")
 

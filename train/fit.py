@@ -15,12 +15,12 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from train.config import TrainConfig
-from train.divergence import DivergenceGuard, TrainingDiverged
-from train.evaluate import eval_and_keep_best
-from train.feature_source import FeatureSource
-from train.metrics_log import MetricsLog
-from train.resume import TrainState, latest_checkpoint, save_checkpoint
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.divergence import DivergenceGuard, TrainingDiverged
+from draftsmith.train.evaluate import eval_and_keep_best
+from draftsmith.train.feature_source import FeatureSource
+from draftsmith.train.metrics_log import MetricsLog
+from draftsmith.train.resume import TrainState, latest_checkpoint, save_checkpoint
 
 logger = logging.getLogger("draftsmith.train")
 

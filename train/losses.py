@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from train.metrics import acceptance_rate
+from draftsmith.train.metrics import acceptance_rate
 
 EAGLE_CE_WEIGHT = 0.1  # EAGLE-1: SmoothL1 + 0.1 * soft CE (docs/recipes.md)
 # LK^lambda's KL weight w = LK_KL_SCALE * exp(-LK_KL_DECAY * acceptance): the defaults of SpecForge's

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from infer.target import causal_lm_of, target_forward
-from train.losses import LossOutput, on_policy_loss
-from train.metrics import acceptance_rate
+from draftsmith.infer.target import causal_lm_of, target_forward
+from draftsmith.train.losses import LossOutput, on_policy_loss
+from draftsmith.train.metrics import acceptance_rate
 
 
 @dataclass

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from data.base.names import is_head_model_type
-from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE, RUN_MARKER
-from train.config import ConfigError, TrainConfig
-from train.resume import check_not_complete, latest_checkpoint
+from draftsmith.data.base.names import is_head_model_type
+from draftsmith.train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE, RUN_MARKER
+from draftsmith.train.config import ConfigError, TrainConfig
+from draftsmith.train.resume import check_not_complete, latest_checkpoint
 
 
 def is_our_run(output_dir: Path) -> bool:

@@ -21,10 +21,10 @@ from pathlib import Path
 from accelerate import Accelerator
 from torch import nn
 
-from data.base.checks import count
-from train import checkpoint
-from train.checkpoint import CHECKPOINTS
-from train.config import ConfigError, TrainConfig
+from draftsmith.data.base.checks import count
+from draftsmith.train import checkpoint
+from draftsmith.train.checkpoint import CHECKPOINTS
+from draftsmith.train.config import ConfigError, TrainConfig
 
 logger = logging.getLogger("draftsmith.train")
 

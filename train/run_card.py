@@ -5,13 +5,13 @@ from pathlib import Path
 
 from torch import nn
 
-from train.checkpoint import BEST
-from train.resume import TrainState
+from draftsmith.train.checkpoint import BEST
+from draftsmith.train.resume import TrainState
 
 
 def run_card(head: nn.Module, output_dir: Path, data_summary, final: dict, state: TrainState, vocab) -> str:
     """README.md: ``heads.card`` (target, inputs, training record, usage) plus this run's data and results."""
-    from heads.card import model_card, training_info
+    from draftsmith.heads.card import model_card, training_info
 
     lines = ["## This run", ""]
     if final:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
-from data.base.names import DEMO_PREFIX
+from draftsmith.data.base.names import DEMO_PREFIX
 
 DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
 DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
@@ -72,7 +72,7 @@ class HeadConfig:
     def build_options(self) -> dict[str, Any]:
         """The keyword arguments for ``heads.build_head`` (only the options that were set): the ``head.*``
         keys the kind's head config takes (not those its objective reads: ``Objective.reads``)."""
-        from heads.auto import HEAD_CLASSES, config_options
+        from draftsmith.heads.auto import HEAD_CLASSES, config_options
 
         names = config_options(HEAD_CLASSES[self.kind].config_class)
         return {n: getattr(self, n) for n in names if getattr(self, n, None) is not None}

@@ -25,27 +25,27 @@ from torch import nn
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
-from data.base.checks import at_most
-from data.targets import load_target, load_target_tokenizer, resolve_target
-from heads import build_head
-from infer.recurrent import check_supported
-from infer.target import decoder_layers, loaded_target_identity
-from infer.threads import choose_threads
-from train.launcher import threads_are_launcher_default
-from train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
-from train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
-from train.config import TrainConfig
-from train.evaluate import eval_and_keep_best
-from train.examples import IndexedRows, collate, data_sources, load_examples, run_cache_dir
-from train.feature_source import FeatureSource
-from train.fit import fit
-from train.metrics_log import MetricsLog
-from train.objectives import HeadSetup, objective_class
-from train.output_dir import check_output_dir
-from train.resume import TrainState, mark_run, resume, resume_settings
-from train.run_card import run_card
-from train.target_sharding import shard_target
-from train.warm_start import warm_start
+from draftsmith.data.base.checks import at_most
+from draftsmith.data.targets import load_target, load_target_tokenizer, resolve_target
+from draftsmith.heads import build_head
+from draftsmith.infer.recurrent import check_supported
+from draftsmith.infer.target import decoder_layers, loaded_target_identity
+from draftsmith.infer.threads import choose_threads
+from draftsmith.train.launcher import threads_are_launcher_default
+from draftsmith.train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
+from draftsmith.train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.evaluate import eval_and_keep_best
+from draftsmith.train.examples import IndexedRows, collate, data_sources, load_examples, run_cache_dir
+from draftsmith.train.feature_source import FeatureSource
+from draftsmith.train.fit import fit
+from draftsmith.train.metrics_log import MetricsLog
+from draftsmith.train.objectives import HeadSetup, objective_class
+from draftsmith.train.output_dir import check_output_dir
+from draftsmith.train.resume import TrainState, mark_run, resume, resume_settings
+from draftsmith.train.run_card import run_card
+from draftsmith.train.target_sharding import shard_target
+from draftsmith.train.warm_start import warm_start
 
 logger = logging.getLogger("draftsmith.train")
 

@@ -8,13 +8,13 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from data.base.device import sync
-from data.targets import resolve_target
-from infer.target import target_forward
-from train.config import TrainConfig
-from train.examples import collate
-from train.setup import prepare_run
-from train.objectives import objective_class
+from draftsmith.data.base.device import sync
+from draftsmith.data.targets import resolve_target
+from draftsmith.infer.target import target_forward
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.examples import collate
+from draftsmith.train.setup import prepare_run
+from draftsmith.train.objectives import objective_class
 
 
 def measure_throughput(cfg: TrainConfig, *, steps: int = 10, warmup: int = 3) -> dict:

@@ -14,30 +14,21 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 
 
-def _unshadow() -> None:
-    """Run as a script (``accelerate launch train/train_head.py``), Python puts train/ first on
-    sys.path, where our config.py, metrics.py and losses.py would shadow any installed module of
-    the same top-level name; our packages import through the install (``pip install -e .``)."""
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-
-
 def cli(argv: list[str] | None = None) -> int:
     """Train; a mistake in the config or its inputs prints one line and returns 2, a divergence returns 1."""
-    _unshadow()
-    from data.cli import USER_ERRORS, one_line, quiet_libraries
-    from train.args import parse_args  # before torch loads: a mistake is one line in a second
-    from train.config import ConfigError
+    from draftsmith.data.cli import USER_ERRORS, one_line, quiet_libraries
+    from draftsmith.train.args import parse_args  # before torch loads: a mistake is one line in a second
+    from draftsmith.train.config import ConfigError
 
     quiet_libraries()
     try:
         cfg = parse_args(argv, default_config=DEMO_CONFIG)
     except ConfigError as err:
         return _fail(f"config error: {one_line(err)}", 2)
-    from train.divergence import TrainingDiverged
-    from train.metrics import format_acceptance
-    from train.resume import RunComplete
-    from train.setup import setup
+    from draftsmith.train.divergence import TrainingDiverged
+    from draftsmith.train.metrics import format_acceptance
+    from draftsmith.train.resume import RunComplete
+    from draftsmith.train.setup import setup
     try:
         result = setup(cfg)
     except RunComplete as err:  # resume_from=latest on a finished run: say so, train and save nothing
@@ -72,7 +63,7 @@ def _end_launcher_quietly() -> None:
     process, so end it first with SIGTERM (exit status 143, no traceback); nothing else is running.
     Linux only (reads /proc); multi-process launches are left alone, and so is ``draftsmith launch``
     (``scripts/launch.py``), which ends with this process's own exit code."""
-    from train.launcher import launched_by_accelerate, parent_cmdline
+    from draftsmith.train.launcher import launched_by_accelerate, parent_cmdline
 
     if os.environ.get("LOCAL_RANK") is not None or not launched_by_accelerate():
         return

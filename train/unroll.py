@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from heads import HeadCache
-from heads.layers import additive_mask
+from draftsmith.heads import HeadCache
+from draftsmith.heads.layers import additive_mask
 
 
 def shift_left(x: Tensor, n: int) -> Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from data.targets import check_head_source
+from draftsmith.data.targets import check_head_source
 
 # Config keys a warm start may change: which target the head is for, and what saving records.
 _FREE_KEYS = {"target_name_or_path", "target_base_name_or_path", "target_architecture", "target_model_type",
@@ -18,7 +18,7 @@ def warm_start(head: nn.Module, source: str) -> None:
     Both must be the same kind with the same shape (every config key but the target's name and the
     saving records; target hidden size, layers and vocabulary included); otherwise ``ValueError``
     names the keys and both values."""
-    from heads import AutoHead
+    from draftsmith.heads import AutoHead
 
     check_head_source(source)
     trained = AutoHead.from_pretrained(source)

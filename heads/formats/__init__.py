@@ -44,20 +44,20 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
-from data.base.checks import count
-from data.base.names import is_head_model_type, public_target_name
-from data.base.paths import share_readable
-from heads.card import model_card
-from heads.common import DraftHead, target_identity
-from heads.formats.dflash import DFLASH_ARCHITECTURE, _dflash_artifact, _dflash_problems, import_dflash
-from heads.formats.eagle import _eagle_artifact, _eagle_problems
-from heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
-from heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
-from heads.formats.parity import checked_section
-from heads.formats.public import import_eagle3
-from heads.formats.speculators import (SPECULATORS_LAYER_PREFIX, _speculators_artifact, import_speculators_dflash,
+from draftsmith.data.base.checks import count
+from draftsmith.data.base.names import is_head_model_type, public_target_name
+from draftsmith.data.base.paths import share_readable
+from draftsmith.heads.card import model_card
+from draftsmith.heads.common import DraftHead, target_identity
+from draftsmith.heads.formats.dflash import DFLASH_ARCHITECTURE, _dflash_artifact, _dflash_problems, import_dflash
+from draftsmith.heads.formats.eagle import _eagle_artifact, _eagle_problems
+from draftsmith.heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
+from draftsmith.heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
+from draftsmith.heads.formats.parity import checked_section
+from draftsmith.heads.formats.public import import_eagle3
+from draftsmith.heads.formats.speculators import (SPECULATORS_LAYER_PREFIX, _speculators_artifact, import_speculators_dflash,
                                       speculators_problems)
-from heads.formats.validation import (
+from draftsmith.heads.formats.validation import (
     EAGLE3_ARCHITECTURE,
     ENGINE_AUX_LAYERS,
     FORMAT_VERSION,

@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from heads.common import DraftHead
-from heads.dflash import (DFLASH2_ARCHITECTURE, DFLASH2_DEFAULTS, DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead,
+from draftsmith.heads.common import DraftHead
+from draftsmith.heads.dflash import (DFLASH2_ARCHITECTURE, DFLASH2_DEFAULTS, DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead,
                           build_target_layer_ids)
-from heads.formats.public import _resolve_directory, _rope_config_from
-from heads.formats.validation import (
+from draftsmith.heads.formats.public import _resolve_directory, _rope_config_from
+from draftsmith.heads.formats.validation import (
     Artifact,
     PROVENANCE_KEY,
     context_problems,

@@ -5,8 +5,8 @@ from typing import Any
 
 from torch import Tensor
 
-from heads.common import DraftHead
-from heads.formats.validation import (
+from draftsmith.heads.common import DraftHead
+from draftsmith.heads.formats.validation import (
     Artifact,
     PROVENANCE_KEY,
     context_problems,

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from heads.eagle3 import Eagle3Head, engine_aux_layer_ids
-from heads.formats.validation import (
+from draftsmith.heads.eagle3 import Eagle3Head, engine_aux_layer_ids
+from draftsmith.heads.formats.validation import (
     Artifact,
     EAGLE3_ARCHITECTURE,
     ENGINE_AUX_LAYERS,

@@ -8,11 +8,11 @@ import torch
 from torch import Tensor
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from heads.common import target_identity
-from heads.eagle3 import Eagle3Config, Eagle3Head
-from heads.formats.eagle3 import aux_layer_ids_from_config, draft_vocab_problems
-from data.base.torch_bin import read_torch_bin
-from heads.formats.validation import (
+from draftsmith.heads.common import target_identity
+from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.heads.formats.eagle3 import aux_layer_ids_from_config, draft_vocab_problems
+from draftsmith.data.base.torch_bin import read_torch_bin
+from draftsmith.heads.formats.validation import (
     ENGINE_ROPE_PARAMS,
     PROVENANCE_KEY,
     _TARGET_FIELDS,

@@ -13,13 +13,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from heads.common import DraftHead
-from heads.dflash import DFLASH_ARCHITECTURE, DFlashHead
-from heads.eagle3 import Eagle3Head
-from heads.formats.eagle3 import _eagle3_problems, _eagle3_tensors, eagle31_flags
-from heads.formats.dflash import (UNKNOWN_TARGET_LAYERS, _dflash_problems, head_from_layout, qwen3_layers_config,
+from draftsmith.heads.common import DraftHead
+from draftsmith.heads.dflash import DFLASH_ARCHITECTURE, DFlashHead
+from draftsmith.heads.eagle3 import Eagle3Head
+from draftsmith.heads.formats.eagle3 import _eagle3_problems, _eagle3_tensors, eagle31_flags
+from draftsmith.heads.formats.dflash import (UNKNOWN_TARGET_LAYERS, _dflash_problems, head_from_layout, qwen3_layers_config,
                                   read_checkpoint)
-from heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expect, float_tensors, llama_layer_config,
+from draftsmith.heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expect, float_tensors, llama_layer_config,
                                       provenance_record)
 
 

@@ -13,8 +13,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-from heads.common import DraftHead
-from heads.eagle3 import AUX_LAYERS
+from draftsmith.heads.common import DraftHead
+from draftsmith.heads.eagle3 import AUX_LAYERS
 
 
 PROVENANCE_KEY = "draftsmith"  # nested, so no engine parses it (vLLM renames top-level *num*heads* keys)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from data.base.device import sync
-from infer.bench.timing import timed
+from draftsmith.data.base.device import sync
+from draftsmith.infer.bench.timing import timed
 
 
 def left_pad(prompts: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

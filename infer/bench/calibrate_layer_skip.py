@@ -15,11 +15,11 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from data.base.device import sync
+from draftsmith.data.base.device import sync
 
-from infer.drafters import Chain
-from infer.generator import SpeculativeGenerator
-from infer.drafters.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters import Chain
+from draftsmith.infer.generator import SpeculativeGenerator
+from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
 
 
 def calibrate_layer_skip(target, prompts: list[list[int]], layers: list[int], depth: int,

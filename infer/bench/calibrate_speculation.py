@@ -10,10 +10,10 @@ shows why a length won.
 """
 from __future__ import annotations
 
-from infer.bench.batch import left_pad
-from infer.bench.timing import timed
-from infer.speculation_plan import SpeculationPlan, choose_lengths
-from data.base.progress import progress
+from draftsmith.infer.bench.batch import left_pad
+from draftsmith.infer.bench.timing import timed
+from draftsmith.infer.speculation_plan import SpeculationPlan, choose_lengths
+from draftsmith.data.base.progress import progress
 
 
 def calibrate(generator, prompts: list[list[int]], batch_sizes: list[int], lengths: list[int], max_new_tokens: int,

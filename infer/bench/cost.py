@@ -15,13 +15,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 
-from data.base.device import sync
-from infer.cache import keep_accepted
-from infer.bench.oracle import OracleDrafter
-from infer.drafters import Draft
-from infer.generator import SpeculativeGenerator
-from infer.target import target_forward
-from infer.tree import chain_parents, tree_attention_mask, tree_from_parents
+from draftsmith.data.base.device import sync
+from draftsmith.infer.cache import keep_accepted
+from draftsmith.infer.bench.oracle import OracleDrafter
+from draftsmith.infer.drafters import Draft
+from draftsmith.infer.generator import SpeculativeGenerator
+from draftsmith.infer.target import target_forward
+from draftsmith.infer.tree import chain_parents, tree_attention_mask, tree_from_parents
 
 
 def verify_costs(sizes: list[int], prompt: torch.Tensor, generators: dict[int, SpeculativeGenerator],

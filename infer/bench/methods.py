@@ -10,20 +10,20 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from data.base.device import sync
-from data.targets import resolve_target
-from heads import AutoHead
-from infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from infer.bench.tree_spec import TREE_SPEC
-from infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
-from infer.drafters import AdaptiveLength, TreeOption, adaptive_chain, drafter_class, fit_chain, make_drafter
-from infer.drafters.hierarchical import HierarchicalDrafter
-from infer.drafters.layer_skip import LayerSkipDrafter
-from infer.drafters.lm_drafter import LMDrafter
-from infer.drafters.lookup_first import LookupFirst
-from infer.drafters.ngram import NgramDrafter
-from infer.recurrent import is_hybrid
-from infer.tree import MEDUSA_DEFAULT_CHOICES
+from draftsmith.data.base.device import sync
+from draftsmith.data.targets import resolve_target
+from draftsmith.heads import AutoHead
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from draftsmith.infer.bench.tree_spec import TREE_SPEC
+from draftsmith.infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
+from draftsmith.infer.drafters import AdaptiveLength, TreeOption, adaptive_chain, drafter_class, fit_chain, make_drafter
+from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
+from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.lookup_first import LookupFirst
+from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.recurrent import is_hybrid
+from draftsmith.infer.tree import MEDUSA_DEFAULT_CHOICES
 
 
 @dataclass

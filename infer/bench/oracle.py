@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from infer.drafters import Draft, Drafter, Sampling
-from infer.tree import chain_parents, tree_from_parents
+from draftsmith.infer.drafters import Draft, Drafter, Sampling
+from draftsmith.infer.tree import chain_parents, tree_from_parents
 
 
 class OracleDrafter(Drafter):

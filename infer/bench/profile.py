@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from infer.bench.methods import Method
+from draftsmith.infer.bench.methods import Method
 
 LOOP_PHASES = ("draft", "observe", "verify", "accept", "compact", "rollback", "emit")  # rollback: hybrid targets only
 

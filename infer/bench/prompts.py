@@ -12,7 +12,7 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
     corpus's held-out split (code continuation: the first ``--prompt-tokens`` tokens of a file chunk)."""
     prompts: list[list[int]] = []
     if args.prompts == "demo:mtbench":  # MT-bench first turns, categories interleaved (data.assets)
-        from data.assets import mtbench_prompts
+        from draftsmith.data.assets import mtbench_prompts
 
         for messages in mtbench_prompts():
             ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
@@ -31,7 +31,7 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
                 raise ValueError(f"{args.prompts}:{line_no}: a prompt row needs 'prompt' or 'messages', got {sorted(row)}")
             prompts.append(list(ids))
     else:
-        from data.corpus import continuation_prompts
+        from draftsmith.data.corpus import continuation_prompts
 
         prompts = continuation_prompts(tokenizer, args.num_prompts, args.prompt_tokens, args.max_new_tokens)
     if not prompts:

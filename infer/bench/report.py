@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from data.base.paths import claim_report_dir
-from infer.bench.batch import batch_markdown
-from infer.bench.cost import bound as cost_bound
-from infer.bench.methods import Method
-from infer.bench.profile import plot_profile, profile_markdown
+from draftsmith.data.base.paths import claim_report_dir
+from draftsmith.infer.bench.batch import batch_markdown
+from draftsmith.infer.bench.cost import bound as cost_bound
+from draftsmith.infer.bench.methods import Method
+from draftsmith.infer.bench.profile import plot_profile, profile_markdown
 
 COLUMNS = (
     "Columns: tokens/s = new tokens / seconds over all prompts (each prompt's median over repeats); "

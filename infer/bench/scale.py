@@ -15,14 +15,14 @@ import time
 import torch
 import transformers
 
-from data.base.device import default_device
-from heads import build_head
-from infer import Chain, DynamicTree, SpeculativeGenerator
-from infer.bench.cost import bound, verify_costs
-from infer.bench.oracle import OracleDrafter
-from infer.bench.shapes import build_target
-from infer.bench.timing import peak_memory_mib, reset_peak_memory, timed
-from infer.drafters import Sampling, drafter_class
+from draftsmith.data.base.device import default_device
+from draftsmith.heads import build_head
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
+from draftsmith.infer.bench.cost import bound, verify_costs
+from draftsmith.infer.bench.oracle import OracleDrafter
+from draftsmith.infer.bench.shapes import build_target
+from draftsmith.infer.bench.timing import peak_memory_mib, reset_peak_memory, timed
+from draftsmith.infer.drafters import Sampling, drafter_class
 
 
 def head_draft_cost(target, args, device, dtype) -> dict:

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from data.base.device import sync
-from infer.target import decoder_layers
+from draftsmith.data.base.device import sync
+from draftsmith.infer.target import decoder_layers
 
 
 def timed(fn: Callable[[], Any], warmup: int, repeats: int) -> tuple[float, Any]:

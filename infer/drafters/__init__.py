@@ -10,8 +10,8 @@ import importlib
 import torch
 from torch import nn
 
-from infer.drafters.adaptive import AdaptiveLength
-from infer.drafters.base import (
+from draftsmith.infer.drafters.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.base import (
     Chain,
     Draft,
     Drafter,
@@ -28,7 +28,7 @@ from infer.drafters.base import (
 
 def drafter_class(kind: str) -> type[HeadDrafter]:
     """The drafter class of head kind ``kind`` (module ``infer.drafters.<kind>``, ``-`` read as ``_``)."""
-    from heads import HEAD_CLASSES
+    from draftsmith.heads import HEAD_CLASSES
 
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEAD_CLASSES)}")

@@ -13,8 +13,8 @@ from typing import Any
 
 from torch import Tensor
 
-from data.base.checks import count
-from infer.drafters.base import Draft, Drafter, Sampling
+from draftsmith.data.base.checks import count
+from draftsmith.infer.drafters.base import Draft, Drafter, Sampling
 
 
 @dataclass

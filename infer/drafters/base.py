@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from data.base.checks import count
-from infer.accept import sampling_probs
-from infer.tree import MEDUSA_DEFAULT_CHOICES, TreeBuffers, chain_parents, medusa_tree, tree_from_parents
+from draftsmith.data.base.checks import count
+from draftsmith.infer.accept import sampling_probs
+from draftsmith.infer.tree import MEDUSA_DEFAULT_CHOICES, TreeBuffers, chain_parents, medusa_tree, tree_from_parents
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from heads.layers import additive_mask
-from infer.cache import StaticHeadCache
-from infer.compiling import compiled, step_begin
-from infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
+from draftsmith.heads.layers import additive_mask
+from draftsmith.infer.cache import StaticHeadCache
+from draftsmith.infer.compiling import compiled, step_begin
+from draftsmith.infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
                                  root_only, stack_rows)
 
 CPU_CHAIN = 4  # on CPU every verified token costs (EAGLE's measured chain sweet spot, docs/benchmarks.md)

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from data.base.checks import probability
-from infer.cache import SlotWrites, StaticHeadCache, block_slot_mask, slot_mask
-from infer.compiling import compiled, step_begin
-from infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers,
+from draftsmith.data.base.checks import probability
+from draftsmith.infer.cache import SlotWrites, StaticHeadCache, block_slot_mask, slot_mask
+from draftsmith.infer.compiling import compiled, step_begin
+from draftsmith.infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers,
                                  draft_by_batch, group_rows, root_only, stack_rows)
-from infer.tree import Candidates, expand_level, select_trees, tree_from_parents
+from draftsmith.infer.tree import Candidates, expand_level, select_trees, tree_from_parents
 
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from infer.drafters.eagle import EagleDrafter
+from draftsmith.infer.drafters.eagle import EagleDrafter
 
 
 class Eagle3Drafter(EagleDrafter):

@@ -15,10 +15,10 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from infer.drafters.base import Chain, HeadDrafter
-from infer.drafters.layer_skip import shallow_backbone
-from infer.drafters.lm_drafter import LMDrafter
-from infer.hf_cache import cache_kwargs
+from draftsmith.infer.drafters.base import Chain, HeadDrafter
+from draftsmith.infer.drafters.layer_skip import shallow_backbone
+from draftsmith.infer.drafters.lm_drafter import LMDrafter
+from draftsmith.infer.hf_cache import cache_kwargs
 
 DEFAULT_CHAIN = Chain(4)  # drafts per step when none is given (a CPU-sized chain, as layer skip's)
 

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
-from infer.drafters.lm_drafter import LMDrafter, LMState
-from infer.drafters.ngram import NgramDrafter, find_continuations
-from infer.hf_cache import cache_kwargs
-from infer.target import target_forward
+from draftsmith.infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
+from draftsmith.infer.drafters.lm_drafter import LMDrafter, LMState
+from draftsmith.infer.drafters.ngram import NgramDrafter, find_continuations
+from draftsmith.infer.hf_cache import cache_kwargs
+from draftsmith.infer.target import target_forward
 
 GREEDY = Sampling()
 

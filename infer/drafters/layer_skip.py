@@ -23,15 +23,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from data.base.checks import count
-from data.base.paths import cache_root
-from heads.common import final_norm_name
-from heads.layers import additive_mask
-from infer.masked_forward import attention_masks
-from infer.drafters.base import Chain, Draft, Sampling, chain_buffers
-from infer.drafters.lm_drafter import LMDrafter, LMState
-from infer.hf_cache import cache_kwargs
-from infer.target import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
+from draftsmith.data.base.checks import count
+from draftsmith.data.base.paths import cache_root
+from draftsmith.heads.common import final_norm_name
+from draftsmith.heads.layers import additive_mask
+from draftsmith.infer.masked_forward import attention_masks
+from draftsmith.infer.drafters.base import Chain, Draft, Sampling, chain_buffers
+from draftsmith.infer.drafters.lm_drafter import LMDrafter, LMState
+from draftsmith.infer.hf_cache import cache_kwargs
+from draftsmith.infer.target import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
 
 CALIBRATION_DIR = "layer-skip"  # under the cache root: one JSON per (target, device type, dtype)
 

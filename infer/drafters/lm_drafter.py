@@ -15,11 +15,11 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache
 
-from data.base.checks import probability
-from infer.cache import keep_accepted
-from infer.drafters.base import Chain, Draft, Drafter, Sampling, chain_draft, root_only
-from infer.hf_cache import cache_kwargs
-from infer.recurrent import cache_checkpoint, is_hybrid, restore_cache
+from draftsmith.data.base.checks import probability
+from draftsmith.infer.cache import keep_accepted
+from draftsmith.infer.drafters.base import Chain, Draft, Drafter, Sampling, chain_draft, root_only
+from draftsmith.infer.hf_cache import cache_kwargs
+from draftsmith.infer.recurrent import cache_checkpoint, is_hybrid, restore_cache
 
 
 def check_same_tokenizer(draft: nn.Module, target: nn.Module) -> None:

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from data.base.checks import count
-from infer.drafters.base import Draft, Drafter, Sampling
-from infer.drafters.ngram import NgramDrafter
+from draftsmith.data.base.checks import count
+from draftsmith.infer.drafters.base import Draft, Drafter, Sampling
+from draftsmith.infer.drafters.ngram import NgramDrafter
 
 
 @dataclass

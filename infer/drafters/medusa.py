@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, StaticTree, chain_draft, root_only
-from infer.tree import MEDUSA_DEFAULT_CHOICES, TreeBuffers, medusa_tree, tree_from_parents
+from draftsmith.infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, StaticTree, chain_draft, root_only
+from draftsmith.infer.tree import MEDUSA_DEFAULT_CHOICES, TreeBuffers, medusa_tree, tree_from_parents
 
 
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from data.base.checks import count
-from infer.drafters.base import Draft, Drafter, Sampling, root_only
-from infer.tree import tree_from_parents
+from draftsmith.data.base.checks import count
+from draftsmith.infer.drafters.base import Draft, Drafter, Sampling, root_only
+from draftsmith.infer.tree import tree_from_parents
 
 
 @dataclass

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib
 
-from train.objectives.base import HeadSetup, Objective
+from draftsmith.train.objectives.base import HeadSetup, Objective
 
 
 def objective_class(kind: str) -> type[Objective]:
     """The training objective of head kind ``kind`` (module ``train.objectives.<kind>``, ``-`` read as ``_``)."""
-    from heads import HEAD_CLASSES
+    from draftsmith.heads import HEAD_CLASSES
 
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEAD_CLASSES)}")

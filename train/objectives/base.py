@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from infer.target import TargetOutput, causal_lm_of, target_forward
-from train.settings import DEFAULT_TTT_STEPS, TrainConfig
-from train.features import Features
-from train.losses import LossOutput
+from draftsmith.infer.target import TargetOutput, causal_lm_of, target_forward
+from draftsmith.train.settings import DEFAULT_TTT_STEPS, TrainConfig
+from draftsmith.train.features import Features
+from draftsmith.train.losses import LossOutput
 
 
 @dataclass

@@ -27,18 +27,18 @@ import math
 import torch
 from torch import Tensor, nn
 
-from heads.dflash import DEFAULT_BLOCK_SIZE
-from infer.drafters.base import Sampling
-from infer.drafters.dflash import select_path
-from infer.target import TargetOutput
-from train.settings import ConfigError, OptimConfig, TrainConfig
-from train.features import Features
-from train.losses import LossOutput, decayed_sum, dpace_weights, soft_ce, soft_loss, weighted_mean
-from train.metrics import acceptance_rate
-from train.objectives.base import HeadSetup, Objective, no_grad_embeds
-from train.anchors import draw_anchors, segments
-from train.objectives.eagle3 import Eagle3Features, Eagle3Objective
-from train.on_policy import Rollout, on_policy_output, verify_drafts
+from draftsmith.heads.dflash import DEFAULT_BLOCK_SIZE
+from draftsmith.infer.drafters.base import Sampling
+from draftsmith.infer.drafters.dflash import select_path
+from draftsmith.infer.target import TargetOutput
+from draftsmith.train.settings import ConfigError, OptimConfig, TrainConfig
+from draftsmith.train.features import Features
+from draftsmith.train.losses import LossOutput, decayed_sum, dpace_weights, soft_ce, soft_loss, weighted_mean
+from draftsmith.train.metrics import acceptance_rate
+from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds
+from draftsmith.train.anchors import draw_anchors, segments
+from draftsmith.train.objectives.eagle3 import Eagle3Features, Eagle3Objective
+from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
 
 EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one): bounds (B, C, depth, V) logits
 # The DFlash paper's decay exp(-(k-1)/gamma) by block size, as ModelOpt's DFlash guide quotes it: 7 for

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from infer.target import TargetOutput
-from train.settings import DEFAULT_FEATURE_NOISE, TrainConfig
-from train.features import Features
-from train.losses import LossOutput, eagle_loss
-from train.objectives.base import Objective, no_grad_embeds, target_logits
-from train.unroll import shift_left, unroll
+from draftsmith.infer.target import TargetOutput
+from draftsmith.train.settings import DEFAULT_FEATURE_NOISE, TrainConfig
+from draftsmith.train.features import Features
+from draftsmith.train.losses import LossOutput, eagle_loss
+from draftsmith.train.objectives.base import Objective, no_grad_embeds, target_logits
+from draftsmith.train.unroll import shift_left, unroll
 
 
 @dataclass(kw_only=True)

@@ -8,17 +8,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from infer.target import TargetOutput
-from train.settings import DEFAULT_TTT_STEPS, TrainConfig
-from train.draft_vocab import build_draft_vocab
-from train.examples import collate
-from train.features import Features
-from train.anchors import draw_anchors
-from train.losses import (DraftTargets, LossOutput, decayed_sum, dpace_weights, restrict_to_draft_vocab, soft_ce,
+from draftsmith.infer.target import TargetOutput
+from draftsmith.train.settings import DEFAULT_TTT_STEPS, TrainConfig
+from draftsmith.train.draft_vocab import build_draft_vocab
+from draftsmith.train.examples import collate
+from draftsmith.train.features import Features
+from draftsmith.train.anchors import draw_anchors
+from draftsmith.train.losses import (DraftTargets, LossOutput, decayed_sum, dpace_weights, restrict_to_draft_vocab, soft_ce,
                           ttt_step_loss, ttt_step_view, weighted_mean)
-from train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
-from train.on_policy import Rollout, on_policy_output, verify_drafts
-from train.unroll import unroll
+from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
+from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
+from draftsmith.train.unroll import unroll
 
 logger = logging.getLogger("draftsmith.train")
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from infer.drafters.early_exit import DEFAULT_CHAIN
-from infer.target import TargetOutput
-from train.settings import TrainConfig
-from train.features import Features
-from train.losses import LossOutput, soft_loss, step_slices
-from train.objectives.base import Objective, target_logits
-from train.unroll import shift_left
+from draftsmith.infer.drafters.early_exit import DEFAULT_CHAIN
+from draftsmith.infer.target import TargetOutput
+from draftsmith.train.settings import TrainConfig
+from draftsmith.train.features import Features
+from draftsmith.train.losses import LossOutput, soft_loss, step_slices
+from draftsmith.train.objectives.base import Objective, target_logits
+from draftsmith.train.unroll import shift_left
 
 
 def positions(hidden: Tensor) -> Tensor:

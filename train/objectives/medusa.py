@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from infer.target import TargetOutput, target_forward
-from train.backbone import add_lora, has_lora, lora_parameters, original
-from train.settings import ConfigError, TrainConfig
-from train.features import Features
-from train.losses import LossOutput, medusa_loss, medusa_soft_loss, soft_loss
-from train.objectives.base import Objective, target_logits
+from draftsmith.infer.target import TargetOutput, target_forward
+from draftsmith.train.backbone import add_lora, has_lora, lora_parameters, original
+from draftsmith.train.settings import ConfigError, TrainConfig
+from draftsmith.train.features import Features
+from draftsmith.train.losses import LossOutput, medusa_loss, medusa_soft_loss, soft_loss
+from draftsmith.train.objectives.base import Objective, target_logits
 
 
 @dataclass(kw_only=True)
