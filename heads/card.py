@@ -140,7 +140,7 @@ def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[
     lines: list[str] = []
     if native or fmt in head.reads_formats:
         lines += ["draftsmith (loads this " + ("head" if native else "export, converting it back") + "):", "",
-                  "```python", "from infer import SpeculativeGenerator", "",
+                  "```python", "from draftsmith.infer import SpeculativeGenerator", "",
                   f"gen = SpeculativeGenerator.from_pretrained({target!r}, {head_ref!r})",
                   "out = gen.generate(input_ids, max_new_tokens=128)", "```", ""]
 
@@ -153,7 +153,7 @@ def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[
     if is_demo(target):
         served = "TARGET_DIR"
         lines += [f"(Engines load a directory: TARGET_DIR is {target}'s, printed by "
-                  f"`python -c \"from data.targets import resolve_target; print(resolve_target('{target}'))\"`.)", ""]
+                  f"`python -c \"from draftsmith.data.targets import resolve_target; print(resolve_target('{target}'))\"`.)", ""]
     lines += head.card_serving_lines(served, serve_dir, export_step, fmt)
     return lines
 

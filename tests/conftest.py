@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,12 @@ _CONFIGS = {
     "mistral": MistralConfig,
 }
 
+
+# `python -m pytest` puts the repository root on sys.path, where heads/, infer/, data/ ... would import under
+# their bare names: a stray `import infer.tree` (or importlib.import_module("infer.tree")) would pass here and
+# fail for every user of the wheel. Our code imports as draftsmith.<folder> only (through the install).
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
 MAX_WORKERS = 4  # each xdist worker imports torch and transformers (~1 GB): more cores than this do not pay
 

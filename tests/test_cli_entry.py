@@ -56,8 +56,8 @@ PROBE = ("import sys, atexit; atexit.register(lambda: print('loaded:', 'torch' i
 
 
 @pytest.mark.parametrize("call, name", [
-    ("from scripts.cli import main; sys.exit(main(['generate', {}]))", "draftsmith generate"),
-    ("from infer.generate import cli; sys.exit(cli([{}]))", "python -m draftsmith.infer.generate"),
+    ("from draftsmith.scripts.cli import main; sys.exit(main(['generate', {}]))", "draftsmith generate"),
+    ("from draftsmith.infer.generate import cli; sys.exit(cli([{}]))", "python -m draftsmith.infer.generate"),
 ])
 @pytest.mark.parametrize("mistake, message", [
     ("'--head', 'h', '--prompt', 'x', '--max-new-tokens', '0'", "argument --max-new-tokens: a whole number >= 1"),
@@ -75,7 +75,7 @@ def test_generate_reports_argument_mistakes_before_torch_loads_naming_the_comman
 
 def test_regenerate_reports_argument_mistakes_before_torch_loads():
     """--engine openai never needs torch: a mistake in its arguments is one line in under a second."""
-    call = ("from data.cli import run; from scripts.regenerate import main; sys.exit(run(main, ['--target', 't', "
+    call = ("from draftsmith.data.cli import run; from draftsmith.scripts.regenerate import main; sys.exit(run(main, ['--target', 't', "
             "'--data', 'd', '--out', 'o.jsonl', '--engine', 'openai', '--timeout', '0']))")
     done = subprocess.run([sys.executable, "-c", PROBE.format(call)], capture_output=True, text=True, timeout=120,
                           cwd=ROOT)
@@ -121,12 +121,12 @@ def test_every_command_has_a_mistake_and_a_file():
 @pytest.mark.parametrize("name", sorted(MISTAKES))
 def test_every_entry_point_reports_argument_mistakes_before_torch_loads(name, how, tmp_path):
     if how == "draftsmith":
-        call = f"from scripts.cli import main; sys.exit(main({[name, *MISTAKES[name]]!r}))"
+        call = f"from draftsmith.scripts.cli import main; sys.exit(main({[name, *MISTAKES[name]]!r}))"
     else:  # as `python FILE ARGS` runs it: the file as __main__, its folder first on sys.path
         path = ROOT / FILES[name]
         call = (f"import runpy; sys.argv = {[str(path), *MISTAKES[name]]!r}; sys.path.insert(0, {str(path.parent)!r}); "
                 f"runpy.run_path({str(path)!r}, run_name='__main__')")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DRAFTSMITH_CACHE": str(tmp_path)}
+    env = {**os.environ, "DRAFTSMITH_CACHE": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", PROBE.format(call)], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path, env=env)
     lines = [line for line in done.stderr.splitlines() if line.strip()]

@@ -92,8 +92,8 @@ def test_block_slot_k_is_scored_against_token_anchor_plus_k(monkeypatch):
         tokens = anchors[..., None] + torch.arange(bs)  # (B, N, bs)
         return 50.0 * torch.nn.functional.one_hot(tokens % vocab, vocab).float()
 
-    monkeypatch.setattr("train.objectives.dflash.block_outputs", stub_outputs)
-    monkeypatch.setattr("train.objectives.dflash.sequence_context", lambda head, features: [])
+    monkeypatch.setattr("draftsmith.train.objectives.dflash.block_outputs", stub_outputs)
+    monkeypatch.setattr("draftsmith.train.objectives.dflash.sequence_context", lambda head, features: [])
     features = _layout_features(seq_len, vocab)
     objective.perturb(features, None, seed=0)
     out = objective(features, torch.nn.Identity())

@@ -27,7 +27,7 @@ def test_block_mask_sees_context_before_its_anchor_and_its_own_block():
 def test_training_block_equals_the_inference_block(monkeypatch):
     """Evaluation's parallel blocks (every position an anchor, as in training) == what the drafter
     proposes after observing tokens 0..i and rooting at token i+1."""
-    monkeypatch.setattr("train.objectives.dflash.EVAL_CHUNK", 5)  # several chunks, the last one short
+    monkeypatch.setattr("draftsmith.train.objectives.dflash.EVAL_CHUNK", 5)  # several chunks, the last one short
     from draftsmith.infer import Chain
     from draftsmith.infer.drafters import Sampling, make_drafter
 

@@ -150,7 +150,7 @@ def test_a_dump_killed_with_sigkill_resumes_with_every_row_exactly_once(tiny_fil
     store = tmp_path / "features"
     command = [sys.executable, str(ROOT / "scripts" / "dump_features.py"), "--config", str(cfg_file),
                "--out", str(store), "--shard-mb", "0.5", "--device", "cpu"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     manifest = store / "manifest-dump.json"
     deadline = time.monotonic() + 300

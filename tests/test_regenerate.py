@@ -423,7 +423,7 @@ def test_the_script_ends_a_user_mistake_in_one_line(target_dir, data_file, tmp_p
     done = subprocess.run([sys.executable, "scripts/regenerate.py", "--target", str(target_dir), "--data", str(data_file),
                            "--out", str(out), "--resume", "--no-progress", "--limit", "1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
 

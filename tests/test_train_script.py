@@ -121,7 +121,7 @@ def test_wandb_offline_and_tensorboard(tiny_files, tmp_path):
 
 
 def test_config_errors_under_accelerate_launch_end_without_a_traceback(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parent.parent)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(["accelerate", "launch", "--cpu", "--num_processes", "1", "--mixed_precision", "no",
                           "--dynamo_backend", "no", str(SCRIPT), "head.kind=gpt"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
