@@ -101,7 +101,7 @@ class _Parsed(BaseException):
 
 
 # scripts.launch parses nothing itself: accelerate's parser takes its options, the training config the rest
-ENTRY_POINTS = [*({module for module, _, _ in __import__("draftsmith.scripts.cli").cli.COMMANDS.values()} - {"draftsmith.scripts.launch"}),
+ENTRY_POINTS = [*({module for module, _, _ in __import__("draftsmith.scripts.cli").scripts.cli.COMMANDS.values()} - {"draftsmith.scripts.launch"}),
                 "draftsmith.scripts.bench_data_pipeline", "draftsmith.scripts.bench_features", "draftsmith.scripts.plot_runs",
                 "draftsmith.scripts.calibrate_layer_skip"]
 
