@@ -35,7 +35,7 @@ def inputs(tmp_path_factory):
 
 def test_smoke_runs_every_phase_and_resumes(inputs, capsys):
     work, out = inputs / "work", inputs / "report"
-    argv = ["--smoke", "--budget-min", "5", "--target", str(inputs / "target"), "--data", str(inputs / "rows.json"),
+    argv = ["--real", "--smoke", "--budget-min", "5", "--target", str(inputs / "target"), "--data", str(inputs / "rows.json"),
             "--train-data", str(inputs / "rows.json"),
             "--prompts", str(inputs / "prompts.jsonl"), "--work", str(work), "--out", str(out), "--device", "cpu",
             "--config", "configs/demo.yaml"]
