@@ -7,7 +7,8 @@
     draftsmith check-export DIR --head H --target T    # scripts/check_export.py
     draftsmith bench --target DIR --heads DIR ...      # scripts/benchmark.py
     draftsmith bench-scale --shape llama3.1-8b         # scripts/bench_scale.py
-    draftsmith gpu-report --budget-min 25              # scripts/gpu_report.py
+    draftsmith gpu-report --real --budget-min 25       # scripts/gpu_report.py (several GPU calls)
+    draftsmith gpu-lease --dry-run                     # scripts/gpu_lease.py (the one-call GPU proof)
     draftsmith regenerate --target T --data D --out OUT.jsonl
     draftsmith push --head DIR --repo-id USER/NAME
     draftsmith make-demo --size tiny

@@ -67,7 +67,8 @@ def load_rates(path: Path) -> dict:
     for phase, cost in PHASES.items():
         for name in cost:
             entry = rates.get(name)
-            if not isinstance(entry, dict) or not isinstance(entry.get("value"), (int, float)) or not entry.get("source"):
+            numeric = isinstance(entry, dict) and isinstance(entry.get("value"), (int, float))
+            if not numeric or not entry.get("source"):
                 raise ValueError(f"{path}: rates.{name} (used by phase {phase}) needs a numeric 'value' and a 'source'")
     return data
 

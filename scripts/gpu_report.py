@@ -54,9 +54,10 @@ KINDS = ("eagle3", "eagle", "medusa")
 TREES = "tree,chain3,chain5,chain7"
 
 
-# (what one device call carries and runs, its device minutes): SmolLM2's GGUF (98 MB) cannot travel in one call of
-# 64 MiB beside the repository, so it goes over three, kept on the warm machine (each call within 30 s of the last reply: an idle machine is
-# given back, bare). Minutes from the H100 run of 2026-11-24 (docs/benchmarks.md, "GPU: one command").
+# (what one device call carries and runs, its device minutes): SmolLM2's GGUF (98 MB) cannot travel in one call
+# of 64 MiB beside the repository, so it goes over three, kept on the warm machine (each call within 30 s of the
+# last reply: an idle machine is given back, bare). Minutes from the H100 run of 2026-11-24 (docs/benchmarks.md,
+# "The real-model report").
 REAL_CALLS = (
     ("start: a cold machine", 1.5),
     ("1: the GGUF's first 40 MB (`split -b 40M`) beside the repository (23 MB) and the wheels (gguf, datasets, "

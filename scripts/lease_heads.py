@@ -81,7 +81,8 @@ def finish(lease, jobs: dict[str, tuple]) -> dict:
                      if ln.strip()] if (lease.work / name / "metrics.jsonl").is_file() else []
             last = next((r for r in reversed(steps) if "loss" in r), {})
             evaluated = next((r for r in reversed(steps) if "tau" in r), {})
-            result[name].update(step=last.get("step"), loss=last.get("loss"), simulated_tau=evaluated.get("tau"))
+            result[name].update(step=max((r.get("step", 0) for r in steps), default=None), loss=last.get("loss"),
+                                simulated_tau=evaluated.get("tau"))
     return result
 
 
@@ -164,7 +165,8 @@ def headline(name: str, d: dict) -> list[str]:
                    f"fla {d['fla']}, datasets {d['datasets']}")
     if "t_over_t1" in d:
         out.append(f"P7 t(1) {_fmt(d['t_ms'][min(d['t_ms'])])} ms = {d['t1_over_hbm_bound']}x the HBM bound "
-                   f"({_fmt(d['hbm_bound_ms'])} ms); t(N)/t(1) " + ", ".join(f"{n}: {r}" for n, r in d["t_over_t1"].items()))
+                   f"({_fmt(d['hbm_bound_ms'])} ms); t(N)/t(1) "
+                   + ", ".join(f"{n}: {r}" for n, r in d["t_over_t1"].items()))
     rows = d.get("rows")
     for method, row in (rows.items() if isinstance(rows, dict) else []):
         out.append(f"P1/P2 {method}: {_fmt(row['tokens_per_s'], 1)} tok/s, tau {_fmt(row['tau'])}, "
@@ -179,6 +181,7 @@ def headline(name: str, d: dict) -> list[str]:
     if "tests" in d:
         out.append(f"tests: {d['tests'].get('last_line', d['tests'])}")
     if "rollback_share" in d:
-        out.append(f"hybrid ({d['kernels']}, rollback {d['rollback']}): tau {d['tau']}, restore {d['rollback_share']:.1%} "
+        out.append(f"hybrid ({d['kernels']}, rollback {d['rollback']}): tau {d['tau']}, "
+                   f"restore {d['rollback_share']:.1%} "
                    f"+ re-verified tokens {d['reverify_share']:.1%} of the step time")
     return out

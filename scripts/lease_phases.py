@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -27,7 +27,8 @@ from draftsmith.scripts.lease_heads import heads, summary
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_SCALE = 1e-3  # --smoke: the H100 estimates scaled to a CPU's seconds-scale run of tiny shapes
-SMOKE_PHASE_S = 120  # --smoke: a phase's own deadline at least this (the estimates are scaled to milliseconds)
+SMOKE_PHASE_S = 900  # --smoke: a phase's own deadline at least this (its estimate is scaled to milliseconds; two
+# training launches on a busy 2-core box took ~2 minutes)
 SMOKE_SHAPES = {"llama3.1-8b": "tiny", "qwen3-8b": "tiny-qwen3", "qwen3.5-9b": "tiny-qwen3.5"}
 LOG_TAIL = 200_000  # bytes of each training log copied into the output folder
 
@@ -99,6 +100,7 @@ def run_lease(args, plan: dict[str, float], started: float) -> int:
         free(lease, keep=name != "batch" and "batch" in args.phases[args.phases.index(name) + 1:])
     lease.results["wall_s"] = round(time.monotonic() - lease.start, 1)
     lease.write()
+    shutil.rmtree(lease.work, ignore_errors=True)  # the trained heads and logs (their tails are in the output)
     print(summary(lease.results), flush=True)
     return 1 if any("error" in p for p in lease.results["phases"].values()) else 0
 
@@ -304,7 +306,7 @@ def hybrid(lease: Lease) -> dict:
     args = scale_args(lease, "qwen3.5-9b")
     target, prompt, info = build(lease, "qwen3.5-9b", args)
     info["kernels"] = "fla" if importlib.util.find_spec("fla") else "torch reference (no fla)"
-    new = args.max_new_tokens // 2
+    new = 12 if lease.smoke else 64
     with torch.inference_mode():
         ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=new,
                               min_new_tokens=new, pad_token_id=0)
