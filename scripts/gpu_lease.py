@@ -143,6 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     p.add_argument("--budget-s", type=cli_real(0, above=True), default=540.0, help="seconds for the whole run")
     p.add_argument("--phases", default=",".join(PHASES), help="comma-separated phases to run, of " + ", ".join(PHASES))
+    p.add_argument("--sweep-backend", choices=("cudagraphs", "inductor", "eager"), default="cudagraphs",
+                   help="how the t(N) sweep's verify steps compile on CUDA (inductor: ~50 s per N at 8B)")
     p.add_argument("--rates", type=Path, default=RATES, help="the rates file the plan reads")
     p.add_argument("--wheels", type=Path, default=REPO / ".whl", help="the carried wheel folder (counted by --dry-run)")
     p.add_argument("--root", type=Path, default=REPO, help="the repository that travels (counted by --dry-run)")

@@ -164,7 +164,8 @@ def headline(name: str, d: dict) -> list[str]:
         out.append(f"copy {d['copy_tb_per_s']} TB/s; torch {d['torch']}, transformers {d['transformers']}, "
                    f"fla {d['fla']}, datasets {d['datasets']}")
     if "t_over_t1" in d:
-        out.append(f"P7 t(1) {_fmt(d['t_ms'][min(d['t_ms'])])} ms = {d['t1_over_hbm_bound']}x the HBM bound "
+        out.append(f"P7 t(1) {_fmt(d['t_ms'][min(d['t_ms'])])} ms ({d['sweep_backend']}, "
+                   f"{d.get('sweep_cudagraph_skips', 0)} graph skips) = {d['t1_over_hbm_bound']}x the HBM bound "
                    f"({_fmt(d['hbm_bound_ms'])} ms); t(N)/t(1) "
                    + ", ".join(f"{n}: {r}" for n, r in d["t_over_t1"].items()))
     rows = d.get("rows")

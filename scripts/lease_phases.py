@@ -7,6 +7,7 @@ shapes, the oracle drafter, HF's static-cache baselines, the verify cost t(N), b
 """
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -45,7 +46,9 @@ class Lease:
         self.plan = {k: v * (SMOKE_SCALE if args.smoke else 1) for k, v in plan.items()}
         self.start, self.budget, self.deadline = started, args.budget_s, 0.0
         self.compile = self.cuda  # the generator's default: compiled with CUDA graphs on CUDA, eager on CPU
-        self.sweep_compile = "cudagraphs" if self.cuda else False  # t(N): traced and graphed, no inductor codegen
+        # t(N): traced and CUDA-graphed without inductor's codegen (seconds, not ~50 s, per N); --sweep-backend
+        self.sweep_compile = {"eager": False, "inductor": True}.get(args.sweep_backend, args.sweep_backend) \
+            if self.cuda else False
         self.kept: dict = {}  # what a later phase reuses (the 8B target and its HF output)
         self.results = {"command": " ".join(["python", "scripts/gpu_lease.py", *sys.argv[1:]]),
                         "budget_s": self.budget, "smoke": self.smoke, "plan_s": self.plan, "phases": {}, "skipped": {}}
@@ -109,6 +112,7 @@ def free(lease: Lease, keep: bool) -> None:
     """Release device memory between phases (the 8B target stays while the batch phase is still to come)."""
     if not keep:
         lease.kept.clear()
+    gc.collect()  # generators hold their CUDA-graph pools until collected
     if lease.cuda:
         torch.cuda.empty_cache()
 
@@ -209,11 +213,16 @@ def build(lease: Lease, shape: str, args):
 
 def shape_costs(lease: Lease, shape: str, sizes: tuple) -> dict:
     """Phase 3 (and the first half of phase 2): t(1) against the HBM bound and t(N)/t(1) at ``shape``."""
+    from torch._dynamo.utils import counters
+
     args = scale_args(lease, shape)
     target, prompt, info = build(lease, shape, args)
+    skips = counters["inductor"]["cudagraph_skips"]
     costs = sweep(lease, target, prompt, sizes, args, lease.sweep_compile)
+    # a graph that could not be captured runs eagerly (launch-bound t(N)); torch counts each such skip
     info.update(cost_rows(costs, hbm_bound_ms(target, lease, args.prompt_tokens + args.max_new_tokens)),
-                sweep_backend=str(lease.sweep_compile or "eager"))
+                sweep_backend=str(lease.sweep_compile or "eager"),
+                sweep_cudagraph_skips=counters["inductor"]["cudagraph_skips"] - skips)
     lease.kept[shape] = (target, prompt, args)
     return info
 
