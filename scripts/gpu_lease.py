@@ -122,6 +122,8 @@ def dry_run(args, rates: dict) -> int:
     plan = estimates(rates)
     for phase, seconds in plan.items():
         print(f"  {phase:<20} {seconds:6.1f} s  ({', '.join(f'{n} x{c:g}' for n, c in PHASES[phase].items())})")
+    for name, entry in rates["rates"].items():
+        print(f"    {name:<28} {entry['value']:>6g}  {entry['source'][:100]}")
     budget = min(args.budget_s, rates["budget_s"])
     print(f"plan total {sum(plan.values()):.1f} s of {budget:.0f} s")
     failures = []

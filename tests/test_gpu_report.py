@@ -224,3 +224,21 @@ def test_lease_smoke_runs_every_phase_on_cpu(tmp_path):
                                        "train-dflash.log"}
     summary = (out / "summary.md").read_text()
     assert len(summary.splitlines()) <= 40 and "P6 eagle3" in summary and "P8 bs 3" in summary
+
+
+def test_lease_docs_give_the_one_call_and_the_wheels_the_dry_run_counts():
+    """docs/benchmarks.md's call fits the device tool (2,000 characters) and runs this script; the wheels it tells
+    to download are the ones the dry run counts."""
+    import re
+
+    from draftsmith.scripts.gpu_lease import RATES
+
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    section = text[text.index("### GPU: one command, `scripts/gpu_lease.py`"):]
+    call = re.search(r"\*\*The call\*\*.*?```bash\n(.*?)\n```", section, re.S).group(1)
+    assert len(call) <= 2000 and f"; {len(call)} characters)" in section
+    assert "scripts/gpu_lease.py --out $OUT/lease" in call and ".whl/*.whl" in call and "HF_HUB_OFFLINE=1" in call
+    download = re.search(r"-d \.whl (.*)\n", section).group(1).split()
+    wheels = [name for name in json.loads(RATES.read_text())["wheels"] if name.endswith(".whl")]
+    assert sorted(d.split("==")[0].replace("-", "_") + "-" + d.split("==")[1] for d in download) == sorted(
+        "-".join(w.split("-")[:2]) for w in wheels)
