@@ -186,17 +186,22 @@ def test_lease_skips_a_phase_that_would_overrun_and_records_a_failing_one(tmp_pa
     assert "error" not in qwen and set(qwen["t_over_t1"]) == {"1", "2", "4"} and qwen["hbm_bound_ms"] > 0
 
 
-@pytest.mark.slow
-def test_lease_smoke_runs_every_phase_on_cpu(tmp_path):
-    """Every phase at tiny shapes on the CPU: the same code the GPU runs, with the sizes of a smoke test."""
-    from draftsmith.scripts.gpu_lease import PHASES
-
+def smoke(tmp_path, phases: list[str]) -> tuple[dict, object]:
+    """``--smoke --device cpu`` over ``phases``: the saved results (every phase ran, none failed) and the folder."""
     out = tmp_path / "lease"
-    assert lease_main(["--smoke", "--device", "cpu", "--out", str(out)]) == 0
+    assert lease_main(["--smoke", "--device", "cpu", "--out", str(out), "--phases", ",".join(phases)]) == 0
     saved = json.loads((out / "results.json").read_text())
-    assert list(saved["phases"]) == list(PHASES) and saved["skipped"] == {}
+    assert list(saved["phases"]) == phases and saved["skipped"] == {}
     for name, phase in saved["phases"].items():
         assert "error" not in phase, (name, phase.get("traceback"))
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(p.stat().st_size < 16 * 2 ** 20 for p in files)
+    return saved, out
+
+
+def test_lease_smoke_runs_the_speed_phases_on_cpu(tmp_path):
+    """Every phase but the trained heads at tiny shapes on the CPU: the code the GPU runs, at a smoke test's sizes."""
+    saved, out = smoke(tmp_path, ["probe", "shape-llama3.1-8b", "shape-qwen3-8b", "batch", "hybrid"])
     llama = saved["phases"]["shape-llama3.1-8b"]
     rows = llama["rows"]
     assert set(rows) == {"hf-static", "ours:oracle-tau5", "ours:oracle-tau3"}
@@ -209,21 +214,27 @@ def test_lease_smoke_runs_every_phase_on_cpu(tmp_path):
     assert [(r["batch_size"], r["method"]) for r in batch] == [
         (2, "hf-static"), (2, "ours:oracle-tau5-eager"), (3, "hf-static"), (3, "ours:oracle-tau5-eager")]
     assert all(r["identical"] for r in batch)  # fp32 on the CPU: every row equals HF's batched static greedy
+    hybrid = saved["phases"]["hybrid"]
+    assert hybrid["identical_to_hf"] and 1 < hybrid["tau"] < 5
+    assert hybrid["pending_tokens"] > 0 and hybrid["reverify_share"] > 0  # every 4th drafted token is wrong: rollbacks
+    assert 0 <= hybrid["rollback_share"] < 1 and set(hybrid["t_over_t1"]) == {"1", "2", "4"}
+    summary = (out / "summary.md").read_text()
+    assert len(summary.splitlines()) <= 40 and "P8 bs 3" in summary and "P1/P2 ours:oracle-tau3" in summary
+
+
+@pytest.mark.slow
+def test_lease_smoke_trains_and_decodes_both_heads_on_cpu(tmp_path):
+    """The heads phase: two real training launches side by side, the gpu-marked tests beside them, the decode."""
+    saved, out = smoke(tmp_path, ["heads"])
     heads = saved["phases"]["heads"]
     assert {k: v["exit"] for k, v in heads["train"].items()} == {"eagle3": 0, "dflash": 0}
     assert heads["tests"]["exit"] == 0 and "skipped" in heads["tests"]["last_line"]  # -m gpu: skipped without CUDA
     assert set(heads["decode"]) == {"vanilla", "eagle3", "dflash"}
     assert all(row["identical"] for row in heads["decode"].values())
     assert heads["winner_at_equal_training_time"] in ("eagle3", "dflash")
-    hybrid = saved["phases"]["hybrid"]
-    assert hybrid["identical_to_hf"] and 1 < hybrid["tau"] < 5  # every 4th drafted token is wrong
-    assert 0 <= hybrid["rollback_share"] < 1 and set(hybrid["t_over_t1"]) == {"1", "2", "4"}
-    files = [p for p in out.rglob("*") if p.is_file()]
-    assert len(files) <= 8 and all(p.stat().st_size < 16 * 2 ** 20 for p in files)
-    assert {p.name for p in files} >= {"results.json", "summary.md", "tests.txt", "train-eagle3.log",
-                                       "train-dflash.log"}
-    summary = (out / "summary.md").read_text()
-    assert len(summary.splitlines()) <= 40 and "P6 eagle3" in summary and "P8 bs 3" in summary
+    assert {p.name for p in out.iterdir()} >= {"results.json", "summary.md", "tests.txt", "train-eagle3.log",
+                                               "train-dflash.log"}
+    assert "P6 eagle3" in (out / "summary.md").read_text()
 
 
 def test_lease_docs_give_the_one_call_and_the_wheels_the_dry_run_counts():
