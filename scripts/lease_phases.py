@@ -58,7 +58,8 @@ class Lease:
         return self.budget - (time.monotonic() - self.start)
 
     def over(self) -> bool:
-        """Whether the running phase has passed its own deadline (its estimate, with half again as slack)."""
+        """Whether the running phase has passed its own deadline (its estimate with half again as slack, at most the
+        budget's end)."""
         return time.monotonic() > self.deadline
 
     def shape(self, name: str) -> str:
@@ -90,7 +91,7 @@ def run_lease(args, plan: dict[str, float], started: float) -> int:
             continue
         print(f"gpu_lease: {name} (~{estimate:.1f} s; {lease.left():.0f} s left) ...", flush=True)
         began = time.monotonic()
-        lease.deadline = began + max(1.5 * estimate, SMOKE_PHASE_S if lease.smoke else 0)
+        lease.deadline = min(began + max(1.5 * estimate, SMOKE_PHASE_S if lease.smoke else 0), began + lease.left())
         try:
             data = PHASES[name](lease)
         except Exception as err:  # a phase's failure is a result: the next phase still runs
