@@ -47,7 +47,8 @@ def test_a_folder_of_someone_elses_files_or_a_file_is_refused(tmp_path, files):
 @pytest.mark.parametrize("script, args", [
     ("benchmark.py", ["--target", "no-such-target-dir"]),
     ("bench_scale.py", ["--shape", "llama3.1-8b"]),
-    ("gpu_report.py", ["--smoke", "--work", "WORK"]),
+    ("gpu_report.py", ["--real", "--smoke", "--work", "WORK"]),
+    ("gpu_lease.py", ["--smoke", "--device", "cpu"]),
 ])
 def test_scripts_refuse_the_folder_before_any_work(tmp_path, script, args):
     """One line, exit 2, before the target is loaded or anything runs (a bogus target would be

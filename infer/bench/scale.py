@@ -25,21 +25,29 @@ from draftsmith.infer.bench.timing import peak_memory_mib, reset_peak_memory, ti
 from draftsmith.infer.drafters import Sampling, drafter_class
 
 
-def head_draft_cost(target, args, device, dtype) -> dict:
-    """Per-draft cost of a random EAGLE-3 head of the target's dimensions: its eager chain, the same
-    chain compiled (the generator's ``compile=True``: CUDA graphs on CUDA) and the GPU's default tree,
-    eager and compiled."""
+def head_shapes(kind: str, chain: int) -> tuple:
+    """(name, draft shape, compile) pairs a random head of ``kind`` is timed at: EAGLE-3 its eager and compiled
+    chain of ``chain`` and the GPU's dynamic tree (depth 8, top-k 10, 60 nodes); DFlash its GPU block (15 drafts)."""
+    if kind == "dflash":
+        return (("block15", Chain(15), False), ("block15-compiled", Chain(15), True))
+    tree = DynamicTree(depth=8, top_k=10, total_tokens=60)
+    return (("chain", Chain(chain), False), ("chain-compiled", Chain(chain), True),
+            ("dyn8-10-60", tree, False), ("dyn8-10-60-compiled", tree, True))
+
+
+def head_draft_cost(target, args, device, dtype, kind: str = "eagle3", shapes: tuple | None = None) -> dict:
+    """Seconds per draft of a random ``kind`` head of the target's dimensions, per draft shape (``head_shapes``
+    by default; the generator's ``compile=True``: CUDA graphs on CUDA)."""
     cfg = target.config
     torch.manual_seed(0)
-    head = build_head("eagle3", target, draft_vocab_size=min(args.draft_vocab, cfg.vocab_size)).to(device, dtype).eval()
+    options = {"draft_vocab_size": min(args.draft_vocab, cfg.vocab_size)} if kind == "eagle3" else {}
+    head = build_head(kind, target, **options).to(device, dtype).eval()
     result = {}
-    tree = DynamicTree(depth=8, top_k=10, total_tokens=60)
-    shapes = (("chain", Chain(args.chain), False), ("chain-compiled", Chain(args.chain), True),
-              ("dyn8-10-60", tree, False), ("dyn8-10-60-compiled", tree, True))
-    for name, tree, compile in shapes:
-        drafter = drafter_class("eagle3")(head, target, tree)
+    for name, tree, compile in shapes or head_shapes(kind, args.chain):
+        drafter = drafter_class(kind)(head, target, tree)
         drafter.compile_with(compile)
-        features = torch.randn(1, args.prompt_tokens, 3 * cfg.hidden_size, device=device, dtype=dtype)
+        width = len(head.config.aux_layer_ids) * cfg.hidden_size  # the target states the head reads, concatenated
+        features = torch.randn(1, args.prompt_tokens, width, device=device, dtype=dtype)
         tokens = torch.randint(3, cfg.vocab_size, (1, args.prompt_tokens), device=device)
         states = drafter.new_rows([tokens], [args.prompt_tokens + args.max_new_tokens])  # a batch of one
         with torch.inference_mode():
@@ -117,13 +125,14 @@ def hf_baselines(target, prompts: list[torch.Tensor], args: argparse.Namespace, 
 
 
 def oracle_run(target, prompts, hf_out, args: argparse.Namespace, rows: Rows, nodes: int | None,
-               compile_flag: bool) -> tuple[SpeculativeGenerator, list[int]]:
+               compile_flag: bool, gen: SpeculativeGenerator | None = None,
+               name: str | None = None) -> tuple[SpeculativeGenerator, list[int]]:
     """Our generator with the oracle as a chain (``nodes`` None) or a ``nodes``-node tree, after
-    reaching the generator's own greedy fixed point per prompt; returns it and the rounds taken."""
+    reaching the generator's own greedy fixed point per prompt; returns it and the rounds taken. ``gen``: a
+    generator of the same budget to reuse (its compiled verify step), else a new one; ``name``: the row's."""
     vocab = target.config.vocab_size
-    name = f"ours:oracle-{'chain' if nodes is None else 'tree'}{args.chain if nodes is None else nodes}"
+    name = name or f"ours:oracle-{'chain' if nodes is None else 'tree'}{args.chain if nodes is None else nodes}"
     seconds, taus, identical, rounds = [], [], [], []
-    gen = None
     reset_peak_memory(target.device)
     compile_s = 0.0
     for p, ref in zip(prompts, hf_out):
