@@ -218,7 +218,7 @@ def test_first_tokens_follow_the_target_law(small_target, threshold):  # noqa: F
 def test_bad_dspark_options_are_one_line():
     with pytest.raises(ConfigError, match="train.loss=lk is not read by head.variant=dspark"):
         load_config(None, ["head.kind=dflash", "head.variant=dspark", "train.loss=lk"])
-    with pytest.raises(ConfigError, match="on-policy does not train dspark"):
+    with pytest.raises(ConfigError, match="on-policy does not train DSpark's Markov"):
         load_config(None, ["head.kind=dflash", "head.variant=dspark", "train.stage=on-policy", "train.init_from=x"])
     target = make_tiny_target("llama")
     with pytest.raises(ValueError, match="markov_rank=4 applies only to variant=dspark"):
@@ -229,3 +229,33 @@ def test_bad_dspark_options_are_one_line():
         make_drafter(build_head("dflash", target, block_size=4), target, Chain(2), confidence=0.5)
     with pytest.raises(ValueError, match="confidence=1.5"):
         make_drafter(build_head("dflash", target, variant="dspark", block_size=4), target, Chain(2), confidence=1.5)
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "dspark"])
+def test_export_and_reimport_bit_exactly(fmt, tmp_path):
+    """Both DSpark exports read back into the same tensors (AutoHead finds them) and draft the same; z-lab's
+    DFlash layout refuses a DSpark; an export with its confidence head's tensors gone is refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.heads import AutoHead
+    from draftsmith.heads.formats import export_head, validate_export
+
+    target = make_tiny_target("qwen3", num_layers=6, initializer_range=0.3)
+    target.config._name_or_path = "org/tiny"
+    target.generation_config.eos_token_id = None
+    torch.manual_seed(0)
+    head = _moved(build_head("dflash", target, mask_token_id=90, **SMALL))
+    out = export_head(head, tmp_path / fmt, fmt, target=target)
+    loaded = AutoHead.from_pretrained(out)
+    a, b = head.state_dict(), loaded.state_dict()
+    assert loaded.config.variant == "dspark" and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ids = torch.tensor([[4, 9, 13, 4, 9]])
+    runs = [SpeculativeGenerator(target, h, tree=Chain(4)).generate(ids, max_new_tokens=12) for h in (head, loaded)]
+    assert torch.equal(*runs) and torch.equal(runs[0], _hf_greedy(target, ids, 12))
+    with pytest.raises(ValueError, match="carries no DSpark"):
+        export_head(head, tmp_path / "zlab", "dflash", target=target)
+    tensors = load_file(out / "model.safetensors")
+    del tensors["confidence_head.proj.bias"]
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="confidence_head.proj.bias"):
+        validate_export(out, fmt)

@@ -48,6 +48,8 @@ EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one
 # The DFlash paper's decay exp(-(k-1)/gamma) by block size, as ModelOpt's DFlash guide quotes it: 7 for
 # blocks of 16, 4 for blocks of 8 (docs/dflash.md)
 PAPER_GAMMA = {16: 7.0, 8: 4.0}
+# What the on-policy stage (DFlash's) would leave untrained in a variant
+ON_POLICY_REFUSED = {"dflash2": "DFlash2's selector", "dspark": "DSpark's Markov and confidence heads"}
 SELECTOR_ALPHA = 1.0  # DFlash2's selector loss weight: SpecForge's dflash2_selector_loss_alpha default
 
 
@@ -160,8 +162,8 @@ class DFlashObjective(Objective):
         if (head.block_size or DEFAULT_BLOCK_SIZE) > cfg.data.max_length:
             raise ConfigError(f"head.block_size={head.block_size or DEFAULT_BLOCK_SIZE} exceeds "
                               f"data.max_length={cfg.data.max_length}; a block must fit in an example")
-        if head.variant in ("dflash2", "dspark") and opt.stage == "on-policy":
-            raise ConfigError(f"train.stage=on-policy does not train {head.variant}'s own heads "
+        if head.variant in ON_POLICY_REFUSED and opt.stage == "on-policy":
+            raise ConfigError(f"train.stage=on-policy does not train {ON_POLICY_REFUSED[head.variant]} "
                               f"(head.variant={head.variant}); run it on a DFlash head")
         if head.variant == "dspark" and opt.loss != "ce":
             raise ConfigError(f"train.loss={opt.loss} is not read by head.variant=dspark: it trains DeepSpec's "
@@ -174,9 +176,9 @@ class DFlashObjective(Objective):
         self.anchors, self.spacing = opt.anchors_per_document, opt.anchor_spacing
         self.gamma = opt.gamma or default_gamma(head.config.block_size)
         self.decay = math.exp(-1 / self.gamma)  # position k's weight decay ** (k-1)
-        if (head.selector is not None or head.markov is not None) and self.stage == "on-policy":
-            raise ValueError("train.stage=on-policy does not train DFlash2's selector (head.variant=dflash2); "
-                             "run it on a DFlash head")
+        if head.config.variant in ON_POLICY_REFUSED and self.stage == "on-policy":
+            raise ValueError(f"train.stage=on-policy does not train {ON_POLICY_REFUSED[head.config.variant]} "
+                             f"(head.variant={head.config.variant}); run it on a DFlash head")
 
     aux_layer_ids = staticmethod(Eagle3Objective.aux_layer_ids)
 
