@@ -259,3 +259,27 @@ def test_export_and_reimport_bit_exactly(fmt, tmp_path):
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match="confidence_head.proj.bias"):
         validate_export(out, fmt)
+
+
+@pytest.mark.slow  # two runs of the library in its own venv
+def test_the_speculators_library_drafts_what_the_head_drafts(tmp_path, capsys):
+    """speculators 0.9.0's own DSparkDraftModel loads the export and, on the same target states, computes every
+    slot's Markov-corrected logits and confidence as the head does; a Markov factor zeroed in the export (the
+    head keeps its own) is a mismatch (skips where the library's venv is not installed, as
+    tests/test_check_export.py's library tests)."""
+    from test_check_export import _check, _export, _library, _plant
+
+    _library()
+    target = make_tiny_target("qwen3", num_layers=8)
+    target.save_pretrained(tmp_path / "qwen3")
+    target.config._name_or_path = str(tmp_path / "qwen3")
+    torch.manual_seed(0)
+    head = _moved(build_head("dflash", target, mask_token_id=90, **SMALL), scale=0.1)
+    out, head_dir = _export(tmp_path, head, target)
+    code, printed = _check(out, head_dir, target, capsys)
+    assert code == 0 and "MISMATCH" not in printed and "confidence:" in printed, printed
+    assert [line.split(":")[0] for line in printed.splitlines() if "drafted tokens" in line] == \
+        [f"block position {k}" for k in range(4)]  # every slot drafts, the anchor's included
+    _plant(out, tensor_edit=lambda t: t["markov_head.markov_w2.weight"].zero_())
+    code, printed = _check(out, head_dir, target, capsys)
+    assert code == 1 and "parity: MISMATCH" in printed, printed
