@@ -159,10 +159,7 @@ def export_head(
         "dtype": dtype,
         "num_speculative_tokens": num_speculative_tokens,
         "max_position_embeddings": context if max_position_embeddings is None else max_position_embeddings,
-        # (V, H_t) the target's input embedding, when the target is a model: speculators EAGLE-3 exports carry it
-        "embedding": target.get_input_embeddings().weight if isinstance(target, PreTrainedModel) else None,
-        # (V, H) the target's lm_head, when the target is a model: DSpark's SGLang layout carries it
-        "lm_head": target.get_output_embeddings().weight if isinstance(target, PreTrainedModel) else None,
+        **_target_weights(target),
     }
     artifact = FORMATS[fmt].build(head, facts, options)
     raise_problems(validate_artifact(artifact.config, artifact.tensors, fmt), f"refusing to export as '{fmt}'")
@@ -231,6 +228,14 @@ def _check_destination(out: Path, head: DraftHead) -> None:
     if found:
         raise ValueError(f"refusing to write the export to {out}: it holds {', '.join(found)} of a training run or "
                          "head, which overwriting would delete; choose another --out")
+
+
+def _target_weights(target: PretrainedConfig | PreTrainedModel | None) -> dict[str, Tensor | None]:
+    """The target's input embedding (speculators EAGLE-3 exports carry it) and lm_head (DSpark's SGLang layout
+    carries both), (V, H_t) each, when the target is a model; None otherwise."""
+    model = isinstance(target, PreTrainedModel)
+    return {"embedding": target.get_input_embeddings().weight if model else None,
+            "lm_head": target.get_output_embeddings().weight if model else None}
 
 
 def _format(fmt: str) -> Format:
