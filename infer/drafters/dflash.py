@@ -79,8 +79,8 @@ class DFlashDrafter(HeadDrafter):
         # DSpark: the threshold of adaptive verification (0: verify every draft)
         self.threshold = DEFAULT_CONFIDENCE_THRESHOLD if confidence is None else confidence
         if tree.length > self.longest_chain(head):
-            raise ValueError(f"Chain(length={tree.length}) exceeds the {self.longest_chain(head)} drafts of this "
-                             f"{head.title} head's blocks of {head.config.block_size}")
+            raise ValueError(f"Chain(length={tree.length}) exceeds this {head.title} head's block_size"
+                             f"{'' if head.config.is_dspark else ' - 1'} = {self.longest_chain(head)}")
         self.head = head
         self.option = tree
         self.aux_layer_ids = tuple(head.feature_layer_ids)
