@@ -220,6 +220,9 @@ def test_bad_dspark_options_are_one_line():
         load_config(None, ["head.kind=dflash", "head.variant=dspark", "train.loss=lk"])
     with pytest.raises(ConfigError, match="on-policy does not train DSpark's Markov"):
         load_config(None, ["head.kind=dflash", "head.variant=dspark", "train.stage=on-policy", "train.init_from=x"])
+    with pytest.raises(ConfigError, match="markov_rank=4 applies only to variant=dspark"):
+        load_config(None, ["head.kind=dflash", "head.markov_rank=4"])
+    assert load_config(None, ["head.kind=dflash", "head.variant=dspark", "head.markov_rank=4"]).head.markov_rank == 4
     target = make_tiny_target("llama")
     with pytest.raises(ValueError, match="markov_rank=4 applies only to variant=dspark"):
         build_head("dflash", target, markov_rank=4)
