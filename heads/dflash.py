@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.heads.common import DraftHead
+from draftsmith.heads.dspark import DEFAULT_MARKOV_RANK, ConfidenceHead, MarkovHead
 from draftsmith.heads.eagle import EagleConfig, layer_kwargs_from_target
 from draftsmith.heads.layers import MLP, RMSNorm, Rotary, rotate_half
 
@@ -36,7 +37,7 @@ DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's published drafters; heads.fo
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters (z-lab *-DFlash-b16) and SpecForge's default
 DEFAULT_NUM_LAYERS = 5  # the published drafters for 4B-8B targets and speculators' DFlash default (docs/dflash.md)
 DFLASH2_ARCHITECTURE = "DFlash2DraftModel"  # z-lab's DFlash2 drafters; SGLang's DFLASH algorithm reads it
-VARIANTS = ("dflash", "dflash2")
+VARIANTS = ("dflash", "dflash2", "dspark")
 # DFlash2's published shape (z-lab's DFlash2 config, SpecForge's and speculators' defaults): two causal taps,
 # dynamic coefficients shared by 16 channels, a rank-256 selector over the top 16 candidates (docs/dflash.md)
 DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
@@ -86,9 +87,11 @@ class DFlashConfig(EagleConfig):
             ``build_target_layer_ids(L, num_layers)`` + 1.
         mask_token_id: the target token id whose (frozen) embedding fills the masked positions;
             default the target's last id ``vocab_size - 1``.
-        variant: ``"dflash"``, or ``"dflash2"``: the dynamic convolution and the candidate selector.
+        variant: ``"dflash"``, ``"dflash2"``: the dynamic convolution and the candidate selector, or
+            ``"dspark"``: DSpark's Markov and confidence heads, every slot drafting the token after it.
         conv_kernel_size, conv_group_size, selector_rank, selector_top_k: DFlash2's shape (None with
-            ``variant="dflash2"``: ``DFLASH2_DEFAULTS``; they must stay None for ``"dflash"``).
+            ``variant="dflash2"``: ``DFLASH2_DEFAULTS``; they must stay None otherwise).
+        markov_rank: DSpark's Markov rank (None with ``variant="dspark"``: 256; None otherwise).
     """
 
     model_type = "draftsmith_dflash"
@@ -97,7 +100,8 @@ class DFlashConfig(EagleConfig):
     def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, num_layers: int = DEFAULT_NUM_LAYERS,
                  aux_layer_ids: list[int] | None = None, mask_token_id: int | None = None, variant: str = "dflash",
                  conv_kernel_size: int | None = None, conv_group_size: int | None = None,
-                 selector_rank: int | None = None, selector_top_k: int | None = None, **kwargs):
+                 selector_rank: int | None = None, selector_top_k: int | None = None,
+                 markov_rank: int | None = None, **kwargs):
         super().__init__(**kwargs)
         if block_size < 2:
             raise ValueError(f"block_size={block_size}: a DFlash block needs the root and at least one mask (>= 2)")
@@ -118,15 +122,22 @@ class DFlashConfig(EagleConfig):
             raise ValueError(f"variant={variant!r} must be one of {', '.join(VARIANTS)}")
         self.variant = variant
         given = {"conv_kernel_size": conv_kernel_size, "conv_group_size": conv_group_size,
-                 "selector_rank": selector_rank, "selector_top_k": selector_top_k}
-        if variant == "dflash":
-            extra = [k for k, v in given.items() if v is not None]
-            if extra:
-                raise ValueError(f"{extra[0]}={given[extra[0]]} applies only to variant=dflash2 (variant=dflash)")
-            self.conv_kernel_size = self.conv_group_size = self.selector_rank = self.selector_top_k = None
+                 "selector_rank": selector_rank, "selector_top_k": selector_top_k, "markov_rank": markov_rank}
+        owner = {key: "dflash2" for key in DFLASH2_DEFAULTS} | {"markov_rank": "dspark"}
+        extra = [k for k, v in given.items() if v is not None and owner[k] != variant]
+        if extra:
+            raise ValueError(f"{extra[0]}={given[extra[0]]} applies only to variant={owner[extra[0]]} "
+                             f"(variant={variant})")
+        self.conv_kernel_size = self.conv_group_size = self.selector_rank = self.selector_top_k = None
+        self.markov_rank = None
+        if variant == "dspark":
+            self.markov_rank = int(DEFAULT_MARKOV_RANK if markov_rank is None else markov_rank)
+            if self.markov_rank < 1:
+                raise ValueError(f"markov_rank={self.markov_rank} must be at least 1 (DSpark's Markov head)")
+        if variant != "dflash2":
             return
-        for key, value in given.items():
-            setattr(self, key, int(DFLASH2_DEFAULTS[key] if value is None else value))
+        for key in DFLASH2_DEFAULTS:
+            setattr(self, key, int(DFLASH2_DEFAULTS[key] if given[key] is None else given[key]))
         if not 1 <= self.conv_kernel_size <= self.block_size:
             raise ValueError(f"conv_kernel_size={self.conv_kernel_size} must lie in 1..block_size={self.block_size}")
         if self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
@@ -139,6 +150,20 @@ class DFlashConfig(EagleConfig):
     @property
     def is_dflash2(self) -> bool:
         return self.variant == "dflash2"
+
+    @property
+    def is_dspark(self) -> bool:
+        return getattr(self, "variant", "dflash") == "dspark"
+
+    @property
+    def first_draft_slot(self) -> int:
+        """The block slot of the first draft: DFlash's slot k drafts the token k after the root (slot 0 is the
+        root itself), DSpark's slot k the token k+1 after it (the root's slot drafts too)."""
+        return 0 if self.is_dspark else 1
+
+    @property
+    def drafts_per_block(self) -> int:
+        return self.block_size - self.first_draft_slot
 
 
 class DFlashAttention(nn.Module):
@@ -288,7 +313,7 @@ class DFlashHead(DraftHead):
 
     @property
     def title(self) -> str:
-        return "DFlash2" if self.config.is_dflash2 else "DFlash"
+        return {"dflash2": "DFlash2", "dspark": "DSpark"}.get(self.config.variant, "DFlash")
 
     def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
         cfg = self.config
@@ -299,9 +324,18 @@ class DFlashHead(DraftHead):
                 f"{cfg.num_layers} draft layer(s); drafts with the target's own embedding and lm_head",
                 *([f"- DFlash2: a {cfg.conv_kernel_size}-tap dynamic convolution (groups of {cfg.conv_group_size} "
                    f"channels) around each sublayer; a rank-{cfg.selector_rank} selector walks the top "
-                   f"{cfg.selector_top_k} candidates of each block position"] if cfg.is_dflash2 else [])]
+                   f"{cfg.selector_top_k} candidates of each block position"] if cfg.is_dflash2 else []),
+                *([f"- DSpark: every slot drafts the token after it (the root's slot too: {cfg.block_size} drafts); "
+                   f"a rank-{cfg.markov_rank} Markov bias from the previous token and a confidence head that sets "
+                   "how many drafts each row verifies"] if cfg.is_dspark else [])]
 
     def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        if self.config.is_dspark:
+            return ["vLLM (speculators flavour, `speculators_model_type: dspark`):", "", *export_step("speculators"),
+                    "```bash", f"vllm serve {serve_dir}", "```", "",
+                    "SGLang (DeepSpec's `Qwen3DSparkModel` layout):", "", *export_step("dspark"), "```bash",
+                    f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DSPARK "
+                    f"--speculative-draft-model-path {serve_dir}", "```", ""]
         if self.config.is_dflash2:  # only z-lab's DFlash2DraftModel layout carries it (docs/dflash.md)
             return ["SGLang (DFLASH; the DFlash2DraftModel architecture selects the convolution and the selector):", "",
                     *export_step("dflash"), "```bash",
@@ -333,6 +367,9 @@ class DFlashHead(DraftHead):
         self.rotary = Rotary(config.head_dim, config.rope_config)
         if config.is_dflash2:
             self.candidate_selector = CandidateSelector(config)
+        if config.is_dspark:
+            self.markov_head = MarkovHead(config.vocab_size, config.markov_rank)
+            self.confidence_head = ConfidenceHead(config.hidden_size + config.markov_rank)
         self.post_init()
         for module in self.modules():  # post_init's normal init reaches their linears: back to the no-op start
             if isinstance(module, DynamicConv):
@@ -344,6 +381,11 @@ class DFlashHead(DraftHead):
     def selector(self) -> CandidateSelector | None:
         """DFlash2's candidate selector; None for DFlash."""
         return getattr(self, "candidate_selector", None)
+
+    @property
+    def markov(self) -> MarkovHead | None:
+        """DSpark's Markov head; None for DFlash and DFlash2."""
+        return getattr(self, "markov_head", None)
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:

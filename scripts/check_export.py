@@ -116,11 +116,12 @@ def _tensors(head, out) -> tuple[list[str], bool]:
 
 def _dflash(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
     """Blocks ``[t_a, MASK...]`` at every anchor a of the same target states on both sides: one line per
-    block position k >= 1 (the drafts), then the causal flag as vLLM's update_dflash derives it."""
+    block position k >= 1 (the drafts; DSpark: every slot, Markov-corrected, and its confidence), then the causal
+    flag as vLLM's update_dflash derives it."""
     import torch
 
     from draftsmith.heads.formats.parity import compare_steps, run_speculators
-    from draftsmith.train.features import Features
+    from types import SimpleNamespace
     from draftsmith.train.objectives.dflash import block_outputs, sequence_context
 
     generator = torch.Generator().manual_seed(0)
@@ -130,17 +131,27 @@ def _dflash(head, target, config, python, args, target_path) -> tuple[list[str],
     with torch.no_grad():
         states = target(ids, output_hidden_states=True).hidden_states
         embed = target.get_input_embeddings()
-        features = Features(input_ids=ids, loss_mask=torch.ones_like(ids), embeds=embed(ids),
-                            hidden=torch.cat([states[i] for i in head.feature_layer_ids], dim=-1),
-                            mask_embed=embed(torch.tensor([head.config.mask_token_id]))[0])
+        # what block_outputs reads (train.features.Features has no embeds: a namespace of the fields)
+        features = SimpleNamespace(input_ids=ids, loss_mask=torch.ones_like(ids), embeds=embed(ids), document_ids=None,
+                                   hidden=torch.cat([states[i] for i in head.feature_layer_ids], dim=-1),
+                                   mask_embed=embed(torch.tensor([head.config.mask_token_id]))[0])
         blocks = block_outputs(head, features, anchors[None], sequence_context(head, features))  # (1, N, bs, H)
         ours = target.get_output_embeddings()(blocks)[0]  # (N, bs, V): the target's lm_head, as the library's
+        if head.markov is not None:  # DSpark: slot k's previous token is the data's a+k
+            from draftsmith.heads.dspark import corrected
+            slots = corrected(head.markov_head, head.confidence_head, blocks[0], ours, ids[0, anchors[:, None] + torch.arange(bs)])
+            ours = slots.logits
     inputs = {"hidden_states": features.hidden, "input_ids": ids, "anchors": anchors,
               "position_ids": torch.arange(length)[None]}
     out = run_speculators(python, args.export, str(target_path), inputs)
     theirs = out["blocks"].view(len(anchors), bs, -1)
-    lines, ok = compare_steps([ours[:, k] for k in range(1, bs)], [theirs[:, k] for k in range(1, bs)], args.atol,
-                              label="block position", first=1)
+    first = head.config.first_draft_slot
+    lines, ok = compare_steps([ours[:, k] for k in range(first, bs)], [theirs[:, k] for k in range(first, bs)],
+                              args.atol, label="block position", first=first)
+    if head.markov is not None:
+        diff = (slots.confidence - out["confidence"].float()).abs().max().item()
+        ok &= diff <= args.atol
+        lines.append(f"confidence: max |logit diff| {diff:.3g} {'ok' if diff <= args.atol else 'MISMATCH'}")
     causal = not config.get("sliding_window_non_causal", True)  # vLLM update_dflash: dflash_config.causal
     lines.append(f"vLLM reader: dflash_config.causal={str(causal).lower()} "
                  f"{'MISMATCH (DFlash blocks attend both ways)' if causal else 'ok'}")

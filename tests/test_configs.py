@@ -41,7 +41,8 @@ def test_realistic_configs_use_the_reference_recipe():
 
 
 @pytest.mark.parametrize("name, kind", [("demo.yaml", "eagle3"), ("demo-eagle.yaml", "eagle"), ("demo-medusa.yaml", "medusa"),
-                                        ("demo-dflash.yaml", "dflash"), ("demo-early-exit.yaml", "early-exit")])
+                                        ("demo-dflash.yaml", "dflash"), ("demo-dspark.yaml", "dflash"),
+                                        ("demo-early-exit.yaml", "early-exit")])
 def test_demo_configs_share_data_and_budget(name, kind):
     """Every demo config reads the same stdlib splits; the main job's (demo.yaml) has the target regenerate
     them first (data.self_distill) and trains 300 steps, the others train 400 on the text as it is."""

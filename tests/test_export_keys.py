@@ -69,6 +69,27 @@ ROWS = {
     "lib-eagle3/fc_norm": ("spec-eagle3-plain", "fc_norm", False),
     "lib-dflash/sliding_window_non_causal": ("spec-dflash", "sliding_window_non_causal", True),
     "lib-dflash/verifier_weights": ("spec-dflash", "tensors:embed_tokens.weight", ABSENT),
+    "spec-dspark/speculators_model_type": ("spec-dspark", "speculators_model_type", "dspark"),
+    "spec-dspark/sample_from_anchor": ("spec-dspark", "sample_from_anchor", True),
+    "spec-dspark/markov_rank": ("spec-dspark", "markov_rank", 8),
+    "spec-dspark/markov_head_type": ("spec-dspark", "markov_head_type", "vanilla"),
+    "spec-dspark/speculative_tokens": ("spec-dspark", "speculators_config.proposal_methods.0.speculative_tokens", 4),
+    "spec-dspark/enable_confidence_head": ("spec-dspark", "transformer_layer_config.enable_confidence_head", True),
+    "spec-dspark/confidence_head_with_markov": ("spec-dspark", "transformer_layer_config.confidence_head_with_markov",
+                                                True),
+    "spec-dspark/markov_head": ("spec-dspark", "tensors:markov_head.markov_w2.weight", "present"),
+    "spec-dspark/confidence_bias": ("spec-dspark", "tensors:confidence_head.proj.bias", "present"),
+    "dspark/architectures": ("dspark", "architectures", ["Qwen3DSparkModel"]),
+    "dspark/target_layer_ids": ("dspark", "target_layer_ids", "head.aux_layer_ids - 1"),
+    "dspark/head_dim": ("dspark", "head_dim", 8),
+    "dspark/block_size": ("dspark", "block_size", 4),
+    "dspark/mask_token_id": ("dspark", "mask_token_id", 90),
+    "dspark/markov_rank": ("dspark", "markov_rank", 8),
+    "dspark/enable_confidence_head": ("dspark", "enable_confidence_head", True),
+    "dspark/confidence_head_with_markov": ("dspark", "confidence_head_with_markov", True),
+    "dspark/embed_tokens": ("dspark", "tensors:embed_tokens.weight", "the target's"),
+    "dspark/lm_head": ("dspark", "tensors:lm_head.weight", "present"),
+    "dspark/norm": ("dspark", "tensors:norm.weight", "present"),
 }
 
 
@@ -81,7 +102,9 @@ def exports(tmp_path_factory):
     flagged = _perturb(build_head("eagle3", llama, aux_layer_ids=[1, 4, 6], fc_norm=True, norm_output=True))
     plain = _perturb(build_head("eagle3", llama))
     dflash = _perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90))
-    made = {"vllm": (flagged, "vllm", llama), "vllm-plain": (plain, "vllm", llama),
+    dspark = _perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90, variant="dspark",
+                                 markov_rank=8))
+    made = {"spec-dspark": (dspark, "speculators", qwen), "dspark": (dspark, "dspark", qwen), "vllm": (flagged, "vllm", llama), "vllm-plain": (plain, "vllm", llama),
             "spec-eagle3": (flagged, "speculators", llama), "spec-eagle3-plain": (plain, "speculators", llama),
             "spec-dflash": (dflash, "speculators", qwen), "dflash": (dflash, "dflash", qwen)}
     out = {}
@@ -118,6 +141,8 @@ def test_export_writes_what_the_reader_takes(exports, row):
         return
     if want == "head.aux_layer_ids":
         want = list(head.config.aux_layer_ids)
+    if want == "head.aux_layer_ids - 1":
+        want = [i - 1 for i in head.config.aux_layer_ids]
     if path == "dflash_config":  # the speculators config has none of its own: vLLM's reader builds it
         assert _value(config, path) is ABSENT and _value(config, "sliding_window_non_causal") is True
         return
@@ -129,14 +154,17 @@ def test_every_row_of_the_page_has_its_test():
     assert rows == set(ROWS)
 
 
-@pytest.mark.parametrize("fmt", ["vllm", "speculators", "dflash", "eagle-vllm", "medusa-vllm", "medusa-tgi"])
+@pytest.mark.parametrize("fmt", ["vllm", "speculators", "dflash", "dspark", "eagle-vllm", "medusa-vllm", "medusa-tgi"])
 def test_every_readme_says_what_it_was_checked_against(tmp_path, fmt):
-    target = make_tiny_target("qwen3" if fmt == "dflash" else "llama", num_layers=L)
+    target = make_tiny_target("qwen3" if fmt in ("dflash", "dspark") else "llama", num_layers=L)
     target.config._name_or_path = "org/tiny"
-    kind = {"vllm": "eagle3", "speculators": "eagle3", "dflash": "dflash", "eagle-vllm": "eagle"}.get(fmt, "medusa")
-    extra = {"dflash": {"mask_token_id": 90, "block_size": 4}}.get(kind, {})
+    kind = {"vllm": "eagle3", "speculators": "eagle3", "dflash": "dflash", "dspark": "dflash",
+            "eagle-vllm": "eagle"}.get(fmt, "medusa")
+    extra = {"dflash": {"mask_token_id": 90, "block_size": 4}}.get(kind, {}) | (
+        {"variant": "dspark"} if fmt == "dspark" else {})
     out = export_head(build_head(kind, target, **extra), tmp_path / fmt, fmt, target=target)
     section = (out / "README.md").read_text().split("## Checked against\n\n")[1]
     how = {"speculators": "speculators 0.9.0: loaded with its own `from_pretrained`",
-           "vllm": "docs/export-keys.md", "dflash": "docs/export-keys.md"}.get(fmt, "not run here")
+           "vllm": "docs/export-keys.md", "dflash": "docs/export-keys.md",
+           "dspark": "SGLang's `qwen3_dspark.py` loader"}.get(fmt, "not run here")
     assert section.startswith("- ") and how in section

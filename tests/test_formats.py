@@ -531,7 +531,7 @@ def test_export_cli(tmp_path, target, eagle3_reduced, capsys):
     assert _config(out)["torch_dtype"] == "bfloat16" and "exported as 'vllm'" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         export.main(["--head", str(tmp_path / "head"), "--to", "tensorrt", "--out", str(tmp_path / "x")])
-    assert set(FORMATS) == {"vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash"}
+    assert set(FORMATS) == {"vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash", "dspark"}
 
 
 @pytest.mark.parametrize("where", ["same", "inside", "parent"])
@@ -579,7 +579,8 @@ def test_formats_are_one_module_per_engine_family():
     root = Path(__file__).resolve().parents[1] / "heads" / "formats"
     assert not (root.parent / "formats.py").exists()
     assert {p.stem for p in root.glob("*.py")} == {"__init__", "validation", "eagle3", "speculators", "eagle",
-                                                   "medusa", "public", "dflash", "parity", "consumer_speculators"}
+                                                   "medusa", "public", "dflash", "dspark", "parity",
+                                                   "consumer_speculators"}
     assert max(len(p.read_text().splitlines()) for p in root.glob("*.py")) < 300
 
 

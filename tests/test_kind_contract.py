@@ -34,8 +34,12 @@ KINDS = tuple(HEAD_CLASSES)
 SMALL = {"dflash": ["head.block_size=4", "head.num_layers=1"]}  # a fast CPU shape; other kinds: their defaults
 # every kind, and the variants a kind declares (the kind's own name, then its head.* keys)
 CASES = {**{kind: (kind, SMALL.get(kind, [])) for kind in KINDS},
-         "dflash2": ("dflash", [*SMALL["dflash"], "head.variant=dflash2", "head.selector_rank=8", "head.selector_top_k=4"])}
-REFUSED = {"dflash2": {"speculators": "carries no DFlash2"}}  # formats a variant's kind lists that cannot carry it
+         "dflash2": ("dflash", [*SMALL["dflash"], "head.variant=dflash2", "head.selector_rank=8", "head.selector_top_k=4"]),
+         "dspark": ("dflash", [*SMALL["dflash"], "head.variant=dspark", "head.markov_rank=8"])}
+# formats a kind or variant's kind lists that cannot carry it
+REFUSED = {"dflash": {"dspark": "carries DSpark heads"},
+           "dflash2": {"speculators": "carries no DFlash2", "dspark": "carries DSpark heads"},
+           "dspark": {"dflash": "carries no DSpark"}}
 
 
 def _members(base: type) -> list[str]:

@@ -56,9 +56,11 @@ class HeadConfig:
         "dflash only: target token id embedded at the masked block positions (null = vocab_size - 1)", None)
     variant: str | None = _doc(
         "dflash only: dflash2 adds DFlash2's dynamic convolution and candidate selector, both starting as "
-        "no-ops (null = dflash; docs/dflash.md)", None)
+        "no-ops; dspark: DSpark's Markov and confidence heads, every block slot drafting (null = dflash; "
+        "docs/dflash.md)", None)
     selector_rank: int | None = _doc("dflash only, variant dflash2: the selector's rank (null = 256)", None)
     selector_top_k: int | None = _doc("dflash only, variant dflash2: candidates per block position (null = 16)", None)
+    markov_rank: int | None = _doc("dflash only, variant dspark: the Markov head's rank (null = 256)", None)
     intermediate_size: int | None = _doc(
         "eagle/eagle3/dflash only: MLP width of the draft layer (null = the target's)", None)
     fc_norm: bool | None = _doc(

@@ -52,7 +52,7 @@ def is_head_model_type(model_type: object) -> bool:
 
 # The engine formats a head exports to: the keys of heads.formats.FORMATS (tests/test_cli_light.py checks),
 # here so that the export and push commands check --to/--format before torch loads.
-EXPORT_FORMATS = ("vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash")
+EXPORT_FORMATS = ("vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash", "dspark")
 
 # The precisions stored features take: the keys of data.features.DTYPES (tests/test_cli_light.py checks), here
 # so that scripts/dump_features.py and scripts/plan.py check --dtype/--feature-dtype before torch loads.

@@ -10,6 +10,8 @@
 | `medusa-vllm`   | medusa | model.safetensors          | vLLM medusa                                       |
 | `medusa-tgi`    | medusa | medusa_lm_head.safetensors | TGI, TensorRT-LLM's Medusa converter              |
 | `dflash`        | dflash | model.safetensors          | SGLang DFLASH, z-lab's `DFlashDraftModel`         |
+| `dspark`        | dflash | model.safetensors          | SGLang DSPARK, DeepSpec's `Qwen3DSparkModel`      |
+|                 | (dspark variant)                    |                                                   |
 
 `vllm` and `sglang` name the same directory: one export serves all three EAGLE-3 engines.
 
@@ -50,6 +52,7 @@ from draftsmith.data.base.paths import share_readable
 from draftsmith.heads.card import model_card
 from draftsmith.heads.common import DraftHead, target_identity
 from draftsmith.heads.formats.dflash import DFLASH_ARCHITECTURE, _dflash_artifact, _dflash_problems, import_dflash
+from draftsmith.heads.formats.dspark import _dspark_artifact, _dspark_problems, import_dspark
 from draftsmith.heads.formats.eagle import _eagle_artifact, _eagle_problems
 from draftsmith.heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
 from draftsmith.heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
@@ -74,7 +77,7 @@ __all__ = [
     "EAGLE3_ARCHITECTURE", "ENGINE_AUX_LAYERS", "FORMATS", "FORMAT_VERSION", "Format", "HF_CONVENTION",
     "PROVENANCE_KEY", "SPECULATORS_LAYER_PREFIX", "Artifact", "aux_layer_ids_from_config", "draft_vocab_problems",
     "export_head", "import_eagle3", "validate_artifact", "validate_export", "DFLASH_ARCHITECTURE", "import_dflash",
-    "import_speculators_dflash",
+    "import_speculators_dflash", "import_dspark",
 ]
 
 
@@ -101,6 +104,7 @@ FORMATS: dict[str, Format] = {
     "medusa-vllm": Format(("medusa",), _medusa_vllm_artifact, _medusa_vllm_problems),
     "medusa-tgi": Format(("medusa",), _medusa_tgi_artifact, _medusa_tgi_problems, "medusa_lm_head.safetensors"),
     "dflash": Format(("dflash",), _dflash_artifact, _dflash_problems),
+    "dspark": Format(("dflash",), _dspark_artifact, _dspark_problems),  # DSpark heads (head.variant=dspark) only
 }
 
 
@@ -155,8 +159,7 @@ def export_head(
         "dtype": dtype,
         "num_speculative_tokens": num_speculative_tokens,
         "max_position_embeddings": context if max_position_embeddings is None else max_position_embeddings,
-        # (V, H_t) the target's input embedding, when the target is a model: speculators EAGLE-3 exports carry it
-        "embedding": target.get_input_embeddings().weight if isinstance(target, PreTrainedModel) else None,
+        **_target_weights(target),
     }
     artifact = FORMATS[fmt].build(head, facts, options)
     raise_problems(validate_artifact(artifact.config, artifact.tensors, fmt), f"refusing to export as '{fmt}'")
@@ -225,6 +228,14 @@ def _check_destination(out: Path, head: DraftHead) -> None:
     if found:
         raise ValueError(f"refusing to write the export to {out}: it holds {', '.join(found)} of a training run or "
                          "head, which overwriting would delete; choose another --out")
+
+
+def _target_weights(target: PretrainedConfig | PreTrainedModel | None) -> dict[str, Tensor | None]:
+    """The target's input embedding (speculators EAGLE-3 exports carry it) and lm_head (DSpark's SGLang layout
+    carries both), (V, H_t) each, when the target is a model; None otherwise."""
+    model = isinstance(target, PreTrainedModel)
+    return {"embedding": target.get_input_embeddings().weight if model else None,
+            "lm_head": target.get_output_embeddings().weight if model else None}
 
 
 def _format(fmt: str) -> Format:

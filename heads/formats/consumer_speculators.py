@@ -6,7 +6,9 @@ EAGLE-3: ``Eagle3DraftModel.forward`` over the given target states (training-tim
 eager attention so it runs on CPU); the ``lm_head`` output of every step is captured, (1, T, Vd) each.
 DFlash: ``_backbone_forward`` (the library's block pass) with a loss mask that marks exactly the given
 anchors, so it takes all of them (its ``select_anchors`` draws at random only when there are more); the
-logits of every block, (1, N·block_size, V). Both kinds also write the loaded tensors back (``state.*``).
+logits of every block, (1, N·block_size, V). DSpark: the same pass, then its own Markov bias and confidence head
+as its ``forward`` applies them (the previous token of slot k is the data's token a+k): the corrected logits
+and the confidence logits (N, block_size). Every kind also writes the loaded tensors back (``state.*``).
 """
 import json
 import sys
@@ -22,7 +24,9 @@ def main(export: str, inputs_path: str, out_path: str, verifier: str) -> None:
 
     kind = json.load(open(f"{export}/config.json"))["speculators_model_type"]
     inputs = load_file(inputs_path)
-    config_class = Eagle3SpeculatorConfig if kind == "eagle3" else DFlashSpeculatorConfig
+    from speculators.models.dspark import DSparkSpeculatorConfig
+
+    config_class = {"eagle3": Eagle3SpeculatorConfig, "dspark": DSparkSpeculatorConfig}.get(kind, DFlashSpeculatorConfig)
     config = config_class.from_pretrained(export)
     config.speculators_config.verifier.name_or_path = verifier  # a local copy of the target: it reads its weights
     config.transformer_layer_config._attn_implementation = "eager"
@@ -41,9 +45,17 @@ def main(export: str, inputs_path: str, out_path: str, verifier: str) -> None:
             loss_mask = torch.zeros_like(ids)
             loss_mask[0, anchors] = 1
             verifier_states = torch.zeros(*ids.shape, config.transformer_layer_config.hidden_size)  # loss targets only
-            logits = model._backbone_forward(inputs["hidden_states"].float(), ids, loss_mask, verifier_states,
-                                             torch.zeros_like(ids), inputs["position_ids"],
-                                             max_anchors=anchors.numel())[1]
+            hidden, logits, _, _, index = model._backbone_forward(
+                inputs["hidden_states"].float(), ids, loss_mask, verifier_states, torch.zeros_like(ids),
+                inputs["position_ids"], max_anchors=anchors.numel())
+            if kind == "dspark":
+                blocks = (anchors.numel(), config.block_size)
+                prev = ids[0, index].view(blocks)
+                embedded = model.markov_head.prev_embeddings(prev)
+                hidden = hidden.view(*blocks, -1)
+                logits = logits.view(*blocks, -1) + model.markov_head.block_bias(
+                    prev_token_ids=prev, hidden_states=hidden, prev_emb=embedded)
+                out["confidence"] = model.confidence_head(torch.cat([hidden, embedded], -1)).contiguous()
             out["blocks"] = logits.contiguous()
     save_file(out, out_path)
 

@@ -48,6 +48,9 @@ from draftsmith.heads.formats.validation import (
 
 def _dflash_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
     cfg = head.config
+    if cfg.is_dspark:
+        raise ValueError("z-lab's DFlashDraftModel carries no DSpark (its slots draft from the first mask, and it has "
+                         "no Markov or confidence head); export DSpark heads --to dspark (SGLang) or --to speculators")
     target_width = cfg.target_hidden_size or cfg.hidden_size
     if target_width != cfg.hidden_size:
         raise ValueError(f"hidden_size={cfg.hidden_size} differs from the target's {target_width}: DFlashDraftModel "
@@ -86,6 +89,7 @@ def read_checkpoint(path_or_repo: str | Path, hub_kwargs: dict[str, Any]) -> tup
     return directory, config, tensors
 
 
+DSPARK_RANK = "markov_rank"  # present (DeepSpec's key) when the layout holds a DSpark
 UNKNOWN_TARGET_LAYERS = "_target_layers_unknown"  # set (in memory) for a layout that records no num_target_layers
 
 
@@ -130,6 +134,16 @@ def _dflash2_spec(dflash: dict[str, Any], shape: dict[str, int], problems: list[
             spec[f"layers.{i}.{conv}.kernel_projection.weight"] = ((2 * kernel * (h // sizes["conv_group_size"]), h),
                                                                   "float")
     return spec
+
+
+def dspark_spec(rank: Any, shape: dict[str, int], problems: list[str]) -> dict:
+    """DSpark's extra tensors for a ``markov_rank`` (DeepSpec's names, read by speculators, vLLM and SGLang)."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        problems.append(f"markov_rank={rank!r} must be a positive integer (DSpark's Markov head)")
+        return {}
+    h, v = shape["hidden_size"], shape["vocab_size"]
+    return {"markov_head.markov_w1.weight": ((v, rank), "float"), "markov_head.markov_w2.weight": ((v, rank), "float"),
+            "confidence_head.proj.weight": ((1, h + rank), "float"), "confidence_head.proj.bias": ((1,), "float")}
 
 
 def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
@@ -177,6 +191,8 @@ def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list
                      f"{prefix}self_attn.k_norm.weight": ((d,), "float")})
     if is_dflash2_layout(config):
         spec.update(_dflash2_spec(dflash, shape, problems))
+    if DSPARK_RANK in config:  # a DSpark seen as this layout (heads.formats.dspark, speculators' dspark type)
+        spec.update(dspark_spec(config[DSPARK_RANK], shape, problems))
     problems += tensor_problems(tensors, spec, config.get("torch_dtype"))
     return problems
 
@@ -217,13 +233,21 @@ def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directo
         block_size=config["block_size"], num_layers=layers,
         aux_layer_ids=[i + 1 for i in dflash["target_layer_ids"]], mask_token_id=dflash["mask_token_id"],
         target_hidden_size=config["hidden_size"], target_num_layers=target_layers, target_vocab_size=config["vocab_size"],
-        **_recorded_target(config), **({"variant": "dflash2", **{k: dflash[k] for k in DFLASH2_DEFAULTS}}
-                                       if is_dflash2_layout(config) else {}),
+        **_recorded_target(config), **_variant_options(config),
     )
     head = DFlashHead(head_config)
     head.load_state_dict(tensors, strict=True)  # names and shapes were checked above
     floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
     return head.to(dtype or (floats.pop() if len(floats) == 1 else torch.float32)).eval()
+
+
+def _variant_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``DFlashConfig`` variant keys a layout's config names: DFlash2's shape, DSpark's Markov rank."""
+    if is_dflash2_layout(config):
+        return {"variant": "dflash2", **{k: config["dflash_config"][k] for k in DFLASH2_DEFAULTS}}
+    if DSPARK_RANK in config:
+        return {"variant": "dspark", "markov_rank": config[DSPARK_RANK]}
+    return {}
 
 
 def _recorded_target(config: dict[str, Any]) -> dict[str, Any]:

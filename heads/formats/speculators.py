@@ -17,7 +17,8 @@ from draftsmith.heads.common import DraftHead
 from draftsmith.heads.dflash import DFLASH_ARCHITECTURE, DFlashHead
 from draftsmith.heads.eagle3 import Eagle3Head
 from draftsmith.heads.formats.eagle3 import _eagle3_problems, _eagle3_tensors, eagle31_flags
-from draftsmith.heads.formats.dflash import (UNKNOWN_TARGET_LAYERS, _dflash_problems, head_from_layout, qwen3_layers_config,
+from draftsmith.heads.formats.dspark import dspark_fields
+from draftsmith.heads.formats.dflash import (DSPARK_RANK, UNKNOWN_TARGET_LAYERS, _dflash_problems, head_from_layout, qwen3_layers_config,
                                   read_checkpoint)
 from draftsmith.heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expect, float_tensors, llama_layer_config,
                                       provenance_record)
@@ -30,6 +31,8 @@ EMBED_TOKENS = "embed_tokens.weight"  # the target's input embedding, written in
 
 
 DFLASH_SPECULATOR = "DFlashSpeculator"  # the speculators library's architectures entry for dflash
+DSPARK_SPECULATOR = "DSparkSpeculator"  # and for dspark (DSparkSpeculatorConfig)
+DFLASH_TYPES = {"dflash": DFLASH_SPECULATOR, "dspark": DSPARK_SPECULATOR}
 
 
 def _speculators_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
@@ -126,7 +129,7 @@ def _speculators_dflash_artifact(head: DFlashHead, facts: dict[str, Any], option
     ``hidden_norm``, ``layers.{i}.*``, ``norm``); no embedding or lm_head: vLLM shares the target's, as
     for z-lab's drafters (the library itself reloads both from the verifier when it trains)."""
     cfg = head.config
-    if cfg.is_dflash2:
+    if getattr(cfg, "is_dflash2", False):
         raise ValueError("the speculators format carries no DFlash2 (vLLM's update_dflash reads no convolution or "
                          "selector); export DFlash2 heads --to dflash (z-lab's DFlash2DraftModel, read by SGLang)")
     if (cfg.target_hidden_size or cfg.hidden_size) != cfg.hidden_size:
@@ -134,10 +137,14 @@ def _speculators_dflash_artifact(head: DFlashHead, facts: dict[str, Any], option
                          "the DFlash fc takes len(aux layers) x its own hidden_size")
     tensors = float_tensors(head.state_dict(), options["dtype"])
     dtype = dtype_name(tensors)
+    # DSpark: speculators' DSparkSpeculatorConfig fields; vLLM's config starts from transformer_layer_config
+    # (base.py) and its qwen3_dspark.py reads the confidence keys from there, so they are written there too
+    dspark = dspark_fields(head) if cfg.is_dspark else {}
     config = {
-        "speculators_model_type": "dflash",
-        "architectures": [DFLASH_SPECULATOR],
-        "transformer_layer_config": qwen3_layers_config(head, options),
+        "speculators_model_type": "dspark" if cfg.is_dspark else "dflash",
+        "architectures": [DSPARK_SPECULATOR if cfg.is_dspark else DFLASH_SPECULATOR],
+        "transformer_layer_config": {**qwen3_layers_config(head, options), **dspark},
+        **dspark,
         "draft_vocab_size": cfg.vocab_size,
         "block_size": cfg.block_size,
         "target_hidden_size": cfg.target_hidden_size or cfg.hidden_size,
@@ -147,8 +154,9 @@ def _speculators_dflash_artifact(head: DFlashHead, facts: dict[str, Any], option
         # qwen3_dflash.py applies that to every draft layer, full-attention ones included: false would run a
         # block drafter causally. The library itself keeps full-attention layers bidirectional either way.
         "sliding_window_non_causal": True,
-        "sample_from_anchor": False,  # the anchor is the root (bonus) token: block_size - 1 drafts
-        "speculators_config": _proposals("dflash", cfg.block_size - 1, facts),
+        # DFlash: the anchor is the root (bonus) token, block_size - 1 drafts; DSpark: the anchor's slot drafts too
+        "sample_from_anchor": cfg.is_dspark,
+        "speculators_config": _proposals("dspark" if cfg.is_dspark else "dflash", cfg.drafts_per_block, facts),
         "torch_dtype": dtype,
         "dtype": dtype,
         PROVENANCE_KEY: provenance_record(head, "speculators", facts),
@@ -165,6 +173,7 @@ def dflash_layout(config: dict[str, Any]) -> dict[str, Any]:
     target = ((config.get(PROVENANCE_KEY) or {}).get("target") or {}).get("num_layers")
     return {
         **layer,
+        **({DSPARK_RANK: config.get(DSPARK_RANK)} if config.get("speculators_model_type") == "dspark" else {}),
         "architectures": [DFLASH_ARCHITECTURE],
         "block_size": config.get("block_size"),
         "num_target_layers": target,
@@ -179,25 +188,48 @@ def dflash_layout(config: dict[str, Any]) -> dict[str, Any]:
 
 def _speculators_dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
     problems: list[str] = []
-    expect(config, "speculators_model_type", "dflash", problems)
-    expect(config, "architectures", [DFLASH_SPECULATOR], problems)
+    kind = config.get("speculators_model_type")
+    dspark = kind == "dspark"
+    if kind not in DFLASH_TYPES:
+        problems.append(f"config speculators_model_type={kind!r}, expected one of {sorted(DFLASH_TYPES)}")
+    expect(config, "architectures", [DFLASH_TYPES.get(kind, DFLASH_SPECULATOR)], problems)
     if not isinstance(config.get("transformer_layer_config"), dict):
         return problems + ["transformer_layer_config is missing (vLLM reads the draft layers' shape from it)"]
-    if config.get("sample_from_anchor"):
-        problems.append("sample_from_anchor=true: draftsmith's DFlash drafts from the mask positions only")
+    if bool(config.get("sample_from_anchor", dspark)) != dspark:  # speculators' defaults: dspark true, dflash false
+        problems.append(f"sample_from_anchor={str(config.get('sample_from_anchor')).lower()}: draftsmith's "
+                        + ("DSpark drafts from the anchor's slot on" if dspark else "DFlash drafts from the mask "
+                           "positions only"))
+    if dspark:
+        problems += _dspark_field_problems(config)
     block = config.get("block_size")
     tokens = ((config.get("speculators_config") or {}).get("proposal_methods") or [{}])[0].get("speculative_tokens")
-    if isinstance(block, int) and isinstance(tokens, int) and tokens > block - 1:
-        problems.append(f"speculative_tokens={tokens} exceeds block_size - 1 = {block - 1}")
+    most = (block if dspark else block - 1) if isinstance(block, int) else None
+    if isinstance(most, int) and isinstance(tokens, int) and tokens > most:
+        problems.append(f"speculative_tokens={tokens} exceeds block_size{'' if dspark else ' - 1'} = {most}")
     if config.get("draft_vocab_size") != (config["transformer_layer_config"].get("vocab_size")):
         problems.append(f"draft_vocab_size={config.get('draft_vocab_size')!r} differs from the vocab_size "
                         "(a reduced DFlash vocabulary is not written by draftsmith)")
     return problems + _speculators_config_problems(config) + _dflash_problems(dflash_layout(config), tensors)
 
 
+def _dspark_field_problems(config: dict[str, Any]) -> list[str]:
+    """The DSpark keys as speculators, and (inside transformer_layer_config) vLLM's qwen3_dspark.py, read them."""
+    problems: list[str] = []
+    layer = config["transformer_layer_config"]
+    for key, want in (("markov_head_type", "vanilla"), ("enable_confidence_head", True),
+                      ("confidence_head_with_markov", True)):
+        expect(config, key, want, problems)
+        if layer.get(key, want) != want:
+            problems.append(f"transformer_layer_config.{key}={layer.get(key)!r}, expected {want!r}")
+    if layer.get("enable_confidence_head") is not True:
+        problems.append("transformer_layer_config.enable_confidence_head must be true: vLLM's qwen3_dspark.py reads "
+                        "it there and otherwise drops the confidence head")
+    return problems
+
+
 def speculators_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
-    """Problems of a speculators export (eagle3 or dflash) as vLLM and the speculators library read it."""
-    if config.get("speculators_model_type") == "dflash":
+    """Problems of a speculators export (eagle3, dflash or dspark) as vLLM and the speculators library read it."""
+    if config.get("speculators_model_type") in DFLASH_TYPES:
         problems = _speculators_dflash_problems(config, tensors)
         if config.get("sliding_window_non_causal") is not True:
             problems.append(f"sliding_window_non_causal={config.get('sliding_window_non_causal')!r}: vLLM's "
@@ -220,7 +252,7 @@ def speculators_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> 
 
 def import_speculators_dflash(path_or_repo: str | Path, *, dtype: torch.dtype | None = None,
                               **hub_kwargs: Any) -> DFlashHead:
-    """A ``DFlashHead`` from a speculators dflash checkpoint (our ``--to speculators`` exports, or the
+    """A ``DFlashHead`` from a speculators dflash or dspark checkpoint (our ``--to speculators`` exports, or the
     speculators library's: the copies of the verifier's ``embed_tokens``/``lm_head``/``t2d``/``d2t`` it
     saves are dropped — draftsmith's DFlash reads the target's own). Checked as an export is."""
     directory, config, tensors = read_checkpoint(path_or_repo, hub_kwargs)

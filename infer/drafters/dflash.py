@@ -12,6 +12,10 @@ selector walks them from the root, scoring each candidate after the token chosen
 (``select_path``); greedy takes the best score, sampling draws from the sampling law of the scores over the
 candidates (zero elsewhere), which the same chain check keeps lossless. The target verifies it as a chain.
 
+DSpark (``head.markov``): every slot drafts, the root's included (slot k: the token k+1 after the root);
+``infer.drafters.dspark.markov_walk`` adds the Markov bias slot by slot, and the confidence head sets how
+many drafts each row keeps (adaptive verification; ``confidence`` is the threshold, 0 = keep all).
+
 A batch's rows share one context cache (``StaticHeadCache`` with a row each): observing and drafting
 run one head pass for every row (a row's block sees its own context only, through an additive mask).
 """
@@ -22,11 +26,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from draftsmith.heads.dspark import DEFAULT_CONFIDENCE_THRESHOLD, confident_lengths
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.cache import StaticHeadCache
 from draftsmith.infer.compiling import compiled, step_begin
 from draftsmith.infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
                                  root_only, stack_rows)
+from draftsmith.infer.drafters.dspark import markov_walk
 
 CPU_CHAIN = 4  # on CPU every verified token costs (EAGLE's measured chain sweet spot, docs/benchmarks.md)
 
@@ -66,11 +72,15 @@ class DFlashDrafter(HeadDrafter):
     def __init__(self, head: nn.Module, target: nn.Module, tree: Chain, confidence: float | None = None) -> None:
         if not isinstance(tree, Chain):
             raise TypeError(f"DFlash heads draft a Chain, not {type(tree).__name__}")
-        if confidence is not None:
+        if confidence is not None and head.markov is None:
             raise ValueError("confidence stops EAGLE chains early; a DFlash block drafts all positions at once")
+        if confidence is not None and not 0 <= confidence < 1:
+            raise ValueError(f"confidence={confidence}: DSpark's threshold on the acceptance confidence lies in [0, 1)")
+        # DSpark: the threshold of adaptive verification (0: verify every draft)
+        self.threshold = DEFAULT_CONFIDENCE_THRESHOLD if confidence is None else confidence
         if tree.length > self.longest_chain(head):
-            raise ValueError(f"Chain(length={tree.length}) exceeds this DFlash head's block_size - 1 = "
-                             f"{self.longest_chain(head)}")
+            raise ValueError(f"Chain(length={tree.length}) exceeds this {head.title} head's block_size"
+                             f"{'' if head.config.is_dspark else ' - 1'} = {self.longest_chain(head)}")
         self.head = head
         self.option = tree
         self.aux_layer_ids = tuple(head.feature_layer_ids)
@@ -131,7 +141,11 @@ class DFlashDrafter(HeadDrafter):
         else:  # eager: over the filled context only
             logits, hidden = self._block_logits(cache.context(), block, starts)
         logits, hidden = logits[:, :longest], hidden[:, :longest]
-        if self.head.selector is not None:  # DFlash2: the selector's path through the candidates
+        if self.head.markov is not None:  # DSpark: the Markov walk, then each row's confident prefix
+            chain, law, confidence = markov_walk(self.head, hidden, logits, block[:, 0], sampling)
+            keep = confident_lengths(confidence, self.threshold).tolist()
+            lengths = [min(n, keep[s.row]) for s, n in zip(states, lengths)]
+        elif self.head.selector is not None:  # DFlash2: the selector's path through the candidates
             chain, law = select_path(self.head.selector, hidden, logits, block[:, 0], sampling)
         elif sampling.greedy:
             chain, law = logits.argmax(-1), None
@@ -141,6 +155,9 @@ class DFlashDrafter(HeadDrafter):
         drafts = []
         for state, root, n in zip(states, roots, lengths):
             b = state.row
+            if n == 0:
+                drafts.append(root_only(root))
+                continue
             ids = torch.cat([root.reshape(1), chain[b, :n]])
             drafts.append(Draft(ids, chain_buffers(n, device), None if law is None else law[b, :n]))
         return drafts
@@ -155,9 +172,10 @@ class DFlashDrafter(HeadDrafter):
 
     def _block_logits(self, context: list[tuple[torch.Tensor, torch.Tensor]], block: torch.Tensor,
                       starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 logits (rows, B - 1, V) and normed outputs (rows, B - 1, H) of every row's block (rows, B)
-        after its first ``starts[b]`` context entries (each row's block sees its own context and the whole
-        block; entries past a row's context are hidden): position k drafts the token k after the root."""
+        """float32 logits (rows, D, V) and normed outputs (rows, D, H) of every row's block (rows, B) after its
+        first ``starts[b]`` context entries (each row's block sees its own context and the whole block; entries
+        past a row's context are hidden): the D = ``drafts_per_block`` drafting slots, DFlash's 1..B-1 (slot k
+        drafts the token k after the root), DSpark's 0..B-1 (slot k the token k+1 after it)."""
         device = block.device
         width = context[0][0].shape[2]
         positions = starts[:, None] + torch.arange(self.block_size, device=device)[None]
@@ -165,7 +183,7 @@ class DFlashDrafter(HeadDrafter):
         seen = (columns < starts[:, None]) | (columns >= width)  # (rows, C + B)
         embeds = self.embed(block)
         mask = additive_mask(seen[:, None, :].expand(-1, self.block_size, -1), embeds.dtype)[0, 0][:, None]
-        out = self.head(embeds, positions, context, mask)[:, 1:]
+        out = self.head(embeds, positions, context, mask)[:, self.head.config.first_draft_slot:]
         return self.lm_head(out).float(), out
 
     @classmethod
@@ -176,7 +194,7 @@ class DFlashDrafter(HeadDrafter):
 
     @staticmethod
     def longest_chain(head: nn.Module) -> int:
-        return head.config.block_size - 1
+        return head.config.drafts_per_block
 
     @classmethod
     def fits(cls, head: nn.Module, tree) -> bool:

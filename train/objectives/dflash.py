@@ -18,6 +18,9 @@ unary candidates, scored after the data's previous token, against the index of t
 among them (the base loss learns the target's law, not the data's: docs/dflash.md); positions whose
 target token is not a candidate carry none. It is summed with the same position decay and
 the same denominators as the base loss and added with weight ``SELECTOR_ALPHA``.
+
+DSpark (``head.variant=dspark``): every slot of the block drafts (slot k the token a+k+1), corrected by the
+Markov head, and the loss is DeepSpec's (``train.objectives.dspark``) on the same anchors and blocks.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from draftsmith.train.losses import LossOutput, decayed_sum, dpace_weights, soft
 from draftsmith.train.metrics import acceptance_rate
 from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds
 from draftsmith.train.anchors import draw_anchors, segments
+from draftsmith.train.objectives.dspark import dspark_loss, greedy_slots
 from draftsmith.train.objectives.eagle3 import Eagle3Features, Eagle3Objective
 from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
 
@@ -44,6 +48,8 @@ EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one
 # The DFlash paper's decay exp(-(k-1)/gamma) by block size, as ModelOpt's DFlash guide quotes it: 7 for
 # blocks of 16, 4 for blocks of 8 (docs/dflash.md)
 PAPER_GAMMA = {16: 7.0, 8: 4.0}
+# What the on-policy stage (DFlash's) would leave untrained in a variant
+ON_POLICY_REFUSED = {"dflash2": "DFlash2's selector", "dspark": "DSpark's Markov and confidence heads"}
 SELECTOR_ALPHA = 1.0  # DFlash2's selector loss weight: SpecForge's dflash2_selector_loss_alpha default
 
 
@@ -156,9 +162,12 @@ class DFlashObjective(Objective):
         if (head.block_size or DEFAULT_BLOCK_SIZE) > cfg.data.max_length:
             raise ConfigError(f"head.block_size={head.block_size or DEFAULT_BLOCK_SIZE} exceeds "
                               f"data.max_length={cfg.data.max_length}; a block must fit in an example")
-        if head.variant == "dflash2" and opt.stage == "on-policy":
-            raise ConfigError("train.stage=on-policy does not train DFlash2's selector (head.variant=dflash2); "
-                              "run it on a DFlash head")
+        if head.variant in ON_POLICY_REFUSED and opt.stage == "on-policy":
+            raise ConfigError(f"train.stage=on-policy does not train {ON_POLICY_REFUSED[head.variant]} "
+                              f"(head.variant={head.variant}); run it on a DFlash head")
+        if head.variant == "dspark" and opt.loss != "ce":
+            raise ConfigError(f"train.loss={opt.loss} is not read by head.variant=dspark: it trains DeepSpec's "
+                              "CE + L1 + confidence loss (docs/dflash.md, DSpark)")
 
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
@@ -167,9 +176,9 @@ class DFlashObjective(Objective):
         self.anchors, self.spacing = opt.anchors_per_document, opt.anchor_spacing
         self.gamma = opt.gamma or default_gamma(head.config.block_size)
         self.decay = math.exp(-1 / self.gamma)  # position k's weight decay ** (k-1)
-        if head.selector is not None and self.stage == "on-policy":
-            raise ValueError("train.stage=on-policy does not train DFlash2's selector (head.variant=dflash2); "
-                             "run it on a DFlash head")
+        if head.config.variant in ON_POLICY_REFUSED and self.stage == "on-policy":
+            raise ValueError(f"train.stage=on-policy does not train {ON_POLICY_REFUSED[head.config.variant]} "
+                             f"(head.variant={head.config.variant}); run it on a DFlash head")
 
     aux_layer_ids = staticmethod(Eagle3Objective.aux_layer_ids)
 
@@ -224,6 +233,9 @@ class DFlashObjective(Objective):
         out = block_outputs(self.head, f, f.anchors, sequence_context(self.head, f))  # (B, N, bs, H)
         if f.rollout is not None:  # the on-policy stage: position k of the chain is block position k+1
             return on_policy_output(lambda k: lm_head(out[:, :, k + 1]).float(), f.rollout, self.decay)
+        if self.head.markov is not None:  # DSpark: slot k's label is a+k+1
+            trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, bs + 1, f.document_ids)[..., 1:]
+            return dspark_loss(self.head, lm_head, f, out, trained, self.decay)
         seq_len = f.input_ids.shape[1]
         trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, bs, f.document_ids)  # (B, N, bs)
         losses, elements, confidence, correct, count, accept, chosen = [], [], [], [], [], [], []
@@ -265,14 +277,20 @@ class DFlashObjective(Objective):
     @staticmethod
     @torch.no_grad()
     def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
-        """Position i's drafts: the block at anchor i+1 (context ``<= i``), positions 1..depth."""
+        """Position i's drafts: the block at anchor i+1 (context ``<= i``), its first ``depth`` drafting slots
+        (DFlash's 1..depth, DSpark's 0..depth-1 walked with the Markov bias)."""
         batch, seq_len = features.input_ids.shape
         drafted = torch.zeros(depth, batch, seq_len, dtype=torch.long, device=features.input_ids.device)
         context = sequence_context(head, features)
         for start in range(0, seq_len - 1, EVAL_CHUNK):
             positions = torch.arange(start, min(start + EVAL_CHUNK, seq_len - 1), device=drafted.device)
             anchors = (positions + 1)[None].expand(batch, -1)
-            out = block_outputs(head, features, anchors, context)[:, :, 1: 1 + depth]  # (B, C, depth, H)
+            first = head.config.first_draft_slot
+            out = block_outputs(head, features, anchors, context)[:, :, first: first + depth]  # (B, C, depth, H)
+            if head.markov is not None:
+                drafted[:, :, positions] = greedy_slots(head, lm_head, out, features.input_ids.gather(1, anchors)
+                                                        ).permute(2, 0, 1)
+                continue
             logits = lm_head(out).float()
             if head.selector is None:
                 drafted[:, :, positions] = logits.argmax(-1).permute(2, 0, 1)
@@ -285,10 +303,11 @@ class DFlashObjective(Objective):
 
     @staticmethod
     def eval_depth(head: nn.Module, cfg: TrainConfig) -> int:
-        depth = cfg.train.eval_depth or head.config.block_size - 1
-        if depth > head.config.block_size - 1:
-            raise ValueError(f"train.eval_depth={depth} exceeds the DFlash head's block_size - 1 = "
-                             f"{head.config.block_size - 1}")
+        most = head.config.drafts_per_block
+        depth = cfg.train.eval_depth or most
+        if depth > most:
+            raise ValueError(f"train.eval_depth={depth} exceeds the {most} drafts of the {head.title} head's "
+                             f"blocks of {head.config.block_size}")
         return depth
 
 

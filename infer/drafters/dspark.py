@@ -1,0 +1,36 @@
+"""DSpark's walk over a drafted block (``head.variant=dspark``; the block pass is DFlash's drafter's).
+
+Slot k's logits get the Markov bias of the token chosen at slot k-1 (the root for slot 0), so the walk
+is sequential over the block's slots: greedy takes each corrected argmax, sampling draws each slot from
+its corrected law q_k (returned, for the generator's min(1, p/q) chain check). Each slot's confidence
+logit reads the same previous token. Adaptive verification: a row keeps its drafts up to the first slot
+whose sigmoid(confidence) is below the threshold (``heads.dspark.confident_lengths``); the choice
+depends on the drafts only, never on the target, so the chain check stays lossless.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from draftsmith.heads.dspark import corrected
+from draftsmith.infer.drafters.base import Sampling
+
+
+def markov_walk(head: nn.Module, hidden: torch.Tensor, logits: torch.Tensor, root: torch.Tensor,
+                sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(tokens (R, n), laws (R, n, V) or None when greedy, confidence logits (R, n)) of a DSpark walk.
+
+    hidden (R, n, H): the head's normed outputs of slots 0..n-1; logits (R, n, V) float32 their lm_head
+    logits; root (R,): the token before slot 0."""
+    tokens, laws, confidence, previous = [], [], [], root
+    for k in range(logits.shape[1]):
+        out = corrected(head.markov_head, head.confidence_head, hidden[:, k], logits[:, k], previous)
+        confidence.append(out.confidence)
+        if sampling.greedy:
+            previous = out.logits.argmax(-1)
+        else:
+            law = sampling.probs(out.logits)  # (R, V)
+            laws.append(law)
+            previous = torch.multinomial(law, 1)[:, 0]
+        tokens.append(previous)
+    return torch.stack(tokens, 1), (torch.stack(laws, 1) if laws else None), torch.stack(confidence, 1)
