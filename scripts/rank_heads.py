@@ -3,7 +3,8 @@
     python scripts/rank_heads.py RUN_DIR [RUN_DIR ...] [--target demo:tiny] [--prompts 24]
         [--max-new-tokens 128] [--prompt-tokens 32] [--out results.json]
 
-Each RUN_DIR is a training run's output_dir (the final head, its metrics.jsonl). Real τ: every head decodes
+Each RUN_DIR is a training run's output_dir (the final head, its metrics.jsonl) or one of its checkpoints
+(RUN/checkpoints/step-N: that step's head and evaluation). Real τ: every head decodes
 the same held-out stdlib prompts (``data.corpus.continuation_prompts``, the benchmarks' prompts) greedily
 with ``SpeculativeGenerator`` and its default draft shape (on CPU the adaptive chain), one prompt at a time;
 τ = the verification steps' tokens over the steps, pooled over the prompts (``GenerationStats``). Every
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -30,8 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if min(args.prompts, args.max_new_tokens, args.prompt_tokens) < 1:
         p.error("--prompts, --max-new-tokens and --prompt-tokens must be >= 1")
     for run in args.runs:
-        if not (run / "metrics.jsonl").is_file():
-            p.error(f"{run}: no metrics.jsonl (not a training run's output_dir)")
+        if not (run_of(run)[0] / "metrics.jsonl").is_file():
+            p.error(f"{run}: no metrics.jsonl (neither a training run's output_dir nor one of its checkpoints)")
     return args
 
 
@@ -59,12 +61,36 @@ def spearman(x: list[float], y: list[float]) -> float:
     return cov / var if var else float("nan")
 
 
-def last_eval(run: Path) -> dict:
-    """The run's last evaluation record (one with simulated ``tau``)."""
+def run_of(head_dir: Path) -> tuple[Path, int | None]:
+    """(the run's output_dir, the checkpoint's step) of a run's output_dir (step None: its last evaluation) or
+    of one of its checkpoints, ``RUN/checkpoints/step-NNNNNNN``."""
+    if head_dir.parent.name == "checkpoints" and head_dir.name.startswith("step-"):
+        return head_dir.parent.parent, int(head_dir.name.split("-")[1])
+    return head_dir, None
+
+
+def eval_record(head_dir: Path) -> dict:
+    """The evaluation record (one with simulated ``tau``) of a run's final head or of a checkpoint's step."""
+    run, step = run_of(head_dir)
     evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "tau" in r]
+    evals = [r for r in evals if step is None or r["step"] == step]
     if not evals:
-        raise SystemExit(f"{run}/metrics.jsonl holds no evaluation")
+        raise SystemExit(f"{run}/metrics.jsonl holds no evaluation{'' if step is None else f' at step {step}'}")
     return evals[-1]
+
+
+def load_head(head_dir: Path, scratch: Path):
+    """A run's final head, or a checkpoint's (its head_config.json and weights, linked as a head folder)."""
+    from draftsmith.heads import AutoHead
+    from draftsmith.train.checkpoint import HEAD_CONFIG, MODEL_FILE
+
+    if run_of(head_dir)[1] is not None:
+        folder = scratch / f"{run_of(head_dir)[0].name}-{head_dir.name}"
+        folder.mkdir()
+        (folder / "config.json").symlink_to((head_dir / HEAD_CONFIG).resolve())
+        (folder / MODEL_FILE).symlink_to((head_dir / MODEL_FILE).resolve())
+        head_dir = folder
+    return AutoHead.from_pretrained(str(head_dir)).eval()
 
 
 def real_tau(target, head, prompts, references, max_new_tokens: int) -> tuple[float, bool]:
@@ -87,8 +113,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from draftsmith.data.corpus import continuation_prompts
     from draftsmith.data.targets import load_target, load_target_tokenizer, resolve_target
-    from draftsmith.heads import AutoHead
-
     path = resolve_target(args.target)
     target = load_target(path, attn_implementation="sdpa").eval()
     tokenizer = load_target_tokenizer(path)
@@ -99,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         references = [target.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=args.max_new_tokens,
                                       do_sample=False, pad_token_id=pad) for p in prompts]
     rows = []
+    scratch = Path(tempfile.mkdtemp())
     for run in args.runs:
-        head = AutoHead.from_pretrained(str(run)).eval()
+        head = load_head(run, scratch)
         tau, identical = real_tau(target, head, prompts, references, args.max_new_tokens)
-        record = last_eval(run)
+        record = eval_record(run)
         rows.append({"run": str(run), "step": record["step"], "real_tau": tau, "identical": identical,
                      "simulated_tau": record["tau"], "decode_tau": record.get("decode_tau")})
         print(f"{run}: real τ {tau:.3f} | decode τ {record.get('decode_tau', float('nan')):.3f} | simulated τ "

@@ -147,6 +147,7 @@ def test_decode_prompts_end_before_the_first_trained_token_or_after_prompt_token
     prompts = decode_prompts(rows, rows=5, prompt_tokens=4)
     assert [p.tolist() for p in prompts] == [[[1, 5, 6]], [[1, 5, 6, 7]]]
     assert len(decode_prompts(rows, rows=1, prompt_tokens=4)) == 1
+    assert [p.tolist() for p in decode_prompts(rows, rows=5, prompt_tokens=4, longest=3)] == [[[1, 5, 6]]]
 
 
 def test_best_by():
@@ -156,6 +157,9 @@ def test_best_by():
     assert best_metric(cfg("auto"), {"tau": 2.0, "decode_tau": 1.5}) == "decode_tau"
     assert best_metric(cfg("auto"), {"tau": 2.0}) == "tau"
     assert best_metric(cfg("simulated_tau"), {"tau": 2.0, "decode_tau": 1.5}) == "tau"
+    assert best_metric(cfg("decode_tau"), {"tau": 2.0, "decode_tau": 1.5}) == "decode_tau"
+    with pytest.raises(ValueError, match="no held-out prompt was decoded"):
+        best_metric(cfg("decode_tau"), {"tau": 2.0})
 
 
 def _evals(out) -> list[dict]:

@@ -1,11 +1,14 @@
 """scripts/rank_heads.py's rank correlation on hand-made rows, and its refusal of a folder that is no run."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from draftsmith.scripts.rank_heads import parse_args, ranks, spearman
+from draftsmith.scripts.rank_heads import main, parse_args, ranks, spearman
+from draftsmith.train.setup import setup
 
 
 def test_ranks_share_ties():
@@ -24,3 +27,19 @@ def test_a_folder_without_metrics_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args([str(tmp_path)])
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_real_tau_of_a_run_and_its_checkpoint(tiny_files, tmp_path):
+    out = tmp_path / "run"
+    setup(tiny_config(tiny_files, out, "train.max_steps=6", "train.eval_every=3", "train.save_every=3",
+                      "train.eval_decode_rows=2", "train.eval_decode_tokens=8"))
+    report = tmp_path / "rank.json"
+    code = main([str(out), str(out / "checkpoints" / "step-0000003"), "--target", str(tiny_files["target"]),
+                 "--prompts", "2", "--max-new-tokens", "12", "--prompt-tokens", "8", "--out", str(report)])
+    assert code == 0  # every decode equal to the target's own
+    rows = json.loads(report.read_text())["rows"]
+    evals = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "tau" in r}
+    assert [r["step"] for r in rows] == [6, 3]
+    for row in rows:  # each head beside its own evaluation
+        assert (row["simulated_tau"], row["decode_tau"]) == (evals[row["step"]]["tau"], evals[row["step"]]["decode_tau"])
+        assert row["real_tau"] >= 1

@@ -61,10 +61,11 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
 _DECODE_SETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def decode_prompts(dataset, rows: int, prompt_tokens: int) -> list[torch.Tensor]:
-    """(1, P) prompts of the first ``rows`` held-out rows that go on after them: a row's tokens before its
-    first trained token (a conversation's turns before the first answer), or its first ``prompt_tokens``
-    where that would leave BOS alone (plain text: every token after BOS is trained)."""
+def decode_prompts(dataset, rows: int, prompt_tokens: int, longest: int | None = None) -> list[torch.Tensor]:
+    """(1, P) prompts of the first ``rows`` held-out rows that go on after them (and are at most ``longest``
+    tokens): a row's tokens before its first trained token (a conversation's turns before the first answer),
+    or its first ``prompt_tokens`` where that would leave BOS alone (plain text: every token after BOS is
+    trained)."""
     prompts = []
     for row in dataset:
         if len(prompts) == rows:
@@ -72,7 +73,7 @@ def decode_prompts(dataset, rows: int, prompt_tokens: int) -> list[torch.Tensor]
         ids, mask = list(row["input_ids"]), list(row["loss_mask"])
         first = mask.index(1) if 1 in mask else len(ids)
         length = first if first > 1 else prompt_tokens
-        if 0 < length < len(ids):
+        if 0 < length < len(ids) and (longest is None or length <= longest):
             prompts.append(torch.tensor(ids[:length], dtype=torch.long)[None])
     return prompts
 
@@ -100,11 +101,17 @@ def decode_set_for(accelerator: Accelerator, head: nn.Module, target: nn.Module,
     if opt.eval_decode_rows and opt.eval_decode_tokens:
         drafter = default_drafter(head, target)
         why = _skip_reason(accelerator, cfg, drafter)
-        if why is None:
+        if why is None:  # this process's share of the prompts
             n, rank = accelerator.num_processes, accelerator.process_index
             share = opt.eval_decode_rows // n + (rank < opt.eval_decode_rows % n)
+            room = getattr(target.config, "max_position_embeddings", None)  # prompt + new tokens must fit
+            longest = None if room is None else room - opt.eval_decode_tokens
             prompts = [p.to(accelerator.device) for p in
-                       decode_prompts(loader.dataset, share, cfg.data.self_distill.prompt_tokens)]
+                       decode_prompts(loader.dataset, share, cfg.data.self_distill.prompt_tokens, longest)]
+            if not prompts:  # the set stays (empty): every process takes part in the sums
+                logger.warning("decode tau: no held-out row of %s goes on after its prompt within the target's %s "
+                               "positions less train.eval_decode_tokens=%d", cfg.data.eval, room,
+                               opt.eval_decode_tokens)
             rows = greedy_continuations(target, prompts, opt.eval_decode_tokens)
             with_features(target, rows, tuple(drafter.aux_layer_ids))
             decode_set = DecodeSet(rows, opt.eval_decode_tokens)
@@ -136,14 +143,18 @@ def evaluate_decoding(accelerator: Accelerator, head: nn.Module, target: nn.Modu
         head.train(was_training)
     steps, tokens = accelerator.reduce(torch.tensor(counts, dtype=torch.float64, device=accelerator.device),
                                        reduction="sum").tolist()
+    if not steps:  # no prompt anywhere (said when the set was made)
+        return {}
     return {"decode_tau": decode_tau(steps, tokens), "decode_steps": int(steps), "decode_tokens": int(tokens),
             "decode_seconds": time.perf_counter() - started}
 
 
 def best_metric(cfg: TrainConfig, metrics: dict) -> str:
     """The record key ``output_dir/best`` is chosen by: ``train.best_by``, auto = decode τ where computed."""
-    if cfg.train.best_by == "simulated_tau" or "decode_tau" not in metrics:
+    if cfg.train.best_by == "simulated_tau" or (cfg.train.best_by == "auto" and "decode_tau" not in metrics):
         return "tau"
+    if "decode_tau" not in metrics:
+        raise ValueError("train.best_by=decode_tau, but no held-out prompt was decoded (see the log)")
     return "decode_tau"
 
 
