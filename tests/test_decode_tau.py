@@ -205,3 +205,10 @@ def test_a_run_decode_tau_cannot_replay_says_so_once_and_trains_on(tiny_files, t
     assert said == ["decode tau is not computed for head kind medusa: the target trains with the head "
                     "(train.backbone_lora_rank): its greedy text is not fixed"]
     assert all("decode_tau" not in r and r["best_by"] == "tau" for r in _evals(out))
+
+
+def test_a_drafter_that_drafts_into_the_targets_cache_is_not_replayed():
+    class SharesTheCache:
+        entry_model = torch.nn.Identity()
+
+    assert "drafts into the target's own cache" in dt.not_decodable(SharesTheCache())
