@@ -1,9 +1,12 @@
-"""Held-out evaluation during training: acceptance per draft step and simulated τ, and keeping the
-best head so far in ``output_dir/best``."""
+"""Held-out evaluation during training: acceptance per draft step and simulated τ, decode τ (the head
+decoding held-out prompts as the generator does, ``train.decode_tau``), and keeping the best head so far
+in ``output_dir/best`` (by ``train.best_by``)."""
 from __future__ import annotations
 
 import json
 import logging
+import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -13,6 +16,8 @@ from torch.utils.data import DataLoader
 
 from draftsmith.train.checkpoint import BEST
 from draftsmith.train.config import TrainConfig
+from draftsmith.train.decode_tau import (DecodeSet, decode_counts, decode_tau, default_drafter, greedy_continuations,
+                                        not_decodable, with_features)
 from draftsmith.train.metrics import AcceptanceMeter, format_acceptance, step_correctness
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.resume import TrainState
@@ -52,15 +57,118 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
     return metrics
 
 
+# eval loader -> its decode set, made at the run's first evaluation (None: decode τ is not computed)
+_DECODE_SETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def decode_prompts(dataset, rows: int, prompt_tokens: int, longest: int | None = None) -> list[torch.Tensor]:
+    """(1, P) prompts of the first ``rows`` held-out rows that go on after them (and are at most ``longest``
+    tokens): a row's tokens before its first trained token (a conversation's turns before the first answer),
+    or its first ``prompt_tokens`` where that would leave BOS alone (plain text: every token after BOS is
+    trained)."""
+    prompts = []
+    for row in dataset:
+        if len(prompts) == rows:
+            break
+        ids, mask = list(row["input_ids"]), list(row["loss_mask"])
+        first = mask.index(1) if 1 in mask else len(ids)
+        length = first if first > 1 else prompt_tokens
+        if 0 < length < len(ids) and (longest is None or length <= longest):
+            prompts.append(torch.tensor(ids[:length], dtype=torch.long)[None])
+    return prompts
+
+
+def _skip_reason(accelerator: Accelerator, cfg: TrainConfig, drafter) -> str | None:
+    """Why decode τ is not computed for this run (None: it is)."""
+    if cfg.train.backbone_lora_rank:
+        return "the target trains with the head (train.backbone_lora_rank): its greedy text is not fixed"
+    if cfg.train.target_sharding == "fsdp" and accelerator.num_processes > 1:
+        return "the target is sharded (train.target_sharding=fsdp)"
+    return not_decodable(drafter)
+
+
+def decode_set_for(accelerator: Accelerator, head: nn.Module, target: nn.Module, loader: DataLoader,
+                   cfg: TrainConfig) -> DecodeSet | None:
+    """This process's share of the ``train.eval_decode_rows`` held-out prompts with the target's greedy
+    continuations and features, made once per run (None: not computed, said once in the log)."""
+    if loader in _DECODE_SETS:
+        return _DECODE_SETS[loader]
+    opt = cfg.train
+    for key in ("eval_decode_rows", "eval_decode_tokens"):
+        if getattr(opt, key) < 0:
+            raise ValueError(f"train.{key} must be >= 0, got {getattr(opt, key)}")
+    decode_set, why = None, None
+    if opt.eval_decode_rows and opt.eval_decode_tokens:
+        drafter = default_drafter(head, target)
+        why = _skip_reason(accelerator, cfg, drafter)
+        if why is None:  # this process's share of the prompts
+            n, rank = accelerator.num_processes, accelerator.process_index
+            share = opt.eval_decode_rows // n + (rank < opt.eval_decode_rows % n)
+            room = getattr(target.config, "max_position_embeddings", None)  # prompt + new tokens must fit
+            longest = None if room is None else room - opt.eval_decode_tokens
+            prompts = [p.to(accelerator.device) for p in
+                       decode_prompts(loader.dataset, share, cfg.data.self_distill.prompt_tokens, longest)]
+            if not prompts:  # the set stays (empty): every process takes part in the sums
+                logger.warning("decode tau: no held-out row of %s goes on after its prompt within the target's %s "
+                               "positions less train.eval_decode_tokens=%d", cfg.data.eval, room,
+                               opt.eval_decode_tokens)
+            rows = greedy_continuations(target, prompts, opt.eval_decode_tokens)
+            with_features(target, rows, tuple(drafter.aux_layer_ids))
+            decode_set = DecodeSet(rows, opt.eval_decode_tokens)
+            logger.info("decode tau: %d held-out prompt(s) x %d new tokens, drafted by %s", len(rows),
+                        opt.eval_decode_tokens, type(drafter).__name__)
+        else:
+            logger.info("decode tau is not computed for head kind %s: %s", cfg.head.kind, why)
+    if opt.best_by == "decode_tau" and decode_set is None:
+        raise ValueError(f"train.best_by=decode_tau, but decode tau is not computed: "
+                         f"{why or 'train.eval_decode_rows or train.eval_decode_tokens is 0'}")
+    _DECODE_SETS[loader] = decode_set
+    return decode_set
+
+
+def evaluate_decoding(accelerator: Accelerator, head: nn.Module, target: nn.Module, loader: DataLoader,
+                      cfg: TrainConfig) -> dict:
+    """``decode_tau`` (tokens per verification step over every process's prompts) and its counts and
+    seconds; empty when decode τ is not computed for this run."""
+    decode_set = decode_set_for(accelerator, head, target, loader, cfg)
+    if decode_set is None:
+        return {}
+    started = time.perf_counter()
+    was_training = head.training
+    head.eval()
+    try:
+        with accelerator.autocast():
+            counts = decode_counts(default_drafter(head, target), decode_set)
+    finally:
+        head.train(was_training)
+    steps, tokens = accelerator.reduce(torch.tensor(counts, dtype=torch.float64, device=accelerator.device),
+                                       reduction="sum").tolist()
+    if not steps:  # no prompt anywhere (said when the set was made)
+        return {}
+    return {"decode_tau": decode_tau(steps, tokens), "decode_steps": int(steps), "decode_tokens": int(tokens),
+            "decode_seconds": time.perf_counter() - started}
+
+
+def best_metric(cfg: TrainConfig, metrics: dict) -> str:
+    """The record key ``output_dir/best`` is chosen by: ``train.best_by``, auto = decode τ where computed."""
+    if cfg.train.best_by == "simulated_tau" or (cfg.train.best_by == "auto" and "decode_tau" not in metrics):
+        return "tau"
+    if "decode_tau" not in metrics:
+        raise ValueError("train.best_by=decode_tau, but no held-out prompt was decoded (see the log)")
+    return "decode_tau"
+
+
 def eval_and_keep_best(accelerator, head, target, loader, cfg, depth, state: TrainState, metrics_log) -> dict:
-    """Evaluate, log, and save the head to output_dir/best when simulated τ improved."""
+    """Evaluate, log, and save the head to output_dir/best when its ``best_metric`` improved."""
     metrics = evaluate(accelerator, head, target, loader, cfg, depth)
-    record = {"step": state.step, **metrics}
+    metrics.update(evaluate_decoding(accelerator, head, target, loader, cfg))
+    record = {"step": state.step, **metrics, "best_by": best_metric(cfg, metrics)}
     metrics_log.log(record)
     logger.info("eval step %d | %s | draft-vocab coverage %.3f", state.step, format_acceptance(metrics),
                 metrics["draft_vocab_coverage"])
-    if metrics["tau"] > state.best_tau:
-        state.best_tau, state.best_step = metrics["tau"], state.step
+    score = metrics[record["best_by"]]
+    if score > state.best_tau:
+        state.best_tau, state.best_step = score, state.step
         if accelerator.is_main_process:
             head.save_pretrained(Path(cfg.output_dir) / BEST)
             (Path(cfg.output_dir) / BEST / "eval.json").write_text(json.dumps(record, indent=1))

@@ -67,7 +67,11 @@ class AcceptanceMeter:
 
 
 def format_acceptance(metrics: dict) -> str:
-    """One human-readable line, e.g. ``tau 2.31 | acc 0.62 0.41 ... | cond 0.62 0.58 ...``."""
+    """One human-readable line, e.g. ``decode tau 3.10 (... steps) | simulated tau 2.31 | acc_k 0.62 0.41 ... |
+    cond_acc_k 0.62 0.58 ...`` (decode τ where the record has it: ``train.decode_tau``)."""
     acc = " ".join(f"{a:.3f}" for a in metrics["acc"])
     cond = " ".join(f"{a:.3f}" for a in metrics["cond_acc"])
-    return f"simulated tau {metrics['tau']:.3f} | acc_k {acc} | cond_acc_k {cond} ({metrics['positions']} positions)"
+    decoded = (f"decode tau {metrics['decode_tau']:.3f} ({metrics['decode_tokens']} tokens in {metrics['decode_steps']} "
+               f"steps) | " if "decode_tau" in metrics else "")
+    return (f"{decoded}simulated tau {metrics['tau']:.3f} | acc_k {acc} | cond_acc_k {cond} "
+            f"({metrics['positions']} positions)")

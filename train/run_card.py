@@ -15,9 +15,11 @@ def run_card(head: nn.Module, output_dir: Path, data_summary, final: dict, state
 
     lines = ["## This run", ""]
     if final:
-        lines.append(f"- this directory holds the **final** head: simulated τ {final['tau']:.3f} at step {state.step} "
+        decoded = f"decode τ {final['decode_tau']:.3f}, " if "decode_tau" in final else ""
+        lines.append(f"- this directory holds the **final** head: {decoded}simulated τ {final['tau']:.3f} at step {state.step} "
                      f"(acc_k {', '.join(f'{a:.3f}' for a in final['acc'])})")
-        lines.append(f"- the best head by simulated τ ({state.best_tau:.3f}, step {state.best_step}) is in `{BEST}/`")
+        by = "decode τ" if final.get("best_by") == "decode_tau" else "simulated τ"
+        lines.append(f"- the best head by {by} ({state.best_tau:.3f}, step {state.best_step}) is in `{BEST}/`")
     lines.append(f"- {state.step} optimizer steps, {state.tokens} training tokens")
     if vocab is not None:
         lines.append(f"- draft vocabulary: {head.config.draft_vocab_size} most frequent training targets, covering "

@@ -155,6 +155,15 @@ class OptimConfig:
     eval_depth: int | None = _doc(
         "draft steps simulated at evaluation; null = ttt_steps (eagle3), num_heads (medusa), "
         f"{DEFAULT_TTT_STEPS} (eagle)", None)
+    # Decode τ (train/decode_tau.py, docs/objectives.md): the head decodes held-out prompts as the generator does
+    eval_decode_rows: int = _doc(
+        "decode tau at every evaluation: held-out prompts the head decodes greedily with the generator's default "
+        "draft shape (on CPU the adaptive chain), verified against the target's greedy continuation (made once "
+        "per run); 0 = off", 8)
+    eval_decode_tokens: int = _doc("decode tau: new tokens per held-out prompt", 64)
+    best_by: Literal["auto", "decode_tau", "simulated_tau"] = _doc(
+        "what output_dir/best keeps the best head by: auto = decode tau where it is computed, else simulated tau",
+        "auto")
     save_every: int = _doc("save a full training checkpoint every N steps (0 = never)", 500)
     keep_last_checkpoints: int = _doc("checkpoints kept on disk (oldest deleted first)", 2)
     log_every: int = _doc("log training loss/accuracy every N steps", 10)

@@ -47,7 +47,8 @@ def cli(argv: list[str] | None = None) -> int:
         if result.metrics:
             print(format_acceptance(result.metrics))
         if result.best_dir is not None:
-            print(f"best simulated tau {result.best_tau:.3f} (head in {result.best_dir.resolve()})")
+            by = "decode" if result.metrics.get("best_by") == "decode_tau" else "simulated"
+            print(f"best {by} tau {result.best_tau:.3f} (head in {result.best_dir.resolve()})")
     return 0
 
 
