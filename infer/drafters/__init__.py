@@ -32,7 +32,7 @@ def drafter_class(kind: str) -> type[HeadDrafter]:
 
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEAD_CLASSES)}")
-    return importlib.import_module(f"infer.drafters.{kind.replace('-', '_')}").DRAFTER
+    return importlib.import_module(f"draftsmith.infer.drafters.{kind.replace('-', '_')}").DRAFTER
 
 
 def default_branching_tree(kind: str, device: torch.device | str) -> StaticTree | DynamicTree:

@@ -13,7 +13,7 @@ def objective_class(kind: str) -> type[Objective]:
 
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEAD_CLASSES)}")
-    return importlib.import_module(f"train.objectives.{kind.replace('-', '_')}").OBJECTIVE
+    return importlib.import_module(f"draftsmith.train.objectives.{kind.replace('-', '_')}").OBJECTIVE
 
 
 __all__ = ["HeadSetup", "Objective", "objective_class"]
