@@ -3,14 +3,18 @@ transformers <= 5.19, conflict with ours), loads the export and drafts on target
 caller compares those drafts with the head's own (``scripts/check_export.py``, docs/export-keys.md).
 
 The venv lives under ``~/.cache/draftsmith/venvs/`` and is created only on request (``create=True``,
-``check-export --install``): torch comes from the system site-packages, speculators and its pinned
-transformers without their dependencies, plus what its import and load need (openai, hs-connectors, loguru).
+``check-export --install``, CI's ``.ci/run``) from the running interpreter: torch comes from its site-packages
+(a venv's too) at the installed version, speculators and its pinned transformers without their dependencies,
+plus what its import and load need (openai, hs-connectors, loguru).
 """
 from __future__ import annotations
 
+import json
 import os
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -62,26 +66,47 @@ def speculators_python(create: bool = False) -> Path:
     """The venv's python with speculators importable; built only when ``create`` (minutes, downloads)."""
     venv = venv_dir()
     python = venv / "bin" / "python"
-    if not _imports(python) and create:
-        print(f"creating the speculators {SPECULATORS_VERSION} venv at {venv} (pip, from the package index)",
-              file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-        env = {**os.environ, "PIP_CONSTRAINT": ""}  # our constraints pin transformers; the venv has its own
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        subprocess.run([*pip, "--no-deps", *VENV_PACKAGES], check=True, env=env)
-        subprocess.run([*pip, *VENV_IMPORT_DEPENDENCIES], check=True, env=env)
-    if not _imports(python):
+    if create and _import_problem(python):
+        build_venv(venv)
+    problem = _import_problem(python)
+    if problem and create:
+        raise FileNotFoundError(f"the speculators {SPECULATORS_VERSION} venv at {venv} was built but does not import "
+                                f"it: {problem}; remove {venv} and pass --install again")
+    if problem:
         raise FileNotFoundError(f"no speculators {SPECULATORS_VERSION} venv at {venv}: pass --install to create "
                                 "it (pip, from the package index), or --python an interpreter that imports it")
     return python
 
 
-def _imports(python: Path) -> bool:
+def build_venv(venv: Path) -> None:
+    """Create the venv from the running interpreter: the system site-packages and this interpreter's own (a venv's,
+    where draftsmith and torch were installed, through a ``.pth``) after its own, and torch constrained to the
+    installed version, so pip never pulls another torch (PyPI's Linux default is a multi-GB CUDA build)."""
+    print(f"creating the speculators {SPECULATORS_VERSION} venv at {venv} (pip, from the package index)",
+          file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    ours = [p for p in dict.fromkeys([*site.getsitepackages(), sysconfig.get_paths()["purelib"]]) if Path(p).is_dir()]
+    (Path(purelib) / "draftsmith-parent.pth").write_text("".join(f"{p}\n" for p in ours))
+    with tempfile.TemporaryDirectory(prefix="draftsmith-venv-") as tmp:
+        constraint = Path(tmp) / "constraints.txt"
+        constraint.write_text(f"torch=={torch.__version__}\n")
+        env = {**os.environ, "PIP_CONSTRAINT": str(constraint)}  # ours: this torch, nothing else pinned
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, "--no-deps", *VENV_PACKAGES], check=True, env=env)
+        subprocess.run([*pip, *VENV_IMPORT_DEPENDENCIES], check=True, env=env)
+
+
+def _import_problem(python: Path) -> str | None:
+    """Why ``python`` does not import speculators at our version (its error's last line), or None."""
     if not python.is_file():
-        return False
-    probe = ("import sys, importlib.metadata as m; from speculators import SpeculatorModel; "
-             f"sys.exit(m.version('speculators') != {SPECULATORS_VERSION!r})")
-    return subprocess.run([str(python), "-I", "-c", probe], capture_output=True).returncode == 0
+        return f"{python} does not exist"
+    probe = ("import importlib.metadata as m; from speculators import SpeculatorModel; "
+             f"v = m.version('speculators'); assert v == {SPECULATORS_VERSION!r}, 'speculators ' + v")
+    done = subprocess.run([str(python), "-I", "-c", probe], capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["exit code 1"])[-1]
 
 
 def run_speculators(python: Path, export: Path, verifier: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -129,3 +154,50 @@ def compare_tensors(ours: dict[str, Tensor], theirs: dict[str, Tensor]) -> tuple
                          "MISMATCH" if other.shape == tensor.shape else f"{name}: shape {tuple(other.shape)} MISMATCH")
     lines.append(f"tensors: {len(ours) - len(lines)}/{len(ours)} loaded exactly")
     return lines, len(lines) == 1
+
+
+def export_differences(head, export: Path, fmt: str, target) -> list[str]:
+    """What differs between the export at ``export`` (format ``fmt``) and what ``head`` exports in that format
+    now: every config key but the recorded target facts (``target``, a model or its config, fills them) and
+    every tensor, compared in the export's own dtype. One line per difference; none when it is this head's."""
+    from draftsmith.heads.formats import FORMATS, _target_facts
+    from draftsmith.heads.formats.validation import PROVENANCE_KEY, read_json_object, read_tensors
+
+    config = read_json_object(export / "config.json")
+    tensors = read_tensors(export / FORMATS[fmt].weights_file)
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    context = config.get("max_position_embeddings")
+    options = {"dtype": dtypes.pop() if len(dtypes) == 1 else None, "num_speculative_tokens": 3,
+               "max_position_embeddings": context if isinstance(context, int) else None, "embedding": None}
+    if options["max_position_embeddings"] is None:
+        options["max_position_embeddings"] = head.config.max_position_embeddings
+    try:
+        artifact = FORMATS[fmt].build(head, _target_facts(head, target), options)
+    except ValueError as err:
+        return [f"--head cannot be exported as '{fmt}': {err}"]
+    ours, theirs = _flat(artifact.config), _flat(config)
+    skip = f"{PROVENANCE_KEY}.target."
+    lines = [f"config {key}: export {theirs.get(key, '(absent)')!r}, --head writes {ours.get(key, '(absent)')!r}"
+             for key in sorted(ours.keys() | theirs.keys())
+             if not key.startswith(skip) and _plain(ours.get(key)) != _plain(theirs.get(key))]
+    for name in sorted(artifact.tensors.keys() | tensors.keys()):
+        mine, other = artifact.tensors.get(name), tensors.get(name)
+        if mine is None or other is None:
+            lines.append(f"tensor {name}: only in {'the export' if mine is None else '--head'}")
+        elif mine.shape != other.shape or not torch.equal(mine.to(other.dtype), other):
+            lines.append(f"tensor {name}: differs from --head's" + (
+                f" (shape {tuple(other.shape)}, --head {tuple(mine.shape)})" if mine.shape != other.shape else ""))
+    return lines
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
+    out = {}
+    for key, value in config.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _plain(value):
+    """A config value as JSON reads it back (tuples as lists)."""
+    return json.loads(json.dumps(value))
