@@ -11,7 +11,7 @@ from safetensors import SafetensorError
 from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.heads.common import DraftHead, DraftHeadConfig
-from draftsmith.heads.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead
+from draftsmith.heads.dflash import DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead
 from draftsmith.heads.eagle import EagleConfig, EagleHead
 from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.heads.early_exit import EarlyExitConfig, EarlyExitHead
@@ -87,7 +87,7 @@ class AutoHead:
             from draftsmith.heads.formats import import_speculators_dflash
 
             return import_speculators_dflash(path_or_repo, **kwargs)
-        if DFLASH_ARCHITECTURE in (config_dict.get("architectures") or []):
+        if {DFLASH_ARCHITECTURE, DFLASH2_ARCHITECTURE} & set(config_dict.get("architectures") or []):
             from draftsmith.heads.formats import import_dflash
 
             return import_dflash(path_or_repo, **kwargs)
@@ -95,7 +95,7 @@ class AutoHead:
             f"{path_or_repo}: config.json has model_type={model_type!r} and architectures="
             f"{config_dict.get('architectures')}, which is not a draftsmith head "
             f"({sorted(_BY_MODEL_TYPE)}) nor a public EAGLE-3 ({list(PUBLIC_EAGLE3_ARCHITECTURES)}) or DFlash "
-            f"({DFLASH_ARCHITECTURE}, speculators dflash) checkpoint"
+            f"({DFLASH_ARCHITECTURE}, {DFLASH2_ARCHITECTURE}, speculators dflash) checkpoint"
         )
 
 
