@@ -16,6 +16,7 @@ block size or another head's export exits 1.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -86,8 +87,6 @@ def _without_library(head, fmt: str, export: Path, target_path, valid: bool) -> 
     """A format no consumer library runs here: the export against what ``--head`` exports in it."""
     from transformers import AutoConfig
 
-    from draftsmith.heads.formats.parity import export_differences
-
     print(f"no consumer library for '{fmt}' runs here: the keys its engines read are tabled in "
           "docs/export-keys.md (tests/test_export_keys.py checks we write them)")
     differences = export_differences(head, export, fmt, AutoConfig.from_pretrained(target_path))
@@ -96,6 +95,55 @@ def _without_library(head, fmt: str, export: Path, target_path, valid: bool) -> 
     ok = valid and not differences
     print("export: ok" if ok else "export: MISMATCH")
     return 0 if ok else 1
+
+
+def export_differences(head, export: Path, fmt: str, target) -> list[str]:
+    """What differs between the export at ``export`` (format ``fmt``) and what ``head`` exports in that format
+    now: every config key but the recorded target facts (``target``, a model or its config, fills them) and
+    every tensor, compared in the export's own dtype. One line per difference; none when it is this head's."""
+    import torch
+
+    from draftsmith.heads.formats import FORMATS, _target_facts
+    from draftsmith.heads.formats.validation import PROVENANCE_KEY, read_json_object, read_tensors
+
+    config = read_json_object(export / "config.json")
+    tensors = read_tensors(export / FORMATS[fmt].weights_file)
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    context = config.get("max_position_embeddings")
+    options = {"dtype": dtypes.pop() if len(dtypes) == 1 else None, "num_speculative_tokens": 3,
+               "max_position_embeddings": context if isinstance(context, int) else None, "embedding": None}
+    if options["max_position_embeddings"] is None:
+        options["max_position_embeddings"] = head.config.max_position_embeddings
+    try:
+        artifact = FORMATS[fmt].build(head, _target_facts(head, target), options)
+    except ValueError as err:
+        return [f"--head cannot be exported as '{fmt}': {err}"]
+    ours, theirs = _flat(artifact.config), _flat(config)
+    skip = f"{PROVENANCE_KEY}.target."
+    lines = [f"config {key}: export {theirs.get(key, '(absent)')!r}, --head writes {ours.get(key, '(absent)')!r}"
+             for key in sorted(ours.keys() | theirs.keys())
+             if not key.startswith(skip) and _plain(ours.get(key)) != _plain(theirs.get(key))]
+    for name in sorted(artifact.tensors.keys() | tensors.keys()):
+        mine, other = artifact.tensors.get(name), tensors.get(name)
+        if mine is None or other is None:
+            lines.append(f"tensor {name}: only in {'the export' if mine is None else '--head'}")
+        elif mine.shape != other.shape or not torch.equal(mine.to(other.dtype), other):
+            lines.append(f"tensor {name}: differs from --head's" + (
+                f" (shape {tuple(other.shape)}, --head {tuple(mine.shape)})" if mine.shape != other.shape else ""))
+    return lines
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
+    out = {}
+    for key, value in config.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _plain(value):
+    """A config value as JSON reads it back (tuples as lists)."""
+    return json.loads(json.dumps(value))
 
 
 def _eagle3(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
