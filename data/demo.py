@@ -96,23 +96,6 @@ def _summary(directory: Path, fp: str) -> dict | None:
     return summary if isinstance(summary, dict) and summary.get("fingerprint") == fp else None
 
 
-def unreadable_files(directory: Path) -> list[str]:
-    """The JSON files that do not parse and the safetensors files whose header does not describe them."""
-    from safetensors import safe_open
-
-    bad = []
-    for f in sorted(directory.iterdir()):
-        try:
-            if f.suffix == ".json":
-                json.loads(f.read_text())
-            elif f.suffix == ".safetensors":
-                with safe_open(f, "pt") as weights:
-                    weights.keys()
-        except Exception:  # noqa: BLE001 - any failure to read is damage
-            bad.append(f.name)
-    return bad
-
-
 def record_files(directory: Path) -> None:
     """Write the size and sha256 of every file of a built demo LM into its summary (``FILES_KEY``)."""
     path = directory / SUMMARY_FILE
@@ -122,19 +105,13 @@ def record_files(directory: Path) -> None:
 
 
 def damaged_files(directory: Path) -> list[str]:
-    """The files of a built demo LM that are missing or differ from the record written when it was built.
-    A summary without a record (built by an earlier draftsmith) gets one now if its JSON files parse and
-    its weights' headers cover their files (``unreadable_files``)."""
+    """The files of a built demo LM that are missing or differ from the record written when it was built. A
+    summary without that record (edited, or written by a draftsmith before records) names itself: what its
+    files hold now cannot be told from what was built, so it is never recorded as the truth, but rebuilt."""
     summary = json.loads((directory / SUMMARY_FILE).read_text())
     recorded = summary.get(FILES_KEY)
-    if recorded is None:
-        unreadable = unreadable_files(directory)
-        if not unreadable:
-            try:
-                record_files(directory)
-            except OSError:  # a cache another user built and shares read-only: checked as before
-                pass
-        return unreadable
+    if not isinstance(recorded, dict) or not recorded:
+        return [SUMMARY_FILE]
     return changed_files(directory, recorded)
 
 

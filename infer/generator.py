@@ -50,7 +50,8 @@ from draftsmith.infer.drafters import (Chain, Draft, Drafter, Sampling, TreeOpti
 from draftsmith.infer.speculation_plan import SpeculationPlan, find_plan
 from draftsmith.infer.drafters.layer_skip import shallow_backbone
 from draftsmith.infer.hf_cache import cache_kwargs
-from draftsmith.infer.recurrent import RECURRENT_LAYER_TYPES, Checkpoint, check_supported, is_hybrid, layer_types
+from draftsmith.infer.recurrent import (RECURRENT_LAYER_TYPES, Checkpoint, check_chain_drafter, check_supported, is_hybrid,
+                                       layer_types)
 from draftsmith.infer.target import TargetOutput, backbone_of, decoder_layers
 from draftsmith.infer.threads import choose_threads
 from draftsmith.infer.tree import pad_tree
@@ -258,6 +259,7 @@ class SpeculativeGenerator:
             if not isinstance(head, Drafter):
                 raise TypeError(f"{type(head).__name__} is neither a draftsmith head nor an infer.drafters.Drafter "
                                 "(subclass it: new_rows, observe_rows, propose_rows; max_nodes as needed)")
+            check_chain_drafter(target, head)  # a hybrid verifies chains (infer.recurrent)
             self.head = None
             self.drafter = head
         self.acceptance = acceptance

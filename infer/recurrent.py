@@ -124,11 +124,37 @@ def check_supported(model: nn.Module | PretrainedConfig) -> None:
         return
     if model_type(model) not in LAYER_KINDS:
         raise ValueError(unsupported(model))
+    check_attention_layer(model)
     if LinearAttentionLayer is None:
         import transformers
         raise ValueError(f"{type(model).__name__} keeps a recurrent state ({layer_kind(model)} layers); speculative "
                          "decoding on hybrid targets needs transformers >= 5.24 (its LinearAttentionLayer cache), "
                          f"this is {transformers.__version__}")
+
+
+def check_attention_layer(model_or_config) -> None:
+    """One line for a hybrid with no attention layer (every layer recurrent): speculative decoding verifies a
+    draft at positions in attention layers' caches (transformers' cache asks one for the sequence length)."""
+    types = layer_types(model_or_config)
+    if types and not any(t == "hybrid" or ("attention" in t and t not in RECURRENT_LAYER_TYPES) for t in types):
+        config = getattr(model_or_config, "config", model_or_config)
+        name = (getattr(config, "architectures", None) or [type(model_or_config).__name__])[0]
+        raise ValueError(f"{name} ({model_type(model_or_config)}) has no attention layer (layer types: "
+                         f"{', '.join(sorted(set(types)))}): speculative decoding verifies drafts through attention "
+                         "layers' caches; use a model with at least one attention layer")
+
+
+def check_chain_drafter(model_or_config, drafter) -> None:
+    """One line, up front, for a drafter that drafts trees (a prompt lookup of several branches, itself or a
+    part of it) on a hybrid, which verifies chains only: it failed mid-decode the first time two continuations
+    were found."""
+    if not is_hybrid(model_or_config):
+        return
+    for part in (drafter, *getattr(drafter, "__dict__", {}).values()):
+        branches = getattr(part, "branches", 1)
+        if isinstance(branches, int) and branches > 1:
+            raise ValueError(f"{type(part).__name__}(branches={branches}) drafts trees; a hybrid target (recurrent "
+                             "layers read a verify's tokens as one sequence) verifies chains: use branches=1")
 
 
 class LinearStates:

@@ -53,15 +53,29 @@ class SpeculationPlan:
         """Read a plan written by ``save``; a malformed file fails with a message naming it."""
         path = Path(path)
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
+            keys = list(raw["lengths"])
             lengths = {int(b): n for b, n in raw["lengths"].items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: not a speculation plan ({type(err).__name__}: {err}); expected "
                              '{"lengths": {"<batch size>": <draft length>, ...}}') from err
+        if len(lengths) < len(keys):  # "1" and "01": the later entry won without a word
+            twice = next(b for b in lengths if sum(int(k) == b for k in keys) > 1)
+            raise ValueError(f"{path}: batch size {twice} is given more than once "
+                             f"({', '.join(repr(k) for k in keys if int(k) == twice)}); keep one entry")
         try:
             return cls(lengths, list(raw.get("measured", [])))
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from err
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object as a dict, refusing a key given twice (``json`` keeps the last without a word)."""
+    keys = [k for k, _ in pairs]
+    twice = [k for k in dict.fromkeys(keys) if keys.count(k) > 1]
+    if twice:
+        raise ValueError(f"key {twice[0]!r} is given more than once")
+    return dict(pairs)
 
 
 def find_plan(head_dir: str | Path) -> SpeculationPlan | None:

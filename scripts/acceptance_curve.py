@@ -6,7 +6,9 @@
 
 Per budget and recipe (``RECIPES``: a config file and its overrides, all on the demo's self-distilled data,
 ``SELF_DISTILLED``) it trains a head for that many steps, then continues it with the on-policy stage
-(``train.stage=on-policy``, ``--on-policy-steps``, default a quarter of the budget) as ``<recipe>+opd``.
+(``train.stage=on-policy``, ``--on-policy-steps``, default a quarter of the budget) as ``<recipe>+opd``, and
+continues it as much without the rollout as ``<recipe>+sup``: its supervised control (the same steps, loss, lr,
+warm-up and anchors; ``CONTROL``), so the stage's gain is read against the same steps spent supervised.
 Each head is measured three ways: the held-out simulated τ of training's evaluation, and one greedy decode
 of ``--prompt`` against the target's own ``generate`` (``infer.generate``'s ``--compare``: ``--rounds``
 rounds alternating, the same process): its τ (tokens per target forward) and its speedup. Writes
@@ -15,13 +17,16 @@ results.json (after every head: a long run keeps what it measured), curve.md and
 
 ``--phase train`` only trains (at low priority beside other work, say) and ``--phase measure`` measures the
 heads results.json lists later, on a quiet machine: the speedups are timings, the training is not. Either phase
-skips what results.json already holds, so an interrupted run continues where it stopped.
+skips what results.json already holds, so an interrupted run continues where it stopped: a row records the
+code's revision (``git rev-parse HEAD``, or the installed version outside a clone) and every setting it was
+trained and measured with, and is reused only when both equal this run's; any other row is redone.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,6 +53,10 @@ ON_POLICY = ["train.stage=on-policy", "train.loss=ce", "train.warmup_steps=5", "
 # (fixed: 3.94 -> 4.10 at 3e-4, 3.97 at 3e-3; docs/objectives.md). EAGLE-3 held its tau only at 1e-5 (5.866 ->
 # 5.890; 5.778 at 1e-4): a hundredth of its recipe's lr.
 ON_POLICY_LR_FRACTION = {"eagle3": 0.01, "dflash": 0.1}
+# The stage's supervised control: ON_POLICY without the rollout (the same loss, warm-up and, for DFlash, anchors;
+# EAGLE-3's supervised loss reads every position, its anchors only root the stage's chains)
+CONTROL = {"eagle3": ["train.loss=ce", "train.warmup_steps=5"],
+           "dflash": [o for o in ON_POLICY if o != "train.stage=on-policy"]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -111,49 +120,84 @@ def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, round
             "identical": spec.output_equal_to(vanilla)}
 
 
-def on_policy_lr(config: str, overrides: list[str]) -> float:
-    """The on-policy stage's learning rate: ``ON_POLICY_LR_FRACTION`` of its kind times the recipe's ``train.lr``."""
+def recipe_kind_lr(config: str, overrides: list[str]) -> tuple[str, float]:
+    """The recipe's head kind and the on-policy stage's learning rate: ``ON_POLICY_LR_FRACTION`` of its kind
+    times the recipe's ``train.lr``."""
     from draftsmith.train.config import load_config
 
     cfg = load_config(ROOT / config, overrides)
-    return ON_POLICY_LR_FRACTION[cfg.head.kind] * cfg.train.lr
+    return cfg.head.kind, ON_POLICY_LR_FRACTION[cfg.head.kind] * cfg.train.lr
 
 
 def stages(args: argparse.Namespace, budget: int, name: str,
            recipes: dict[str, tuple[str, list[str]]]) -> list[tuple[str, str, list[str]]]:
-    """(label, config file, overrides) of a recipe's training at ``budget`` and of its on-policy continuation."""
+    """(label, config file, overrides) of a recipe's training at ``budget``, of its on-policy continuation and
+    of that continuation's supervised control."""
     config, recipe = recipes[name]
     base = [f"target={args.target}", *SELF_DISTILLED, *recipe, f"train.max_steps={budget}",
             "train.eval_every=0", "train.save_every=0", "overwrite_output_dir=true"]
     out = [(name, config, [*base, f"output_dir={args.runs / f'{name}-{budget}'}", *args.overrides])]
-    opd_steps = max(1, budget // 4) if args.on_policy_steps is None else args.on_policy_steps
-    if opd_steps:
-        lr = on_policy_lr(config, [*recipe, *args.overrides])
-        out.append((f"{name}+opd", config, [*base, *ON_POLICY, f"train.lr={lr:g}", f"train.init_from={args.runs / f'{name}-{budget}'}",
-                                            f"output_dir={args.runs / f'{name}+opd-{budget}'}", *args.overrides,
-                                            f"train.max_steps={opd_steps}"]))
+    steps = max(1, budget // 4) if args.on_policy_steps is None else args.on_policy_steps
+    if steps:
+        kind, lr = recipe_kind_lr(config, [*recipe, *args.overrides])
+        for suffix, stage in (("+opd", ON_POLICY), ("+sup", CONTROL[kind])):
+            out.append((f"{name}{suffix}", config, [
+                *base, *stage, f"train.lr={lr:g}", f"train.init_from={args.runs / f'{name}-{budget}'}",
+                f"output_dir={args.runs / f'{name}{suffix}-{budget}'}", *args.overrides, f"train.max_steps={steps}"]))
     return out
 
 
+def code_revision() -> str:
+    """The code a row was made with: ``git rev-parse HEAD`` of this clone, else the installed version."""
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if done.returncode == 0:
+        return done.stdout.strip()
+    from importlib.metadata import version
+
+    return f"draftsmith {version('draftsmith')}"
+
+
+def read_rows(results: Path) -> list[dict]:
+    """results.json's rows; a file this script did not write is refused in one line (never overwritten)."""
+    if not results.exists():
+        return []
+    try:
+        rows = json.loads(results.read_text())
+    except ValueError as err:
+        raise ValueError(f"{results}: not JSON ({err}); pass another --out") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"recipe", "budget"} <= r.keys() for r in rows):
+        raise ValueError(f"{results}: not the rows of an acceptance curve (a list of objects with 'recipe' and "
+                         "'budget'); pass another --out")
+    return rows
+
+
 def run_curve(args: argparse.Namespace, recipes: dict[str, tuple[str, list[str]]] = RECIPES) -> list[dict]:
-    """Train and measure every (budget, recipe) and its on-policy continuation (or one ``--phase`` of it); rows
-    already in ``--out``/results.json are kept, not redone. Returns the result rows."""
-    args.out.mkdir(parents=True, exist_ok=True)
+    """Train and measure every (budget, recipe), its on-policy continuation and that one's control (or one
+    ``--phase`` of it); rows already in ``--out``/results.json with this revision and these settings are kept,
+    not redone. Returns the result rows."""
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out}: not a folder")
     results = args.out / "results.json"
-    rows: list[dict] = json.loads(results.read_text()) if results.exists() else []
-    done = {(r["recipe"], r["budget"]): r for r in rows}
+    rows = read_rows(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    commit = code_revision()
+    measuring = {"target": args.target, "prompt": args.prompt, "max_new_tokens": args.max_new_tokens,
+                 "rounds": args.rounds}
     for budget in args.budgets:
         for name in args.recipes:
             for label, config, overrides in stages(args, budget, name, recipes):
-                row = done.get((label, budget))
+                settings = {"config": config, "overrides": overrides, **measuring}
+                row = next((r for r in rows if (r["recipe"], r["budget"]) == (label, budget)), None)
+                if row is not None and (row.get("commit"), row.get("settings")) != (commit, settings):
+                    rows.remove(row)  # another revision or other settings: redone, never reused
+                    row = None
                 if row is None and args.phase != "measure":
                     start = time.perf_counter()
                     result = train(config, overrides)
                     row = {"recipe": label, "budget": budget, "steps": result.steps, "head": str(result.output_dir),
                            "train_minutes": (time.perf_counter() - start) / 60,
-                           "simulated_tau": result.metrics.get("tau")}
+                           "simulated_tau": result.metrics.get("tau"), "commit": commit, "settings": settings}
                     rows.append(row)
-                    done[(label, budget)] = row
                 if row is not None and "tau" not in row and args.phase != "train":
                     row.update(measure(args.target, Path(row["head"]), args.prompt, args.max_new_tokens, args.rounds))
                 if row is not None:
@@ -174,12 +218,14 @@ def write_table(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
     lines = [f"# Acceptance against training steps ({args.target})", "", f"`{command}`", "",
              f"Real τ and speedup: one greedy decode of `{args.prompt}`, {args.max_new_tokens} new tokens, "
              f"{args.rounds} rounds alternating with the target's own `generate`.", "",
-             "| recipe | budget | steps | train min | simulated τ | real τ | speedup | identical |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "`+opd`: the on-policy stage; `+sup`: its control, the same steps, loss and lr without the rollout.", "",
+             "| recipe | budget | steps | train min | simulated τ | real τ | speedup | identical | commit |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         sim = "—" if r["simulated_tau"] is None else f"{r['simulated_tau']:.3f}"
         lines.append(f"| {r['recipe']} | {r['budget']} | {r['steps']} | {r['train_minutes']:.1f} | {sim} | "
-                     f"{r['tau']:.2f} | {r['speedup']:.2f}× | {'yes' if r['identical'] else 'NO'} |")
+                     f"{r['tau']:.2f} | {r['speedup']:.2f}× | {'yes' if r['identical'] else 'NO'} | "
+                     f"{r.get('commit', '—')[:12]} |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -193,7 +239,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         mine = [r for r in rows if r["recipe"] == recipe]
         budgets = [r["budget"] for r in mine]
-        style = "--" if recipe.endswith("+opd") else "-"
+        style = {"+opd": "--", "+sup": ":"}.get(recipe[-4:], "-")
         for ax, key in zip(axes, ("simulated_tau", "tau", "speedup")):
             ax.plot(budgets, [float("nan") if r[key] is None else r[key] for r in mine], style, marker="o",
                     label=recipe)

@@ -9,11 +9,14 @@ it) and run on the same target states as the head: EAGLE-3 drafts every position
 prints its max |logit difference| and how many drafted tokens agree, and for DFlash what vLLM's reader
 makes of the causal flag. Exit 0
 when all agree, 1 on any mismatch, 2 on a usage error. Formats no consumer library runs here are checked
-at config level (docs/export-keys.md).
+at config level (docs/export-keys.md) and against ``--head``: the export must be what the head exports in
+that format now (every config key but the recorded target facts, every tensor), so a flipped flag, a changed
+block size or another head's export exits 1.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -43,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens <= args.steps:
         raise ValueError(f"--tokens {args.tokens} must exceed --steps {args.steps} (the last --steps positions "
                          "are not compared)")
+    if not (args.export / "config.json").is_file():
+        raise FileNotFoundError(f"{args.export}/config.json: no such file; is {args.export} an export?")
     # torch, transformers and the heads load only now: an argument mistake above is one line in a second
     from draftsmith.data.targets import load_target, resolve_target
     from draftsmith.heads import AutoHead
@@ -62,12 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # a broken export is a mismatch, not a usage error; the consumer still shows its effect
         print(f"config/tensors: MISMATCH {err}".replace("\n", " "))
         valid = False
-    if fmt != "speculators":
-        print(f"no consumer library for '{fmt}' runs here: the keys its engines read are tabled in "
-              "docs/export-keys.md (tests/test_export_keys.py checks we write them)")
-        return 0 if valid else 1
     head = AutoHead.from_pretrained(args.head).float().eval()
     target_path = resolve_target(args.target)
+    if fmt != "speculators":
+        return _without_library(head, fmt, args.export, target_path, valid)
     python = args.python or speculators_python(create=args.install)
     try:
         target = load_target(target_path).float().eval()
@@ -78,6 +81,69 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     print("parity: ok" if ok and valid else "parity: MISMATCH")
     return 0 if ok and valid else 1
+
+
+def _without_library(head, fmt: str, export: Path, target_path, valid: bool) -> int:
+    """A format no consumer library runs here: the export against what ``--head`` exports in it."""
+    from transformers import AutoConfig
+
+    print(f"no consumer library for '{fmt}' runs here: the keys its engines read are tabled in "
+          "docs/export-keys.md (tests/test_export_keys.py checks we write them)")
+    differences = export_differences(head, export, fmt, AutoConfig.from_pretrained(target_path))
+    print("\n".join(f"--head: {line} MISMATCH" for line in differences) or f"--head: the export is what "
+          f"{head.head_kind} head {getattr(head, 'name_or_path', '') or '--head'} exports as '{fmt}' ok")
+    ok = valid and not differences
+    print("export: ok" if ok else "export: MISMATCH")
+    return 0 if ok else 1
+
+
+def export_differences(head, export: Path, fmt: str, target) -> list[str]:
+    """What differs between the export at ``export`` (format ``fmt``) and what ``head`` exports in that format
+    now: every config key but the recorded target facts (``target``, a model or its config, fills them) and
+    every tensor, compared in the export's own dtype. One line per difference; none when it is this head's."""
+    import torch
+
+    from draftsmith.heads.formats import FORMATS, _target_facts
+    from draftsmith.heads.formats.validation import PROVENANCE_KEY, read_json_object, read_tensors
+
+    config = read_json_object(export / "config.json")
+    tensors = read_tensors(export / FORMATS[fmt].weights_file)
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    context = config.get("max_position_embeddings")
+    options = {"dtype": dtypes.pop() if len(dtypes) == 1 else None, "num_speculative_tokens": 3,
+               "max_position_embeddings": context if isinstance(context, int) else None, "embedding": None}
+    if options["max_position_embeddings"] is None:
+        options["max_position_embeddings"] = head.config.max_position_embeddings
+    try:
+        artifact = FORMATS[fmt].build(head, _target_facts(head, target), options)
+    except ValueError as err:
+        return [f"--head cannot be exported as '{fmt}': {err}"]
+    ours, theirs = _flat(artifact.config), _flat(config)
+    skip = f"{PROVENANCE_KEY}.target."
+    lines = [f"config {key}: export {theirs.get(key, '(absent)')!r}, --head writes {ours.get(key, '(absent)')!r}"
+             for key in sorted(ours.keys() | theirs.keys())
+             if not key.startswith(skip) and _plain(ours.get(key)) != _plain(theirs.get(key))]
+    for name in sorted(artifact.tensors.keys() | tensors.keys()):
+        mine, other = artifact.tensors.get(name), tensors.get(name)
+        if mine is None or other is None:
+            lines.append(f"tensor {name}: only in {'the export' if mine is None else '--head'}")
+        elif mine.shape != other.shape or not torch.equal(mine.to(other.dtype), other):
+            lines.append(f"tensor {name}: differs from --head's" + (
+                f" (shape {tuple(other.shape)}, --head {tuple(mine.shape)})" if mine.shape != other.shape else ""))
+    return lines
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
+    out = {}
+    for key, value in config.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _plain(value):
+    """A config value as JSON reads it back (tuples as lists)."""
+    return json.loads(json.dumps(value))
 
 
 def _eagle3(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
@@ -121,8 +187,7 @@ def _dflash(head, target, config, python, args, target_path) -> tuple[list[str],
     import torch
 
     from draftsmith.heads.formats.parity import compare_steps, run_speculators
-    from types import SimpleNamespace
-    from draftsmith.train.objectives.dflash import block_outputs, sequence_context
+    from draftsmith.train.objectives.dflash import DFlashFeatures, block_outputs, sequence_context
 
     generator = torch.Generator().manual_seed(0)
     bs, length = head.config.block_size, max(args.tokens, head.config.block_size + 2)
@@ -131,10 +196,9 @@ def _dflash(head, target, config, python, args, target_path) -> tuple[list[str],
     with torch.no_grad():
         states = target(ids, output_hidden_states=True).hidden_states
         embed = target.get_input_embeddings()
-        # what block_outputs reads (train.features.Features has no embeds: a namespace of the fields)
-        features = SimpleNamespace(input_ids=ids, loss_mask=torch.ones_like(ids), embeds=embed(ids), document_ids=None,
-                                   hidden=torch.cat([states[i] for i in head.feature_layer_ids], dim=-1),
-                                   mask_embed=embed(torch.tensor([head.config.mask_token_id]))[0])
+        features = DFlashFeatures(input_ids=ids, loss_mask=torch.ones_like(ids), embeds=embed(ids), targets=None,
+                                  hidden=torch.cat([states[i] for i in head.feature_layer_ids], dim=-1),
+                                  mask_embed=embed(torch.tensor([head.config.mask_token_id]))[0])
         blocks = block_outputs(head, features, anchors[None], sequence_context(head, features))  # (1, N, bs, H)
         ours = target.get_output_embeddings()(blocks)[0]  # (N, bs, V): the target's lm_head, as the library's
         if head.markov is not None:  # DSpark: slot k's previous token is the data's a+k

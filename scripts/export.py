@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="serving format")
     parser.add_argument("--out", required=True, type=Path, help="output directory (must be empty or absent)")
     parser.add_argument("--target", help="target path, Hub id or demo:<size>: checked against the head, fills "
-                        "missing facts (required for --to speculators with an EAGLE-3 head: its embedding is written)")
+                        "missing facts (--to speculators with an EAGLE-3 head writes its embedding: default there "
+                        "the head's own target, as generate defaults to it)")
     parser.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: as saved)")
     parser.add_argument("--num-speculative-tokens", type=cli_count(), default=3,
                         help="speculators format: proposal length vLLM uses by default")
@@ -57,10 +58,16 @@ def main(argv: list[str] | None = None) -> Path:
 
     head = AutoHead.from_pretrained(args.head)
     target = None
+    # speculators EAGLE-3 exports carry the target's input embedding: its weights are read, not only its config
+    weights = args.to == "speculators" and head.head_kind == "eagle3"
+    if weights and not args.target:
+        args.target = head.config.target_name_or_path
+        if not args.target:
+            raise ValueError(f"{args.head} records no target (target_name_or_path) and --to speculators writes the "
+                             "target's embedding: pass --target")
+        print(f"target: {args.target} (the head's own; --target overrides)", file=sys.stderr)
     if args.target:
         target_path = resolve_target(args.target)
-        # speculators EAGLE-3 exports carry the target's input embedding: its weights are read, not only its config
-        weights = args.to == "speculators" and head.head_kind == "eagle3"
         target = load_target(target_path, dtype="auto") if weights else load_target_config(target_path)
     out = export_head(
         head,

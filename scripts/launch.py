@@ -14,6 +14,8 @@ goes to ``train/train_head.py``.
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 import re
 import subprocess
@@ -51,6 +53,11 @@ def cli(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     options, training = split_args(argv)
+    unknown = unknown_options(options)  # accelerate's parser loads torch first: tens of seconds on a busy machine
+    if unknown:
+        print(f"error: {unknown[0]} is not an option of accelerate launch (accelerate launch --help lists them; "
+              "the training's settings follow --config or start with key=value)", file=sys.stderr)
+        return 2
     code = _check_training_args(training)  # before accelerate loads torch: a config mistake is one line in a second
     if code is not None:
         return code
@@ -77,6 +84,37 @@ def cli(argv: list[str] | None = None) -> int:
             print(f"error: accelerate launch failed: {type(err).__name__}: {err}", file=sys.stderr)
         return code
     return 0
+
+
+def unknown_options(options: list[str]) -> list[str]:
+    """The ``--names`` in ``options`` that accelerate launch's parser declares neither whole nor as a prefix
+    (argparse's abbreviations), read from the installed accelerate's source: importing it loads torch."""
+    names = accelerate_option_names()
+    if not names:  # a layout this reader does not know: accelerate's parser decides, later
+        return []
+    given = [arg.split("=", 1)[0] for arg in options if arg.startswith("-") and not _number(arg)]
+    return [arg for arg in given if not any(name.startswith(arg) for name in names)]
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return text == "-"
+    return True
+
+
+def accelerate_option_names() -> set[str]:
+    """Every option string of ``accelerate.commands.launch``'s ``add_argument`` calls (empty if not found)."""
+    spec = importlib.util.find_spec("accelerate")  # a top-level spec: accelerate itself is not imported
+    source = Path(next(iter(spec.submodule_search_locations or []), "")) / "commands" / "launch.py" if spec else None
+    if source is None or not source.is_file():
+        return set()
+    names = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            names |= {a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("-")}
+    return names
 
 
 def _check_training_args(training: list[str]) -> int | None:

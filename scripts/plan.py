@@ -46,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     # torch and transformers load only now: a mistake in the arguments or most config keys is one line first
+    from draftsmith.infer.recurrent import check_supported
     from draftsmith.train.cost import GIB, format_plan, make_plan, measure_peak, target_config
 
     config = target_config(cfg.target)
+    check_supported(config)  # a Mamba, RWKV, ... target: one line (its config has no attention shape to plan)
     plan = make_plan(cfg, config, args.gpus, args.nodes, gpu_memory_gib=args.gpu_memory_gib,
                      tokens_per_s=args.tokens_per_s, rows=args.rows, feature_dtype=args.feature_dtype)
     print(format_plan(cfg, plan, args.gpus, args.nodes), flush=True)

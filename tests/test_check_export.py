@@ -1,12 +1,15 @@
 """`draftsmith check-export`: an export loaded by its consumer's own code (speculators 0.9.0, in its venv)
 drafts what the head drafts, and planted mismatches (a flipped causal flag, a missing tensor, the other
 norm_output meaning) exit 1. The library runs where ``DRAFTSMITH_SPECULATORS_PYTHON`` or the venv of
-``heads.formats.parity`` imports it (``draftsmith check-export ... --install`` creates it); otherwise those
-tests skip and the config/tensor-level ones below still run."""
+``heads.formats.parity`` imports it (``draftsmith check-export ... --install`` creates it; CI's ``.ci/run``
+builds it before the suite, so in CI (``CI`` set) they fail without it); elsewhere those tests skip and the
+config/tensor-level ones below still run."""
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +33,8 @@ def _library() -> Path:
     try:
         return speculators_python(create=False)
     except FileNotFoundError as err:
+        if os.environ.get("CI"):  # .ci/run builds the venv: a consumer check that cannot run there is a failure
+            pytest.fail(f"CI without the speculators venv: {err}")
         pytest.skip(f"speculators 0.9.0 is not installed here ({err})")
 
 
@@ -169,3 +174,109 @@ def test_usage_mistakes_are_one_line_with_exit_code_2(tmp_path, capsys):
     assert "no draftsmith provenance" in capsys.readouterr().err
     assert check_cli([str(tmp_path), "--head", "h", "--target", "t", "--tokens", "3", "--steps", "3"]) == 2
     assert "--tokens 3 must exceed --steps 3" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ vllm / dflash exports against --head
+
+
+def _engine_export(tmp_path, target, kind, fmt, name="export", shift=0.0, **options):
+    head = _perturb(build_head(kind, target, **options))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(shift)
+    head_dir = tmp_path / f"{name}-head"
+    head.save_pretrained(head_dir)
+    return export_head(head, tmp_path / name, fmt, target=target), head_dir
+
+
+@pytest.mark.parametrize("kind,fmt,options,plant,named", [
+    ("eagle3", "vllm", {"norm_output": True}, lambda c: c.pop("norm_output"), "config norm_output"),
+    ("eagle3", "vllm", {}, lambda c: c.update(norm_output=True), "config norm_output"),
+    ("dflash", "dflash", {"block_size": 4, "mask_token_id": 90}, lambda c: c.update(block_size=5),
+     "config block_size: export 5, --head writes 4"),
+])
+def test_an_engine_export_that_is_not_the_head_s_fails(tmp_path, verifiers, capsys, kind, fmt, options, plant, named):
+    """vllm and dflash exports (no consumer library here) are compared with what --head exports now: the good
+    export passes, a flipped norm_output or a changed block size exits 1 naming the key."""
+    target = verifiers["llama" if kind == "eagle3" else "qwen3"]
+    out, head_dir = _engine_export(tmp_path, target, kind, fmt, **options)
+    argv = [str(out), "--head", str(head_dir), "--target", target.config._name_or_path]
+    assert check_cli(argv) == 0, capsys.readouterr().out
+    assert "export: ok" in capsys.readouterr().out
+    _plant(out, plant)
+    code, printed = check_cli(argv), capsys.readouterr().out
+    assert code == 1 and named in printed and "export: MISMATCH" in printed, printed
+
+
+@pytest.mark.parametrize("kind,fmt,options", [("eagle3", "vllm", {}),
+                                              ("dflash", "dflash", {"block_size": 4, "mask_token_id": 90})])
+def test_another_head_s_export_fails(tmp_path, verifiers, capsys, kind, fmt, options):
+    target = verifiers["llama" if kind == "eagle3" else "qwen3"]
+    out, _ = _engine_export(tmp_path, target, kind, fmt, name="one", **options)
+    _, other = _engine_export(tmp_path, target, kind, fmt, name="two", shift=0.01, **options)
+    code = check_cli([str(out), "--head", str(other), "--target", target.config._name_or_path])
+    printed = capsys.readouterr().out
+    assert code == 1 and "differs from --head's MISMATCH" in printed and "export: MISMATCH" in printed, printed
+
+
+def test_the_venv_is_built_from_the_running_interpreter_with_its_torch(tmp_path, monkeypatch):
+    """From a venv (README's install), the speculators venv must see this interpreter's packages (its torch)
+    and pip must be held to the installed torch: the base interpreter's venv saw no torch, and pip pulled
+    a multi-GB CUDA build. The commands are recorded here, not run (pip downloads)."""
+    import sysconfig
+
+    from draftsmith.heads.formats import parity
+
+    venv = tmp_path / "venvs" / "speculators-0.9.0"
+    purelib = tmp_path / "purelib"
+    purelib.mkdir()
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        constraint = kwargs.get("env", {}).get("PIP_CONSTRAINT")
+        calls.append((cmd, Path(constraint).read_text() if constraint else None))
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"{purelib}\n", stderr="")
+
+    monkeypatch.setattr(parity.subprocess, "run", fake_run)
+    parity.build_venv(venv)
+    assert calls[0][0][:3] == [sys.executable, "-m", "venv"] and "--system-site-packages" in calls[0][0]
+    pth = (purelib / "draftsmith-parent.pth").read_text().split()
+    assert sysconfig.get_paths()["purelib"] in pth  # where this interpreter's torch and draftsmith live
+    installs = [(cmd, constraint) for cmd, constraint in calls if "install" in cmd]
+    assert len(installs) == 2 and all(cmd[0] == str(venv / "bin" / "python") for cmd, _ in installs)
+    assert all(constraint == f"torch=={torch.__version__}\n" for _, constraint in installs)
+
+
+def test_install_that_does_not_yield_the_library_says_why(tmp_path, monkeypatch):
+    """--install given: the venv is built, and if it still does not import speculators the error names the
+    import failure, not "pass --install"."""
+    from draftsmith.heads.formats import parity
+
+    monkeypatch.setenv("DRAFTSMITH_VENVS", str(tmp_path))
+    monkeypatch.setattr(parity, "build_venv", lambda venv: (venv / "bin").mkdir(parents=True) or
+                        (venv / "bin" / "python").symlink_to(sys.executable))
+    with pytest.raises(FileNotFoundError, match="was built but does not import it: ModuleNotFoundError: No module "
+                                                "named 'speculators'") as err:
+        parity.speculators_python(create=True)
+    assert "pass --install" in str(err.value)  # only as the way to rebuild after removing it
+
+
+def test_a_missing_causal_flag_is_named_as_vllm_reads_it(tmp_path, verifiers):
+    """vLLM's update_dflash reads a missing sliding_window_non_causal as true (dflash_config.causal = not
+    get(..., True)): the refusal must not say vLLM would run the blocks causally."""
+    target = verifiers["qwen3"]
+    out, _ = _export(tmp_path, _perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)
+    _plant(out, lambda c: c.pop("sliding_window_non_causal"))
+    with pytest.raises(ValueError, match="sliding_window_non_causal is missing: vLLM's update_dflash reads that as "
+                                         "true") as err:
+        validate_export(out, "speculators")
+    assert "would make every draft layer causal" not in str(err.value)
+
+
+def test_a_missing_export_is_one_line_before_torch_loads(tmp_path):
+    probe = ("import sys\nfrom draftsmith.scripts.check_export import cli\n"
+             f"code = cli([{str(tmp_path / 'none')!r}, '--head', 'h', '--target', 't'])\n"
+             "print(code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert "none/config.json: no such file" in done.stderr

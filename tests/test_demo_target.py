@@ -98,13 +98,20 @@ def test_a_damaged_cached_target_is_named_and_rebuilt(cache, capsys):
         assert f"the cached demo target {out} is damaged ({name} missing or changed" in capsys.readouterr().err
         assert damaged_files(out) == []
         AutoModelForCausalLM.from_pretrained(out)
-    del summary["files"]  # a cache built by an earlier draftsmith: recorded on first use when it reads
-    (out / SUMMARY_FILE).write_text(json.dumps(summary))
+    # A flipped weight byte with the record removed from the summary: refused and rebuilt, never recorded as
+    # the truth (it was: a summary without a record got one from whatever the files held)
     good = (out / "model.safetensors").read_bytes()
-    (out / "model.safetensors").write_bytes(good[:-1000])
-    assert damaged_files(out) == ["model.safetensors"] and "files" not in json.loads((out / SUMMARY_FILE).read_text())
-    (out / "model.safetensors").write_bytes(good)
-    assert is_built(out, summary["fingerprint"]) and "files" in json.loads((out / SUMMARY_FILE).read_text())
+    tampered = bytearray(good)
+    tampered[-10] ^= 0xFF
+    (out / "model.safetensors").write_bytes(bytes(tampered))
+    del summary["files"]
+    (out / SUMMARY_FILE).write_text(json.dumps(summary))
+    assert damaged_files(out) == [SUMMARY_FILE] and not is_built(out, summary["fingerprint"])
+    assert "files" not in json.loads((out / SUMMARY_FILE).read_text())  # nothing recorded from the tampered file
+    capsys.readouterr()
+    assert ensure_demo_target("tiny", 0, show_progress=False, **settings) == out
+    assert f"the cached demo target {out} is damaged ({SUMMARY_FILE} missing or changed" in capsys.readouterr().err
+    assert (out / "model.safetensors").read_bytes() != bytes(tampered) and damaged_files(out) == []
 
 
 def test_missing_target_in_distributed_launch_raises(cache, monkeypatch):

@@ -269,6 +269,8 @@ def test_export_to_dflash2_draft_model_and_back(tmp_path):
     a, b = head.state_dict(), loaded.state_dict()
     assert loaded.config.variant == "dflash2" and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert "candidate_selector.predecessor_codebook" in a  # z-lab's name: no ".weight"
+    auto = AutoHead.from_pretrained(out).state_dict()  # --head takes it too (was "not a draftsmith head")
+    assert auto.keys() == b.keys() and all(torch.equal(auto[k], b[k]) for k in b)
     ids = torch.tensor([[4, 9, 13]])
     outs = [SpeculativeGenerator(target, h, tree=Chain(3)).generate(ids, max_new_tokens=10) for h in (head, loaded)]
     assert torch.equal(outs[0], outs[1])

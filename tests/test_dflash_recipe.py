@@ -143,6 +143,25 @@ def test_the_mask_token_must_be_an_ordinary_row_of_the_target():
         check_mask_token(93, target, Tokenizer())
 
 
+@pytest.mark.parametrize("mask_id, name", [(0, "pad_token"), (2, "eos_token")])
+def test_a_saved_head_whose_mask_aliases_pad_or_eos_is_refused_where_it_loads(tmp_path, mask_id, name):
+    """Training refuses such a mask; a head config saying it (edited, or made elsewhere) loaded and decoded
+    without a word. Now every place that puts it beside a target refuses it: the generator, an export."""
+    from draftsmith.heads import AutoHead
+    from draftsmith.heads.formats import export_head
+    from draftsmith.infer import SpeculativeGenerator
+
+    target = make_tiny_target("qwen3")
+    build_head("dflash", target, block_size=4, mask_token_id=mask_id).save_pretrained(tmp_path / "head")
+    head = AutoHead.from_pretrained(tmp_path / "head")
+    message = rf"head.mask_token_id={mask_id} is the target's {name}"
+    with pytest.raises(ValueError, match=message):
+        SpeculativeGenerator(target, head)
+    with pytest.raises(ValueError, match=message):
+        export_head(head, tmp_path / "export", "dflash", target=target.config)
+    SpeculativeGenerator(target, build_head("dflash", target, block_size=4, mask_token_id=90))  # an ordinary row
+
+
 def test_a_run_refuses_a_mask_token_that_aliases_eos(tiny_files, tmp_path):  # noqa: F811
     from test_train_fixtures import tiny_config
     from transformers import AutoTokenizer

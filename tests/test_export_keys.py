@@ -57,7 +57,8 @@ ROWS = {
     "vllm/logit_scale": ("vllm", "logit_scale", ABSENT),
     "vllm/layer_name": ("vllm", "tensors:midlayer.hidden_norm.weight", "present"),
     "sglang/num_hidden_layers": ("vllm", "num_hidden_layers", 1),
-    "sglang/intermediate_size": ("vllm", "model_type", "llama"),
+    "sglang/intermediate_size": ("vllm", "intermediate_size", "head.intermediate_size"),
+    "sglang/model_type": ("vllm", "model_type", "llama"),
     "sglang/mrope": ("vllm", "rope_scaling", None),
     "sglang/target_hidden_size": ("vllm", "target_hidden_size", 32),
     "sglang/fc_bias": ("vllm", "bias", ABSENT),
@@ -139,10 +140,11 @@ def test_export_writes_what_the_reader_takes(exports, row):
         else:
             assert tensor is not None
         return
-    if want == "head.aux_layer_ids":
-        want = list(head.config.aux_layer_ids)
     if want == "head.aux_layer_ids - 1":
         want = [i - 1 for i in head.config.aux_layer_ids]
+    if isinstance(want, str) and want.startswith("head."):  # the head's own value of that setting
+        want = getattr(head.config, want.removeprefix("head."))
+        want = list(want) if isinstance(want, (list, tuple)) else want
     if path == "dflash_config":  # the speculators config has none of its own: vLLM's reader builds it
         assert _value(config, path) is ABSENT and _value(config, "sliding_window_non_causal") is True
         return
@@ -152,6 +154,20 @@ def test_export_writes_what_the_reader_takes(exports, row):
 def test_every_row_of_the_page_has_its_test():
     rows = set(re.findall(r"^\| `([a-z0-9-]+/[a-z_0-9]+)` \|", DOC.read_text(), flags=re.M))
     assert rows == set(ROWS)
+
+
+def row_checks_its_own_key(row: str, path: str, doc: str) -> bool:
+    """The row's test reads a key the page's row names (its "key" column): a row whose test checks another
+    field (``sglang/intermediate_size`` once checked ``model_type``) proves nothing about its own."""
+    column = re.search(rf"^\| `{re.escape(row)}` \| ([^|]*) \|", doc, flags=re.M).group(1)
+    parts = [p for p in path.removeprefix("tensors:").split(".") if not p.isdigit()]
+    return any(f"`{p}" in column or f"{p}`" in column or f"`{p}." in column for p in parts)
+
+
+def test_every_row_s_test_reads_its_own_key():
+    doc = DOC.read_text()
+    assert [row for row, (_, path, _) in ROWS.items() if not row_checks_its_own_key(row, path, doc)] == []
+    assert not row_checks_its_own_key("sglang/intermediate_size", "model_type", doc)  # what its test read before
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "speculators", "dflash", "dspark", "eagle-vllm", "medusa-vllm", "medusa-tgi"])

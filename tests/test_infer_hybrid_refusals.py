@@ -12,6 +12,7 @@ import random
 import pytest
 import test_train_fixtures
 import torch
+from conftest import make_tiny_target
 from hybrids import make_tiny_hybrid
 from test_train_fixtures import tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -113,3 +114,36 @@ def test_recurrent_gemma_let_through_is_not_lossless(monkeypatch):
     ids = torch.tensor([[1] + [rng.randrange(3, 96) for _ in range(11)]])
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32, pad_token_id=0)
     assert not torch.equal(SpeculativeGenerator(model, NgramDrafter(length=5)).generate(ids, max_new_tokens=32), ref)
+
+
+def test_a_hybrid_without_an_attention_layer_is_one_line():
+    """A supported family configured with every layer recurrent ended in transformers' "get_seq_length can only
+    be called on Attention layers" mid-decode."""
+    model = make_tiny_hybrid("qwen3_5_text", num_layers=2)
+    model.config.layer_types = ["linear_attention"] * 2
+    with pytest.raises(ValueError) as err:
+        SpeculativeGenerator(model, NgramDrafter())
+    assert "(qwen3_5_text) has no attention layer (layer types: linear_attention)" in str(err.value)
+    assert "\n" not in str(err.value)
+    SpeculativeGenerator(make_tiny_hybrid("qwen3_5_text"), NgramDrafter())  # one attention layer in 8: decodes
+
+
+@pytest.mark.parametrize("arch", ["mamba", "minimax"])
+def test_a_refused_family_as_the_draft_lm_is_one_line(arch):
+    from draftsmith.infer.drafters.lm_drafter import LMDrafter
+
+    target = make_tiny_hybrid("qwen3_5_text")
+    with pytest.raises(ValueError, match=f"its {REFUSED[arch][1]} layers are not supported"):
+        SpeculativeGenerator(target, LMDrafter(_tiny(arch), target))
+
+
+def test_a_tree_drafter_on_a_hybrid_is_refused_up_front():
+    """NgramDrafter(branches=3) decoded one prompt and died on another, the first time two continuations matched."""
+    from draftsmith.infer.drafters.lookup_first import LookupFirst
+
+    target = make_tiny_hybrid("qwen3_5_text")
+    for drafter in (NgramDrafter(branches=3), LookupFirst(NgramDrafter(), NgramDrafter(branches=2))):
+        with pytest.raises(ValueError, match=r"NgramDrafter\(branches=\d\) drafts trees; a hybrid target"):
+            SpeculativeGenerator(target, drafter)
+    SpeculativeGenerator(target, NgramDrafter(branches=1))
+    SpeculativeGenerator(make_tiny_target("llama"), NgramDrafter(branches=3))  # attention only: trees verify

@@ -47,7 +47,10 @@ def test_plan_save_load_and_errors(tmp_path):
     bad = tmp_path / "bad.json"
     for text, match in (("{", "bad.json: not a speculation plan"), ('{"lengths": {"x": 1}}', "bad.json: not a"),
                         ('{"lengths": {"2": -1}}', "bad.json: .*draft length -1 for batch size 2"),
-                        ('{"lengths": {"0": 1}}', "bad.json: .*batch size 0"), ('{"lengths": {}}', "at least one")):
+                        ('{"lengths": {"0": 1}}', "bad.json: .*batch size 0"), ('{"lengths": {}}', "at least one"),
+                        # the same batch size twice: the later entry won without a word
+                        ('{"lengths": {"1": 2, "01": 0}}', r"bad.json: batch size 1 is given more than once \('1', '01'\)"),
+                        ('{"lengths": {"4": 2, "4": 0}}', "bad.json: not a speculation plan .*key '4' is given more than once")):
         bad.write_text(text)
         with pytest.raises(ValueError, match=match):
             SpeculationPlan.load(bad)

@@ -69,3 +69,17 @@ def test_attention_only_targets_have_no_states_line(tmp_path):
     cfg = load_config(CONFIG, [f"target={tmp_path / 'llama'}", "head.draft_vocab_size=64"])
     plan = make_plan(cfg, target_config(cfg.target), gpus=1)
     assert plan.states is None and "recurrent and conv states" not in format_plan(cfg, plan, 1, 1)
+
+
+@pytest.mark.parametrize("make, extra", [("MambaConfig", {}), ("Mamba2Config", dict(num_heads=4, head_dim=16, n_groups=1))])
+def test_a_target_without_attention_is_one_line(tmp_path, capsys, make, extra):
+    """plan.py on a Mamba target ended in AttributeError (... max_position_embeddings)."""
+    import transformers
+
+    from draftsmith.data.cli import run
+
+    config = getattr(transformers, make)(hidden_size=32, num_hidden_layers=2, vocab_size=96, **extra)
+    config.save_pretrained(tmp_path / "mamba")
+    assert run(main, ["--config", str(CONFIG), f"target={tmp_path / 'mamba'}", "--gpus", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "has no attention layer" in err, err

@@ -116,3 +116,60 @@ def test_help_shows_the_effective_defaults():
 
     text = help_text(load_config(DEMO_CONFIG))
     assert "train.lr = 0.001" in text and "data.max_length = 256" in text and "train.max_steps = 300" in text and "data.self_distill.rows = 768" in text
+
+
+@pytest.mark.parametrize("settings, message", [
+    (["train.loss=ce", "train.dpace_alpha=0.3"], "train.dpace_alpha=0.3 is read only with train.loss=dpace "
+                                                  "(train.loss=ce)"),
+    (["head.kind=medusa", "train.anchors_per_document=8"], "train.anchors_per_document applies only to "
+                                                            "head.kind=dflash or train.stage=on-policy"),
+    (["head.kind=eagle3", "train.anchor_spacing=4"], "train.anchor_spacing applies only to head.kind=dflash or "
+                                                      "train.stage=on-policy"),
+])
+def test_a_setting_no_part_of_the_run_reads_is_refused_from_the_command_line_and_a_file(tmp_path, settings, message):
+    """They were ignored without a word on the command line (train.gamma on EAGLE-3 was already refused)."""
+    import yaml
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, settings)
+    tree: dict = {}
+    for setting in settings:
+        key, value = setting.split("=")
+        tree.setdefault(key.split(".")[0], {})[key.split(".")[1]] = yaml.safe_load(value)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_settings_read_where_they_apply_are_taken():
+    assert load_config(None, ["train.loss=dpace", "train.dpace_alpha=0.3"]).train.dpace_alpha == 0.3
+    assert load_config(None, ["head.kind=dflash", "train.anchors_per_document=8"]).train.anchors_per_document == 8
+    stage = load_config(None, ["head.kind=eagle3", "train.stage=on-policy", "train.init_from=x",
+                               "train.anchors_per_document=8"])  # the stage roots its chains at the anchors
+    assert stage.train.anchors_per_document == 8
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("head.mask_token_id=-1", "head.mask_token_id=-1 is outside the vocabulary 0..vocab_size-1 (the target's)"),
+    ("head.selector_top_k=0", "the target's vocab_size"),
+])
+def test_the_parse_time_vocabulary_stands_in_messages_as_the_target_s(setting, message):
+    extra = ["head.variant=dflash2"] if "selector" in setting else []
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["head.kind=dflash", *extra, setting])
+    assert message in str(err.value) and "4611686018427387" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("setting", ["train.gamma=0", "train.dpace_alpha=2", "train.anchors_per_document=0",
+                                     "train.backbone_lora_rank=-1", "train.max_steps=-1"])
+def test_range_mistakes_are_found_before_torch_loads(tmp_path, setting):
+    """train.gamma=0 took 20-45 s (it was checked after the head classes loaded torch), train.max_steps=-1 0.8 s:
+    every check that needs no kind now runs first, so none of them imports torch."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom draftsmith.train.config import ConfigError, load_config\n"
+             f"try:\n    load_config(None, [{setting!r}])\nexcept ConfigError as err:\n    print('refused:', err)\n"
+             "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert done.stdout.splitlines()[-1] == "False" and done.stdout.startswith("refused:"), done.stdout + done.stderr

@@ -242,8 +242,10 @@ def _check_head_options(head: HeadConfig) -> None:
     options = head.build_options()
     try:
         HEAD_CLASSES[head.kind].config_class(**options, vocab_size=_UNBOUNDED_VOCAB)
-    except ValueError as err:
-        text, named = str(err), [name for name in options if name in str(err)]
+    except ValueError as err:  # the parse-time placeholder vocabulary is not the user's: said as the target's
+        text = str(err).replace(f"0..{_UNBOUNDED_VOCAB - 1}", "0..vocab_size-1 (the target's)").replace(
+            f"vocab_size={_UNBOUNDED_VOCAB}", "the target's vocab_size")
+        named = [name for name in options if name in text]
         if not named:
             raise ConfigError(f"head.kind={head.kind}: {text}") from None
         raise ConfigError(f"head.{text}" if text.startswith(named[0]) else f"head.{named[0]}: {text}") from None
@@ -255,24 +257,50 @@ _UNBOUNDED_VOCAB = 2**62  # parse time: no target yet, so no vocabulary bound on
 # What the refusal of a setting only some kinds read adds to "applies only to head.kind=...": the way out
 _INSTEAD = {"train.gamma": "; use train.loss_decay",
             "train.loss=dpace": ": its weights span the positions of one draft chain"}
+# Settings some kinds declare (Objective.reads) that every kind's on-policy stage reads as well: its chains are
+# rooted at the anchors they draw
+_ALSO_READ_BY_THE_STAGE = ("train.anchors_per_document", "train.anchor_spacing")
+# Settings read only under another setting's value: set without it, they would be ignored without a word
+_READ_ONLY_WITH = {"train.dpace_alpha": "train.loss=dpace"}
+
+
+def _is_set(cfg: TrainConfig, setting: str) -> bool:
+    """``train.<key>``: set away from its default; ``train.<key>=<value>``: set to that value."""
+    key, _, value = setting.partition("=")
+    section, name = key.split(".")
+    now = getattr(getattr(cfg, section), name)
+    default = {f.name: f.default for f in dataclasses.fields(getattr(cfg, section))}[name]
+    return str(now) == value if value else now != default
+
+
+def _check_conditional_settings(cfg: TrainConfig) -> None:
+    """A setting read only under another one's value (``_READ_ONLY_WITH``) is refused without it, from the
+    command line and a config file alike (names no kind: no import, a mistake is one line in a second)."""
+    for setting, condition in _READ_ONLY_WITH.items():
+        if _is_set(cfg, setting) and not _is_set(cfg, condition):
+            key, _, value = condition.partition("=")
+            now = getattr(cfg.train, key.split(".")[1])
+            raise ConfigError(f"{setting}={getattr(cfg.train, setting.split('.')[1])} is read only with {condition} "
+                              f"({key}={now}); remove it or set {condition}")
 
 
 def _check_kind_settings(cfg: TrainConfig) -> None:
     """Every ``train.*`` setting some kinds' objectives declare in ``Objective.reads`` (``train.<key>``: set
-    away from its default; ``train.<key>=<value>``) is read by ``head.kind``'s objective."""
+    away from its default; ``train.<key>=<value>``) is read by ``head.kind``'s objective (the anchors also by
+    the on-policy stage of any kind that has one)."""
     from draftsmith.train.objectives import objective_class
 
     kind = cfg.head.kind
     declared = dict.fromkeys(setting for k in head_kinds() for setting in objective_class(k).reads
                              if not setting.startswith("head."))
     for setting in declared:
-        key, _, value = setting.partition("=")
-        section, name = key.split(".")
-        now = getattr(getattr(cfg, section), name)
-        default = {f.name: f.default for f in dataclasses.fields(getattr(cfg, section))}[name]
-        if (str(now) == value if value else now != default) and setting not in objective_class(kind).reads:
-            raise ConfigError(f"{setting} applies only to head.kind={'/'.join(kinds_reading_setting(setting))} "
-                              f"(head.kind={kind}){_INSTEAD.get(setting, '')}")
+        if not _is_set(cfg, setting) or setting in objective_class(kind).reads:
+            continue
+        if setting in _ALSO_READ_BY_THE_STAGE and cfg.train.stage == "on-policy":
+            continue
+        also = " or train.stage=on-policy" if setting in _ALSO_READ_BY_THE_STAGE else ""
+        raise ConfigError(f"{setting} applies only to head.kind={'/'.join(kinds_reading_setting(setting))}{also} "
+                          f"(head.kind={kind}, train.stage={cfg.train.stage}){_INSTEAD.get(setting, '')}")
 
 
 def _validate(cfg: TrainConfig) -> None:
@@ -303,11 +331,9 @@ def _validate(cfg: TrainConfig) -> None:
         for key, value in values.items():
             if value is not None and value < least:
                 raise ConfigError(f"{key} must be >= {least}, got {value}")
-    # The head checks load the head classes (torch, transformers: 15-26 s on a busy machine), so they
-    # come after the checks that need none: a mistake in a number is one line in a second.
-    _check_head(head)
-    _check_kind_settings(cfg)
-    _check_head_options(head)
+    _validate_recipe(cfg)
+    _validate_backbone(cfg)
+    _check_conditional_settings(cfg)
     if data.features is not None and data.feature_cache is not None:
         raise ConfigError("data.features (stored features) and data.feature_cache (filled while training) exclude "
                           "each other: set one of them to null")
@@ -330,12 +356,15 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.max_grad_norm must be > 0, got {opt.max_grad_norm}")
     if not 0 < opt.loss_decay <= 1:
         raise ConfigError(f"train.loss_decay must lie in (0, 1], got {opt.loss_decay}")
-    _validate_recipe(cfg)
-    _validate_backbone(cfg)
     if not cfg.target:
         raise ConfigError("target must be a path, a hub id or demo:<size>")
     if cfg.resume_from is not None and not cfg.resume_from:
         raise ConfigError("resume_from must be null, 'latest' or a checkpoint path")
+    # The head checks load the head classes (torch, transformers: 15-26 s on a busy machine), so they
+    # come after every check that needs none: a mistake in a number is one line in a second.
+    _check_head(head)
+    _check_kind_settings(cfg)
+    _check_head_options(head)
     if cfg.output_dir is None:
         cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
     from draftsmith.train.objectives import objective_class  # torch: after the checks that need none

@@ -3,14 +3,17 @@ transformers <= 5.19, conflict with ours), loads the export and drafts on target
 caller compares those drafts with the head's own (``scripts/check_export.py``, docs/export-keys.md).
 
 The venv lives under ``~/.cache/draftsmith/venvs/`` and is created only on request (``create=True``,
-``check-export --install``): torch comes from the system site-packages, speculators and its pinned
-transformers without their dependencies, plus what its import and load need (openai, hs-connectors, loguru).
+``check-export --install``, CI's ``.ci/run``) from the running interpreter: torch comes from its site-packages
+(a venv's too) at the installed version, speculators and its pinned transformers without their dependencies,
+plus what its import and load need (openai, hs-connectors, loguru).
 """
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -62,26 +65,47 @@ def speculators_python(create: bool = False) -> Path:
     """The venv's python with speculators importable; built only when ``create`` (minutes, downloads)."""
     venv = venv_dir()
     python = venv / "bin" / "python"
-    if not _imports(python) and create:
-        print(f"creating the speculators {SPECULATORS_VERSION} venv at {venv} (pip, from the package index)",
-              file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-        env = {**os.environ, "PIP_CONSTRAINT": ""}  # our constraints pin transformers; the venv has its own
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        subprocess.run([*pip, "--no-deps", *VENV_PACKAGES], check=True, env=env)
-        subprocess.run([*pip, *VENV_IMPORT_DEPENDENCIES], check=True, env=env)
-    if not _imports(python):
+    if create and _import_problem(python):
+        build_venv(venv)
+    problem = _import_problem(python)
+    if problem and create:
+        raise FileNotFoundError(f"the speculators {SPECULATORS_VERSION} venv at {venv} was built but does not import "
+                                f"it: {problem}; remove {venv} and pass --install again")
+    if problem:
         raise FileNotFoundError(f"no speculators {SPECULATORS_VERSION} venv at {venv}: pass --install to create "
                                 "it (pip, from the package index), or --python an interpreter that imports it")
     return python
 
 
-def _imports(python: Path) -> bool:
+def build_venv(venv: Path) -> None:
+    """Create the venv from the running interpreter: the system site-packages and this interpreter's own (a venv's,
+    where draftsmith and torch were installed, through a ``.pth``) after its own, and torch constrained to the
+    installed version, so pip never pulls another torch (PyPI's Linux default is a multi-GB CUDA build)."""
+    print(f"creating the speculators {SPECULATORS_VERSION} venv at {venv} (pip, from the package index)",
+          file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    ours = [p for p in dict.fromkeys([*site.getsitepackages(), sysconfig.get_paths()["purelib"]]) if Path(p).is_dir()]
+    (Path(purelib) / "draftsmith-parent.pth").write_text("".join(f"{p}\n" for p in ours))
+    with tempfile.TemporaryDirectory(prefix="draftsmith-venv-") as tmp:
+        constraint = Path(tmp) / "constraints.txt"
+        constraint.write_text(f"torch=={torch.__version__}\n")
+        env = {**os.environ, "PIP_CONSTRAINT": str(constraint)}  # ours: this torch, nothing else pinned
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, "--no-deps", *VENV_PACKAGES], check=True, env=env)
+        subprocess.run([*pip, *VENV_IMPORT_DEPENDENCIES], check=True, env=env)
+
+
+def _import_problem(python: Path) -> str | None:
+    """Why ``python`` does not import speculators at our version (its error's last line), or None."""
     if not python.is_file():
-        return False
-    probe = ("import sys, importlib.metadata as m; from speculators import SpeculatorModel; "
-             f"sys.exit(m.version('speculators') != {SPECULATORS_VERSION!r})")
-    return subprocess.run([str(python), "-I", "-c", probe], capture_output=True).returncode == 0
+        return f"{python} does not exist"
+    probe = ("import importlib.metadata as m; from speculators import SpeculatorModel; "
+             f"v = m.version('speculators'); assert v == {SPECULATORS_VERSION!r}, 'speculators ' + v")
+    done = subprocess.run([str(python), "-I", "-c", probe], capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["exit code 1"])[-1]
 
 
 def run_speculators(python: Path, export: Path, verifier: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -129,3 +153,4 @@ def compare_tensors(ours: dict[str, Tensor], theirs: dict[str, Tensor]) -> tuple
                          "MISMATCH" if other.shape == tensor.shape else f"{name}: shape {tuple(other.shape)} MISMATCH")
     lines.append(f"tensors: {len(ours) - len(lines)}/{len(ours)} loaded exactly")
     return lines, len(lines) == 1
+

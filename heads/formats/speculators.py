@@ -231,8 +231,12 @@ def speculators_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> 
     """Problems of a speculators export (eagle3, dflash or dspark) as vLLM and the speculators library read it."""
     if config.get("speculators_model_type") in DFLASH_TYPES:
         problems = _speculators_dflash_problems(config, tensors)
-        if config.get("sliding_window_non_causal") is not True:
-            problems.append(f"sliding_window_non_causal={config.get('sliding_window_non_causal')!r}: vLLM's "
+        if "sliding_window_non_causal" not in config:  # vLLM: not config.get("sliding_window_non_causal", True)
+            problems.append("sliding_window_non_causal is missing: vLLM's update_dflash reads that as true (non-causal "
+                            "blocks, as trained), speculators 0.9.0's DFlashSpeculatorConfig as false (causal "
+                            "sliding-window layers); write true so both read it alike")
+        elif config["sliding_window_non_causal"] is not True:
+            problems.append(f"sliding_window_non_causal={config['sliding_window_non_causal']!r}: vLLM's "
                             "update_dflash would make every draft layer causal (dflash_config.causal = not it); "
                             "write true")
         return problems

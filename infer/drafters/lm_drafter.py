@@ -19,7 +19,7 @@ from draftsmith.data.base.checks import probability
 from draftsmith.infer.cache import keep_accepted
 from draftsmith.infer.drafters.base import Chain, Draft, Drafter, Sampling, chain_draft, root_only
 from draftsmith.infer.hf_cache import cache_kwargs
-from draftsmith.infer.recurrent import cache_checkpoint, is_hybrid, restore_cache
+from draftsmith.infer.recurrent import cache_checkpoint, check_supported, is_hybrid, restore_cache
 
 
 def check_same_tokenizer(draft: nn.Module, target: nn.Module) -> None:
@@ -57,6 +57,7 @@ class LMDrafter(Drafter):
         self.option = tree or Chain(4)
         if not isinstance(self.option, Chain):
             raise TypeError(f"a draft model drafts a Chain, not {type(self.option).__name__}")
+        check_supported(model)  # a Mamba / MiniMax draft LM, or a hybrid without attention: one line (infer.recurrent)
         self.model = model.eval()
         self.confidence = probability("LMDrafter confidence", confidence)
         self.max_nodes = self.option.length + 1  # the most nodes a draft has, root included

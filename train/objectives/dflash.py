@@ -30,7 +30,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from draftsmith.heads.dflash import DEFAULT_BLOCK_SIZE
+from draftsmith.heads.dflash import DEFAULT_BLOCK_SIZE, check_mask_token  # noqa: F401  (tests import it here)
 from draftsmith.infer.drafters.base import Sampling
 from draftsmith.infer.drafters.dflash import select_path
 from draftsmith.infer.target import TargetOutput
@@ -118,29 +118,6 @@ def sequence_context(head: nn.Module, features: Features) -> list:
     return head.context_kv(features.hidden, torch.arange(seq_len, device=features.hidden.device).expand(batch, -1))
 
 
-def check_mask_token(mask_id: int, target: nn.Module, tokenizer=None) -> None:
-    """Refuse (ValueError, one line naming the id) a mask token that is not an existing, ordinary row of the
-    target's embedding: outside it, past the tokenizer's ids (an untrained padding row), or an alias of the
-    pad, EOS or BOS token (whose embedding already means something; NeMo Automodel#2461, ModelOpt#1621)."""
-    rows = target.get_input_embeddings().weight.shape[0]
-    if not 0 <= mask_id < rows:
-        raise ValueError(f"head.mask_token_id={mask_id} is not a row of the target's embedding (0..{rows - 1})")
-    if tokenizer is not None and mask_id >= len(tokenizer):
-        raise ValueError(f"head.mask_token_id={mask_id} is past the tokenizer's {len(tokenizer)} ids: an untrained "
-                         "padding row of the embedding; pick an id the target was trained on")
-    special: dict[int, str] = {}
-    sources = [getattr(target, "config", None), getattr(target, "generation_config", None), tokenizer]
-    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        for source in sources:
-            ids = getattr(source, name, None) if source is not None else None
-            for i in ids if isinstance(ids, (list, tuple)) else [ids]:
-                if isinstance(i, int):
-                    special.setdefault(i, name.removesuffix("_id"))
-    if mask_id in special:
-        raise ValueError(f"head.mask_token_id={mask_id} is the target's {special[mask_id]}: the mask must not alias "
-                         "pad/EOS/BOS; set head.mask_token_id to a reserved or rare ordinary token")
-
-
 @dataclasses.dataclass(kw_only=True)
 class DFlashFeatures(Eagle3Features):
     mask_embed: Tensor  # (H_t,) the target's embedding of the head's mask token, fp32
@@ -150,7 +127,8 @@ class DFlashFeatures(Eagle3Features):
 
 
 class DFlashObjective(Objective):
-    reads = ("train.gamma", "train.loss=dpace", "train.stage=on-policy")
+    reads = ("train.gamma", "train.loss=dpace", "train.stage=on-policy", "train.anchors_per_document",
+             "train.anchor_spacing")
 
     @classmethod
     def configure(cls, cfg: TrainConfig) -> None:
