@@ -376,7 +376,3 @@ class DFlashHead(DraftHead):
         for layer, kv in zip(self.layers, context):
             x = layer(x, cos, sin, kv, attention_mask)
         return self.norm(x)
-
-    def cached_context(self, cache: Any) -> list[tuple[Tensor, Tensor]]:
-        """A cache's valid entries as ``forward``'s ``context``."""
-        return list(zip(cache.keys, cache.values))
