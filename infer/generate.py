@@ -223,10 +223,10 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
         tree = fit_chain(head, tree)
     if args.adaptive and tree is not None and not isinstance(tree, Chain):
         raise ValueError("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
-    if args.adaptive or args.lookup_first:
-        wrapped = DrafterSpec("head", path=args.head, lookup_first=args.lookup_first)
-        head = lambda target: build_drafter(wrapped, target, adaptive=args.adaptive, tree=tree,  # noqa: E731
-                                            loaded={args.head: head})
+    if args.adaptive or args.lookup_first:  # the drafter is built around the loaded head once the target is
+        wrapped, loaded = DrafterSpec("head", path=args.head, lookup_first=args.lookup_first), {args.head: head}
+        head = lambda target, tree=tree: build_drafter(wrapped, target, adaptive=args.adaptive,  # noqa: E731
+                                                       tree=tree, loaded=loaded)
         tree = None
     # the plan saved next to the head, as from_pretrained(target, HEAD_DIR) reads it: the CLI and the API agree
     gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree, threads=args.threads,
