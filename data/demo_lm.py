@@ -274,14 +274,7 @@ def train_lm(out_dir: str | Path, settings: LMSettings, *, tokenizer: PreTrained
 
     model = build_model(settings, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for p in model.parameters() if p.dim() >= 2]  # no weight decay on norms
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.lr, betas=(0.9, 0.95))
-    warmup = max(1, round(settings.warmup_ratio * settings.max_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _lr_lambda(warmup, settings.max_steps, settings.min_lr_ratio))
+    optimizer, scheduler = _optimizer(model, settings)
     generator = torch.Generator().manual_seed(settings.seed)
     loader = DataLoader(TensorDataset(train_blocks), batch_size=settings.batch_size, shuffle=True,
                         drop_last=True, generator=generator)
@@ -289,28 +282,8 @@ def train_lm(out_dir: str | Path, settings: LMSettings, *, tokenizer: PreTrained
         raise ValueError(f"{len(train_blocks)} train blocks are fewer than batch_size={settings.batch_size}")
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
-    losses: list[float] = []
-    tokens_seen = 0
-    train_start = time.perf_counter()
-    # a bar on a terminal; a log file gets a line a minute
-    bar = progress(settings.max_steps, "pretrain demo target", enabled=show_progress and accelerator.is_main_process)
-    model.train()
-    while len(losses) < settings.max_steps:  # epochs over the packed blocks
-        for (batch,) in loader:
-            loss = model(input_ids=batch, labels=batch).loss
-            accelerator.backward(loss)
-            accelerator.clip_grad_norm_(model.parameters(), settings.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())  # note: a host-device sync point, once per step
-            tokens_seen += batch.numel() * accelerator.num_processes
-            bar.update()
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens_seen / (time.perf_counter() - train_start):.0f}")
-            if len(losses) == settings.max_steps:
-                break
-    bar.close()
-    train_seconds = time.perf_counter() - train_start
+    losses, tokens_seen, train_seconds = _pretrain(model, loader, optimizer, scheduler, accelerator, settings,
+                                                   show_progress)
 
     accelerator.wait_for_everyone()
     summary: dict = {}
@@ -342,6 +315,46 @@ def train_lm(out_dir: str | Path, settings: LMSettings, *, tokenizer: PreTrained
         logger.info("demo LM trained\n%s", format_summary(summary))
     accelerator.wait_for_everyone()
     return summary
+
+
+def _optimizer(model, settings: LMSettings):
+    """AdamW (no weight decay on norms) and its warmup-then-cosine schedule."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # no weight decay on norms
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lr, betas=(0.9, 0.95))
+    warmup = max(1, round(settings.warmup_ratio * settings.max_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _lr_lambda(warmup, settings.max_steps, settings.min_lr_ratio))
+    return optimizer, scheduler
+
+
+def _pretrain(model, loader, optimizer, scheduler, accelerator: Accelerator, settings: LMSettings,
+              show_progress: bool) -> tuple[list[float], int, float]:
+    """``settings.max_steps`` steps over epochs of the packed blocks: (each step's loss, tokens seen, seconds)."""
+    losses: list[float] = []
+    tokens_seen = 0
+    train_start = time.perf_counter()
+    # a bar on a terminal; a log file gets a line a minute
+    bar = progress(settings.max_steps, "pretrain demo target", enabled=show_progress and accelerator.is_main_process)
+    model.train()
+    while len(losses) < settings.max_steps:  # epochs over the packed blocks
+        for (batch,) in loader:
+            loss = model(input_ids=batch, labels=batch).loss
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), settings.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())  # note: a host-device sync point, once per step
+            tokens_seen += batch.numel() * accelerator.num_processes
+            bar.update()
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens_seen / (time.perf_counter() - train_start):.0f}")
+            if len(losses) == settings.max_steps:
+                break
+    bar.close()
+    return losses, tokens_seen, time.perf_counter() - train_start
 
 
 def save_lm(out_dir: Path, model, tokenizer: PreTrainedTokenizerBase, summary: dict) -> None:

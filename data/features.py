@@ -262,14 +262,6 @@ class FeatureStore:
         self.refresh()
         self.verified.add(name)  # hashed as it was written, just now
 
-    def listed_rows(self) -> list[int]:
-        """Every row of every listed shard, duplicates kept (a check that each row is there once)."""
-        rows = []
-        for name in sorted(self.known):
-            with safe_open(str(self.path / name), "pt") as f:
-                rows += f.get_tensor("row_ids").tolist()
-        return rows
-
     def disk_bytes(self) -> int:
         return sum((self.path / name).stat().st_size for name in self.known)
 

@@ -425,10 +425,6 @@ class DFlashHead(DraftHead):
             x = layer(x, cos, sin, kv, attention_mask)
         return self.norm(x)
 
-    def cached_context(self, cache: Any) -> list[tuple[Tensor, Tensor]]:
-        """A cache's valid entries as ``forward``'s ``context``."""
-        return list(zip(cache.keys, cache.values))
-
 
 def check_mask_token(mask_id: int, target, tokenizer=None) -> None:
     """Refuse (ValueError, one line naming the id) a mask token that is not an existing, ordinary row of the

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {"Chain": "draftsmith.infer.drafters", "DynamicTree": "draftsmith.infer.drafters", "Sampling": "draftsmith.infer.drafters",
-            "StaticTree": "draftsmith.infer.drafters", "GenerationStats": "draftsmith.infer.generator",
+            "StaticTree": "draftsmith.infer.drafters", "GenerationStats": "draftsmith.infer.decoding",
             "SpeculativeGenerator": "draftsmith.infer.generator"}
 
 __all__ = ["Chain", "DynamicTree", "GenerationStats", "Sampling", "SpeculativeGenerator", "StaticTree"]

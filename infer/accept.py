@@ -67,18 +67,10 @@ def sampling_probs(logits: Tensor, temperature: float, top_k: int = 0, top_p: fl
     return scores.softmax(dim=-1).reshape(shape)
 
 
-def greedy_accept(logits: Tensor, tokens: Tensor, retrieve_indices: Tensor) -> Accepted:
-    """Longest root-to-leaf path whose tokens equal the target argmax at their parents.
-
-    logits (N, V) of the tree nodes, tokens (N,), retrieve_indices (P, D+1) padded with -1.
-    Ties between equally long paths go to the first path.
-    """
-    return greedy_accept_rows(logits[None], tokens[None], retrieve_indices[None])
-
-
 def greedy_accept_rows(logits: Tensor, tokens: Tensor, retrieve_indices: Tensor) -> Accepted:
-    """``greedy_accept`` for B rows at once, on the device (no host sync): logits (B, N, V), tokens
-    (B, N), retrieve_indices (B, P, D+1) padded with -1 (a row with fewer paths or levels pads them)."""
+    """Each row's longest root-to-leaf path whose tokens equal the target's argmax at their parents, for B rows
+    at once, on the device (no host sync): logits (B, N, V), tokens (B, N), retrieve_indices (B, P, D+1) padded
+    with -1 (a row with fewer paths or levels pads them). Ties between equally long paths go to the first path."""
     bsz, paths, width = retrieve_indices.shape
     target = logits.float().argmax(dim=-1)  # (B, N) argmax on float32 logits, as HF's greedy loop
     valid = retrieve_indices >= 0  # (B, P, D+1)

@@ -1,19 +1,16 @@
-"""The target's KV cache during speculative decoding, and its compaction after acceptance.
+"""The caches of speculative decoding, each preallocated once per generation and written in place.
 
-Two caches:
-- ``StaticKVCache``, the generator's one decode state: one buffer preallocated per generation for
-  prompt + max_new_tokens + the tree budget. A forward writes its T new entries at the slots the
-  generator names (``slots``), attention runs over the whole buffer with a mask that hides unused
-  slots, and compaction copies the accepted entries inside the buffer. Nothing is allocated or
-  concatenated per step and the buffer's address never changes, so a compiled verify step (CUDA
-  graphs) can be replayed on it.
-- HF's ``DynamicCache``, which benchmarks use to time HF's own decode state: grows by
-  concatenation; compaction gathers the accepted entries and slices the rest off.
-
-The accepted nodes are not contiguous in the cache (the tree was laid out in depth order), so
-their entries are gathered to the slots right after the prefix. Only the public per-layer
-``keys``/``values`` tensors of ``DynamicCache`` are touched (no ``crop``, whose argument convention
-changed across transformers 5.x).
+- ``StaticKVCache``: the target's KV (and a hybrid's recurrent states, ``states``), the generator's one decode
+  state: one buffer for prompt + max_new_tokens + the tree budget. A forward writes its T new entries at the
+  slots the generator names (``slots``), attention runs over the buffer with a mask that hides unused slots, and
+  ``compact_rows`` gathers each row's accepted entries to the slots right after its prefix (the accepted nodes are
+  not contiguous: the tree was laid out in depth order). Nothing is allocated or concatenated per step and the
+  buffer's address never changes, so a compiled verify step (CUDA graphs) can be replayed on it.
+- ``StaticHeadCache``: a draft head's K/V, a row per batch row (``row(b)`` -> ``HeadCacheRow``), with
+  ``SlotWrites``, ``slot_mask`` and ``block_slot_mask`` for compiled draft steps that write at device slots.
+- ``crop_dynamic``: a draft LM's (or the verify-cost benchmark's) HF ``DynamicCache`` cut back to its first
+  positions, touching only the public per-layer ``keys``/``values`` (no ``crop``, whose argument convention
+  changed across transformers 5.x).
 """
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
-from draftsmith.heads.layers import HeadCache, additive_mask
+from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.recurrent import LinearStates
 
 
@@ -126,17 +123,6 @@ class StaticKVCache:
             self.buffer = bigger
         self.max_len = max_len
 
-    def compact(self, prefix_len: int, nodes: Tensor) -> None:
-        """Keep ``[0, prefix_len)`` then the entries at ``prefix_len + nodes``, for every layer at
-        once (one gather, one scatter); ``length`` becomes ``prefix_len + A``."""
-        src = nodes + prefix_len  # (A,)
-        dst = torch.arange(prefix_len, prefix_len + src.shape[0], device=src.device)
-        if self.buffer is not None and src.numel():
-            # index_select copies before index_copy_ writes: overlapping src/dst are safe.
-            self.buffer.index_copy_(4, dst, self.buffer.index_select(4, src))
-        self.length = prefix_len + src.shape[0]
-
-
     def compact_rows(self, lengths: Tensor, nodes: Tensor) -> None:
         """Per row b: keep ``[0, lengths[b])`` then the entries at ``lengths[b] + nodes[b]`` (B, A),
         padded with -1 past a row's accepted nodes. One fixed-size gather and scatter for every row
@@ -152,33 +138,16 @@ class StaticKVCache:
         self.buffer.scatter_(4, dst[None, None, :, None, :, None].expand(shape), self.buffer.gather(4, gather))
 
 
-def keep_accepted(cache: DynamicCache | HeadCache | StaticHeadCache | HeadCacheRow | StaticKVCache, prefix_len: int,
-                  nodes: Tensor) -> None:
-    """Keep positions ``[0, prefix_len)`` then ``prefix_len + nodes`` (in that order), in place.
-
-    ``nodes`` (A,) are accepted tree-node indices, root first; afterwards the cache holds
-    ``prefix_len + A`` positions.
-    """
-    if isinstance(cache, StaticKVCache):
-        cache.compact(prefix_len, nodes)
-        return
-    src = nodes + prefix_len  # (A,) absolute positions of the accepted nodes
-    if isinstance(cache, (HeadCache, StaticHeadCache, HeadCacheRow)):
-        cache.select(torch.cat([torch.arange(prefix_len, device=src.device), src]))
-        return
+def crop_dynamic(cache: DynamicCache, length: int) -> None:
+    """Keep a ``DynamicCache``'s first ``length`` positions, in place (sliding-window layers, which drop their
+    oldest entries, are refused)."""
     if not isinstance(cache, DynamicCache):
-        raise TypeError(f"cannot compact a {type(cache).__name__}; expected DynamicCache, StaticKVCache or HeadCache")
-    end = prefix_len + src.shape[0]
+        raise TypeError(f"crop_dynamic crops a DynamicCache, got a {type(cache).__name__}")
     for layer in cache.layers:
         if getattr(layer, "is_sliding", False):
-            raise ValueError("sliding-window cache layers cannot be compacted; build a plain DynamicCache()")
-        kept_k = layer.keys.index_select(-2, src)  # (B, H_kv, A, D); gathered before overwriting
-        kept_v = layer.values.index_select(-2, src)
-        # The prefix stays where it is: only A slots are written, and the slice is a view.
-        layer.keys = layer.keys[..., :end, :]
-        layer.values = layer.values[..., :end, :]
-        layer.keys[..., prefix_len:end, :] = kept_k
-        layer.values[..., prefix_len:end, :] = kept_v
+            raise ValueError("sliding-window cache layers cannot be cropped; build a plain DynamicCache()")
+        layer.keys = layer.keys[..., :length, :]
+        layer.values = layer.values[..., :length, :]
 
 
 class StaticHeadCache:
@@ -349,11 +318,6 @@ class StaticHeadCache:
         self._one_row()
         self.row(0).crop(length)
 
-    def select(self, index: Tensor) -> None:
-        """Keep the positions ``index`` (1-D LongTensor), in that order, at the front."""
-        self._one_row()
-        self.row(0).select(index)
-
 
 class SlotWrites:
     """A ``StaticHeadCache``'s buffers seen whole, for fixed-shape (compiled) head forwards: ``update``
@@ -419,12 +383,3 @@ class HeadCacheRow:
             raise ValueError(f"crop length must be >= 0, got {length}")
         for lengths in self.cache._lengths:
             lengths[self.b] = min(lengths[self.b], length)
-
-    def select(self, index: Tensor) -> None:
-        """Keep the positions ``index`` (1-D LongTensor), in that order, at the front."""
-        for store in (self.cache._keys, self.cache._values):
-            for buf in store:
-                row = buf[self.b: self.b + 1]
-                row[:, :, : index.shape[0]] = row.index_select(2, index)
-        for lengths in self.cache._lengths:
-            lengths[self.b] = index.shape[0]

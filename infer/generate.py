@@ -5,7 +5,7 @@
         [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--lookup-first]
         [--compile] [--compare [--rounds R]]
     python -m draftsmith.infer.generate --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
-        [--depth D] [--branch K] [--adaptive] ...
+        | head:DIR[+lookup-first] [--depth D] [--branch K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
 runs the target's own ``generate`` in the same process and prints the speedup and whether the
@@ -22,45 +22,26 @@ layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed 
 ``--adaptive`` lets the draft length follow the acceptance (what an EAGLE head does by default on CPU;
 ``--tree chain --depth D`` fixes it). ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.lookup_first``).
-A ``speculation_plan.json`` next to ``--head`` (``scripts/calibrate_speculation.py``) is followed, as
+``--drafter head:DIR[+lookup-first]`` is ``--head DIR [--lookup-first]``; every spec is parsed by
+``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/calibrate_speculation.py``) is followed, as
 ``SpeculativeGenerator.from_pretrained`` follows it.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from draftsmith.data.base.checks import cli_count, cli_real
 from draftsmith.data.cli import prog, run
+from draftsmith.infer.drafter_spec import DrafterSpec, parse_drafter
 
 if TYPE_CHECKING:  # torch, transformers and the drafters load after the arguments are checked (seconds)
     import torch
 
     from draftsmith.infer.generator import SpeculativeGenerator
-
-LAYER_SKIP = re.compile(r"layer-skip(?::([1-9][0-9]*))?")  # --drafter layer-skip[:K]
-
-
-def draft_lm_spec(spec: str) -> tuple[str, str | None]:
-    """``--drafter lm:DIR[+ngram|+head:HEAD]`` -> (DIR, None | "ngram" | "head:HEAD"); ValueError when
-    a part is empty."""
-    body = spec.removeprefix("lm:")
-    if "+head:" in body:
-        name, head = body.split("+head:", 1)
-        inner = "head:" + head if head else ""
-    elif body.endswith("+ngram"):
-        name, inner = body.removesuffix("+ngram"), "ngram"
-    else:
-        name, inner = body, None
-    if not name or inner == "":
-        raise ValueError(f"--drafter {spec} names no {'draft LM directory' if not name else 'head'} "
-                         "(lm:DIR, lm:DIR+ngram or lm:DIR+head:HEAD)")
-    return name, inner
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=prog("python -m draftsmith.infer.generate"), description=__doc__.split("\n\n")[0])
@@ -68,8 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head", help="draft head: directory or HF id")
     p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), lm:DIR+ngram "
                    "(its own drafts guessed by prompt lookup), lm:DIR+head:HEAD (guessed by a head trained on the "
-                   "draft LM), ngram, or layer-skip[:K] (self-speculation: the "
-                   "target's first K layers draft; default the calibrated K, else half of them)")
+                   "draft LM), ngram, layer-skip[:K] (self-speculation: the target's first K layers draft; default the "
+                   "calibrated K, else half of them), or head:DIR[+lookup-first] (as --head DIR [--lookup-first])")
     p.add_argument("--adaptive", action="store_true", help="draft length follows the acceptance (chains)")
     p.add_argument("--lookup-first", action="store_true",
                    help="with --head: prompt lookup drafts when it finds a continuation of 2 or more tokens, the head "
@@ -102,19 +83,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if (args.head is None) == (args.drafter is None):
         p.error("pass exactly one of --head and --drafter")
+    args.spec = _drafter_spec(p, args)
     if args.lookup_first and args.head is None:
         p.error("--lookup-first puts prompt lookup before a head: pass --head (--drafter ngram is lookup alone)")
-    if args.drafter is not None:
-        if not (args.drafter == "ngram" or args.drafter.startswith("lm:") or LAYER_SKIP.fullmatch(args.drafter)):
-            p.error(f"--drafter must be lm:DIR, lm:DIR+ngram, lm:DIR+head:HEAD, ngram or layer-skip[:K], got {args.drafter!r}")
-        if args.drafter.startswith("lm:"):
-            try:
-                draft_lm_spec(args.drafter)
-            except ValueError as e:
-                p.error(str(e))
-        if args.target is None:
-            p.error("--drafter needs --target")
+    if args.drafter is not None and args.target is None:
+        p.error("--drafter needs --target")
     return args
+
+
+def _drafter_spec(p: argparse.ArgumentParser, args: argparse.Namespace) -> DrafterSpec:
+    """``--drafter`` or ``--head``/``--lookup-first`` as one parsed spec (``infer.drafter_spec``); a head spec given
+    to ``--drafter`` fills ``--head`` and ``--lookup-first``."""
+    try:
+        spec = parse_drafter(args.drafter if args.drafter is not None else f"head:{args.head}")
+    except ValueError as e:
+        p.error(f"--drafter: {e}" if args.drafter is not None else str(e))
+    if spec.kind == "head" and args.drafter is not None:
+        args.head, args.drafter = spec.path, None
+        args.lookup_first = args.lookup_first or spec.lookup_first
+    return spec
 
 
 def tree_option(kind: str, device: str, args: argparse.Namespace):
@@ -140,63 +127,6 @@ def tree_option(kind: str, device: str, args: argparse.Namespace):
             raise ValueError("--depth/--branch/--total-tokens shape EAGLE trees; Medusa uses its static tree")
         return tree
     return dataclasses.replace(tree, **given)
-
-
-def head_drafter(head, tree, adaptive: bool, lookup_first: bool):
-    """A factory for ``from_pretrained``: the head's drafter for ``tree`` (None: the kind's default on
-    the target's device); ``adaptive``: its chain's length adapted (``adaptive_chain``);
-    ``lookup_first``: behind prompt lookup."""
-    from draftsmith.infer.drafters import adaptive_chain, make_drafter
-    from draftsmith.infer.drafters.lookup_first import LookupFirst
-    from draftsmith.infer.drafters.ngram import NgramDrafter
-
-    def build(target):
-        head.check_target(target)
-        head.to(device=target.device, dtype=target.dtype).eval()
-        drafter = adaptive_chain(head, target) if adaptive else make_drafter(head, target, tree)
-        return LookupFirst(drafter, NgramDrafter(max_ngram=3, length=8)) if lookup_first else drafter
-    return build
-
-
-def classic_drafter(args: argparse.Namespace, target):
-    """The ``--drafter`` for a loaded target (lm:DIR loads the draft LM on its device and dtype)."""
-    from transformers import AutoModelForCausalLM
-
-    from draftsmith.data.targets import resolve_target
-    from draftsmith.heads import AutoHead
-    from draftsmith.infer.drafters import AdaptiveLength, Chain, drafter_class, make_drafter
-    from draftsmith.infer.drafters.lm_drafter import LMDrafter
-    from draftsmith.infer.drafters.ngram import NgramDrafter
-
-    if args.drafter == "ngram":
-        length = args.depth or (16 if args.adaptive else 8)
-        drafter = NgramDrafter(max_ngram=3, length=length, branches=args.branch or 1)
-    elif LAYER_SKIP.fullmatch(args.drafter):
-        from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-
-        k = LAYER_SKIP.fullmatch(args.drafter).group(1)
-        length = args.depth or (16 if args.adaptive else 4)
-        drafter = LayerSkipDrafter(target, int(k) if k else None, Chain(length))
-        if not k:
-            how = "calibrated" if drafter.calibrated else \
-                "no calibration for this target (scripts/calibrate_layer_skip.py); half its layers"
-            print(f"layer skip: k={drafter.layers} ({how})", file=sys.stderr)
-    else:
-        name, inner = draft_lm_spec(args.drafter)
-        model = AutoModelForCausalLM.from_pretrained(resolve_target(name, role="draft LM"), dtype=target.dtype).to(target.device)
-        length = args.depth or (16 if args.adaptive else 4)
-        if inner is None:
-            drafter = LMDrafter(model, target, Chain(length))
-        else:
-            from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
-
-            if inner == "ngram":
-                guesser = NgramDrafter(max_ngram=3, length=length)
-            else:  # a head trained on the draft LM guesses up to a chain of the same length
-                head = AutoHead.from_pretrained(inner.removeprefix("head:")).to(device=target.device, dtype=target.dtype)
-                guesser = make_drafter(head, model, Chain(min(length, drafter_class(head.head_kind).longest_chain(head))))
-            drafter = HierarchicalDrafter(model, target, guesser, Chain(length))
-    return AdaptiveLength(drafter, initial=min(4, length), maximum=length) if args.adaptive else drafter
 
 
 def encode(tokenizer, prompt: str, chat: bool) -> torch.Tensor:
@@ -263,74 +193,65 @@ def compare_rounds(gen: SpeculativeGenerator, ids: torch.Tensor, max_new_tokens:
     return spec, vanilla
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)  # before the imports below: a mistake is reported in a second, not after 15-26 s
+def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]:
+    """The generator the arguments name (``args.spec``: a head, or another drafter for ``--target``), and a few
+    words saying what drafts."""
     import torch
-    from transformers import TextStreamer
 
     from draftsmith.data.base.device import default_device
     from draftsmith.heads import AutoHead
-    from draftsmith.infer.drafters import AdaptiveLength, Chain, fit_chain
+    from draftsmith.infer.drafter_spec import build_drafter
+    from draftsmith.infer.drafters import Chain, fit_chain
     from draftsmith.infer.generator import SpeculativeGenerator
-    from draftsmith.infer.drafters.lookup_first import LookupFirst
     from draftsmith.infer.speculation_plan import find_plan
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = str(default_device(args.device))
-    if args.drafter is not None:
-        label = f"{args.drafter} drafter"
-        if args.drafter.startswith("lm:"):
-            inner = draft_lm_spec(args.drafter)[1]
-            label = "draft LM drafter" + ({"ngram": " + n-grams"}.get(inner, " + its head") if inner else "")
-        gen = SpeculativeGenerator.from_pretrained(
-            args.target, lambda target: classic_drafter(args, target), device=device, dtype=dtype, threads=args.threads,
-            compile=args.compile)
-    else:
-        head = AutoHead.from_pretrained(args.head)  # its kind decides the tree before the generator exists
-        kind = head.head_kind
-        label = f"{kind} head"
-        target = args.target or head.config.target_name_or_path
-        if not target:
-            raise ValueError(f"{args.head} records no target (target_name_or_path); pass --target")
-        tree = tree_option(kind, device, args)
-        if args.depth is None:  # a default chain fits the head (a DFlash head of block_size 4 drafts 3)
-            tree = fit_chain(head, tree)
-        if args.adaptive and tree is not None and not isinstance(tree, Chain):
-            raise ValueError("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
-        if args.adaptive or args.lookup_first:
-            head, tree = head_drafter(head, tree, args.adaptive, args.lookup_first), None
-        # the plan saved next to the head, as from_pretrained(target, HEAD_DIR) reads it: the CLI and the API agree
-        gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree,
-                                                   threads=args.threads, compile=args.compile,
-                                                   plan=find_plan(args.head))
-    if gen.tokenizer is None:
-        raise ValueError(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
-    ids = encode(gen.tokenizer, args.prompt, args.chat).to(gen.device)
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    spec = args.spec
+    if spec.kind != "head":
+        drafter = lambda target: build_drafter(spec, target, args.depth, adaptive=args.adaptive,  # noqa: E731
+                                               branches=args.branch or 1)
+        return SpeculativeGenerator.from_pretrained(args.target, drafter, device=device, dtype=dtype,
+                                                    threads=args.threads, compile=args.compile), spec.describe()
+    head = AutoHead.from_pretrained(args.head)  # its kind decides the tree before the generator exists
+    label = f"{head.head_kind} head"
+    target = args.target or head.config.target_name_or_path
+    if not target:
+        raise ValueError(f"{args.head} records no target (target_name_or_path); pass --target")
+    tree = tree_option(head.head_kind, device, args)
+    if args.depth is None:  # a default chain fits the head (a DFlash head of block_size 4 drafts 3)
+        tree = fit_chain(head, tree)
+    if args.adaptive and tree is not None and not isinstance(tree, Chain):
+        raise ValueError("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
+    if args.adaptive or args.lookup_first:  # the drafter is built around the loaded head once the target is
+        wrapped, loaded = DrafterSpec("head", path=args.head, lookup_first=args.lookup_first), {args.head: head}
+        head = lambda target, tree=tree: build_drafter(wrapped, target, adaptive=args.adaptive,  # noqa: E731
+                                                       tree=tree, loaded=loaded)
+        tree = None
+    # the plan saved next to the head, as from_pretrained(target, HEAD_DIR) reads it: the CLI and the API agree
+    gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree, threads=args.threads,
+                                               compile=args.compile, plan=find_plan(args.head))
+    return gen, label
 
-    torch.manual_seed(args.seed)
-    # Warm-up: first-call allocations, not decoding speed; a compiled step warms up at the real size
-    # (the static cache's size is part of the compiled shape)
-    if gen.compile:  # minutes on a busy CPU: say so before, and how long it took after
+
+def warm_up(gen: SpeculativeGenerator, ids: torch.Tensor, max_new_tokens: int, sampling: dict) -> None:
+    """First-call allocations, not decoding speed; a compiled step warms up at the real size (the static cache's
+    size is part of the compiled shape), saying so before and how long it took after."""
+    if gen.compile:  # minutes on a busy CPU
         print(f"compiling the verify and draft steps (torch.compile, {gen.device.type}; about a minute on an idle "
               "CPU, longer on a busy one, faster once inductor's cache holds them)...", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    gen.generate(ids, max_new_tokens=args.max_new_tokens if gen.compile else 4, **sampling)
+    gen.generate(ids, max_new_tokens=max_new_tokens if gen.compile else 4, **sampling)
     if gen.compile:
         print(f"compiled in {time.perf_counter() - start:.1f} s (the warm-up decode included)", file=sys.stderr,
               flush=True)
-    torch.manual_seed(args.seed)
-    streamer = TextStreamer(gen.tokenizer, skip_prompt=True, skip_special_tokens=True)
-    out = gen.generate(ids, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)
-    s = gen.last_stats
-    drafter = gen.drafter.drafter if isinstance(gen.drafter, LookupFirst) else gen.drafter
-    adaptive = (", adaptive length" if isinstance(drafter, AdaptiveLength) else "") + \
-        (", prompt lookup first" if args.lookup_first else "")
-    compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
-    print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "
-          f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{adaptive})", file=sys.stderr)
-    if not args.compare:
-        return 0
+
+
+def compare(gen: SpeculativeGenerator, args: argparse.Namespace, ids: torch.Tensor, out: torch.Tensor,
+            sampling: dict) -> int:
+    """``--compare``: the target's own ``generate`` against ``gen`` over ``--rounds``; 1 when greedy outputs
+    differ."""
+    import torch
 
     hf_sampling = {"do_sample": True, **sampling} if args.temperature > 0 else {"do_sample": False}
     pad = gen.tokenizer.pad_token_id if gen.tokenizer.pad_token_id is not None else gen.tokenizer.eos_token_id
@@ -351,6 +272,34 @@ def main(argv: list[str] | None = None) -> int:
     print(f"speedup {spec.tokens_per_s / vanilla.tokens_per_s:.2f}x (tokens/s{rounds}), "
           f"outputs identical: {'yes' if same else 'NO'}{note}", file=sys.stderr)
     return 0 if same or args.temperature > 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)  # before the imports below: a mistake is reported in a second, not after 15-26 s
+    import torch
+    from transformers import TextStreamer
+
+    from draftsmith.infer.drafters import AdaptiveLength
+    from draftsmith.infer.drafters.lookup_first import LookupFirst
+
+    gen, label = load_generator(args)
+    if gen.tokenizer is None:
+        raise ValueError(f"{args.target} has no tokenizer; the CLI needs one to encode --prompt")
+    ids = encode(gen.tokenizer, args.prompt, args.chat).to(gen.device)
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    torch.manual_seed(args.seed)
+    warm_up(gen, ids, args.max_new_tokens, sampling)
+    torch.manual_seed(args.seed)
+    streamer = TextStreamer(gen.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    out = gen.generate(ids, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)
+    s = gen.last_stats
+    drafter = gen.drafter.drafter if isinstance(gen.drafter, LookupFirst) else gen.drafter
+    adaptive = (", adaptive length" if isinstance(drafter, AdaptiveLength) else "") + \
+        (", prompt lookup first" if args.lookup_first else "")
+    compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
+    print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "
+          f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{adaptive})", file=sys.stderr)
+    return compare(gen, args, ids, out, sampling) if args.compare else 0
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -7,6 +7,9 @@ One step:
 3. an acceptance rule keeps the longest valid path and picks the bonus token after it;
 4. the target cache keeps exactly prefix + accepted nodes; the drafter observes the accepted
    tokens with their true target features; the bonus token becomes the next root.
+A hybrid target's recurrent states go back to the accepted tokens through the generator's ``Rollback``
+(``infer.rollback``), called before the draft and the verify and after the accept; the call in progress is a
+``Decoding`` (``infer.decoding``: its settings, instruments and state apart).
 
 One decode path on every device: the target's KV lives in a ``StaticKVCache`` preallocated for
 prompt + max_new_tokens + the tree budget N (the drafter's ``max_nodes``) and kept across calls while
@@ -25,146 +28,34 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
 from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
-from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
-from draftsmith.heads import AutoHead
-from draftsmith.infer.accept import (
-    Accepted,
-    chain_sample_accept,
-    check_sampling_params,
-    greedy_accept_rows,
-    tree_sample_accept,
-    typical_accept,
-)
-from draftsmith.infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
-from draftsmith.infer.cache import StaticKVCache
-from draftsmith.infer.compiling import check_compile, compiled, step_begin
-from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
-from draftsmith.infer.drafters import (Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, chain_buffers, make_drafter,
-                            root_only)
-from draftsmith.infer.speculation_plan import SpeculationPlan, find_plan
-from draftsmith.infer.drafters.layer_skip import shallow_backbone
-from draftsmith.infer.hf_cache import cache_kwargs
-from draftsmith.infer.recurrent import (RECURRENT_LAYER_TYPES, Checkpoint, check_chain_drafter, check_supported, is_hybrid,
-                                       layer_types)
-from draftsmith.infer.target import TargetOutput, backbone_of, decoder_layers
-from draftsmith.infer.threads import choose_threads
-from draftsmith.infer.tree import pad_tree
 from draftsmith.data.base.checks import probability
 from draftsmith.data.base.device import default_device, sync
+from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
+from draftsmith.heads import AutoHead
+from draftsmith.heads.common import text_config
+from draftsmith.infer.batch_accept import accept_rows
+from draftsmith.infer.cache import StaticKVCache
+from draftsmith.infer.call_checks import batch_mask, check_call, eos_ids, pad_id
+from draftsmith.infer.compiling import check_compile, compiled, step_begin
+from draftsmith.infer.decoding import (DecodeInstruments, DecodeSettings, DecodeState, Decoding, GenerationStats, PhaseClock,
+                                       RowState)
+from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
+from draftsmith.infer.drafters import Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, make_drafter, root_only
+from draftsmith.infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
+from draftsmith.infer.recurrent import check_chain_drafter, check_supported, is_hybrid
+from draftsmith.infer.rollback import make_rollback
+from draftsmith.infer.speculation_plan import SpeculationPlan, find_plan
+from draftsmith.infer.target import TargetOutput, decoder_layers
+from draftsmith.infer.threads import choose_threads
+from draftsmith.infer.tree import pad_tree
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # flash attention takes no arbitrary tree mask
-# rollback="merged": the most tokens a row carries pending into the next verify (they widen it); past this,
-# or when a batch's rows disagree, they are replayed at once (docs/hybrid.md)
-MAX_PENDING = 16
-
-
-@dataclass
-class GenerationStats:
-    """What the last ``generate`` call did."""
-
-    new_tokens: int = 0
-    target_forwards: int = 0  # including the prefill
-    steps: int = 0  # verification forwards
-    step_tokens: int = 0  # tokens emitted by verification steps (accepted drafts + bonus)
-    verified_tokens: int = 0  # tokens the verification forwards ran over (padded to the budget when static)
-    # a hybrid target's rollback: forwards replaying accepted tokens after a partial accept, and their tokens;
-    # with rollback="merged", the pending tokens verifies ran again in front of their drafts instead
-    replays: int = 0
-    replayed_tokens: int = 0
-    pending_tokens: int = 0
-    wall_time: float = 0.0  # seconds, compilation included (see compile_time)
-    # Seconds spent in verify calls that compiled a new graph (first call per tree budget and
-    # cache size); included in wall_time. Warm up once to measure decode speed alone.
-    compile_time: float = 0.0
-    # Seconds per phase ("prefill", "draft", "verify", "accept", "compact", "emit", "observe"; on a hybrid
-    # target "rollback" too), filled only by a generator built with profile=True (it synchronises the device at every
-    # phase end, so profiled runs are slower on GPU).
-    phase_times: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens per verification step (accepted drafts + bonus); 0.0 before any step."""
-        return self.step_tokens / self.steps if self.steps else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
-
-
-@dataclass
-class DecodeState:
-    """Everything one row of a generation carries from step to step."""
-
-    draft: Any  # the drafter's own state (head cache, last head output, ...)
-    root: Tensor  # 0-d long: last emitted token, not yet in the target's cache
-    emitted: list[Tensor] = field(default_factory=list)  # chunks of new tokens
-    num_new: int = 0
-
-
-@dataclass
-class Decoding:
-    """One ``generate`` call in progress (``SpeculativeGenerator.start`` -> ``step`` ... -> ``finish``)."""
-
-    cache: StaticKVCache  # the target's KV (and a hybrid's recurrent states) of every row
-    rows: list[DecodeState]
-    done: list[bool]  # per row: stopped (EOS or budget)
-    lengths: Tensor  # (B,) valid cache slots per row (prompt with its left pads, then accepted tokens)
-    host_lengths: list[int]  # the same, on the host
-    pads: Tensor  # (B,) left-pad columns per row
-    host_pads: list[int]  # the same, on the host
-    levels: int | None  # the plan's draft levels for this batch size (None: the drafter's own; 0: none)
-    sampling: Sampling
-    eos: Tensor  # (E,) stop ids
-    max_new_tokens: int
-    input_ids: Tensor  # the prompts as given (the output starts with them, on their device)
-    pad_id: int  # fills a row's output after its end
-    streamer: Any
-    clock: Any  # _PhaseClock
-    started: float  # perf_counter at the start
-    stats: GenerationStats
-    # A hybrid target with rollback="merged": (B, p) each row's accepted tokens whose KV is in the cache (slots
-    # lengths - p ..) but whose recurrent states are not (they were restored to ``before``, taken before them);
-    # the next verify runs them again in front of its draft. None: the states are after every accepted token.
-    pending: Tensor | None = None
-    before: Checkpoint | None = None
-
-    def live(self) -> list[int]:
-        return [b for b, done in enumerate(self.done) if not done]
-
-
-class _PhaseClock:
-    """Accumulates wall time per loop phase when enabled; a no-op otherwise (no device syncs)."""
-
-    def __init__(self, device: torch.device, enabled: bool) -> None:
-        self.device, self.enabled = device, enabled
-        self.times: dict[str, float] = {}
-        self.last = 0.0
-
-    def start(self) -> None:
-        if self.enabled:
-            self._sync()
-            self.last = time.perf_counter()
-
-    def mark(self, phase: str) -> None:
-        """Charge the time since the previous mark to ``phase``."""
-        if self.enabled:
-            self._sync()
-            now = time.perf_counter()
-            self.times[phase] = self.times.get(phase, 0.0) + now - self.last
-            self.last = now
-
-    def _sync(self) -> None:
-        sync(self.device)  # sync: only when profiling
-
-
-def _text_config(model: nn.Module):
-    return model.config.get_text_config()
 
 
 def default_compile(device: torch.device | str) -> bool:
@@ -175,10 +66,34 @@ def default_compile(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def _after_pending(pending: Tensor, draft: Draft) -> Draft:
-    """``draft`` (a chain) behind a row's ``pending`` (p,) tokens: one chain of p + N nodes to verify."""
-    tokens = torch.cat([pending, draft.tokens])
-    return Draft(tokens, chain_buffers(tokens.shape[0] - 1, tokens.device))
+def _drafter_for(head: nn.Module | Drafter, target: nn.Module, tree: TreeOption | None, hybrid: bool,
+                 device: torch.device, dtype: torch.dtype) -> Drafter:
+    """The drafter of a head (checked against ``target`` and moved to its device and dtype) or a custom one. A
+    hybrid target's recurrent layers read a verify's tokens as one sequence: its drafts are chains."""
+    if not isinstance(head, nn.Module):
+        if tree is not None:
+            raise ValueError("tree options belong to the drafter; a custom drafter ignores `tree`")
+        if not isinstance(head, Drafter):
+            raise TypeError(f"{type(head).__name__} is neither a draftsmith head nor an infer.drafters.Drafter "
+                            "(subclass it: new_rows, observe_rows, propose_rows; max_nodes as needed)")
+        check_chain_drafter(target, head)  # a hybrid verifies chains (infer.recurrent)
+        return head
+    head.check_target(target)
+    head.to(device=device, dtype=dtype)
+    if hybrid and tree is not None and not isinstance(tree, Chain):
+        raise ValueError(f"{type(target).__name__} is a hybrid (recurrent layers read a verify's tokens as one "
+                         f"sequence): drafts must be chains (tree=Chain(n), or no tree), not a {type(tree).__name__}")
+    if hybrid and tree is None:  # chains only: the kind's adaptive chain on every device
+        return adaptive_chain(head, target)
+    return make_drafter(head, target, tree)
+
+
+def _drop_front(out: TargetOutput, p: int) -> TargetOutput:
+    """``out`` without every row's first ``p`` positions (pending tokens whose outputs an earlier step read)."""
+    if not p:
+        return out
+    return TargetOutput(out.logits[:, p:], out.final_hidden[:, p:],
+                        None if out.aux_hidden is None else out.aux_hidden[:, p:], out.past_key_values)
 
 
 class SpeculativeGenerator:
@@ -196,19 +111,22 @@ class SpeculativeGenerator:
             at temperature > 0, with ``typical_threshold`` and ``typical_alpha``).
         profile: time each phase of the loop into ``last_stats.phase_times`` (adds a device sync
             per phase; for finding where a step's time goes, not for measuring speed).
-        cache_implementation: "static" or None (HF's argument name, kept for HF-style calls): the
-            preallocated static cache is the only decode state; anything else is refused.
         compile: compile the verify step with ``torch.compile`` (True: inductor, with CUDA graphs
             on CUDA; a string names another ``torch.compile`` backend, e.g. "aot_eager"); None =
-            the device's default (``default_compile``: CUDA True, CPU False).
+            the device's default (``default_compile``: CUDA True, CPU False). The decode state is
+            always the preallocated static cache.
         plan: when to speculate (``infer.speculation_plan.SpeculationPlan``, or the path of its JSON): per batch
             size, the most draft levels per step (0: decode without drafting); None = draft as the
             drafter does at every batch size (``from_pretrained`` loads the plan saved next to a head).
         rollback: how a hybrid target's recurrent states go back to the accepted tokens after a partial accept
-            (docs/hybrid.md): "merged" (restore the states from before the step and run the accepted tokens
-            again in front of the next step's draft, in its verify) or "replay" (restore, then one more forward
-            over the accepted tokens); None = "merged" where it applies (an eager verify whose drafter does not
-            draft into the target's own cache), else "replay". Ignored for attention-only targets.
+            (``infer.rollback``, docs/hybrid.md): "merged" (restore the states from before the step and run the
+            accepted tokens again in front of the next step's draft, in its verify) or "replay" (restore, then
+            one more forward over the accepted tokens); None = "merged" where it applies (an eager verify whose
+            drafter does not draft into the target's own cache), else "replay". Ignored for attention-only
+            targets (``self.rollback`` is then a no-op).
+        per_token: a hybrid's short verify and replay forwards run its Gated DeltaNet layers with transformers'
+            per-token rule where ``infer.delta_rule`` finds it applies (``per_token_modules``); False = the
+            chunked rule everywhere (what ``scripts/bench_rollback.py --rules chunked`` times).
     """
 
     def __init__(
@@ -221,10 +139,10 @@ class SpeculativeGenerator:
         typical_threshold: float = 0.09,
         typical_alpha: float = 0.3,
         profile: bool = False,
-        cache_implementation: str | None = None,
         compile: bool | str | None = None,
         plan: SpeculationPlan | str | os.PathLike | None = None,
         rollback: str | None = None,
+        per_token: bool = True,
     ) -> None:
         check_supported(target)  # first: a stateful model it cannot decode is named with its layer kind
         attn = getattr(target.config, "_attn_implementation", None)
@@ -235,70 +153,36 @@ class SpeculativeGenerator:
             )
         if acceptance not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
-        # A hybrid target's recurrent layers read a verify's tokens as one sequence: drafts are chains, and
-        # each step's states are rolled back to a checkpoint (infer.recurrent, ``rollback``).
-        self.hybrid = is_hybrid(target)
+        hybrid = is_hybrid(target)
         self.target = target
         self.tokenizer = tokenizer
         self.device = target.get_input_embeddings().weight.device
         self.dtype = target.get_input_embeddings().weight.dtype
-        if isinstance(head, nn.Module):
-            head.check_target(target)
-            head.to(device=self.device, dtype=self.dtype)
-            self.head: nn.Module | None = head
-            if self.hybrid and tree is not None and not isinstance(tree, Chain):
-                raise ValueError(f"{type(target).__name__} is a hybrid (recurrent layers read a verify's tokens as one "
-                                 f"sequence): drafts must be chains (tree=Chain(n), or no tree), not a {type(tree).__name__}")
-            if self.hybrid and tree is None:  # chains only: the kind's adaptive chain on every device
-                self.drafter: Drafter = adaptive_chain(head, target)
-            else:
-                self.drafter = make_drafter(head, target, tree)
-        else:
-            if tree is not None:
-                raise ValueError("tree options belong to the drafter; a custom drafter ignores `tree`")
-            if not isinstance(head, Drafter):
-                raise TypeError(f"{type(head).__name__} is neither a draftsmith head nor an infer.drafters.Drafter "
-                                "(subclass it: new_rows, observe_rows, propose_rows; max_nodes as needed)")
-            check_chain_drafter(target, head)  # a hybrid verifies chains (infer.recurrent)
-            self.head = None
-            self.drafter = head
+        self.head: nn.Module | None = head if isinstance(head, nn.Module) else None
+        self.drafter = _drafter_for(head, target, tree, hybrid, self.device, self.dtype)
         self.acceptance = acceptance
         self.typical = (probability("typical_threshold", typical_threshold, allow_none=False),
                         probability("typical_alpha", typical_alpha, allow_none=False))
         self.profile = profile
-        if cache_implementation not in (None, "static"):
-            raise ValueError(f"cache_implementation={cache_implementation!r}: draftsmith decodes on a preallocated "
-                             "static cache on every device; leave it unset (compile=True/False is the one switch)")
-        self.cache_implementation = "static"
         compile = check_compile(compile)
         self.compile = default_compile(self.device) if compile is None else compile
         self._verify_fn = self._make_verify_fn(self.compile, self.device)
         self.drafter.compile_with(self.compile)  # the same switch for the draft step
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
-        self._stack: nn.Module | None = None  # a hybrid's replay: the layers up to its last recurrent one
-        # Gated DeltaNet modules whose short verifies and replays run the per-token rule (infer.delta_rule);
-        # empty: the routing is off (scripts/bench_rollback.py --rules chunked empties it to time the chunked rule)
-        self.per_token_modules = per_token_modules(target) if self.hybrid else ()
+        # Gated DeltaNet modules whose short verifies and replays run the per-token rule (infer.delta_rule)
+        self.per_token_modules = per_token_modules(target) if hybrid and per_token else ()
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
             raise ValueError(f"plan must be a SpeculationPlan, the path of one or None, got {type(plan).__name__}")
         self.plan = plan if plan is None or isinstance(plan, SpeculationPlan) else SpeculationPlan.load(plan)
-        self.rollback = self._check_rollback(rollback)
+        self.rollback = make_rollback(rollback, target, hybrid, self.compile, self.drafter, self._forward_context)
         self.last_stats = GenerationStats()
 
-    def _check_rollback(self, rollback: str | None) -> str:
-        """The hybrid rollback: "merged" needs an eager verify (the pending tokens widen it past the budget a
-        compiled one is padded to) and a drafter that does not draft into the target's cache (layer skip's
-        shared KV: its draft would read states missing the pending tokens)."""
-        if rollback not in (None, "merged", "replay"):
-            raise ValueError(f"rollback must be 'merged', 'replay' or None, got {rollback!r}")
-        why = ("compile is on (a compiled verify has one shape)" if self.compile else
-               f"{type(self.drafter).__name__} drafts into the target's cache" if self.drafter.entry_model is not None
-               else None)
-        if rollback == "merged" and why is not None and self.hybrid:
-            raise ValueError(f"rollback='merged' cannot run here: {why}; use rollback='replay' or None")
-        return rollback or ("merged" if why is None else "replay")
+    def _forward_context(self) -> AbstractContextManager:
+        """The context every verify and replay forward runs in, and only they (never the prefill): the
+        per-token Gated DeltaNet rule for a hybrid's short stateful calls (``infer.delta_rule``)."""
+        return per_token_rule(self.per_token_modules)
 
     @staticmethod
     def _make_verify_fn(compile: bool | str, device: torch.device):
@@ -340,67 +224,6 @@ class SpeculativeGenerator:
         return cls(target, head, tokenizer=tokenizer, **kwargs)
 
     # ------------------------------------------------------------------------------ checks
-
-    def _check(self, input_ids: Tensor, max_new_tokens: int, sampling: Sampling) -> None:
-        check_sampling_params(sampling.temperature, sampling.top_k, sampling.top_p)
-        if not isinstance(input_ids, Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
-            raise ValueError("input_ids must be a LongTensor of shape (batch, prompt_len)")
-        if input_ids.shape[0] == 0:
-            raise ValueError("input_ids has batch size 0: pass at least one prompt")
-        if input_ids.shape[1] == 0:
-            raise ValueError("the prompt is empty: pass at least one token (e.g. BOS)")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        config = _text_config(self.target)
-        vocab = config.vocab_size
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:  # sync
-            raise ValueError(f"input_ids contain ids outside the target's vocabulary [0, {vocab})")
-        total = input_ids.shape[1] + max_new_tokens
-        context = getattr(config, "max_position_embeddings", None)
-        if context is not None and input_ids.shape[1] >= context:
-            raise ValueError(f"the prompt has {input_ids.shape[1]} tokens; the target's context is {context}")
-        if context is not None and total > context:
-            raise ValueError(
-                f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
-                f"target's context of {context} tokens"
-            )
-
-    def _check_batch(self, input_ids: Tensor, attention_mask: Tensor | None, streamer: Any) -> Tensor:
-        """The batch's (B, P) attention mask on the device (ones when None)."""
-        if streamer is not None and input_ids.shape[0] > 1:
-            raise ValueError(f"streamer needs batch size 1 (as HF's streamers), got {input_ids.shape[0]}")
-        if attention_mask is None:
-            return torch.ones_like(input_ids, device=self.device)
-        if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
-            shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-            raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}")
-        mask = attention_mask.to(self.device).long()
-        if bool(((mask != 0) & (mask != 1)).any()):  # sync
-            raise ValueError("attention_mask must hold 0 (pad) and 1 (token) only")
-        if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask[:, -1] == 0).any()):  # sync
-            raise ValueError("attention_mask is not left-padded: pad every row on the left "
-                             "(tokenizer.padding_side='left'), its last column holding a real token")
-        return mask
-
-    def _pad_id(self, pad_token_id: int | None, eos: Tensor) -> int:
-        if pad_token_id is None:
-            pad_token_id = getattr(getattr(self.target, "generation_config", None), "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = int(eos[0]) if eos.numel() else 0
-        return int(pad_token_id)
-
-    def _eos_ids(self, eos_token_id: int | list[int] | None) -> Tensor:
-        if eos_token_id is None:  # as HF generate: the model's generation config decides
-            gen_config = getattr(self.target, "generation_config", None)
-            eos_token_id = getattr(gen_config, "eos_token_id", None)
-        if isinstance(eos_token_id, Tensor):
-            eos_token_id = eos_token_id.tolist()
-        ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
-        vocab = _text_config(self.target).vocab_size
-        if not isinstance(ids, (list, tuple)) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
-            raise ValueError(f"eos_token_id must be a token id or a list of them in [0, {vocab}), got {eos_token_id!r}")
-        return torch.tensor(list(ids), dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------------------- steps
 
@@ -445,18 +268,14 @@ class SpeculativeGenerator:
             width = cache.length + n  # cache.length: the longest row's (a host int)
             cache.grow(width)  # a drafter without max_nodes may draft past the room reserved
             cache.window = width  # eager: attend over the used slots only
-        if self.hybrid:
-            for d in drafts:
-                if d.tree.retrieve_indices.shape != (1, d.tokens.shape[0]):
-                    raise ValueError(f"{type(self.target).__name__} is a hybrid (recurrent layers read a verify's tokens "
-                                     "as one sequence): drafts must be chains (tree=Chain(n), or no tree), not trees")
+        self.rollback.check_drafts(drafts, self.target)  # a hybrid's: chains only
         padded = [pad_tree(d.tokens, d.tree.depths, d.tree.mask, n) for d in drafts]
         tokens = torch.stack([t for t, _, _ in padded])  # (B, N)
         depths = torch.stack([d for _, d, _ in padded])
         blocks = torch.stack([m for _, _, m in padded])  # (B, N, N)
         slots = lengths[:, None] + self._arange(n)[None]
         positions = (lengths - pads)[:, None] + depths
-        mask = attention_masks(_text_config(self.target), verify_mask(lengths, pads, blocks, width, self.dtype), positions,
+        mask = attention_masks(text_config(self.target), verify_mask(lengths, pads, blocks, width, self.dtype), positions,
                                verify_key_positions(lengths, pads, positions, width))
         stats.verified_tokens += tokens.numel()
         shape = (*tokens.shape, cache.max_len)
@@ -466,7 +285,7 @@ class SpeculativeGenerator:
             start = time.perf_counter()
         if self.compile:
             step_begin(self.device)
-        with per_token_rule(self.per_token_modules):  # short verifies: the per-token Gated DeltaNet rule
+        with self._forward_context():
             if from_entry:
                 hidden = next(d.entry for d in drafts if d.entry is not None)
                 entries = hidden.new_zeros(*tokens.shape, hidden.shape[-1])  # (B, N, H)
@@ -483,44 +302,6 @@ class SpeculativeGenerator:
             self._compiled_shapes.add(shape)
         return out
 
-    def _replay(self, cache: StaticKVCache, before: Checkpoint, tokens: Tensor, short: dict[int, int],
-                starts: Tensor, pads: Tensor, stats: GenerationStats) -> None:
-        """Put row b's recurrent states after its first ``short[b]`` ``tokens`` (B, T), whose KV sits at slots
-        ``starts[b]``..: for each distinct length a, the states from ``before`` are restored and the first a
-        tokens of every row run through the target again (one [B, a] forward, whose attention rewrites the
-        same KV at the same slots); rows keeping a take that forward's states. Rows not in ``short`` keep
-        the states they hold now."""
-        after = cache.states.checkpoint()  # the verify's states: rows that kept every position
-        kept = torch.tensor([short.get(b, 0) for b in range(tokens.shape[0])], device=self.device)
-        stack = self._replay_stack()
-        for a in sorted(set(short.values())):
-            cache.states.restore(before)
-            offsets = torch.arange(a, device=self.device)[None]
-            slots = starts[:, None] + offsets  # (B, a) the accepted path's slots
-            positions = (starts - pads)[:, None] + offsets
-            causal = torch.ones(a, a, dtype=torch.bool, device=self.device).tril_().expand(tokens.shape[0], a, a)
-            width = cache.length + a
-            cache.window = width
-            mask = attention_masks(_text_config(self.target), verify_mask(starts, pads, causal, width, self.dtype),
-                                   positions, verify_key_positions(starts, pads, positions, width))
-            cache.slots = slots
-            with per_token_rule(self.per_token_modules):
-                stack(input_ids=tokens[:, :a], attention_mask=mask, position_ids=positions, use_cache=True,
-                      **cache_kwargs(stack, cache))
-            stats.replays += 1
-            stats.replayed_tokens += a * tokens.shape[0]
-            after.take_rows(cache.states.current(), kept == a)
-        cache.states.restore(after)
-
-    def _replay_stack(self) -> nn.Module:
-        """What a replay runs: the target's decoder stack up to its last recurrent layer, a view sharing its
-        layers (no later layer, final norm or lm_head: the replay wants states, not outputs)."""
-        if self._stack is None:
-            types = layer_types(self.target)
-            last = max(i for i, t in enumerate(types) if t in RECURRENT_LAYER_TYPES)
-            self._stack = shallow_backbone(self.target, last + 1) if last + 1 < len(types) else backbone_of(self.target)
-        return self._stack
-
     def _sync(self) -> None:
         sync(self.device)  # sync: only around compilation, to time it
 
@@ -534,7 +315,7 @@ class SpeculativeGenerator:
         cache.window = ids.shape[1]  # the prefill is eager: it attends over the prompt's slots only
         positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
         padding = mask if attention_mask is not None and bool((mask == 0).any()) else None  # sync
-        masks = attention_masks(_text_config(self.target), prefill_mask(mask, self.dtype), positions, positions, padding)
+        masks = attention_masks(text_config(self.target), prefill_mask(mask, self.dtype), positions, positions, padding)
         out = masked_forward(self.target, ids, torch.arange(ids.shape[1], device=self.device), masks,
                              positions, cache, self.drafter.aux_layer_ids)
         cache.length = ids.shape[1]
@@ -578,80 +359,38 @@ class SpeculativeGenerator:
             cached = self._arange_cache = torch.arange(n, device=self.device)
         return cached
 
-    def _sample_accept(self, logits: Tensor, draft: Draft, sampling: Sampling) -> Accepted:
-        """One row's acceptance at temperature > 0 (greedy rows are accepted together: ``_accept_rows``)."""
-        tree = draft.tree
-        p = sampling.probs(logits)  # (N, V)
-        if self.acceptance == "typical":
-            return typical_accept(p, draft.tokens, tree.retrieve_indices, *self.typical)
-        if draft.q is not None:
-            return chain_sample_accept(p[None], draft.q[None], draft.tokens[None])
-        return tree_sample_accept(p[None], draft.tokens[None], tree.children)
-
-    def _accept_rows(self, logits: Tensor, drafts: list[Draft], live: list[int],
-                     sampling: Sampling) -> tuple[Tensor, Tensor, Tensor]:
-        """Accept every live row's draft: (nodes (B, W) accepted node indices root first, -1 after;
-        new (B, W) the accepted drafts then the bonus; length (B,) accepted nodes per row). Greedy: every
-        row at once on the device; sampling: each row's draft accepted on its own (the accept loop
-        reads the host per level)."""
-        bsz, width = logits.shape[:2]
-        if sampling.greedy:
-            tokens = torch.stack([nn.functional.pad(d.tokens, (0, width - d.tokens.shape[0])) for d in drafts])  # (B, N)
-            depth = max(d.tree.retrieve_indices.shape[1] for d in drafts)
-            paths = torch.full((bsz, max(d.tree.retrieve_indices.shape[0] for d in drafts), depth), -1,
-                               dtype=torch.long, device=self.device)
-            for b, d in enumerate(drafts):
-                paths[b, : d.tree.retrieve_indices.shape[0], : d.tree.retrieve_indices.shape[1]] = d.tree.retrieve_indices
-            accepted = greedy_accept_rows(logits, tokens, paths)
-            drafted = tokens.gather(1, accepted.nodes[:, 1:].clamp(min=0))  # (B, D) the accepted drafts
-            nodes, length, bonus = accepted.nodes, accepted.length, accepted.bonus
-        else:
-            nodes = torch.full((bsz, width), -1, dtype=torch.long, device=self.device)
-            drafted = torch.zeros((bsz, width - 1), dtype=torch.long, device=self.device)
-            length = torch.ones(bsz, dtype=torch.long, device=self.device)  # a finished row: its root alone
-            bonus = torch.zeros(bsz, dtype=torch.long, device=self.device)
-            for b in live:
-                draft = drafts[b]
-                accepted = self._sample_accept(logits[b, : draft.tokens.shape[0]], draft, sampling)
-                path = accepted.nodes[0]  # (W,) root first, -1 after the accepted nodes
-                nodes[b, : path.shape[0]] = path
-                drafted[b, : path.shape[0] - 1] = draft.tokens[path[1:].clamp(min=0)]
-                length[b], bonus[b] = accepted.length[0], accepted.bonus[0]
-        new = torch.cat([drafted, drafted.new_zeros(bsz, 1)], dim=1)
-        new.scatter_(1, (length - 1)[:, None], bonus[:, None])  # (B, D+1) the accepted drafts then the bonus
-        return nodes, new, length
-
     def _settle(self, dec: Decoding, new: Tensor, length: Tensor,
-                seen: Callable[[int, int], tuple[Tensor, Tensor]]) -> list[int]:
+                seen: Callable[[int, int], tuple[Tensor, Tensor]]) -> tuple[list[Tensor], list[int]]:
         """The bookkeeping after a forward, the prefill's (its first token) and every step's alike: each live
         row keeps its ``new`` (B, W) tokens up to its accepted ``length`` (B,), cut after the first EOS and
         to its budget (one host read), emits them, stops or takes its last accepted token as the next root;
         the drafter observes ``seen(b, a)`` = (features (1, a, F), next tokens (1, a)) of each row going on
         that accepted a nodes.
-        Returns each row's accepted length (0 for a row that had already stopped)."""
+        Returns each row's emitted tokens and accepted length (empty and 0 for a row that had already stopped)."""
+        settings, state = dec.settings, dec.state
         valid = torch.arange(new.shape[1], device=self.device)[None] < length[:, None]
-        hit = (torch.isin(new, dec.eos) if dec.eos.numel() else torch.zeros_like(valid)) & valid
+        hit = (torch.isin(new, settings.eos) if settings.eos.numel() else torch.zeros_like(valid)) & valid
         upto = torch.where(hit.any(dim=1), hit.int().argmax(dim=1) + 1, length)  # tokens up to the first EOS
         info = torch.stack([length, upto, hit.any(dim=1).long()]).tolist()  # sync: the step's one host read
-        accepted, observe = [0] * len(dec.rows), []
+        emitted, accepted, observe = [new[b, :0] for b in range(len(state.rows))], [0] * len(state.rows), []
         for b in dec.live():
-            row = dec.rows[b]
+            row = state.rows[b]
             accepted[b] = info[0][b]
-            kept = min(info[1][b], dec.max_new_tokens - row.num_new)
-            row.emitted.append(new[b, :kept])
-            row.num_new += kept
-            if dec.streamer is not None:
-                dec.streamer.put(new[b, :kept].cpu())
-            dec.done[b] = bool(info[2][b]) or row.num_new >= dec.max_new_tokens
-            if not dec.done[b]:
+            emitted[b] = new[b, : min(info[1][b], settings.max_new_tokens - row.num_new)]
+            row.emitted.append(emitted[b])
+            row.num_new += emitted[b].shape[0]
+            if dec.instruments.streamer is not None:
+                dec.instruments.streamer.put(emitted[b].cpu())
+            state.done[b] = bool(info[2][b]) or row.num_new >= settings.max_new_tokens
+            if not state.done[b]:
                 row.root = new[b, accepted[b] - 1]
-                if dec.levels != 0:
+                if settings.levels != 0:
                     observe.append((b, *seen(b, accepted[b])))
-        dec.clock.mark("emit")
+        dec.instruments.clock.mark("emit")
         if observe:
-            self.drafter.observe_rows([dec.rows[b].draft for b, _, _ in observe], [f for _, f, _ in observe],
+            self.drafter.observe_rows([state.rows[b].draft for b, _, _ in observe], [f for _, f, _ in observe],
                                       [t for _, _, t in observe])
-        return accepted
+        return emitted, accepted
 
     # ------------------------------------------------------------------------------- loop
 
@@ -663,12 +402,12 @@ class SpeculativeGenerator:
         drafter's first look at the prompt. Returns the decode state that ``step`` advances and ``finish``
         turns into ``generate``'s output (arguments as ``generate``'s)."""
         sampling = Sampling(float(temperature), top_k, float(top_p))
-        self._check(input_ids, max_new_tokens, sampling)
-        mask = self._check_batch(input_ids, attention_mask, streamer)
-        clock = _PhaseClock(self.device, self.profile)
-        started = time.perf_counter()
+        check_call(self.target, input_ids, max_new_tokens, sampling)
+        mask = batch_mask(input_ids, attention_mask, streamer, self.device)
+        clock = PhaseClock(self.device, self.profile)
+        instruments = DecodeInstruments(GenerationStats(target_forwards=1), clock, time.perf_counter(), streamer)
         clock.start()
-        eos = self._eos_ids(eos_token_id)
+        eos = eos_ids(self.target, eos_token_id, self.device)
         ids = input_ids.to(self.device)
         bsz, plen = ids.shape
         if streamer is not None:
@@ -682,11 +421,10 @@ class SpeculativeGenerator:
         states = (self.drafter.new_rows([ids[b: b + 1, pad:] for b, pad in enumerate(host_pads)],  # prompts, unpadded
                                         [plen - pad + max_new_tokens for pad in host_pads]) if levels != 0 else [None] * bsz)
         first = torch.stack([self._next_token(out.logits[b, -1], sampling) for b in range(bsz)])  # (B,)
-        dec = Decoding(cache=out.past_key_values, rows=[DecodeState(states[b], first[b]) for b in range(bsz)],
-                       done=[False] * bsz, lengths=torch.full((bsz,), plen, dtype=torch.long, device=self.device),
-                       host_lengths=[plen] * bsz, pads=pads, host_pads=host_pads, levels=levels, sampling=sampling, eos=eos,
-                       max_new_tokens=max_new_tokens, input_ids=input_ids, pad_id=self._pad_id(pad_token_id, eos),
-                       streamer=streamer, clock=clock, started=started, stats=GenerationStats(target_forwards=1))
+        settings = DecodeSettings(sampling, eos, max_new_tokens, levels, input_ids, pad_id(self.target, pad_token_id, eos))
+        state = DecodeState(out.past_key_values, [RowState(states[b], first[b]) for b in range(bsz)], [False] * bsz,
+                            torch.full((bsz,), plen, dtype=torch.long, device=self.device), [plen] * bsz, pads, host_pads)
+        dec = Decoding(settings, instruments, state)
         features = self._features(out)
         seen = []
         for b, pad in enumerate(host_pads):
@@ -697,100 +435,70 @@ class SpeculativeGenerator:
         return dec
 
     @torch.inference_mode()
-    def step(self, dec: Decoding) -> None:
-        """One speculative step for every live row: draft, one [B, N] verify, accept, emit and observe,
-        compact the accepted paths (and roll a hybrid's recurrent states back to them)."""
-        live, cache, clock = dec.live(), dec.cache, dec.clock
-        before = None
-        if self.hybrid:  # recurrent states before the step (pending tokens: restored to that checkpoint already)
-            before = dec.before if dec.pending is not None else cache.states.checkpoint()
-        drafts = [root_only(row.root) for row in dec.rows]  # a finished row's: a masked no-op, never read
-        if dec.levels != 0:
-            # Drafts deeper than remaining - 1 could never be emitted: don't draft or verify them.
-            depths = [dec.max_new_tokens - dec.rows[b].num_new - 1 for b in live]
-            depths = depths if dec.levels is None else [min(d, dec.levels) for d in depths]
-            if not self.compile:  # a drafter sharing the target's KV drafts into it (layer skip)
-                self.drafter.before_draft(cache, dec.host_lengths, dec.host_pads)
-            proposed = self.drafter.propose_rows([dec.rows[b].draft for b in live], [dec.rows[b].root for b in live],
-                                                 dec.sampling, depths)
-            for b, draft in zip(live, proposed):
-                drafts[b] = draft
+    def step(self, dec: Decoding) -> list[Tensor]:
+        """One speculative step for every live row: draft, one [B, N] verify, accept, emit and observe, compact
+        the accepted paths; ``self.rollback`` is called before the draft and the verify and after the accept (a
+        hybrid's recurrent states back to the accepted tokens). Returns each row's tokens emitted by this step
+        (on the device; empty for a row that had stopped before it)."""
+        state, clock, stats, live = dec.state, dec.instruments.clock, dec.stats, dec.live()
+        before = self.rollback.before_draft(dec)
+        drafts = self._draft(dec, live)
         clock.mark("draft")
         shared = self.drafter.entry_model is not None and all(drafts[b].entry is not None for b in live)
-        verified, starts, p = drafts, dec.lengths, 0
-        if dec.pending is not None:  # rollback="merged": the pending tokens again, in front of each live row's draft
-            p = dec.pending.shape[1]
-            verified = [_after_pending(dec.pending[b], d) if b in live else d for b, d in enumerate(drafts)]
-            is_live = torch.zeros_like(dec.lengths)
-            is_live[live] = 1
-            starts = dec.lengths - p * is_live  # (B,) a finished row verifies its root alone, at its own length
-            dec.stats.pending_tokens += p * len(live)
-        out = self._verify_rows(cache, verified, starts, dec.pads, dec.stats, from_entry=shared)
+        verify = self.rollback.before_verify(dec, drafts, before)
+        out = self._verify_rows(state.cache, verify.drafts, verify.starts, state.pads, stats, from_entry=shared)
         width = out.logits.shape[1]  # positions every row verified (its pending tokens, its draft, padding)
-        if p:  # the pending positions' outputs were read by the previous step: keep the draft's
-            out = TargetOutput(out.logits[:, p:], out.final_hidden[:, p:],
-                               None if out.aux_hidden is None else out.aux_hidden[:, p:], cache)
+        out = _drop_front(out, verify.skip)  # the pending positions' outputs were read by the previous step
         features = self._features(out)
-        dec.stats.target_forwards += 1
-        dec.stats.steps += 1
+        stats.target_forwards += 1
+        stats.steps += 1
         clock.mark("verify")
-        nodes, new, length = self._accept_rows(out.logits, drafts, live, dec.sampling)
+        nodes, new, length = accept_rows(out.logits, drafts, live, dec.settings.sampling, self.acceptance, self.typical)
         clock.mark("accept")
-        emitted = [row.num_new for row in dec.rows]
-        accepted = self._settle(dec, new, length, lambda b, a: (features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
-        dec.stats.step_tokens += sum(row.num_new - n for row, n in zip(dec.rows, emitted))
+        emitted, accepted = self._settle(dec, new, length,
+                                         lambda b, a: (features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
+        stats.step_tokens += sum(tokens.shape[0] for tokens in emitted)
         clock.mark("observe")
-        cache.compact_rows(dec.lengths, nodes[:, : max(accepted)])
+        state.cache.compact_rows(state.lengths, nodes[:, : max(accepted)])
         clock.mark("compact")
-        if before is not None:
-            # each row's tokens since ``before``: its pending ones, its root, its accepted drafts (B, p + max a)
-            roots = torch.stack([d.tokens[0] for d in drafts])[:, None]
-            pieces = [roots, new[:, : max(accepted) - 1]] if dec.pending is None else \
-                [dec.pending, roots, new[:, : max(accepted) - 1]]
-            kept = [p + a if a else 0 for a in accepted]  # 0: a row that had stopped before this step
-            self._rollback(dec, before, torch.cat(pieces, dim=1), kept, width, starts)
-            clock.mark("rollback")  # a hybrid's recurrent states back to the accepted tokens
-        dec.host_lengths = [n + a for n, a in zip(dec.host_lengths, accepted)]
-        dec.lengths = torch.tensor(dec.host_lengths, device=self.device)
-        cache.length = max(dec.host_lengths)
+        self.rollback.after_accept(dec, verify, new, accepted, width)
+        state.host_lengths = [n + a for n, a in zip(state.host_lengths, accepted)]
+        state.lengths = torch.tensor(state.host_lengths, device=self.device)
+        state.cache.length = max(state.host_lengths)
+        return emitted
 
-    def _rollback(self, dec: Decoding, before: Checkpoint, tokens: Tensor, kept: list[int], width: int,
-                  starts: Tensor) -> None:
-        """Leave each live row's recurrent states after exactly the tokens it keeps: ``tokens`` (B, T) are each
-        row's tokens since ``before`` (pending ones, root, accepted drafts), of which row b keeps ``kept[b]``;
-        the verify ran ``width`` positions per row from slot ``starts[b]``. A row that kept all ``width``
-        holds the verify's states (its padding, if any, came after them: it never keeps a padded state).
-        The others: with rollback="merged", when every live row keeps the same q < width tokens (always for
-        one row; at most ``MAX_PENDING``), the states go back to ``before`` and those q tokens become the
-        next verify's pending ones; otherwise (rows disagree, "replay", too many pending) ``_replay`` runs
-        them again now."""
-        live = set(dec.live())
-        short = {b: k for b, k in enumerate(kept) if b in live and 0 < k < width}
-        dec.pending = None
-        if not short:
-            return
-        lengths = set(short.values())
-        if self.rollback == "merged" and len(short) == len(live) and len(lengths) == 1 and max(lengths) <= MAX_PENDING:
-            dec.cache.states.restore(before)
-            dec.pending, dec.before = tokens[:, : max(lengths)], before
-            return
-        self._replay(dec.cache, before, tokens, short, starts, dec.pads, dec.stats)
+    def _draft(self, dec: Decoding, live: list[int]) -> list[Draft]:
+        """Every row's draft (a finished row's: its root alone, a masked no-op never read), none deeper than
+        its remaining budget - 1 (deeper drafts could never be emitted) or the plan's levels."""
+        state, settings = dec.state, dec.settings
+        drafts = [root_only(row.root) for row in state.rows]
+        if settings.levels == 0:
+            return drafts
+        depths = [settings.max_new_tokens - state.rows[b].num_new - 1 for b in live]
+        depths = depths if settings.levels is None else [min(d, settings.levels) for d in depths]
+        if not self.compile:  # a drafter sharing the target's KV drafts into it (layer skip)
+            self.drafter.before_draft(state.cache, state.host_lengths, state.host_pads)
+        proposed = self.drafter.propose_rows([state.rows[b].draft for b in live], [state.rows[b].root for b in live],
+                                             settings.sampling, depths)
+        for b, draft in zip(live, proposed):
+            drafts[b] = draft
+        return drafts
 
     def finish(self, dec: Decoding) -> Tensor:
         """``generate``'s output from a finished decode: (B, prompt_len + longest row's new tokens) on the
         prompt's device, a row padded with the pad id after its end; the call's stats into ``last_stats``."""
-        if dec.streamer is not None:
-            dec.streamer.end()
-        rows, bsz = dec.rows, len(dec.rows)
-        new = torch.full((bsz, max(row.num_new for row in rows)), dec.pad_id, dtype=dec.input_ids.dtype,
+        settings, instruments, rows = dec.settings, dec.instruments, dec.state.rows
+        if instruments.streamer is not None:
+            instruments.streamer.end()
+        new = torch.full((len(rows), max(row.num_new for row in rows)), settings.pad_id, dtype=settings.input_ids.dtype,
                          device=self.device)
         for b, row in enumerate(rows):
             new[b, : row.num_new] = torch.cat(row.emitted)
         dec.stats.new_tokens = sum(row.num_new for row in rows)
-        dec.stats.wall_time = time.perf_counter() - dec.started
-        dec.stats.phase_times = dec.clock.times
+        dec.stats.wall_time = time.perf_counter() - instruments.started
+        dec.stats.phase_times = instruments.clock.times
         self.last_stats = dec.stats
-        return torch.cat([dec.input_ids, new.to(dec.input_ids.device)], dim=1)
+        return torch.cat([settings.input_ids, new.to(settings.input_ids.device)], dim=1)
 
     @torch.inference_mode()
     def generate(
@@ -824,6 +532,6 @@ class SpeculativeGenerator:
         """
         dec = self.start(input_ids, attention_mask, max_new_tokens, temperature, top_p, top_k, eos_token_id,
                          streamer, pad_token_id)
-        while not all(dec.done):
+        while not dec.finished:
             self.step(dec)
         return self.finish(dec)

@@ -117,16 +117,5 @@ def attention_masks(config, mask: Tensor, query_positions: Tensor, key_positions
     return {"full_attention": mask, "sliding_attention": windowed}
 
 
-def static_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, block: Tensor, depths: Tensor,
-                   cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = ()) -> TargetOutput:
-    """``masked_forward`` for one row without padding: input_ids (1, T) written at the contiguous
-    slots (T,) after the valid prefix [0, slots[0]), seeing each other per ``block`` (T, T) (a tree or
-    causal mask), at positions ``slots[0] + depths``."""
-    start = slots[:1]
-    mask = verify_mask(start, torch.zeros_like(start), block[None], cache.attended,
-                       model.get_input_embeddings().weight.dtype)
-    return masked_forward(model, input_ids, slots, mask, (start + depths)[None], cache, aux_layer_ids)
-
-
-__all__ = ["attention_masks", "masked_forward", "prefill_mask", "sliding_window", "static_forward", "verify_key_positions",
+__all__ = ["attention_masks", "masked_forward", "prefill_mask", "sliding_window", "verify_key_positions",
            "verify_mask"]

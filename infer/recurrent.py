@@ -202,9 +202,6 @@ class LinearStates:
         for i, kind, s, tensor in _states(self.layers):
             tensor.copy_(checkpoint.states[(i, kind, s)])
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for *_, t in _states(self.layers))
-
 
 @dataclass
 class Checkpoint:

@@ -169,23 +169,13 @@ def expand_level(
     return tokens, scores, slots, next_frontier
 
 
-def select_tree(candidates: Candidates, num_drafts: int) -> tuple[Tensor, list[int]]:
-    """Keep the ``num_drafts`` best candidates as a tree in depth order.
-
-    Returns (chosen (n,) candidate indices in creation order, parent list for ``tree_from_parents``
-    with the root prepended). Ties: a stable descending sort puts a parent (created earlier)
-    before an equally scored child, so the kept set is closed under parents.
-    """
-    rows = Candidates(candidates.tokens[None], candidates.scores[None], candidates.parents[None])
-    chosen, parents = select_trees(rows, num_drafts, [candidates.scores.shape[0]])
-    return chosen[0], parents[0]
-
-
 def select_trees(candidates: Candidates, num_drafts: int, sizes: list[int]) -> tuple[list[Tensor], list[list[int]]]:
-    """``select_tree`` for each row of (rows, M) candidates, row b over its first ``sizes[b]`` (the
-    rest, created later, are ignored): one host read for every row.
+    """Keep the ``num_drafts`` best candidates of each row of (rows, M) candidates as a tree in depth order, row b
+    over its first ``sizes[b]`` (the rest, created later, are ignored): one host read for every row.
 
-    Returns per row (chosen candidate indices in creation order, parent list with the root prepended).
+    Returns per row (chosen candidate indices in creation order, parent list for ``tree_from_parents`` with the
+    root prepended). Ties: a stable descending sort puts a parent (created earlier) before an equally scored
+    child, so the kept set is closed under parents.
     """
     scores, m = candidates.scores, candidates.scores.shape[-1]
     count = torch.tensor(sizes, device=scores.device)[:, None]  # (rows, 1)

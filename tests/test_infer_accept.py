@@ -13,12 +13,17 @@ import torch
 from draftsmith.infer.accept import (
     chain_sample_accept,
     check_sampling_params,
-    greedy_accept,
+    greedy_accept_rows,
     sampling_probs,
     tree_sample_accept,
     typical_accept,
 )
 from draftsmith.infer.tree import tree_from_parents
+
+
+def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, retrieve_indices: torch.Tensor):
+    """One row of ``greedy_accept_rows``: logits (N, V), tokens (N,), retrieve_indices (P, D+1)."""
+    return greedy_accept_rows(logits[None], tokens[None], retrieve_indices[None])
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:

@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 from conftest import make_tiny_target
-from test_infer_generator import OracleDrafter
+from test_train_fixtures import TreeOracle
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
@@ -73,7 +73,7 @@ def _expected(model, prompts, max_new, eos=None) -> torch.Tensor:
     return torch.cat([ids, new], dim=1)
 
 
-class RowOracle(OracleDrafter):
+class RowOracle(TreeOracle):
     """test_infer_generator's oracle (each row checked against its reference) drafting a random depth per
     step, decoy siblings without subtrees: rows of a batch draft and accept different lengths."""
 

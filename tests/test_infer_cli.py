@@ -136,7 +136,8 @@ def test_cli_prints_its_thread_count(saved, capsys):
                                    ["--head", "HEAD", "--adaptive"], ["--drafter", "layer-skip"],
                                    ["--drafter", "layer-skip:1", "--adaptive"], ["--drafter", "LM+ngram"],
                                    ["--drafter", "LM+ngram", "--adaptive", "--depth", "6"],
-                                   ["--head", "HEAD", "--lookup-first"], ["--head", "HEAD", "--lookup-first", "--adaptive"]])
+                                   ["--head", "HEAD", "--lookup-first"], ["--head", "HEAD", "--lookup-first", "--adaptive"],
+                                   ["--drafter", "head:HEAD+lookup-first"]])
 def test_cli_classic_drafters(saved, capsys, extra):
     make_tiny_target("llama", num_layers=2, seed=4).save_pretrained(saved / "draft-lm")
     extra = [e.replace("LM", f"lm:{saved / 'draft-lm'}").replace("HEAD", str(saved / "head")) for e in extra]
@@ -199,6 +200,13 @@ def test_cli_early_exit_head_and_calibrated_layer_skip(saved, capsys, monkeypatc
     assert main([*base, "--drafter", "layer-skip", "--compare"]) == 0
     err = capsys.readouterr().err
     assert "layer skip: k=5 (calibrated)" in err and "outputs identical: yes" in err
+
+
+def test_cli_bad_drafter_spec_is_one_line_naming_it(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["--target", "T", "--drafter", "bigram", "--prompt", "w5"])
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.value.code == 2 and "--drafter: drafter spec 'bigram': unknown drafter (use ngram, layer-skip[:K]" in message
 
 
 def test_cli_needs_one_drafter(saved):

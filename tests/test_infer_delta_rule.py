@@ -63,8 +63,9 @@ class Spy:
         for name, rule in ((CHUNKED, "chunked"), (PER_TOKEN, "per-token")):
             monkeypatch.setattr(module, name, self._counting(getattr(module, name), rule))
         if gen is not None:
-            for method, phase in (("prefill", "prefill"), ("_verify_rows", "verify"), ("_replay", "replay")):
-                monkeypatch.setattr(gen, method, self._in_phase(getattr(gen, method), phase))
+            for owner, method, phase in ((gen, "prefill", "prefill"), (gen, "_verify_rows", "verify"),
+                                         (gen.rollback, "replay", "replay")):
+                monkeypatch.setattr(owner, method, self._in_phase(getattr(owner, method), phase))
 
     def _counting(self, fn, rule):
         @functools.wraps(fn)
@@ -104,6 +105,22 @@ def test_short_verifies_run_the_per_token_rule_and_nothing_else_does(monkeypatch
         out = target(ids, use_cache=True)
         target(ids[:, :3], use_cache=True, **cache_kwargs(target, returned_cache(out)))
     assert ("outside", "chunked", 3, True) in spy.calls and all(rule == "chunked" for _, rule, _, _ in spy.calls)
+
+
+def test_per_token_false_keeps_the_chunked_rule_everywhere(monkeypatch):
+    """``per_token=False`` (what ``scripts/bench_rollback.py --rules chunked`` times): no multi-token verify or
+    replay is routed to the per-token rule, and the text is still the target's own."""
+    target = _target("qwen3_5_text")
+    ids = _prompt(random.Random(5), 14)
+    ref = _hf(target, ids, 40)
+    gen = SpeculativeGenerator(target, Oracle(ref, good=4), rollback="replay", per_token=False)
+    assert gen.per_token_modules == () and SpeculativeGenerator(target, NgramDrafter()).per_token_modules
+    spy = Spy(monkeypatch, _module(target), gen)
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)
+    assert any(phase == "replay" for phase, *_ in spy.calls)
+    calls = [(rule, n) for phase, rule, n, _ in spy.calls if phase in ("verify", "replay")]
+    # nothing routed: multi-token calls run the chunked rule (transformers itself runs one-token calls per token)
+    assert all(rule == "chunked" for rule, n in calls if n > 1) and any(n > 1 for _, n in calls)
 
 
 def test_replays_route_too_and_long_calls_stay_chunked(monkeypatch):

@@ -12,14 +12,14 @@ import random
 import pytest
 import torch
 from conftest import ARCHES, make_tiny_target
+from test_train_fixtures import TreeOracle
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast, TextStreamer
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from draftsmith.infer.drafters import Draft, Drafter, Sampling, default_branching_tree, default_tree
+from draftsmith.infer.drafters import default_branching_tree, default_tree
 from draftsmith.infer.target import target_forward
-from draftsmith.infer.tree import tree_from_parents
 
 
 KINDS = ("medusa", "eagle", "eagle3")
@@ -124,60 +124,6 @@ def test_eagle3_reduced_draft_vocab_maps_to_target_ids():
 # ------------------------------------------------------------------------------ the oracle
 
 
-class OracleDrafter(Drafter):
-    """Drafts a tree around each row's reference continuation: the true token at each depth (sometimes
-    replaced by a wrong one), shuffled among decoy siblings that carry decoy subtrees. ``references`` maps a
-    prompt's tokens to its reference: (prompt + greedy continuation (L,), the true final hidden states
-    along it (L, H)), which every forward the generator reports is checked against."""
-
-    aux_layer_ids = ()
-
-    def __init__(self, references: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]], depth: int,
-                 seed: int, wrong_rate: float):
-        self.references, self.depth, self.rng, self.wrong_rate = references, depth, random.Random(seed), wrong_rate
-
-    def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[dict]:
-        return [dict(zip(("seq", "features"), self.references[tuple(p[0].tolist())]), pos=0) for p in prompts]
-
-    def observe_rows(self, states: list[dict], features: list[torch.Tensor], next_tokens: list[torch.Tensor]) -> None:
-        for state, feats, tokens in zip(states, features, next_tokens):
-            self._observe(state, feats, tokens)
-
-    def propose_rows(self, states: list[dict], roots: list[torch.Tensor], sampling: Sampling,
-                     max_depths: list[int]) -> list[Draft]:
-        return [self._propose(s, r, d) for s, r, d in zip(states, roots, max_depths)]
-
-    def _observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        start, count = state["pos"], next_tokens.shape[1]
-        assert torch.equal(next_tokens[0], state["seq"][start + 1 : start + 1 + count])
-        tol = 1e-8 if features.dtype == torch.float64 else 1e-4
-        torch.testing.assert_close(features[0], state["features"][start : start + count], rtol=tol, atol=tol)
-        state["pos"] += count
-
-    def _propose(self, state: dict, root: torch.Tensor, max_depth: int) -> Draft:
-        seq, pos = state["seq"], state["pos"]
-        assert int(root) == int(seq[pos])
-        levels = min(self.depth, max_depth, seq.numel() - pos - 1)
-        parents, tokens = [-1], [int(root)]
-        main, decoys = 0, []  # node on the true path; decoy nodes of the previous level
-        for d in range(1, levels + 1):
-            truth = int(seq[pos + d])
-            token = (truth + 1) % VOCAB if self.rng.random() < self.wrong_rate else truth
-            level = [(main, token, True)]
-            level += [(main, (truth + k) % VOCAB, False) for k in range(2, 2 + self.rng.randrange(3))]
-            self.rng.shuffle(level)
-            level += [(p, self.rng.randrange(VOCAB), False) for p in decoys]
-            decoys = []
-            for parent, tok, on_path in level:
-                parents.append(parent)
-                tokens.append(tok)
-                if on_path:
-                    main = len(tokens) - 1
-                else:
-                    decoys.append(len(tokens) - 1)
-        return Draft(torch.tensor(tokens), tree_from_parents(parents))
-
-
 @pytest.mark.parametrize("arch", ARCHES)
 def test_oracle_long_runs_eos_and_budget(arch):
     model = _target(arch)
@@ -190,7 +136,7 @@ def test_oracle_long_runs_eos_and_budget(arch):
             feats = target_forward(model, ref).final_hidden[0]
         eos = int(ref[0, prompt_len + rng.randrange(max_new)]) if case % 2 else None
         expected = _hf_greedy(model, ids, max_new, eos=eos)
-        oracle = OracleDrafter({tuple(ids[0].tolist()): (ref[0], feats)}, depth=rng.randrange(3, 9), seed=case,
+        oracle = TreeOracle({tuple(ids[0].tolist()): (ref[0], feats)}, depth=rng.randrange(3, 9), seed=case,
                                wrong_rate=0.15)
         gen = SpeculativeGenerator(model, oracle)
         out = gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos)
@@ -221,7 +167,7 @@ def test_streamer_gets_prompt_then_every_accepted_run():
     with torch.no_grad():
         feats = target_forward(model, ref).final_hidden[0]
     streamer = RecordingStreamer()
-    gen = SpeculativeGenerator(model, OracleDrafter({tuple(ids[0].tolist()): (ref[0], feats)}, depth=5, seed=0,
+    gen = SpeculativeGenerator(model, TreeOracle({tuple(ids[0].tolist()): (ref[0], feats)}, depth=5, seed=0,
                                                     wrong_rate=0.0))
     out = gen.generate(ids, max_new_tokens=40, streamer=streamer)
     assert torch.equal(streamer.puts[0], ids) and streamer.ended == 1
@@ -299,13 +245,18 @@ def test_the_public_steps_are_generate():
     want = gen.generate(ids, max_new_tokens=20, eos_token_id=7)
     stats = gen.last_stats
     dec = gen.start(ids, max_new_tokens=20, eos_token_id=7)
-    assert [row.num_new for row in dec.rows] == [1, 1] and dec.stats.steps == 0
-    while not all(dec.done):
-        before = [row.num_new for row in dec.rows]
+    assert [row.num_new for row in dec.state.rows] == [1, 1] and dec.stats.steps == 0
+    steps = [[], []]  # what ``step`` returned per row
+    while not dec.finished:
         live = dec.live()
-        gen.step(dec)
-        assert all(dec.rows[b].num_new > before[b] for b in live)
-        assert all(dec.rows[b].num_new == before[b] for b in range(2) if b not in live)
+        emitted = gen.step(dec)
+        assert all(emitted[b].numel() >= 1 for b in live)
+        assert all(emitted[b].numel() == 0 for b in range(2) if b not in live)
+        for b in range(2):
+            steps[b].append(emitted[b])
+    for b, row in enumerate(dec.state.rows):  # the steps' returns are the row's text after its first token
+        new = torch.cat(steps[b])
+        assert row.num_new == 1 + new.numel() and torch.equal(new, want[b, ids.shape[1] + 1: ids.shape[1] + row.num_new])
     assert torch.equal(gen.finish(dec), want)
     assert (gen.last_stats.steps, gen.last_stats.step_tokens, gen.last_stats.new_tokens) == \
         (stats.steps, stats.step_tokens, stats.new_tokens)

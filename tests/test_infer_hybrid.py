@@ -24,6 +24,7 @@ from draftsmith.infer.drafters.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.lookup_first import LookupFirst
 from draftsmith.infer.drafters.ngram import NgramDrafter
 from draftsmith.infer.recurrent import LinearAttentionLayer
+from draftsmith.infer.rollback import NoRollback, Replay
 from draftsmith.infer.tree import tree_from_parents
 
 # transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)
@@ -222,13 +223,13 @@ def test_a_state_restored_one_position_off_is_caught(monkeypatch):
     ids = _prompt(random.Random(2), 14)
     ref = _hf(target, ids, 40)
     assert torch.equal(SpeculativeGenerator(target, Oracle(ref), rollback="replay").generate(ids, max_new_tokens=40), ref)
-    replay = SpeculativeGenerator._replay
+    replay = Replay.replay
 
     def off_by_one(self, cache, before, tokens, short, starts, pads, stats):
         return replay(self, cache, before, tokens, {b: a - 1 if a > 1 else a for b, a in short.items()}, starts,
                       pads, stats)
 
-    monkeypatch.setattr(SpeculativeGenerator, "_replay", off_by_one)
+    monkeypatch.setattr(Replay, "replay", off_by_one)
     assert not torch.equal(SpeculativeGenerator(target, Oracle(ref), rollback="replay").generate(ids, max_new_tokens=40),
                            ref)
 
@@ -247,7 +248,7 @@ def test_trees_are_refused_and_a_leaking_sibling_is_caught():
     class Leaky(SpeculativeGenerator):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
-            self.hybrid = False  # no chain check, no rollback: the tree verified as one sequence
+            self.rollback = NoRollback()  # no chain check, no rollback: the tree verified as one sequence
 
     assert not torch.equal(Leaky(target, Oracle(ref, tree=True)).generate(ids, max_new_tokens=30), ref)
 

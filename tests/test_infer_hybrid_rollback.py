@@ -16,9 +16,9 @@ from test_infer_hybrid import MAIN, VOCAB, _hf, _left_padded, _perturbed, _promp
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_draft, root_only
-from draftsmith.infer.generator import MAX_PENDING
 from draftsmith.infer.drafters.ngram import NgramDrafter
 from draftsmith.infer.recurrent import LinearAttentionLayer, LinearStates
+from draftsmith.infer.rollback import MAX_PENDING, Merged
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 
@@ -133,12 +133,12 @@ def test_the_steps_driven_by_hand_and_a_reused_generator_equal_generate():
     first, second = _prompt(rng, 9), _prompt(rng, 12)
     refs = [_hf(target, ids, 30) for ids in (first, second)]
     gen = SpeculativeGenerator(target, RowOracle([r[0] for r in refs]))
-    assert gen.rollback == "merged"
+    assert gen.rollback.rule == "merged"
     dec = gen.start(first, max_new_tokens=30)
     pending = 0
-    while not all(dec.done):
+    while not dec.finished:
         gen.step(dec)
-        pending += dec.pending is not None
+        pending += dec.state.carry is not None
     assert pending > 0 and torch.equal(gen.finish(dec), refs[0])
     assert torch.equal(gen.generate(second, max_new_tokens=30), refs[1])
     assert torch.equal(gen.generate(first, max_new_tokens=30), refs[0])
@@ -150,8 +150,8 @@ def test_the_rollback_option_is_checked():
         SpeculativeGenerator(target, NgramDrafter(), rollback="undo")
     with pytest.raises(ValueError, match="rollback='merged' cannot run here: compile is on"):
         SpeculativeGenerator(target, NgramDrafter(max_ngram=3, length=4), compile="eager", rollback="merged")
-    assert SpeculativeGenerator(target, NgramDrafter(max_ngram=3, length=4), compile="eager").rollback == "replay"
-    assert SpeculativeGenerator(target, NgramDrafter()).rollback == "merged"
+    assert SpeculativeGenerator(target, NgramDrafter(max_ngram=3, length=4), compile="eager").rollback.rule == "replay"
+    assert SpeculativeGenerator(target, NgramDrafter()).rollback.rule == "merged"
 
 
 # ------------------------------------------------------------------------------------- planted bugs
@@ -177,16 +177,16 @@ def _all_equal(runs) -> bool:
 def test_pending_tokens_off_by_one_are_caught(monkeypatch, arch, bug):
     """Planted bug: the pending tokens miss this step's root or its last accepted draft."""
     assert _all_equal(_oracle_runs(arch))
-    rollback = SpeculativeGenerator._rollback
+    roll = Merged.roll
 
     def planted(self, dec, before, tokens, kept, width, starts):
         if bug == "drop the root":  # tokens: the p tokens pending before this step, its root, its drafts
-            p = 0 if dec.pending is None else dec.pending.shape[1]
+            p = 0 if dec.state.carry is None else dec.state.carry.tokens.shape[1]
             tokens = torch.cat([tokens[:, :p], tokens[:, p + 1:]], dim=1)
         kept = [max(k - 1, 0) for k in kept]
-        return rollback(self, dec, before, tokens, kept, width, starts)
+        return roll(self, dec, before, tokens, kept, width, starts)
 
-    monkeypatch.setattr(SpeculativeGenerator, "_rollback", planted)
+    monkeypatch.setattr(Merged, "roll", planted)
     runs = _oracle_runs(arch)
     assert all(gen.last_stats.pending_tokens > 0 for *_, gen in runs) and not _all_equal(runs)
 
@@ -211,10 +211,10 @@ def test_pending_tokens_pile_up_to_the_cap_then_a_replay_flushes_them():
     gen = SpeculativeGenerator(target, RowOracle([ref[0]]))
     dec = gen.start(ids, max_new_tokens=64)
     carried = []
-    while not all(dec.done):
+    while not dec.finished:
         replays = dec.stats.replays
         gen.step(dec)
-        carried.append(0 if dec.pending is None else dec.pending.shape[1])
+        carried.append(0 if dec.state.carry is None else dec.state.carry.tokens.shape[1])
         if dec.stats.replays > replays:  # a flush: nothing left pending
             assert carried[-1] == 0
     assert torch.equal(gen.finish(dec), ref)

@@ -8,17 +8,28 @@ import random
 import pytest
 import torch
 from conftest import ARCHES, has_cuda, make_tiny_target
-from test_infer_generator import SMALL, VOCAB, OracleDrafter
+from test_infer_generator import SMALL, VOCAB
+from test_train_fixtures import TreeOracle
 from transformers.cache_utils import DynamicCache
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
-from draftsmith.infer.cache import StaticHeadCache, StaticKVCache, keep_accepted
+from draftsmith.infer.cache import StaticHeadCache, StaticKVCache
 from draftsmith.infer.drafters import Drafter, default_branching_tree, default_tree
 from draftsmith.infer.generator import default_compile
-from draftsmith.infer.masked_forward import static_forward, verify_mask
-from draftsmith.infer.target import target_forward
+from draftsmith.infer.masked_forward import masked_forward, verify_mask
+from draftsmith.infer.target import TargetOutput, target_forward
 from draftsmith.infer.tree import pad_tree, tree_attention_mask, tree_from_parents
+
+
+def static_forward(model, input_ids: torch.Tensor, slots: torch.Tensor, block: torch.Tensor, depths: torch.Tensor,
+                   cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = ()) -> TargetOutput:
+    """``masked_forward`` for one row without padding: input_ids (1, T) written at the contiguous slots (T,) after
+    the valid prefix [0, slots[0]), seeing each other per ``block`` (T, T), at positions ``slots[0] + depths``."""
+    start = slots[:1]
+    mask = verify_mask(start, torch.zeros_like(start), block[None], cache.attended,
+                       model.get_input_embeddings().weight.dtype)
+    return masked_forward(model, input_ids, slots, mask, (start + depths)[None], cache, aux_layer_ids)
 
 KINDS = ("medusa", "eagle", "eagle3")
 # compile=False runs the static path eagerly; "aot_eager" traces it with dynamo + AOTAutograd
@@ -58,7 +69,7 @@ def test_static_greedy_matches_hf(target32, kind, compile):
     if compile:
         cases = [(SMALL[kind], 5, 33), (Chain(3), 1, 2)]
     for tree, prompt_len, max_new in cases:
-        gen = SpeculativeGenerator(target32, head, tree=tree, cache_implementation="static", compile=compile)
+        gen = SpeculativeGenerator(target32, head, tree=tree, compile=compile)
         ids = _prompt(rng, prompt_len)
         out = gen.generate(ids, max_new_tokens=max_new)
         assert torch.equal(out, _hf_greedy(target32, ids, max_new)), (tree, prompt_len, max_new)
@@ -70,11 +81,11 @@ def test_static_greedy_matches_hf(target32, kind, compile):
     ids = _prompt(rng, 6)
     ref = _hf_greedy(target32, ids, 30)
     eos = int(ref[0, 6 + 11])  # EOS mid-way
-    gen = SpeculativeGenerator(target32, head, tree=SMALL[kind], cache_implementation="static", compile=compile)
+    gen = SpeculativeGenerator(target32, head, tree=SMALL[kind], compile=compile)
     assert torch.equal(gen.generate(ids, max_new_tokens=30, eos_token_id=eos), _hf_greedy(target32, ids, 30, eos=eos))
 
 
-class BoundedOracle(OracleDrafter):
+class BoundedOracle(TreeOracle):
     """The oracle of test_infer_generator with the tree budget a static cache needs: a level d
     holds at most 2d + 1 nodes (the true token, two siblings, one child per earlier decoy)."""
 
@@ -98,7 +109,7 @@ def test_static_long_accepted_runs_compact_in_place(arch, compile):
         eos = int(ref[0, prompt_len + rng.randrange(max_new)]) if case == 1 else None
         oracle = BoundedOracle({tuple(ids[0].tolist()): (ref[0], feats)}, depth=rng.randrange(3, 8), seed=case,
                                wrong_rate=0.15)
-        gen = SpeculativeGenerator(model, oracle, cache_implementation="static", compile=compile)
+        gen = SpeculativeGenerator(model, oracle, compile=compile)
         out = gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos)
         assert torch.equal(out, _hf_greedy(model, ids, max_new, eos=eos)), (case, eos)
         if out.shape[1] - prompt_len > 20:
@@ -130,7 +141,7 @@ def test_kv_buffer_is_never_reallocated(monkeypatch):
     monkeypatch.setattr(StaticKVCache, "update", recording)
     monkeypatch.setattr(StaticHeadCache, "update", head_recording)
     gen = SpeculativeGenerator(model, head, tree=DynamicTree(depth=4, top_k=3, total_tokens=12),
-                               cache_implementation="static", compile=False)
+                               compile=False)
     ids = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(0))
     gen.generate(ids, max_new_tokens=40)
     assert gen.last_stats.steps > 5
@@ -153,8 +164,8 @@ def test_static_compaction_equals_fresh_forward(path):
         static_forward(model, prefix, pos, torch.ones(6, 6, dtype=torch.bool).tril(), pos, cache)
         cache.length = 6
         static_forward(model, tokens[None], 6 + torch.arange(8), tree.mask, tree.depths, cache)
-        keep_accepted(cache, 6, torch.tensor(path))
-        assert cache.get_seq_length() == 6 + len(path)
+        cache.compact_rows(torch.tensor([6]), torch.tensor([path]))  # what the generator runs, one row here
+        cache.length = 6 + len(path)
         accepted = torch.cat([prefix, tokens[path][None]], dim=1)
         fresh = target_forward(model, accepted, past_key_values=DynamicCache(), use_cache=True).past_key_values
         end = 6 + len(path)
@@ -207,24 +218,22 @@ def test_pad_tree_hides_dummy_nodes():
         pad_tree(tokens, depths, block, 4)
 
 
-def test_static_head_cache_crop_select_grow():
+def test_static_head_cache_crop_grow():
     cache = StaticHeadCache(capacity=4)
     k = torch.arange(6.0).view(1, 1, 6, 1).expand(1, 2, 6, 3)
     cache.update(0, k[:, :, :3], k[:, :, :3] + 100)
     keys, _ = cache.update(0, k[:, :, 3:], k[:, :, 3:] + 100)  # past the capacity: doubles
     assert keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5] and cache.get_seq_length() == 6
-    cache.crop(5)
-    keep_accepted(cache, 2, torch.tensor([0, 2]))  # absolute 2, 4
-    assert cache.keys[0][0, 0, :, 0].tolist() == [0, 1, 2, 4]
-    assert cache.values[0][0, 1, :, 2].tolist() == [100, 101, 102, 104]
+    cache.crop(4)
+    assert cache.keys[0][0, 0, :, 0].tolist() == [0, 1, 2, 3]
+    assert cache.values[0][0, 1, :, 2].tolist() == [100, 101, 102, 103]
 
 
 def test_static_path_errors_and_defaults():
     model = _target("llama")
     head = build_head("eagle", model)
-    for other in ("offloaded", "dynamic"):  # the static cache is the one decode state
-        with pytest.raises(ValueError, match=f"cache_implementation='{other}'"):
-            SpeculativeGenerator(model, head, cache_implementation=other)
+    with pytest.raises(TypeError, match="cache_implementation"):  # the static cache is the one decode state
+        SpeculativeGenerator(model, head, cache_implementation="static")
 
     class NoBudget(Drafter):
         aux_layer_ids = ()
@@ -236,7 +245,7 @@ def test_static_path_errors_and_defaults():
     with pytest.raises(ValueError, match="max_nodes"):
         gen.generate(torch.tensor([[5, 6]]), max_new_tokens=3)
     assert default_compile("cpu") is False and default_compile("cuda") is True
-    assert (SpeculativeGenerator(model, head).cache_implementation, SpeculativeGenerator(model, head).compile) == ("static", False)
+    assert SpeculativeGenerator(model, head).compile is False
 
 
 @pytest.mark.slow
@@ -245,7 +254,7 @@ def test_inductor_compiled_step_is_exact():
     model = _target("llama", num_layers=8)
     torch.manual_seed(0)
     head = build_head("eagle3", model)
-    gen = SpeculativeGenerator(model, head, tree=Chain(4), cache_implementation="static", compile=True)
+    gen = SpeculativeGenerator(model, head, tree=Chain(4), compile=True)
     rng = random.Random(5)
     for prompt_len, max_new in [(6, 24), (9, 31)]:
         ids = _prompt(rng, prompt_len)
@@ -261,7 +270,7 @@ def test_cuda_graph_step_is_exact(kind):
     model = _target("llama", num_layers=8).cuda()
     torch.manual_seed(0)
     gen = SpeculativeGenerator(model, build_head(kind, model).cuda())
-    assert (gen.cache_implementation, gen.compile) == ("static", True)
+    assert gen.compile is True
     rng = random.Random(kind)
     for prompt_len, max_new in [(6, 24), (9, 40), (3, 1)]:
         ids = _prompt(rng, prompt_len).cuda()

@@ -18,6 +18,7 @@ from conftest import make_tiny_target
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from draftsmith.infer import batch_accept
 
 VOCAB = 96
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero")
@@ -100,7 +101,7 @@ def test_sampling_steps_read_the_host_once_besides_each_rows_acceptance(monkeypa
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     count = _count_reads(monkeypatch)
     inside = [0]
-    accept = gen._sample_accept
+    accept = batch_accept.sample_accept
 
     def counted_apart(*args, **kwargs):
         start = count[0]
@@ -108,7 +109,7 @@ def test_sampling_steps_read_the_host_once_besides_each_rows_acceptance(monkeypa
         inside[0] += count[0] - start
         return out
 
-    monkeypatch.setattr(gen, "_sample_accept", counted_apart)
+    monkeypatch.setattr(batch_accept, "sample_accept", counted_apart)
     reads, steps = [], []
     for max_new in (6, 20):
         count[0] = inside[0] = 0

@@ -11,10 +11,17 @@ from draftsmith.infer.tree import (
     Candidates,
     expand_level,
     medusa_tree,
-    select_tree,
+    select_trees,
     tree_attention_mask,
     tree_from_parents,
 )
+
+
+def select_tree(candidates: Candidates, num_drafts: int) -> tuple[torch.Tensor, list[int]]:
+    """One row of ``select_trees`` over all of its candidates: (chosen indices, parent list)."""
+    rows = Candidates(candidates.tokens[None], candidates.scores[None], candidates.parents[None])
+    chosen, parents = select_trees(rows, num_drafts, [candidates.scores.shape[0]])
+    return chosen[0], parents[0]
 
 
 #        0

@@ -34,9 +34,9 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     opt = cfg.train
     head = accelerator.unwrap_model(objective).head
     source = source or FeatureSource()
-    lm_head = target.get_output_embeddings()  # passed to the objective, never trained
     output_dir = Path(cfg.output_dir)
     micro_batches = _micro_batches(accelerator, train_loader, state)
+    next_batch = lambda: next(micro_batches)  # noqa: E731
     history: list[dict] = []
     window = _window()
     run_tokens, run_seconds = 0, 0.0  # training steps only: evaluation and checkpoints excluded
@@ -50,26 +50,8 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     with bar, logging_redirect_tqdm():  # the bar is closed before any error is printed
         while state.step < max_steps and not time_up():
             step_start = time.perf_counter()
-            step_loss = torch.zeros((), device=accelerator.device)
-            tokens = 0
-            for micro in range(opt.grad_accum_steps):
-                batch = next(micro_batches)
-                features = source.features(type(accelerator.unwrap_model(objective)), target, batch, head)
-                seed = _noise_seed(cfg.seed, state.step, micro, accelerator.process_index)
-                accelerator.unwrap_model(objective).perturb(features, cfg, seed=seed)
-                if opt.stage == "on-policy":  # the head drafts, the frozen target verifies (train/on_policy.py)
-                    accelerator.unwrap_model(objective).rollout(features, target, cfg, seed=seed)
-                last = micro == opt.grad_accum_steps - 1
-                with nullcontext() if last else accelerator.no_sync(objective):
-                    out = objective(features, lm_head)
-                    accelerator.backward(out.loss / opt.grad_accum_steps)
-                step_loss += out.loss.detach() / opt.grad_accum_steps
-                window["correct"] = window["correct"] + out.correct
-                window["count"] = window["count"] + out.count
-                if out.accept is not None:
-                    window["accept"] = window["accept"] + out.accept
-                tokens += int(batch["lengths"].sum())
-            tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum"))
+            step_loss, tokens = _accumulate(accelerator, cfg, objective, target, source, next_batch, state.step,
+                                            window)
             step_loss = accelerator.reduce(step_loss, reduction="mean")
             grad_norm = accelerator.clip_grad_norm_(objective.parameters(), opt.max_grad_norm)
             # note: a host-device sync point, once per optimizer step; a diverged step must never be saved
@@ -98,22 +80,11 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
             bar.update()
 
             if state.step % opt.log_every == 0 or state.step == max_steps:
-                correct = accelerator.reduce(window["correct"], "sum")
-                count = accelerator.reduce(window["count"], "sum")
-                record = {"step": state.step, "loss": window["loss"] / window["steps"],
-                          "train_acc": (correct / count.clamp(min=1)).tolist(),
-                          "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-                          "tokens_per_s": window["tokens"] / window["seconds"], "tokens": state.tokens}
-                if torch.is_tensor(window["accept"]):  # the exact acceptance rate sum(min(p, q)) per position
-                    accept = accelerator.reduce(window["accept"], "sum")
-                    record["train_accept"] = (accept / count.clamp(min=1)).tolist()
+                record = _record(accelerator, window, state, scheduler.get_last_lr()[0], float(grad_norm))
                 metrics_log.log(record)
                 history.append(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{record['train_acc'][0]:.3f}")
-                accept = "".join(f" {a:.3f}" for a in record.get("train_accept", []))
-                logger.info("step %d/%d | loss %.4f | train acc_k %s%s | lr %.2e | %.0f tok/s", state.step, max_steps,
-                            record["loss"], " ".join(f"{a:.3f}" for a in record["train_acc"]),
-                            f" | accept_k{accept}" if accept else "", record["lr"], record["tokens_per_s"])
+                _log_line(record, max_steps)
                 window = _window()
             if eval_loader is not None and opt.eval_every and state.step % opt.eval_every == 0:
                 history.append(eval_and_keep_best(accelerator, head, target, eval_loader, cfg, depth, state,
@@ -122,6 +93,56 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
                 save_checkpoint(accelerator, output_dir, state, head, optimizer, scheduler, opt.keep_last_checkpoints,
                                 backbone=accelerator.unwrap_model(objective).backbone)
     return history, run_tokens / max(run_seconds, 1e-9)
+
+
+def _accumulate(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target: nn.Module,
+                source: FeatureSource, next_batch, step: int, window: dict) -> tuple[torch.Tensor, int]:
+    """One optimizer step's micro-batches: features (from ``source``), perturbed (and rolled out on-policy), the
+    loss backward (gradients synced on the last only); adds accuracy and acceptance to ``window``. Returns the
+    step's mean loss (this process) and its tokens (all processes)."""
+    opt = cfg.train
+    head = accelerator.unwrap_model(objective).head
+    lm_head = target.get_output_embeddings()  # passed to the objective, never trained
+    step_loss = torch.zeros((), device=accelerator.device)
+    tokens = 0
+    for micro in range(opt.grad_accum_steps):
+        batch = next_batch()
+        features = source.features(type(accelerator.unwrap_model(objective)), target, batch, head)
+        seed = _noise_seed(cfg.seed, step, micro, accelerator.process_index)
+        accelerator.unwrap_model(objective).perturb(features, cfg, seed=seed)
+        if opt.stage == "on-policy":  # the head drafts, the frozen target verifies (train/on_policy.py)
+            accelerator.unwrap_model(objective).rollout(features, target, cfg, seed=seed)
+        last = micro == opt.grad_accum_steps - 1
+        with nullcontext() if last else accelerator.no_sync(objective):
+            out = objective(features, lm_head)
+            accelerator.backward(out.loss / opt.grad_accum_steps)
+        step_loss += out.loss.detach() / opt.grad_accum_steps
+        window["correct"] = window["correct"] + out.correct
+        window["count"] = window["count"] + out.count
+        if out.accept is not None:
+            window["accept"] = window["accept"] + out.accept
+        tokens += int(batch["lengths"].sum())
+    return step_loss, int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum"))
+
+
+def _record(accelerator: Accelerator, window: dict, state: TrainState, lr: float, grad_norm: float) -> dict:
+    """The log record of the steps summed in ``window`` (accuracy and acceptance over every process)."""
+    correct = accelerator.reduce(window["correct"], "sum")
+    count = accelerator.reduce(window["count"], "sum")
+    record = {"step": state.step, "loss": window["loss"] / window["steps"],
+              "train_acc": (correct / count.clamp(min=1)).tolist(), "lr": lr, "grad_norm": grad_norm,
+              "tokens_per_s": window["tokens"] / window["seconds"], "tokens": state.tokens}
+    if torch.is_tensor(window["accept"]):  # the exact acceptance rate sum(min(p, q)) per position
+        accept = accelerator.reduce(window["accept"], "sum")
+        record["train_accept"] = (accept / count.clamp(min=1)).tolist()
+    return record
+
+
+def _log_line(record: dict, max_steps: int) -> None:
+    accept = "".join(f" {a:.3f}" for a in record.get("train_accept", []))
+    logger.info("step %d/%d | loss %.4f | train acc_k %s%s | lr %.2e | %.0f tok/s", record["step"], max_steps,
+                record["loss"], " ".join(f"{a:.3f}" for a in record["train_acc"]),
+                f" | accept_k{accept}" if accept else "", record["lr"], record["tokens_per_s"])
 
 
 def _window() -> dict:

@@ -225,17 +225,7 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     scheduler = get_scheduler({"constant": "constant_with_warmup"}.get(cfg.train.decay, cfg.train.decay),
                               optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
     state = TrainState()
-    resumed = None
-    if cfg.resume_from is not None:
-        resumed = resume(accelerator, cfg, output_dir, accelerator.unwrap_model(objective).head, optimizer,
-                         scheduler, state, backbone=accelerator.unwrap_model(objective).backbone)
-        logger.info("resumed from %s at step %d (kept from the checkpoint: head, optimizer, scheduler, RNG, data "
-                    "position; unchanged: %s)", resumed, state.step, ", ".join(state.settings or ["(not recorded)"]))
-    elif accelerator.is_main_process:  # a fresh run must not mix with an earlier run's checkpoints
-        for stale in (output_dir / CHECKPOINTS, output_dir / BEST, output_dir / MERGED_TARGET, output_dir / LORA_ADAPTER):
-            if stale.exists():  # only reached with overwrite_output_dir=true (check_output_dir)
-                logger.warning("overwrite_output_dir=true: removing %s of an earlier run", stale)
-                shutil.rmtree(stale)
+    resumed = _resume_or_clean(accelerator, cfg, objective, optimizer, scheduler, state)
     state.settings = resume_settings(cfg)  # recorded in every checkpoint: what a resume must not change
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -277,6 +267,25 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
                                            "train.epochs": cfg.train.epochs})
     accelerator.wait_for_everyone()
     return TrainResult(head, output_dir, final, best_dir, state.best_tau, state.step, tokens_per_second, history)
+
+
+def _resume_or_clean(accelerator: Accelerator, cfg: TrainConfig, objective, optimizer, scheduler,
+                     state: TrainState) -> Path | None:
+    """``resume_from``'s checkpoint into the run (returns its path), or, for a fresh run, an earlier run's
+    checkpoints, best head and merged target removed (a fresh run must not mix with them)."""
+    output_dir = Path(cfg.output_dir)
+    if cfg.resume_from is not None:
+        resumed = resume(accelerator, cfg, output_dir, accelerator.unwrap_model(objective).head, optimizer,
+                         scheduler, state, backbone=accelerator.unwrap_model(objective).backbone)
+        logger.info("resumed from %s at step %d (kept from the checkpoint: head, optimizer, scheduler, RNG, data "
+                    "position; unchanged: %s)", resumed, state.step, ", ".join(state.settings or ["(not recorded)"]))
+        return resumed
+    if accelerator.is_main_process:
+        for stale in (output_dir / CHECKPOINTS, output_dir / BEST, output_dir / MERGED_TARGET, output_dir / LORA_ADAPTER):
+            if stale.exists():  # only reached with overwrite_output_dir=true (check_output_dir)
+                logger.warning("overwrite_output_dir=true: removing %s of an earlier run", stale)
+                shutil.rmtree(stale)
+    return None
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:

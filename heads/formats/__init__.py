@@ -176,6 +176,13 @@ def export_head(
             raise ValueError(f"refusing to replace {out}: it is not an export written by draftsmith (no {EXPORT_MARKER}; "
                              f"holds {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}); --overwrite replaces "
                              "only draftsmith's own exports: choose another --out or empty it yourself")
+    _publish(artifact, head, out, fmt)
+    return out
+
+
+def _publish(artifact: Artifact, head: DraftHead, out: Path, fmt: str) -> None:
+    """Write the export into a staging folder beside ``out``, check it as read back from disk, then put it in
+    ``out``'s place (an earlier draftsmith export there is replaced; ``out`` was checked by the caller)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -188,15 +195,14 @@ def export_head(
         if changed:
             raise ValueError(f"{staging / artifact.weights_file}: tensors {changed} changed on disk")
         share_readable(staging)  # mkdtemp is 0700, save_file 0600
-        if out.is_dir() and (out / EXPORT_MARKER).is_file():  # ours (checked above)
+        if out.is_dir() and (out / EXPORT_MARKER).is_file():  # ours (checked by export_head)
             shutil.rmtree(out)
         elif out.is_dir():
-            out.rmdir()  # empty (checked above); fails rather than delete anything that appeared since
+            out.rmdir()  # empty (checked by export_head); fails rather than delete anything that appeared since
         staging.rename(out)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    return out
 
 
 # What a training run or a draftsmith head directory holds; an export holds none of these.

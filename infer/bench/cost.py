@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 
 from draftsmith.data.base.device import sync
-from draftsmith.infer.cache import keep_accepted
+from draftsmith.infer.cache import crop_dynamic
 from draftsmith.infer.bench.oracle import OracleDrafter
 from draftsmith.infer.drafters import Draft
 from draftsmith.infer.generator import SpeculativeGenerator
@@ -79,7 +79,7 @@ def dynamic_verify_costs(target, prompt: list[int], sizes: list[int], repeats: i
                 sync(device)
                 if rep:  # the first round is warm-up
                     times[n].append(time.perf_counter() - start)
-                keep_accepted(cache, prefix, torch.empty(0, dtype=torch.long, device=device))
+                crop_dynamic(cache, prefix)
     return {n: statistics.median(times[n]) for n in sizes}
 
 

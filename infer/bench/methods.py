@@ -16,12 +16,8 @@ from draftsmith.heads import AutoHead
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from draftsmith.infer.bench.tree_spec import TREE_SPEC
 from draftsmith.infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
-from draftsmith.infer.drafters import AdaptiveLength, TreeOption, adaptive_chain, drafter_class, fit_chain, make_drafter
-from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.drafters.lookup_first import LookupFirst
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafter_spec import build_drafter, parse_drafter
+from draftsmith.infer.drafters import TreeOption, drafter_class, fit_chain
 from draftsmith.infer.recurrent import is_hybrid
 from draftsmith.infer.tree import MEDUSA_DEFAULT_CHOICES
 
@@ -66,98 +62,117 @@ def default_draft(head, device: torch.device) -> TreeOption | str:
     return fit_chain(head, drafter.default_tree(device))
 
 
-def build_methods(args, target, tokenizer, skipped: dict[str, str] | None = None) -> list[Method]:
-    """The methods ``args`` asks for, vanilla first: HF baselines, our classic drafters, every head.
+class _Builder:
+    """What ``build_methods`` shares between its parts: the target, the benchmark's settings, the methods so far
+    and the ones left out with their reasons."""
 
-    On a hybrid target some cannot run: HF's assisted generation and prompt lookup (transformers refuses
-    stateful models) and every tree (its recurrent layers read a verify's tokens as one sequence: chains
-    only). They are left out, each with a one-line reason in ``skipped`` (name -> reason) for the report."""
-    skipped = {} if skipped is None else skipped
-    hybrid = is_hybrid(target)
-    refused = f"transformers refuses assisted generation on stateful models ({type(target).__name__})"
-    chains_only = (f"{type(target).__name__} is a hybrid: its recurrent layers read a verify's tokens as one "
-                   "sequence, so drafts are chains")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    common = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
-    if args.ignore_eos:
-        common["eos_token_id"] = None
-    # HF reads an explicit eos_token_id=None as "no EOS"; SpeculativeGenerator reads None as "the
-    # generation config's", as HF does by default: an empty list means no EOS for it.
-    eos = [] if args.ignore_eos else None
+    def __init__(self, args, target, tokenizer, skipped: dict[str, str]) -> None:
+        self.args, self.target, self.tokenizer, self.skipped = args, target, tokenizer, skipped
+        self.hybrid = is_hybrid(target)
+        self.refused = f"transformers refuses assisted generation on stateful models ({type(target).__name__})"
+        self.chains_only = (f"{type(target).__name__} is a hybrid: its recurrent layers read a verify's tokens as one "
+                            "sequence, so drafts are chains")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.common = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
+        if args.ignore_eos:
+            self.common["eos_token_id"] = None
+        # HF reads an explicit eos_token_id=None as "no EOS"; SpeculativeGenerator reads None as "the
+        # generation config's", as HF does by default: an empty list means no EOS for it.
+        self.eos = [] if args.ignore_eos else None
+        self.loaded: dict = {}  # models loaded once, by their spec path (the assistant, heads)
+        self.methods: list[Method] = []
 
-    def hf(**extra):
-        return lambda ids: target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra)
+    def hf(self, name: str, kind: str, compiled: bool = False, **extra) -> None:
+        target, common = self.target, self.common
+        run = lambda ids: target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra)  # noqa: E731
+        self.methods.append(Method(name, kind, run, compiled=compiled))
 
-    def ours(name: str, kind: str, drafter) -> Method:
-        gen = SpeculativeGenerator(target, drafter, tokenizer=tokenizer, compile=args.compile)
-        run = lambda ids: gen.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos)  # noqa: E731
-        return Method(name, kind, run, generator=gen)
+    def ours(self, name: str, kind: str, drafter, tree: TreeOption | None = None) -> None:
+        gen = SpeculativeGenerator(self.target, drafter, tokenizer=self.tokenizer, tree=tree, compile=self.args.compile)
+        run = lambda ids: gen.generate(ids, max_new_tokens=self.args.max_new_tokens, eos_token_id=self.eos)  # noqa: E731
+        self.methods.append(Method(name, kind, run, generator=gen))
 
-    methods = [Method("vanilla", "vanilla", hf())]
-    if not args.no_hf_static:
-        methods.append(Method("hf-static", "vanilla", hf(cache_implementation="static"), compiled=True))
-    if args.assistant:
+    def spec(self, name: str, kind: str, spec: str, **options) -> None:
+        """Our decoding with the drafter ``spec`` names (``infer.drafter_spec``, the CLI's parser)."""
+        self.ours(name, kind, build_drafter(parse_drafter(spec), self.target, loaded=self.loaded, **options))
+
+    def assisted(self) -> None:
+        """HF's assisted generation and our draft-LM drafters on ``--assistant``."""
+        args = self.args
         assistant = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant, role="assistant"),
-                                                         dtype=target.dtype).to(target.device).eval()
-        if hybrid:
-            skipped["hf-assisted"] = refused
+                                                         dtype=self.target.dtype).to(self.target.device).eval()
+        self.loaded[args.assistant] = assistant
+        if self.hybrid:
+            self.skipped["hf-assisted"] = self.refused
         else:
-            methods.append(Method("hf-assisted", "assisted", hf(assistant_model=assistant)))
+            self.hf("hf-assisted", "assisted", assistant_model=assistant)
         # HF's assisted generation (transformers 5.x defaults): up to 20 drafts, a draft stops below
         # probability 0.4 (HF then tunes that threshold); ours: a chain of 4, and +2/-1 adaptive with the 0.4 stop.
-        methods.append(ours("draft-lm:chain4", "draft_lm", LMDrafter(assistant, target, Chain(4))))
-        methods.append(ours("draft-lm:adaptive", "draft_lm", AdaptiveLength(
-            LMDrafter(assistant, target, Chain(20), confidence=0.4), initial=4, maximum=20)))
-        # Hierarchical: the same chain of 4, the assistant's own drafts guessed by prompt lookup.
-        methods.append(ours("draft-lm+ngram:chain4", "draft_lm", HierarchicalDrafter(
-            assistant, target, NgramDrafter(max_ngram=3, length=4), Chain(4))))
+        self.spec("draft-lm:chain4", "draft_lm", f"lm:{args.assistant}", length=4)
+        self.spec("draft-lm:adaptive", "draft_lm", f"lm:{args.assistant}", length=20, adaptive=True, confidence=0.4)
+        # Hierarchical: the same chain of 4, the assistant's own drafts guessed by prompt lookup ...
+        self.spec("draft-lm+ngram:chain4", "draft_lm", f"lm:{args.assistant}+ngram", length=4)
         if args.assistant_head:  # ... or by a head trained on the assistant
-            inner = AutoHead.from_pretrained(args.assistant_head).to(device=target.device, dtype=target.dtype).eval()
-            methods.append(ours("draft-lm+head:chain4", "draft_lm", HierarchicalDrafter(
-                assistant, target, make_drafter(inner, assistant, Chain(4)), Chain(4))))
-    if not args.no_prompt_lookup:
-        if hybrid:
-            skipped["hf-prompt-lookup"] = refused
+            self.spec("draft-lm+head:chain4", "draft_lm", f"lm:{args.assistant}+head:{args.assistant_head}", length=4)
+
+    def prompt_lookup(self) -> None:
+        """HF's prompt lookup (n-grams of 2 down to 1, prompt_lookup_num_tokens drafts, first match) and ours."""
+        length = self.args.prompt_lookup_tokens
+        if self.hybrid:
+            self.skipped["hf-prompt-lookup"] = self.refused
         else:
-            methods.append(Method("hf-prompt-lookup", "prompt_lookup", hf(prompt_lookup_num_tokens=args.prompt_lookup_tokens)))
-        # HF's prompt lookup: n-grams of 2 down to 1, prompt_lookup_num_tokens drafts, first match.
-        length = args.prompt_lookup_tokens
-        methods.append(ours("ngram:chain", "ngram", NgramDrafter(max_ngram=2, length=length)))
-        if hybrid:
-            skipped["ngram:tree3"] = chains_only
+            self.hf("hf-prompt-lookup", "prompt_lookup", prompt_lookup_num_tokens=length)
+        self.spec("ngram:chain", "ngram", "ngram", length=length, max_ngram=2)
+        if self.hybrid:
+            self.skipped["ngram:tree3"] = self.chains_only
         else:
-            methods.append(ours("ngram:tree3", "ngram", NgramDrafter(max_ngram=2, length=length, branches=3)))
-        methods.append(ours("ngram:adaptive", "ngram", AdaptiveLength(NgramDrafter(max_ngram=2, length=length), initial=4, maximum=length)))
-    for k in getattr(args, "layer_skip", None) or ():  # self-speculation: the target's first k layers draft
-        methods.append(ours(f"layer-skip:{k}", "layer_skip", LayerSkipDrafter(target, k, Chain(4))))
-    for head_dir in args.heads:
-        head = AutoHead.from_pretrained(head_dir).eval()
-        label = Path(head_dir).name
+            self.spec("ngram:tree3", "ngram", "ngram", length=length, max_ngram=2, branches=3)
+        self.spec("ngram:adaptive", "ngram", "ngram", length=length, max_ngram=2, adaptive=True)
+
+    def head(self, head_dir: str) -> None:
+        """``head_dir``'s head with every ``--trees`` draft it can make (each once), then behind prompt lookup and
+        with an adaptive chain when asked."""
+        args, target = self.args, self.target
+        head = self.loaded[head_dir] = AutoHead.from_pretrained(head_dir).eval()
+        prefix = f"{head.head_kind}:{Path(head_dir).name}" if len(args.heads) > 1 else head.head_kind
         seen = []  # the drafts already run for this head: "default" is often "tree" or a chain on its own
         for variant in args.trees:
             tree = None if variant == "default" else tree_from_spec(variant, head, target.device)
             if tree is None and variant != "default":  # the kind cannot draft it
                 continue
-            name = f"{head.head_kind}:{label}:{variant}" if len(args.heads) > 1 else f"{head.head_kind}:{variant}"
-            if hybrid and tree is not None and not isinstance(tree, Chain):
-                skipped[name] = chains_only
+            if self.hybrid and tree is not None and not isinstance(tree, Chain):
+                self.skipped[f"{prefix}:{variant}"] = self.chains_only
                 continue
             draws = default_draft(head, target.device) if tree is None else tree
-            if draws in seen:
-                continue
-            seen.append(draws)
-            gen = SpeculativeGenerator(target, head, tokenizer=tokenizer, tree=tree, compile=args.compile)
-            run = (lambda g: lambda ids: g.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))(gen)
-            methods.append(Method(name, "head", run, generator=gen))
+            if draws not in seen:
+                seen.append(draws)
+                self.ours(f"{prefix}:{variant}", "head", head, tree)
         if getattr(args, "lookup_first", False):  # prompt lookup when it finds >= 2 tokens, the head's default otherwise
-            drafter = LookupFirst(make_drafter(head, target), NgramDrafter(max_ngram=3, length=8))
-            name = f"{head.head_kind}:{label}:lookup-first" if len(args.heads) > 1 else f"{head.head_kind}:lookup-first"
-            methods.append(ours(name, "head", drafter))
+            self.spec(f"{prefix}:lookup-first", "head", f"head:{head_dir}+lookup-first")
         if args.adaptive and "adaptive" not in seen:  # a chain whose length follows acceptance (Medusa: <= its heads)
-            drafter = adaptive_chain(head, target)
-            name = f"{head.head_kind}:{label}:adaptive" if len(args.heads) > 1 else f"{head.head_kind}:adaptive"
-            methods.append(ours(name, "head", drafter))
-    return methods
+            self.spec(f"{prefix}:adaptive", "head", f"head:{head_dir}", adaptive=True)
+
+
+def build_methods(args, target, tokenizer, skipped: dict[str, str] | None = None) -> list[Method]:
+    """The methods ``args`` asks for, vanilla first: HF baselines, our classic drafters, every head. Every drafter
+    but a head's own trees is named by a drafter spec, as the CLI's ``--drafter`` (``infer.drafter_spec``).
+
+    On a hybrid target some cannot run: HF's assisted generation and prompt lookup (transformers refuses
+    stateful models) and every tree (its recurrent layers read a verify's tokens as one sequence: chains
+    only). They are left out, each with a one-line reason in ``skipped`` (name -> reason) for the report."""
+    build = _Builder(args, target, tokenizer, {} if skipped is None else skipped)
+    build.hf("vanilla", "vanilla")
+    if not args.no_hf_static:
+        build.hf("hf-static", "vanilla", compiled=True, cache_implementation="static")
+    if args.assistant:
+        build.assisted()
+    if not args.no_prompt_lookup:
+        build.prompt_lookup()
+    for k in getattr(args, "layer_skip", None) or ():  # self-speculation: the target's first k layers draft
+        build.spec(f"layer-skip:{k}", "layer_skip", f"layer-skip:{k}", length=4)
+    for head_dir in args.heads:
+        build.head(head_dir)
+    return build.methods
 
 
 def time_methods(methods: list[Method], prompts, args, target, counter: ForwardCounter,

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache
 
 from draftsmith.data.base.checks import probability
-from draftsmith.infer.cache import keep_accepted
+from draftsmith.infer.cache import crop_dynamic
 from draftsmith.infer.drafters.base import Chain, Draft, Drafter, Sampling, chain_draft, root_only
 from draftsmith.infer.hf_cache import cache_kwargs
 from draftsmith.infer.recurrent import cache_checkpoint, check_supported, is_hybrid, restore_cache
@@ -123,7 +123,7 @@ class LMDrafter(Drafter):
 
     def _cut(self, state: LMState, keep: int) -> None:
         """Keep the first ``keep`` cached tokens (drop the rest from the cache)."""
-        keep_accepted(state.cache, keep, state.cached.new_zeros(0))
+        crop_dynamic(state.cache, keep)
         state.cached = state.cached[:keep]
 
     def propose_rows(self, states: list[LMState], roots: list[Tensor], sampling: Sampling,
