@@ -213,7 +213,7 @@ class AllRight(Oracle):
     kept (a partial accept restores the checkpoint and never reads them)."""
 
     def _propose(self, state, root, max_depth: int):
-        right = self.ref[state["seq"].numel(): state["seq"].numel() + min(self.good, max_depth)]
+        right = state["ref"][state["seq"].numel(): state["seq"].numel() + min(self.good, max_depth)]
         return root_only(root) if right.numel() < 1 else chain_draft([root, *right], [])
 
 

@@ -185,18 +185,18 @@ def test_a_thousand_tokens_stay_exact():
 
 
 class Oracle(Drafter):
-    """Stub drafter that knows the target's greedy text ``ref`` (1, L): a chain of ``good`` right tokens
-    then a wrong one (a partial accept at every step), or with ``tree=True`` the root's two children, a
-    wrong sibling first, then the right one and its right child."""
+    """Stub drafter that knows the target's greedy text ``ref`` (B, L), row b's in ``ref[b]``: a chain of
+    ``good`` right tokens then a wrong one (a partial accept at every step), or with ``tree=True`` the
+    root's two children, a wrong sibling first, then the right one and its right child."""
 
     aux_layer_ids = ()
 
     def __init__(self, ref: torch.Tensor, good: int = 3, tree: bool = False) -> None:
-        self.ref, self.good, self.tree = ref[0], good, tree
+        self.refs, self.good, self.tree = ref, good, tree
         self.max_nodes = good + 2
 
     def new_rows(self, prompts, lengths):
-        return [{"seq": p[0, :1]} for p in prompts]
+        return [{"seq": p[0, :1], "ref": self.refs[b]} for b, p in enumerate(prompts)]
 
     def observe_rows(self, states, features, next_tokens):
         for state, tokens in zip(states, next_tokens):
@@ -207,7 +207,7 @@ class Oracle(Drafter):
 
     def _propose(self, state, root, max_depth: int) -> Draft:
         n = state["seq"].numel()
-        right = self.ref[n: n + min(self.good, max_depth)]
+        right = state["ref"][n: n + min(self.good, max_depth)]
         if right.numel() < 2:
             return root_only(root)
         wrong = (right + 1) % VOCAB
