@@ -37,6 +37,8 @@ from types import ModuleType
 
 from torch import nn
 
+from draftsmith.infer.one_token import one_token_mixers, one_token_steps
+
 CHUNKED = "torch_chunk_gated_delta_rule"  # transformers' name in every Gated DeltaNet modeling file (5.17 and 5.24)
 PER_TOKEN = "torch_recurrent_gated_delta_rule"
 # Most tokens a stateful call routes to the per-token rule: the kernel-level crossover on demo:tiny-hybrid's
@@ -58,9 +60,14 @@ def _is_torch_reference(fn) -> bool:
     return chosen is reference and reference.__module__.startswith("transformers.")
 
 
-def per_token_modules(model: nn.Module) -> tuple[ModuleType, ...]:
-    """The modeling modules whose Gated DeltaNet layers in ``model`` run transformers' torch reference of
-    both rules, through their class's own ``forward``, on the CPU (empty: nothing to route)."""
+def per_token_modules(model: nn.Module) -> tuple:
+    """What a verify of ``model`` routes (empty: nothing): the modeling modules whose Gated DeltaNet layers
+    run transformers' torch reference of both rules, through their class's own ``forward``, on the CPU; and
+    a Mamba family's mixers, which run per token on every device (``infer.one_token``)."""
+    return _rule_modules(model) + one_token_mixers(model)
+
+
+def _rule_modules(model: nn.Module) -> tuple[ModuleType, ...]:
     modules: dict[str, ModuleType] = {}
     for layer in model.modules():
         module = sys.modules.get(type(layer).__module__)
@@ -98,9 +105,17 @@ def _routed(module: ModuleType, chunked, max_tokens: int):
 
 
 @contextmanager
-def per_token_rule(modules: tuple[ModuleType, ...], max_tokens: int = PER_TOKEN_MAX):
-    """Inside: ``modules``' chunked Gated DeltaNet rule runs stateful calls of at most ``max_tokens`` tokens
-    with the per-token rule; on exit each module's own function is back (when no other context holds it)."""
+def per_token_rule(routes: tuple, max_tokens: int = PER_TOKEN_MAX):
+    """Inside: the modeling modules in ``routes`` run their chunked Gated DeltaNet rule's stateful calls of at
+    most ``max_tokens`` tokens with the per-token rule, and the mixers in it run stateful calls one token at
+    a time (``infer.one_token``); on exit each has its own function back (when no other context holds it)."""
+    modules = tuple(r for r in routes if isinstance(r, ModuleType))
+    with one_token_steps(tuple(r for r in routes if isinstance(r, nn.Module))), _swapped(modules, max_tokens):
+        yield
+
+
+@contextmanager
+def _swapped(modules: tuple[ModuleType, ...], max_tokens: int):
     with _lock:
         for module in modules:
             entry = _entered.setdefault(module.__name__, [getattr(module, CHUNKED), 0])
