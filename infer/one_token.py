@@ -1,5 +1,5 @@
-"""Mamba layers verify a draft one token at a time: what the target's own decode computes (docs/hybrid.md,
-"Exact against the target's own decode").
+"""Jamba's, Zamba's and Zamba2's Mamba layers verify a draft one token at a time: what the target's own
+decode computes (docs/hybrid.md, "Exact against the target's own decode").
 
 Greedy speculative decoding is lossless when a verify over N drafted tokens computes what the target's own
 ``generate`` computes one token at a time. transformers' Mamba mixers do not: their forward over several
@@ -7,16 +7,18 @@ tokens with a state (a verify) runs another function than over one token (a deco
 - Jamba's and Zamba's Mamba-1 mixers run ``mamba_selective_scan`` from a zero state whenever the forward has
   several tokens: the state the cache holds is ignored (max logit difference 3.2 on tests/hybrids.py's
   Jamba, argmax agreeing at 1 of 24 positions);
-- Bamba's and Zamba2's Mamba-2 mixers compute something else over several tokens than their one-token
-  update (0.1 and 6e-4), the others (Nemotron-H, Granite-4.0-H, Falcon-H1) a rounding of it (1e-5).
+- Zamba2's Mamba-2 mixer computes something else over several tokens than its one-token update (6.5e-4,
+  1e-4 of the largest logit); the other Mamba-2 families (Nemotron-H, Bamba, Granite-4.0-H, Falcon-H1)
+  compute the same function up to fp32 rounding (at most 7e-6), as Gated DeltaNet, Kimi Delta Attention and
+  short convs do, and keep their multi-token path (one chunked scan is cheaper than N mixer calls).
 
 ``one_token_steps(mixers)`` is a context the generator enters around each verify and replay forward
 (through ``infer.delta_rule.per_token_rule``, whose routes ``per_token_modules`` lists these mixers with the
 Gated DeltaNet modules): inside it, each mixer's forward over T > 1 tokens with a state in the cache runs
 as T calls of the mixer's own forward over one token each (its one-token branch: ``causal_conv1d_update``
 and the selective state update, exactly what a decode step runs), their outputs concatenated. Only the
-recurrent mixers run per token; the projections around them, attention and MLPs still run the verify as
-one [B, N] forward. Nothing of the model is re-implemented: the swap binds the instance's ``forward``
+mixers (their projections included) run per token; attention and MLPs still run the verify as one [B, N]
+forward. Nothing of the model is re-implemented: the swap binds the instance's ``forward``
 (not the class's: any other model of the class is untouched) and is undone on exit, or an exception.
 A forward without a state (the prefill, training) is passed through as it is.
 """
@@ -29,10 +31,11 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from draftsmith.infer.recurrent import LAYER_KINDS, model_type
+from draftsmith.infer.recurrent import model_type
 
-# Kinds whose multi-token cached forward is not their one-token decode (measured in docs/hybrid.md)
-ONE_TOKEN_KINDS = ("Mamba-1", "Mamba-2")
+# Families whose multi-token cached forward is not their one-token decode (measured in docs/hybrid.md;
+# tests/test_infer_hybrid_exact.py checks every family against this list)
+ONE_TOKEN_FAMILIES = ("jamba", "zamba", "zamba2")
 _CACHE_CALLS = frozenset({"get_conv_state", "update_conv_state", "get_recurrent_state", "update_recurrent_state"})
 
 _lock = threading.Lock()
@@ -49,8 +52,8 @@ def _is_mixer(module: nn.Module) -> bool:
 
 
 def one_token_mixers(model: nn.Module) -> tuple[nn.Module, ...]:
-    """The recurrent mixers of ``model`` that a verify runs per token (empty: not a Mamba family)."""
-    if LAYER_KINDS.get(model_type(model)) not in ONE_TOKEN_KINDS:
+    """The recurrent mixers of ``model`` that a verify runs per token (empty: not one of those families)."""
+    if model_type(model) not in ONE_TOKEN_FAMILIES:
         return ()
     return tuple(m for m in model.modules() if _is_mixer(m) and hasattr(m, "layer_idx"))
 
@@ -111,4 +114,4 @@ def one_token_steps(mixers: tuple[nn.Module, ...]):
                     del _entered[id(mixer)]
 
 
-__all__ = ["ONE_TOKEN_KINDS", "one_token_mixers", "one_token_steps"]
+__all__ = ["ONE_TOKEN_FAMILIES", "one_token_mixers", "one_token_steps"]

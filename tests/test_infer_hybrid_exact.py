@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid tar
 FAMILIES = sorted(HYBRIDS)
 # transformers' multi-token cached path computes another function than its one-token step (docs/hybrid.md)
 DIFFERS = {"jamba": 1.0, "zamba": 0.1, "zamba2": 1e-4}
+assert set(DIFFERS) == set(one_token.ONE_TOKEN_FAMILIES)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
@@ -57,8 +58,8 @@ def test_mixers_run_per_token_only_inside_the_context():
 
 
 def _no_routing(monkeypatch):
-    """The fix disabled: Mamba mixers verify through transformers' multi-token path."""
-    monkeypatch.setattr(one_token, "ONE_TOKEN_KINDS", ())
+    """The fix disabled: every mixer verifies through transformers' multi-token path."""
+    monkeypatch.setattr(one_token, "ONE_TOKEN_FAMILIES", ())
 
 
 def test_jamba_without_the_fix_differs_from_generate(monkeypatch):
@@ -101,6 +102,7 @@ def test_the_generator_checks_an_untested_stateful_family(monkeypatch):
     """A stateful family outside LAYER_KINDS is refused with what check-target says of it."""
     monkeypatch.setattr(recurrent, "_UNTESTED", {})
     monkeypatch.delitem(recurrent.LAYER_KINDS, "jamba")
+    _no_routing(monkeypatch)  # an untested family: nothing routed
     with pytest.raises(ValueError, match=r"JambaForCausalLM \(jamba\): speculative decoding cannot be exact"):
         SpeculativeGenerator(_target("jamba"), NgramDrafter())
     monkeypatch.delitem(recurrent.LAYER_KINDS, "lfm2")
