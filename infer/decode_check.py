@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
+from draftsmith.infer.recurrent import LAYER_KINDS, REFUSED_KINDS, check_supported, is_hybrid, model_type, unsupported
 
 # The largest logit difference read as rounding: relative to the largest logit (fp32; measured in
 # docs/hybrid.md: up to 8e-6 of it for fp32 rounding on tests/hybrids.py, 9e-5..2 where the function differs).
@@ -77,8 +78,6 @@ def gap_line(gap: DecodeGap) -> str:
 def can_be_exact(model: nn.Module, steps: int = 8) -> tuple[bool, str]:
     """Whether greedy speculative decoding on ``model`` can be exact, and one line saying why (or why not):
     a refused or untested stateful family, or a verify that computes something else than one-token steps."""
-    from draftsmith.infer.recurrent import LAYER_KINDS, REFUSED_KINDS, is_hybrid, model_type, unsupported
-
     name = f"{type(model).__name__} ({model_type(model)})"
     if model_type(model) in REFUSED_KINDS:
         return False, unsupported(model)
@@ -93,4 +92,25 @@ def can_be_exact(model: nn.Module, steps: int = 8) -> tuple[bool, str]:
     return True, f"{name}: speculative decoding can be exact: {compared} (fp32 rounding)"
 
 
-__all__ = ["DecodeGap", "RELATIVE_TOLERANCE", "can_be_exact", "decode_gap", "gap_line", "probe_ids"]
+_UNTESTED: dict[str, str] = {}  # model_type -> the refusal of an untested stateful family, with its check
+
+
+def check_family(model: nn.Module) -> None:
+    """``infer.recurrent.check_supported`` for a target the generator meets: a stateful family outside
+    ``LAYER_KINDS`` is refused with what ``draftsmith check-target`` says of it (its verify against one-token
+    steps), checked the first time a process meets the family."""
+    try:
+        check_supported(model)
+    except ValueError:
+        mtype = model_type(model)
+        if mtype in REFUSED_KINDS or mtype in LAYER_KINDS:  # refused by kind, or an old transformers
+            raise
+        if mtype not in _UNTESTED:
+            try:
+                _UNTESTED[mtype] = can_be_exact(model)[1]
+            except Exception as err:  # noqa: BLE001 - a family whose forward cannot run the check: say so
+                _UNTESTED[mtype] = f"{unsupported(model)}; its consistency check could not run ({type(err).__name__})"
+        raise ValueError(_UNTESTED[mtype]) from None
+
+
+__all__ = ["DecodeGap", "RELATIVE_TOLERANCE", "can_be_exact", "check_family", "decode_gap", "gap_line", "probe_ids"]

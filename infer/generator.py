@@ -44,6 +44,7 @@ from draftsmith.infer.accept import (
 from draftsmith.infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from draftsmith.infer.cache import StaticKVCache
 from draftsmith.infer.compiling import check_compile, compiled, step_begin
+from draftsmith.infer.decode_check import check_family
 from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
 from draftsmith.infer.drafters import (Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, chain_buffers, make_drafter,
                             root_only)
@@ -225,7 +226,7 @@ class SpeculativeGenerator:
         plan: SpeculationPlan | str | os.PathLike | None = None,
         rollback: str | None = None,
     ) -> None:
-        check_supported(target)  # first: a stateful model it cannot decode is named with its layer kind
+        check_family(target)  # first: a stateful model it cannot decode is named with its layer kind (or its check)
         attn = getattr(target.config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
             raise ValueError(

@@ -114,24 +114,6 @@ def unsupported(model_or_config) -> str:
             f"lossless; supported hybrids: {', '.join(sorted(LAYER_KINDS))}")
 
 
-_UNTESTED: dict[str, str] = {}  # model_type -> the refusal of an untested stateful family, with its check
-
-
-def untested(model: nn.Module) -> str:
-    """The refusal of a stateful model outside ``LAYER_KINDS``, with what ``draftsmith check-target`` says of
-    it (``infer.decode_check``: its cached multi-token forward against one-token steps), checked the first
-    time a process meets its family."""
-    mtype = model_type(model)
-    if mtype not in _UNTESTED:
-        from draftsmith.infer.decode_check import can_be_exact  # it imports this module
-
-        try:
-            _UNTESTED[mtype] = can_be_exact(model)[1]
-        except Exception as err:  # noqa: BLE001 - a family whose forward cannot run the check: say so
-            _UNTESTED[mtype] = f"{unsupported(model)}; its consistency check could not run ({type(err).__name__}: {err})"
-    return _UNTESTED[mtype]
-
-
 def check_supported(model: nn.Module | PretrainedConfig) -> None:
     """One line for a stateful model (or its config, before the weights load) draftsmith cannot decode: a
     family outside ``LAYER_KINDS`` (refused families name their layer kind and why, ``REFUSED_KINDS``), or
@@ -141,7 +123,7 @@ def check_supported(model: nn.Module | PretrainedConfig) -> None:
     if not is_hybrid(model):
         return
     if model_type(model) not in LAYER_KINDS:
-        raise ValueError(untested(model) if isinstance(model, nn.Module) else unsupported(model))
+        raise ValueError(unsupported(model))
     if LinearAttentionLayer is None:
         import transformers
         raise ValueError(f"{type(model).__name__} keeps a recurrent state ({layer_kind(model)} layers); speculative "
@@ -263,4 +245,4 @@ def restore_cache(cache, checkpoint: tuple[list, Checkpoint]) -> None:
 
 __all__ = ["Checkpoint", "LAYER_KINDS", "LinearStates", "RECURRENT_LAYER_TYPES", "RECURRENT_MASK_KEYS", "REFUSED_KINDS",
            "cache_checkpoint", "check_supported", "is_hybrid", "layer_kind", "layer_types", "model_type",
-           "restore_cache", "unsupported", "untested"]
+           "restore_cache", "unsupported"]

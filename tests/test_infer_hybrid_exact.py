@@ -11,6 +11,7 @@ import torch
 from hybrids import HYBRIDS
 from test_infer_hybrid import Oracle, _hf, _prompt, _target
 
+import draftsmith.infer.decode_check as decode_check
 import draftsmith.infer.one_token as one_token
 import draftsmith.infer.recurrent as recurrent
 from draftsmith.infer import SpeculativeGenerator
@@ -100,7 +101,7 @@ def test_check_target_bad_input_and_refused_families(tmp_path, capsys):
 
 def test_the_generator_checks_an_untested_stateful_family(monkeypatch):
     """A stateful family outside LAYER_KINDS is refused with what check-target says of it."""
-    monkeypatch.setattr(recurrent, "_UNTESTED", {})
+    monkeypatch.setattr(decode_check, "_UNTESTED", {})
     monkeypatch.delitem(recurrent.LAYER_KINDS, "jamba")
     _no_routing(monkeypatch)  # an untested family: nothing routed
     with pytest.raises(ValueError, match=r"JambaForCausalLM \(jamba\): speculative decoding cannot be exact"):
