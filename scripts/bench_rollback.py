@@ -37,7 +37,8 @@ Two measurements on one target, in one process:
    token): where a hybrid's step costs more than the reference's. ``random:attention``,
    ``random:gated-deltanet`` and ``random:mamba2`` are randomly initialised models of demo:tiny's size
    (Llama; the Qwen3.5 hybrid of demo:tiny-hybrid; a Bamba hybrid with Mamba-2 where the Qwen3.5 one has
-   Gated DeltaNet), on random prompts.
+   Gated DeltaNet), on random prompts. The hybrids run the generator's default rollback, or the one
+   ``--rollback`` names alone.
 """
 from __future__ import annotations
 
@@ -345,7 +346,9 @@ def oracle_bench(args, command: str) -> dict:
     prompts = random_prompts(vocab, args.prompts) if real is None else \
         bench_prompts(load_target_tokenizer(resolve_target(real)), args.prompts, args.max_new_tokens)
 
-    groups = {name: (model, {f"D{d}/A{a}": _generator(model, partly_right(d, a, vocab), profile=True)
+    rollback = {"rollback": args.rollback[0]} if len(args.rollback) == 1 else {}  # one asked for: the hybrids'
+    groups = {name: (model, {f"D{d}/A{a}": _generator(model, partly_right(d, a, vocab), profile=True,
+                                                      **(rollback if name in names else {}))
                              for d, a in args.oracle}) for name, model in models.items()}
     results = decode_in_turn(groups, prompts, args.max_new_tokens)
     t_by = time_verify({name: _generator(model, partly_right(1, 0, vocab)) for name, model in models.items()},
