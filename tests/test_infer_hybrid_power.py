@@ -95,7 +95,7 @@ def test_planted_rollback_bugs_fail_on_every_family(arch, monkeypatch):
     target = _target(arch)
     rng = random.Random(arch)
     ids = torch.cat([_prompt(rng, 10), _prompt(rng, 10)])
-    refs = torch.cat([_hf(target, row[None], 16) for row in ids])
+    refs = torch.cat([_hf(target, row[None], 24) for row in ids])
     for rollback in ("merged", "replay"):
         assert _identical(target, ids, refs, rollback), (arch, rollback)
     for name, (plant, rollback) in PLANTS.items():
