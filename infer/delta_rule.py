@@ -37,14 +37,17 @@ from types import ModuleType
 
 from torch import nn
 
+from draftsmith.infer.one_token import one_token_mixers, one_token_steps
+
 CHUNKED = "torch_chunk_gated_delta_rule"  # transformers' name in every Gated DeltaNet modeling file (5.17 and 5.24)
 PER_TOKEN = "torch_recurrent_gated_delta_rule"
+SCAN = "mamba2_chunk_scan"  # transformers 5.24's Mamba-2 chunked scan (Nemotron-H, Bamba, Granite-4-H, Falcon-H1, Zamba2)
 # Most tokens a stateful call routes to the per-token rule: the kernel-level crossover on demo:tiny-hybrid's
 # layers (CPU, one thread, batch 1: 11-12 tokens; wider heads and batches favour the per-token rule further).
 PER_TOKEN_MAX = 12
 
 _lock = threading.Lock()
-_entered: dict[str, list] = {}  # module name -> [its own chunked function, entries]
+_entered: dict[tuple[str, str], list] = {}  # (module name, function name) -> [its own function, entries]
 
 
 def _is_torch_reference(fn) -> bool:
@@ -58,26 +61,62 @@ def _is_torch_reference(fn) -> bool:
     return chosen is reference and reference.__module__.startswith("transformers.")
 
 
-def per_token_modules(model: nn.Module) -> tuple[ModuleType, ...]:
-    """The modeling modules whose Gated DeltaNet layers in ``model`` run transformers' torch reference of
-    both rules, through their class's own ``forward``, on the CPU (empty: nothing to route)."""
+def per_token_modules(model: nn.Module) -> tuple:
+    """What a verify of ``model`` routes (empty: nothing): the modeling modules whose Gated DeltaNet or Mamba-2
+    layers run transformers' torch reference of their rules, through their class's own ``forward``, on the CPU;
+    and the mixers of the families whose multi-token path is not their one-token decode, which run per token
+    on every device (``infer.one_token``)."""
+    return _rule_modules(model) + one_token_mixers(model)
+
+
+def _calls(cls: type, name: str) -> bool:
+    """Whether a function of ``cls`` (its ``forward`` or a helper it dispatches to) calls ``name``."""
+    for value in vars(cls).values():
+        code = getattr(inspect.unwrap(value), "__code__", None) if callable(value) else None
+        if code is not None and name in code.co_names:
+            return True
+    return False
+
+
+def _rule_modules(model: nn.Module) -> tuple[ModuleType, ...]:
+    """The modeling modules of ``model``'s Gated DeltaNet and Mamba-2 layers whose rules are transformers'
+    torch reference, called by the class's own ``forward``, on the CPU."""
     modules: dict[str, ModuleType] = {}
     for layer in model.modules():
         module = sys.modules.get(type(layer).__module__)
         own = type(layer).forward
-        code = getattr(inspect.unwrap(own), "__code__", None)
-        if code is None or CHUNKED not in code.co_names:
-            continue  # not a Gated DeltaNet layer: its forward never calls the chunked rule
+        names = [name for name in (CHUNKED, SCAN) if _calls(type(layer), name)]
+        if not names:
+            continue  # not a Gated DeltaNet or Mamba-2 layer: it never calls a chunked rule
         forward = vars(layer).get("_old_forward", vars(layer).get("forward", own))  # accelerate keeps the class's
         if getattr(forward, "__func__", forward) is not own:  # a hub kernel's forward replaced the class's
             continue
-        chunked = _entered[module.__name__][0] if module.__name__ in _entered else getattr(module, CHUNKED)
-        if not (_is_torch_reference(chunked) and _is_torch_reference(getattr(module, PER_TOKEN, None))):
+        rules = [_own(module, names[0])] + ([getattr(module, PER_TOKEN, None)] if names[0] == CHUNKED else [])
+        if not all(_is_torch_reference(rule) for rule in rules):
             continue
         if any(p.device.type != "cpu" for p in layer.parameters(recurse=False)):
             continue
         modules[module.__name__] = module
     return tuple(modules.values())
+
+
+def _own(module: ModuleType, name: str):
+    """``module``'s own function ``name`` (not a router a context bound in its place)."""
+    entry = _entered.get((module.__name__, name))
+    return entry[0] if entry is not None else getattr(module, name)
+
+
+def _short_scan(chunked):
+    """Mamba-2's chunked scan, run over a stateful call of T < ``chunk_size`` tokens in one chunk of T: the
+    same function (the chunked algorithm is exact for any chunk length) without padding T to the chunk."""
+
+    def scan(hidden_states, dt, A, B, C, chunk_size: int, *args, initial_states=None, **kwargs):
+        if initial_states is not None and hidden_states.shape[1] < chunk_size:
+            chunk_size = hidden_states.shape[1]
+        return chunked(hidden_states, dt, A, B, C, chunk_size, *args, initial_states=initial_states, **kwargs)
+
+    scan.routes_short_calls = True
+    return scan
 
 
 def _routed(module: ModuleType, chunked, max_tokens: int):
@@ -98,25 +137,37 @@ def _routed(module: ModuleType, chunked, max_tokens: int):
 
 
 @contextmanager
-def per_token_rule(modules: tuple[ModuleType, ...], max_tokens: int = PER_TOKEN_MAX):
-    """Inside: ``modules``' chunked Gated DeltaNet rule runs stateful calls of at most ``max_tokens`` tokens
-    with the per-token rule; on exit each module's own function is back (when no other context holds it)."""
+def per_token_rule(routes: tuple, max_tokens: int = PER_TOKEN_MAX):
+    """Inside: the modeling modules in ``routes`` run their chunked Gated DeltaNet rule's stateful calls of at
+    most ``max_tokens`` tokens with the per-token rule, and their Mamba-2 scan's stateful calls shorter than a
+    chunk in one chunk of their length; the mixers in it run stateful calls one token at a time
+    (``infer.one_token``). On exit each has its own function back (when no other context holds it)."""
+    modules = tuple(r for r in routes if isinstance(r, ModuleType))
+    with one_token_steps(tuple(r for r in routes if isinstance(r, nn.Module))), _swapped(modules, max_tokens):
+        yield
+
+
+@contextmanager
+def _swapped(modules: tuple[ModuleType, ...], max_tokens: int):
+    """Each module's chunked rule bound to its router (Gated DeltaNet: ``_routed``; Mamba-2: ``_short_scan``)."""
+    swaps = [(m, CHUNKED if hasattr(m, CHUNKED) else SCAN) for m in modules]
     with _lock:
-        for module in modules:
-            entry = _entered.setdefault(module.__name__, [getattr(module, CHUNKED), 0])
+        for module, name in swaps:
+            entry = _entered.setdefault((module.__name__, name), [getattr(module, name), 0])
             if entry[1] == 0:
-                setattr(module, CHUNKED, _routed(module, entry[0], max_tokens))
+                router = _routed(module, entry[0], max_tokens) if name == CHUNKED else _short_scan(entry[0])
+                setattr(module, name, router)
             entry[1] += 1
     try:
         yield
     finally:
         with _lock:
-            for module in modules:
-                entry = _entered[module.__name__]
+            for module, name in swaps:
+                entry = _entered[(module.__name__, name)]
                 entry[1] -= 1
                 if entry[1] == 0:
-                    setattr(module, CHUNKED, entry[0])
-                    del _entered[module.__name__]
+                    setattr(module, name, entry[0])
+                    del _entered[(module.__name__, name)]
 
 
 __all__ = ["PER_TOKEN_MAX", "per_token_modules", "per_token_rule"]

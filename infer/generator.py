@@ -43,6 +43,7 @@ from draftsmith.infer.batch_accept import accept_rows
 from draftsmith.infer.cache import StaticKVCache
 from draftsmith.infer.call_checks import batch_mask, check_call, eos_ids, pad_id
 from draftsmith.infer.compiling import check_compile, compiled, step_begin
+from draftsmith.infer.decode_check import check_family
 from draftsmith.infer.decoding import (DecodeInstruments, DecodeSettings, DecodeState, Decoding, GenerationStats, PhaseClock,
                                        RowState)
 from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
@@ -144,7 +145,7 @@ class SpeculativeGenerator:
         rollback: str | None = None,
         per_token: bool = True,
     ) -> None:
-        check_supported(target)  # first: a stateful model it cannot decode is named with its layer kind
+        check_family(target)  # first: a stateful model it cannot decode is named with its layer kind (or its check)
         attn = getattr(target.config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
             raise ValueError(

@@ -5,6 +5,7 @@
     draftsmith generate --head DIR --prompt "..." --compare
     draftsmith export --head DIR --to vllm --out DIR
     draftsmith check-export DIR --head H --target T    # scripts/check_export.py
+    draftsmith check-target TARGET                     # scripts/check_target.py
     draftsmith bench --target DIR --heads DIR ...      # scripts/benchmark.py
     draftsmith bench-scale --shape llama3.1-8b         # scripts/bench_scale.py
     draftsmith gpu-report --real --budget-min 25       # scripts/gpu_report.py (several GPU calls)
@@ -34,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "generate": ("draftsmith.infer.generate", "cli", "speculative generation with a head or a classic drafter"),
     "export": ("draftsmith.scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
     "check-export": ("draftsmith.scripts.check_export", "cli", "an export run by its consumer's own code drafts what the head does"),
+    "check-target": ("draftsmith.scripts.check_target", "cli",
+                     "whether speculative decoding can be exact on a target (its verify against its one-token decode)"),
     "bench": ("draftsmith.scripts.benchmark", "main", "every decoding method on one target, against the bound"),
     "bench-scale": ("draftsmith.scripts.bench_scale", "main", "decoding speed at real model shapes (random weights)"),
     "gpu-report": ("draftsmith.scripts.gpu_report", "main", "the real-model experiment (--real; several GPU calls): regenerate, train, benchmark"),

@@ -63,13 +63,23 @@ HYBRIDS: dict[str, dict] = {
 }
 
 
+# What makes a tiny random model's text depend on its recurrent and conv states (tests/test_infer_hybrid_power.py
+# asserts it per family): weights of std 0.1 (the default 0.02 leaves the mixers' outputs negligible), conv
+# kernels x10 (the window matters), and a slow decay, A_log = -3 (A = -0.05: the default init forgets in a
+# few tokens, so a lost state would not show).
+STATE_SENSITIVE = dict(initializer_range=0.1, conv_scale=10.0, a_log=-3.0)
+
+
 def make_tiny_hybrid(model_type: str, *, seed: int = 0, num_layers: int | None = None, sharpen: float = 1.0,
-                     vocab: int = 96):
-    """A randomly initialised tiny fp32 hybrid causal LM, in eval mode (sdpa attention).
+                     vocab: int = 96, state_sensitive: bool = True):
+    """A randomly initialised tiny fp32 hybrid causal LM, in eval mode (sdpa attention), whose greedy text
+    depends on its recurrent and conv states (``STATE_SENSITIVE``; False: transformers' default init).
 
     ``sharpen`` scales the lm_head so greedy choices are clear (no near-ties between the
     multi-token and one-token kernels' arithmetic)."""
     options = {**_COMMON, **HYBRIDS[model_type], "vocab_size": vocab}
+    if state_sensitive:
+        options["initializer_range"] = STATE_SENSITIVE["initializer_range"]
     if num_layers is not None:
         options["num_hidden_layers"] = num_layers
         for key in ("layer_types", "layers_block_type"):
@@ -78,8 +88,15 @@ def make_tiny_hybrid(model_type: str, *, seed: int = 0, num_layers: int | None =
     config = AutoConfig.for_model(model_type, **options)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
-    if sharpen != 1.0:
-        with torch.no_grad():
+    with torch.no_grad():
+        if state_sensitive:
+            for name, param in model.named_parameters():
+                if name.endswith("A_log"):
+                    param.fill_(STATE_SENSITIVE["a_log"])
+            for module in model.modules():
+                if isinstance(module, torch.nn.Conv1d):
+                    module.weight.mul_(STATE_SENSITIVE["conv_scale"])
+        if sharpen != 1.0:
             model.get_output_embeddings().weight.mul_(sharpen)
     return model
 

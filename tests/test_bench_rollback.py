@@ -12,7 +12,7 @@ from hybrids import make_tiny_hybrid
 
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.infer.recurrent import LinearAttentionLayer
-from draftsmith.scripts.bench_rollback import main
+from draftsmith.scripts.bench_rollback import cli, main, parse_args
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 
@@ -72,8 +72,60 @@ def test_an_unknown_rollback_is_refused():
         main(["--rollback", "merged,undo"])
 
 
-def test_an_attention_target_is_refused(tmp_path, tokenizer):
+def test_an_attention_target_is_refused(tmp_path, tokenizer, capsys):
     make_tiny_target("llama", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "llama")
     tokenizer.save_pretrained(tmp_path / "llama")
-    with pytest.raises(SystemExit, match="keeps no recurrent state"):
-        main(["--target", str(tmp_path / "llama"), "--threads", "1"])
+    assert cli(["--target", str(tmp_path / "llama"), "--threads", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "keeps no recurrent state" in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_a_missing_or_attention_free_target_is_one_line(tmp_path, capsys):
+    assert cli(["--target", str(tmp_path / "nowhere"), "--threads", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: target ")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("mamba", vocab_size=32, hidden_size=16, num_hidden_layers=1, state_size=4)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "mamba")
+    assert cli(["--target", str(tmp_path / "mamba"), "--threads", "1"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: MambaForCausalLM (mamba): its Mamba-1 layers are not supported"), line
+
+
+def test_out_never_replaces_a_users_file_and_a_folder_fails_before_the_run(tmp_path, capsys):
+    """--out is checked with the arguments: a folder, or a file this script did not write, is refused by name
+    before any target loads (the target here does not exist: its error would come later)."""
+    mine = tmp_path / "u.json"
+    mine.write_text('{"mine": 1}\n')
+    for out, what in ((mine, "not a rollback benchmark report"), (tmp_path, "is a folder")):
+        assert cli(["--target", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+        assert what in capsys.readouterr().err
+    assert mine.read_text() == '{"mine": 1}\n'
+    ours = tmp_path / "ours.json"
+    ours.write_text(json.dumps({"target": "t", "command": "c"}))  # a report of this script's: may be replaced
+    assert parse_args(["--out", str(ours)]).out == ours
+
+
+def test_the_oracle_fixes_tau_on_both_targets(tmp_path, tokenizer, capsys):
+    """--oracle D/A: every step accepts A of D on the hybrid and on the reference alike (τ = A + 1 but for the
+    last steps), the output equals plain decoding, and each point reports the hybrid's speedup over the
+    reference's, the rollback's share and the phases over t(1)."""
+    target = make_tiny_hybrid("qwen3_5_text", vocab=len(tokenizer))
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    make_tiny_target("llama", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "llama")
+    assert main(["--oracle", "4/1,4/3", "--target", str(tmp_path / "target"), "--reference-target",
+                 str(tmp_path / "llama"), "--max-new-tokens", "24", "--prompts", "1", "--repeats", "1", "--threads", "1",
+                 "--out", str(tmp_path / "o.json")]) == 0
+    result = json.loads((tmp_path / "o.json").read_text())
+    for key, right in (("D4/A1", 1), ("D4/A3", 3)):
+        hybrid, reference = result["oracle"][key][str(tmp_path / "target")], result["oracle"][key]["reference"]
+        assert hybrid["identical"] and reference["identical"] and hybrid["tau"] == reference["tau"]
+        assert right < hybrid["tau"] <= right + 1 and hybrid["rollback_ms_per_step"] > 0
+        assert hybrid["speedup_over_reference"] == round(hybrid["speedup"] / reference["speedup"], 3)
+        assert {"verify", "draft", "rollback"} <= set(hybrid["phase_per_step_over_t1"])
+    assert "| D4/A3 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--oracle", "4/4", "--reference-target", "x"])  # A < D
+    with pytest.raises(SystemExit):
+        main(["--oracle", "4/1"])  # no reference to compare with

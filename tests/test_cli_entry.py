@@ -91,6 +91,7 @@ MISTAKES = {
     "generate": ["--head", "h", "--prompt", "x", "--max-new-tokens", "0"],
     "export": ["--head", "h", "--to", "nope", "--out", "o"],
     "check-export": ["e", "--head", "h", "--target", "t", "--steps", "0"],
+    "check-target": ["t", "--steps", "1"],
     "bench": ["--target", "t", "--trees", "bogus"],
     "bench-scale": ["--shape", "nope"],
     "gpu-report": ["--no-such-option"],
@@ -106,7 +107,8 @@ MISTAKES = {
 }
 # The file each command runs on its own (python FILE ARGS), where it has one.
 FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generate": "infer/generate.py",
-         "export": "scripts/export.py", "check-export": "scripts/check_export.py", "bench": "scripts/benchmark.py",
+         "export": "scripts/export.py", "check-export": "scripts/check_export.py",
+         "check-target": "scripts/check_target.py", "bench": "scripts/benchmark.py",
          "bench-scale": "scripts/bench_scale.py", "gpu-report": "scripts/gpu_report.py",
          "gpu-lease": "scripts/gpu_lease.py",
          "regenerate": "scripts/regenerate.py", "push": "scripts/push_to_hub.py",

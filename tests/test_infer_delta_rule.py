@@ -18,7 +18,7 @@ from test_infer_hybrid import Oracle, _hf, _perturbed, _prompt, _target
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer import delta_rule
-from draftsmith.infer.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, per_token_modules, per_token_rule
+from draftsmith.infer.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, SCAN, per_token_modules, per_token_rule
 from draftsmith.infer.drafters import chain_draft, root_only
 from draftsmith.infer.hf_cache import cache_kwargs, returned_cache
 from draftsmith.infer.drafters.ngram import NgramDrafter
@@ -195,8 +195,8 @@ def test_nothing_routes_where_the_rule_is_not_the_torch_reference(monkeypatch):
     assert per_token_modules(target) == (module,)
     # not on the CPU (the crossover was measured there only): the meta device stands in for a GPU
     assert per_token_modules(make_tiny_hybrid("qwen3_5_text").to("meta")) == ()
-    # families without Gated DeltaNet layers: nothing to route
-    assert per_token_modules(_target("nemotron_h")) == () == per_token_modules(_target("lfm2"))
+    # a family without Gated DeltaNet or Mamba-2 layers, or per-token mixers: nothing to route
+    assert per_token_modules(_target("lfm2")) == ()
 
 
 @pytest.mark.parametrize("arch", sorted(HYBRIDS))
@@ -209,10 +209,40 @@ def test_every_hybrid_stays_lossless_with_the_routing(monkeypatch, arch):
     ref = _hf(target, ids, 32)
     routed = []
     for module in per_token_modules(target):
-        monkeypatch.setattr(module, PER_TOKEN, _counted(getattr(module, PER_TOKEN), routed))
+        if hasattr(module, PER_TOKEN):  # a Gated DeltaNet modeling module (not a Mamba-2 one, nor a mixer)
+            monkeypatch.setattr(module, PER_TOKEN, _counted(getattr(module, PER_TOKEN), routed))
     for drafter in (NgramDrafter(length=5), _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))):
         assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=32), ref), arch
     assert (LAYER_KINDS[arch] == "Gated DeltaNet") == any(n > 1 for n in routed)
+
+
+MAMBA2 = ("nemotron_h", "bamba", "granitemoehybrid", "falcon_h1")
+
+
+@pytest.mark.parametrize("arch", MAMBA2)
+def test_short_mamba2_scans_run_in_one_chunk_of_their_length(monkeypatch, arch):
+    """A stateful scan shorter than the layer's chunk (a verify, a replay) runs with chunk_size = its length
+    (no padding to the chunk: docs/hybrid.md); the prefill, and anything outside the generator, keep the
+    layer's chunk size; the output stays the target's own."""
+    target = _target(arch)
+    ids = _prompt(random.Random(7), 14)
+    ref = _hf(target, ids, 32)
+    (module,) = per_token_modules(target)
+    calls = []  # (tokens, chunk_size, has state)
+    scan = getattr(module, SCAN)
+
+    def counted(hidden_states, dt, A, B, C, chunk_size, *args, **kwargs):
+        calls.append((hidden_states.shape[1], chunk_size, kwargs.get("initial_states") is not None))
+        return scan(hidden_states, dt, A, B, C, chunk_size, *args, **kwargs)
+
+    gen = SpeculativeGenerator(target, Oracle(ref, good=4), rollback="replay")
+    monkeypatch.setattr(module, SCAN, counted)  # after the generator: transformers' own scan, counted
+    assert torch.equal(gen.generate(ids, max_new_tokens=32), ref)
+    chunk = target.config.get_text_config().mamba_chunk_size if hasattr(target.config, "mamba_chunk_size") else \
+        target.config.chunk_size
+    assert {n == size for n, size, state in calls if state and n > 1} == {True}
+    assert all(size == chunk for n, size, state in calls if not state)
+    assert getattr(module, SCAN) is counted  # its own function back after the decode
 
 
 def _counted(fn, into: list):
@@ -230,7 +260,7 @@ class AllRight(Oracle):
     kept (a partial accept restores the checkpoint and never reads them)."""
 
     def _propose(self, state, root, max_depth: int):
-        right = self.ref[state["seq"].numel(): state["seq"].numel() + min(self.good, max_depth)]
+        right = state["ref"][state["seq"].numel(): state["seq"].numel() + min(self.good, max_depth)]
         return root_only(root) if right.numel() < 1 else chain_draft([root, *right], [])
 
 
@@ -271,3 +301,22 @@ def test_a_router_that_loses_the_state_is_caught(monkeypatch, bug):
 
     monkeypatch.setattr(delta_rule, "_routed", planted)
     assert not all(torch.equal(out, ref) for out, ref in _runs(target))
+
+
+def test_a_short_scan_that_loses_the_state_is_caught(monkeypatch):
+    """Planted bug: the short Mamba-2 scan drops the layer's state (every verify starts from zeros)."""
+    target = _target("nemotron_h")
+    ids = _prompt(random.Random(7), 14)  # no near-tie (seed 8 has one: margin 5e-6)
+    ref = _hf(target, ids, 32)
+    assert torch.equal(SpeculativeGenerator(target, Oracle(ref, good=4)).generate(ids, max_new_tokens=32), ref)
+    short_scan = delta_rule._short_scan
+
+    def planted(chunked):
+        scan = short_scan(chunked)
+
+        def stateless(*args, initial_states=None, **kwargs):
+            return scan(*args, initial_states=None if args[0].shape[1] > 1 else initial_states, **kwargs)
+        return stateless
+
+    monkeypatch.setattr(delta_rule, "_short_scan", planted)
+    assert not torch.equal(SpeculativeGenerator(target, Oracle(ref, good=4)).generate(ids, max_new_tokens=32), ref)

@@ -157,10 +157,12 @@ def test_the_rollback_option_is_checked():
 # ------------------------------------------------------------------------------------- planted bugs
 
 def _oracle_runs(arch: str, rollback: str = "merged") -> list[tuple[torch.Tensor, torch.Tensor, SpeculativeGenerator]]:
-    """(output, the target's own, generator) for three prompts, a partial accept at every step."""
+    """(output, the target's own, generator) for three prompts, a partial accept at every step. The state-sensitive
+    Nemotron-H's prompt 2 differs from ``generate`` with or without the verify's routing (a rounding near-tie):
+    it runs prompts 3-5."""
     target = _target(arch)
     runs = []
-    for seed in (2, 3, 4):
+    for seed in (3, 4, 5) if arch == "nemotron_h" else (2, 3, 4):
         ids = _prompt(random.Random(seed), 14)
         ref = _hf(target, ids, 48)
         gen = SpeculativeGenerator(target, RowOracle([ref[0]]), rollback=rollback)

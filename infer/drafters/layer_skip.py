@@ -28,6 +28,7 @@ from draftsmith.data.base.paths import cache_root
 from draftsmith.heads.common import final_norm_name
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.masked_forward import attention_masks
+from draftsmith.infer.recurrent import model_type
 from draftsmith.infer.drafters.base import Chain, Draft, Sampling, chain_buffers
 from draftsmith.infer.drafters.lm_drafter import LMDrafter, LMState
 from draftsmith.infer.hf_cache import cache_kwargs
@@ -163,6 +164,9 @@ class LayerSkipDrafter(LMDrafter):
 
     def __init__(self, target: nn.Module, k: int | None = None, tree: Chain | None = None,
                  confidence: float | None = None) -> None:
+        if model_type(target) == "zamba":  # measured: tests/test_infer_hybrid.py
+            raise ValueError("ZambaForCausalLM (zamba): layer skip is refused: its drafts through the shared first "
+                             "layers leave the output different from the target's own generate (not found why yet)")
         found = calibrated_layers(target) if k is None else None
         self.calibrated = found is not None
         self.layers = k if k is not None else found or default_layers(target)
