@@ -282,10 +282,8 @@ def time_paths(gen, ids, paths: list[int], depth: int, repeats: int) -> dict:
 def _generator(model, drafter, rule: str = "per-token", **options):
     from draftsmith.infer import SpeculativeGenerator
 
-    gen = SpeculativeGenerator(model, drafter, **options)
-    if rule == "chunked":
-        gen.per_token_modules = ()  # the routing off: every multi-token forward runs the chunked rule
-    return gen
+    # "chunked": the routing off, every multi-token forward runs the chunked rule
+    return SpeculativeGenerator(model, drafter, per_token=rule != "chunked", **options)
 
 
 def _ms(times: dict) -> dict:

@@ -12,7 +12,7 @@ FOLDERS = ("data", "heads", "infer", "train", "scripts")
 MAX_FUNCTION = 80
 MAX_GENERATOR, MAX_STEP = 450, 40
 # Functions another change is splitting (path:name): each must still be long, so that a fixed one leaves this list.
-KNOWN_LONG = {"scripts/bench_rollback.py:main"}
+KNOWN_LONG: set[str] = set()
 
 
 def lines(node: ast.AST) -> int:
