@@ -207,7 +207,7 @@ def _comparable(provenance: dict) -> dict:
 # ------------------------------------------------------------------------ driver
 
 
-def plan_conversations(rows: Iterable, skip: set[int], stats: Stats) -> Iterator[Conversation]:
+def pending_conversations(rows: Iterable, skip: set[int], stats: Stats) -> Iterator[Conversation]:
     """Rows to regenerate, normalized like training data; bad rows counted in ``stats``."""
     for index, row in enumerate(rows):
         if index in skip:
@@ -242,7 +242,7 @@ def regenerate(rows: list, out: Path, engine, settings: Settings, *, resume: boo
     done, stats.cut_line_bytes = read_existing(out, settings) if resume else (set(), 0)
     stats.rows_resumed = len(done)
     failures_in_a_row = 0
-    conversations = list(plan_conversations(rows, done, stats))
+    conversations = list(pending_conversations(rows, done, stats))
     writer = JsonlAppender(out)
     bar = progress_bar(len(conversations), "regenerate", enabled=progress)  # lines in a log file
     start = time.perf_counter()

@@ -18,8 +18,8 @@ from huggingface_hub import ModelCardData
 from draftsmith.data.base.names import is_demo, public_target_name
 from draftsmith.heads.common import DraftHead
 
-METRICS_FILE = "metrics.jsonl"  # train.setup: one JSON record per line; evaluations carry "tau", "acc", ...
-TRAIN_CONFIG_FILE = "config.yaml"  # train.setup: the resolved TrainConfig
+METRICS_FILE = "metrics.jsonl"  # train.run: one JSON record per line; evaluations carry "tau", "acc", ...
+TRAIN_CONFIG_FILE = "config.yaml"  # train.run: the resolved TrainConfig
 TRAINING_FILES = (METRICS_FILE, TRAIN_CONFIG_FILE)  # uploaded with the head when present
 
 

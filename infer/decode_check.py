@@ -20,7 +20,7 @@ from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
 from draftsmith.infer.recurrent import LAYER_KINDS, REFUSED_KINDS, check_supported, is_hybrid, model_type, unsupported
 
 # The largest logit difference read as rounding: relative to the largest logit (fp32; measured in
-# docs/hybrid.md: up to 8e-6 of it for fp32 rounding on tests/hybrids.py, 9e-5..2 where the function differs).
+# docs/hybrid.md: up to 8e-6 of it for fp32 rounding on tests/support/hybrids.py, 9e-5..2 where the function differs).
 RELATIVE_TOLERANCE = 2e-5
 
 

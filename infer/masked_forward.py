@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.cache import StaticKVCache
-from draftsmith.infer.hf_cache import cache_kwargs
+from draftsmith.infer.cache_keywords import cache_kwargs
 from draftsmith.infer.recurrent import RECURRENT_MASK_KEYS, is_hybrid
 from draftsmith.infer.target import TargetOutput, backbone_of, causal_lm_of
 

@@ -5,7 +5,7 @@ Greedy speculative decoding is lossless when a verify over N drafted tokens comp
 ``generate`` computes one token at a time. transformers' Mamba mixers do not: their forward over several
 tokens with a state (a verify) runs another function than over one token (a decode step):
 - Jamba's and Zamba's Mamba-1 mixers run ``mamba_selective_scan`` from a zero state whenever the forward has
-  several tokens: the state the cache holds is ignored (max logit difference 3.2 on tests/hybrids.py's
+  several tokens: the state the cache holds is ignored (max logit difference 3.2 on tests/support/hybrids.py's
   Jamba, argmax agreeing at 1 of 24 positions);
 - Zamba2's Mamba-2 mixer computes something else over several tokens than its one-token update (6.5e-4,
   1e-4 of the largest logit); the other Mamba-2 families (Nemotron-H, Bamba, Granite-4.0-H, Falcon-H1)

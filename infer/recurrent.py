@@ -58,7 +58,7 @@ def is_hybrid(model_or_config) -> bool:
     return any(t in RECURRENT_LAYER_TYPES for t in layer_types(model_or_config))
 
 
-# The hybrid families whose speculative decoding is tested lossless (tests/hybrids.py builds each tiny), by
+# The hybrid families whose speculative decoding is tested lossless (tests/support/hybrids.py builds each tiny), by
 # the text config's ``model_type``, with the kind of their recurrent layers: each goes through transformers'
 # own ``LinearAttentionLayer`` cache interface, so a checkpoint of those states rolls it back.
 LAYER_KINDS = {

@@ -18,7 +18,7 @@ fewer tokens than it ran (``LinearStates.checkpoint``). Shapes, as transformers'
 - Short conv (LFM2, LFM2-MoE, LFM3): conv (hidden, conv_L_cache); no recurrent state.
 
 Conv windows are held in the model's dtype, recurrent matrices in fp32 whatever the model's dtype (what
-transformers' kernels return: measured with bf16 models of every tiny hybrid in tests/hybrids.py).
+transformers' kernels return: measured with bf16 models of every tiny hybrid in tests/support/hybrids.py).
 """
 from __future__ import annotations
 

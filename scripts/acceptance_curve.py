@@ -10,7 +10,7 @@ Per budget and recipe (``RECIPES``: a config file and its overrides, all on the 
 continues it as much without the rollout as ``<recipe>+sup``: its supervised control (the same steps, loss, lr,
 warm-up and anchors; ``CONTROL``), so the stage's gain is read against the same steps spent supervised.
 Each head is measured three ways: the held-out simulated τ of training's evaluation, and one greedy decode
-of ``--prompt`` against the target's own ``generate`` (``infer.generate``'s ``--compare``: ``--rounds``
+of ``--prompt`` against the target's own ``generate`` (``infer.cli``'s ``--compare``: ``--rounds``
 rounds alternating, the same process): its τ (tokens per target forward) and its speedup. Writes
 results.json (after every head: a long run keeps what it measured), curve.md and curve.png to ``--out``.
 ``--set`` overrides go to every training run (after the recipe's). Heads go to ``--runs``.
@@ -93,18 +93,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def train(config: str, overrides: list[str]):
-    """One training run in this process (``train.setup.setup``)."""
+    """One training run in this process (``train.run.setup``)."""
     from draftsmith.train.config import load_config
-    from draftsmith.train.setup import setup
+    from draftsmith.train.run import setup
 
     return setup(load_config(ROOT / config, overrides))
 
 
 def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, rounds: int) -> dict:
-    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m draftsmith.infer.generate --compare`` measures them."""
+    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m draftsmith.infer.cli --compare`` measures them."""
     import torch
 
-    from draftsmith.infer.generate import compare_rounds, encode
+    from draftsmith.infer.cli import compare_rounds, encode
     from draftsmith.infer.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator.from_pretrained(target, str(head_dir), device="cpu")

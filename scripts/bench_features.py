@@ -23,7 +23,7 @@ from draftsmith.infer.threads import choose_threads
 from draftsmith.train.config import load_config
 from draftsmith.train.examples import IndexedRows, collate
 from draftsmith.train.feature_source import FeatureSource
-from draftsmith.train.setup import prepare_run
+from draftsmith.train.run import prepare_run
 from draftsmith.train.objectives import objective_class
 
 

@@ -13,7 +13,7 @@ prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafte
 3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
 ``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.lookup_first``); each head with every
 tree in ``--trees`` (by default ``default,tree,chain4``; a tree equal to an earlier one is run once):
-``default`` (what ``python -m draftsmith.infer.generate`` and a generator given no tree draft: on CPU an EAGLE
+``default`` (what ``python -m draftsmith.infer.cli`` and a generator given no tree draft: on CPU an EAGLE
 head's adaptive chain), ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
 an EAGLE-2 dynamic tree), ``chainN``,
 ``dynD-K-N`` (EAGLE: DynamicTree(depth=D, top_k=K, total_tokens=N)), ``medusaN`` (the first N
@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=cli_count(), default=3)
     p.add_argument("--warmup", type=cli_count(0), default=1)
     p.add_argument("--trees", default="default,tree,chain4",
-                   help="comma-separated trees per head: default (what infer.generate decodes with: on CPU an EAGLE "
+                   help="comma-separated trees per head: default (what infer.cli decodes with: on CPU an EAGLE "
                         "head's adaptive chain), tree, chainN, dynD-K-N, medusaN (default: default,tree,chain4)")
     p.add_argument("--no-prompt-lookup", action="store_true", help="skip HF prompt-lookup decoding")
     p.add_argument("--no-hf-static", action="store_true", help="skip HF generate with a static cache")

@@ -32,7 +32,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("draftsmith.train.train_head", "cli", "train a draft head (configs/demo.yaml by default)"),
     "launch": ("draftsmith.scripts.launch", "cli", "accelerate launch of the training (several processes), ending with its own exit code"),
-    "generate": ("draftsmith.infer.generate", "cli", "speculative generation with a head or a classic drafter"),
+    "generate": ("draftsmith.infer.cli", "cli", "speculative generation with a head or a classic drafter"),
     "export": ("draftsmith.scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
     "check-export": ("draftsmith.scripts.check_export", "cli", "an export run by its consumer's own code drafts what the head does"),
     "check-target": ("draftsmith.scripts.check_target", "cli",

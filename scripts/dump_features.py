@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftsmith.train.examples import collate, data_sources, load_examples
     from draftsmith.train.feature_source import feature_fingerprint, row_states
     from draftsmith.train.objectives import objective_class
-    from draftsmith.train.setup import load_frozen_target
+    from draftsmith.train.run import load_frozen_target
 
     device = default_device(args.device)
     if device.type == "cpu":  # as training: one thread was 10-50x faster than two on a busy machine

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from test_train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.scripts import acceptance_curve
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import test_train_fixtures
-from conftest import make_tiny_target
-from hybrids import make_tiny_hybrid
+from support import train_fixtures
+from support.targets import make_tiny_target
+from support.hybrids import make_tiny_hybrid
 
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.infer.recurrent import LinearAttentionLayer
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid tar
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_tokenizer(test_train_fixtures.source_texts(), vocab_size=300)
+    return train_tokenizer(train_fixtures.source_texts(), vocab_size=300)
 
 
 def test_it_reports_both_rollbacks_and_the_verify_cost(tmp_path, tokenizer):

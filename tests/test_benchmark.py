@@ -3,24 +3,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
+from support.benchmark import ROOT, load_script
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.heads import build_head
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +35,7 @@ def bench_dirs(tmp_path_factory):
 def test_benchmark_measures_every_method(bench_dirs):
     root, heads, prompts = bench_dirs
     out = root / "out"
-    result = _load_script().main([
+    result = load_script().main([
         "--target", str(root / "target"), "--heads", *heads, "--assistant", str(root / "assistant"),
         "--assistant-head", str(root / "assistant-head"),
         "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "8", "--ignore-eos",
@@ -91,7 +80,7 @@ def test_benchmark_measures_every_method(bench_dirs):
 
 
 def test_the_default_methods_include_what_infer_generate_decodes(bench_dirs):
-    """On CPU an EAGLE head decodes with its adaptive chain by default (python -m draftsmith.infer.generate): the
+    """On CPU an EAGLE head decodes with its adaptive chain by default (python -m draftsmith.infer.cli): the
     benchmark's default --trees runs it too, so the head is not judged by shapes nobody decodes with; a
     default equal to another tree (Medusa's is its static tree) runs once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -99,7 +88,7 @@ def test_the_default_methods_include_what_infer_generate_decodes(bench_dirs):
     from draftsmith.infer.bench.methods import build_methods
 
     root, heads, _ = bench_dirs
-    module = _load_script()
+    module = load_script()
     args = module.parse_args(["--target", str(root / "target"), "--heads", *heads[:2], "--no-prompt-lookup",
                               "--no-hf-static"])
     assert args.trees == ["default", "tree", "chain4"]
@@ -119,7 +108,7 @@ def test_benchmark_static_path_counts_from_the_generator(bench_dirs):
     replays), tokens per verify is the padded budget, t(N) is the static step's, and every speedup
     is also given against HF's static-cache generate."""
     root, heads, prompts = bench_dirs
-    result = _load_script().main([
+    result = load_script().main([
         "--target", str(root / "target"), "--heads", heads[1], "--prompts", str(prompts), "--num-prompts", "2",
         "--max-new-tokens", "8", "--ignore-eos", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,3",
         "--no-prompt-lookup", "--trees", "chain2", "--compile", "eager",
@@ -141,13 +130,13 @@ def test_prompt_file_rows_must_have_prompt_or_messages(bench_dirs, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "x"}\n{"question": "y"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: a prompt row needs 'prompt' or 'messages'"):
-        _load_script().main(["--target", str(root / "target"), "--prompts", str(bad), "--out", str(tmp_path / "o")])
+        load_script().main(["--target", str(root / "target"), "--prompts", str(bad), "--out", str(tmp_path / "o")])
 
 
 def test_unknown_tree_spec_is_refused(bench_dirs, tmp_path, capsys):
     root, heads, prompts = bench_dirs
     with pytest.raises(SystemExit):
-        _load_script().main(["--target", str(root / "target"), "--heads", *heads, "--trees", "tree,dyn3-2",
+        load_script().main(["--target", str(root / "target"), "--heads", *heads, "--trees", "tree,dyn3-2",
                              "--out", str(tmp_path / "o")])
     assert "unknown tree(s) ['dyn3-2']" in capsys.readouterr().err
 
@@ -182,7 +171,7 @@ def test_prompts_file_with_messages_rows():
         f.write(json.dumps({"messages": [{"role": "user", "content": "hello there"}]}) + "\n")
         f.write(json.dumps({"prompt": "how are you"}) + "\n")
     args = argparse.Namespace(prompts=f.name, num_prompts=8, prompt_tokens=16, max_new_tokens=8)
-    prompts = _load_script().load_prompts(args, tokenizer)
+    prompts = load_script().load_prompts(args, tokenizer)
     assert len(prompts) == 2 and all(isinstance(t, int) for p in prompts for t in p)
     expected = tokenizer.apply_chat_template([{"role": "user", "content": "hello there"}],
                                              add_generation_prompt=True, tokenize=True)
@@ -194,7 +183,7 @@ def test_benchmark_batch_sizes_compare_with_hf_batched_static(bench_dirs):
     every row's greedy output identical to HF's."""
     root, heads, prompts = bench_dirs
     out = root / "out-batch"
-    result = _load_script().main([
+    result = load_script().main([
         "--target", str(root / "target"), "--heads", heads[1], "--prompts", str(prompts), "--num-prompts", "2",
         "--max-new-tokens", "8", "--ignore-eos", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1",
         "--trees", "chain2", "--compile", "false", "--batch-sizes", "1,4", "--out", str(out),
@@ -212,7 +201,7 @@ def test_max_minutes_stops_between_prompts_with_the_same_prompts_for_every_metho
     """--max-minutes: past the deadline no new prompt starts; every method keeps the prompts timed so
     far (at least one), and the report counts those (the GPU report's benchmark phase uses it)."""
     root, heads, prompts = bench_dirs
-    result = _load_script().main([
+    result = load_script().main([
         "--target", str(root / "target"), "--heads", heads[0], "--prompts", str(prompts), "--num-prompts", "2",
         "--max-new-tokens", "6", "--ignore-eos", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1",
         "--no-prompt-lookup", "--no-hf-static", "--trees", "chain2", "--max-minutes", "0.0001",
@@ -223,10 +212,10 @@ def test_max_minutes_stops_between_prompts_with_the_same_prompts_for_every_metho
     assert all(row["identical"] for row in result["rows"])
     assert "time is up after 1 of 2 prompts" in capsys.readouterr().out  # the prompts file holds two
     with pytest.raises(SystemExit):
-        _load_script().parse_args(["--target", "t", "--max-minutes", "0"])
+        load_script().parse_args(["--target", "t", "--max-minutes", "0"])
 
 
 def test_assistant_head_needs_the_assistant(capsys):
     with pytest.raises(SystemExit) as err:
-        _load_script().parse_args(["--target", "t", "--assistant-head", "h"])
+        load_script().parse_args(["--target", "t", "--assistant-head", "h"])
     assert err.value.code == 2 and "--assistant-head guesses the assistant's drafts: pass --assistant" in capsys.readouterr().err

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import make_tiny_target
-from hybrids import make_tiny_hybrid
-from test_benchmark import _load_script
+from support.targets import make_tiny_target
+from support.hybrids import make_tiny_hybrid
+from support.benchmark import load_script
 
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.heads import build_head
@@ -34,7 +34,7 @@ def hybrid_dirs(tmp_path_factory):
 def test_benchmark_on_a_hybrid_skips_what_cannot_run_and_says_why(hybrid_dirs):
     root, prompts = hybrid_dirs
     out = root / "out"
-    result = _load_script().main([
+    result = load_script().main([
         "--target", str(root / "target"), "--heads", str(root / "eagle3"), str(root / "dflash"),
         "--assistant", str(root / "assistant"), "--prompts", str(prompts), "--num-prompts", "2",
         "--max-new-tokens", "8", "--ignore-eos", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4",

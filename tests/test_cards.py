@@ -5,15 +5,15 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.targets import make_tiny_target
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.data.base.paths import cache_root
 from draftsmith.heads import build_head
 from draftsmith.heads.card import model_card
 from draftsmith.data.base.names import public_target_name
 from draftsmith.heads.formats import export_head
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 SNAPSHOT = "/root/.cache/huggingface/hub/models--org--tiny-llama/snapshots/0123abcd"
 

@@ -7,35 +7,22 @@ config/tensor-level ones below still run."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from safetensors.torch import load_file, save_file
-from test_formats import _perturb
+from support.targets import make_tiny_target
+from support.formats import perturb
+from support.check_export import check, check_export_plant, export
 
 from draftsmith.heads import build_head
 from draftsmith.heads.formats import export_head, validate_export
-from draftsmith.heads.formats.parity import compare_steps, compare_tensors, speculators_python, venv_dir
+from draftsmith.heads.formats.parity import compare_steps, compare_tensors, venv_dir
 from draftsmith.scripts.check_export import cli as check_cli
 
 L = 8
-
-
-def _library() -> Path:
-    given = os.environ.get("DRAFTSMITH_SPECULATORS_PYTHON")
-    if given:
-        return Path(given)
-    try:
-        return speculators_python(create=False)
-    except FileNotFoundError as err:
-        if os.environ.get("CI"):  # .ci/run builds the venv: a consumer check that cannot run there is a failure
-            pytest.fail(f"CI without the speculators venv: {err}")
-        pytest.skip(f"speculators 0.9.0 is not installed here ({err})")
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +38,6 @@ def verifiers(tmp_path_factory):
     return out
 
 
-def _export(tmp_path, head, target, name="spec"):
-    head_dir = tmp_path / f"{name}-head"
-    head.save_pretrained(head_dir)
-    out = export_head(head, tmp_path / name, "speculators", target=target, verifier=target.config._name_or_path)
-    return out, head_dir
-
-
-def _check(out, head_dir, target, capsys):
-    code = check_cli([str(out), "--head", str(head_dir), "--target", target.config._name_or_path,
-                      "--python", str(_library())])
-    return code, capsys.readouterr().out
-
-
 EAGLE3_VARIANTS = {"plain": {}, "fc_norm": {"fc_norm": True}, "norm_output": {"norm_output": True},
                    "reduced": {"draft_vocab_size": 40}}
 
@@ -74,8 +48,8 @@ def test_eagle3_exports_draft_alike_in_the_library(tmp_path, verifiers, capsys, 
     head = build_head("eagle3", target, **EAGLE3_VARIANTS[variant])
     if variant == "reduced":
         head.set_draft_vocab(torch.arange(0, 80, 2))
-    out, head_dir = _export(tmp_path, _perturb(head), target)
-    code, printed = _check(out, head_dir, target, capsys)
+    out, head_dir = export(tmp_path, perturb(head), target)
+    code, printed = check(out, head_dir, target, capsys)
     assert code == 0, printed
     assert printed.count("drafted tokens") == 3 and "MISMATCH" not in printed and "parity: ok" in printed
     assert "loaded exactly" in printed
@@ -83,30 +57,19 @@ def test_eagle3_exports_draft_alike_in_the_library(tmp_path, verifiers, capsys, 
 
 def test_dflash_export_drafts_alike_in_the_library(tmp_path, verifiers, capsys):
     target = verifiers["qwen3"]
-    head = _perturb(build_head("dflash", target, num_layers=2, block_size=4, mask_token_id=90))
-    out, head_dir = _export(tmp_path, head, target)
-    code, printed = _check(out, head_dir, target, capsys)
+    head = perturb(build_head("dflash", target, num_layers=2, block_size=4, mask_token_id=90))
+    out, head_dir = export(tmp_path, head, target)
+    code, printed = check(out, head_dir, target, capsys)
     assert code == 0 and "tensors: 25/25 loaded exactly" in printed and "dflash_config.causal=false ok" in printed
     assert [line.split(":")[0] for line in printed.splitlines() if "drafted tokens" in line] == \
         ["block position 1", "block position 2", "block position 3"]  # the drafts; position 0 is the anchor
 
 
-def _plant(out, config_edit=None, tensor_edit=None):
-    config = json.loads((out / "config.json").read_text())
-    tensors = load_file(out / "model.safetensors")
-    if config_edit:
-        config_edit(config)
-    if tensor_edit:
-        tensor_edit(tensors)
-    (out / "config.json").write_text(json.dumps(config))
-    save_file(tensors, out / "model.safetensors")
-
-
 def test_a_flipped_causal_flag_fails(tmp_path, verifiers, capsys):
     target = verifiers["qwen3"]
-    out, head_dir = _export(tmp_path, _perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)
-    _plant(out, lambda c: c.update(sliding_window_non_causal=False))  # what the export wrote before
-    code, printed = _check(out, head_dir, target, capsys)
+    out, head_dir = export(tmp_path, perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)
+    check_export_plant(out, lambda c: c.update(sliding_window_non_causal=False))  # what the export wrote before
+    code, printed = check(out, head_dir, target, capsys)
     assert code == 1 and "dflash_config.causal=true MISMATCH" in printed, printed
 
 
@@ -114,9 +77,9 @@ def test_a_missing_embedding_fails(tmp_path, verifiers, capsys):
     """The export as it was before: no embed_tokens.weight, so the library drafts from whatever its own
     uninitialised embedding holds."""
     target = verifiers["llama"]
-    out, head_dir = _export(tmp_path, _perturb(build_head("eagle3", target)), target)
-    _plant(out, tensor_edit=lambda t: t.pop("embed_tokens.weight"))
-    code, printed = _check(out, head_dir, target, capsys)
+    out, head_dir = export(tmp_path, perturb(build_head("eagle3", target)), target)
+    check_export_plant(out, tensor_edit=lambda t: t.pop("embed_tokens.weight"))
+    code, printed = check(out, head_dir, target, capsys)
     assert code == 1 and "missing tensors ['embed_tokens.weight']" in printed and "parity: MISMATCH" in printed
 
 
@@ -124,9 +87,9 @@ def test_the_other_norm_output_meaning_fails(tmp_path, verifiers, capsys):
     """A norm_output head exported with the flag false (SpecForge's meaning of our true): the library feeds
     the pre-norm state forward, so step 0 agrees and the later steps do not."""
     target = verifiers["llama"]
-    out, head_dir = _export(tmp_path, _perturb(build_head("eagle3", target, norm_output=True)), target)
-    _plant(out, lambda c: c.update(norm_output=False))
-    code, printed = _check(out, head_dir, target, capsys)
+    out, head_dir = export(tmp_path, perturb(build_head("eagle3", target, norm_output=True)), target)
+    check_export_plant(out, lambda c: c.update(norm_output=False))
+    code, printed = check(out, head_dir, target, capsys)
     lines = [line for line in printed.splitlines() if line.startswith("step")]
     assert code == 1 and lines[0].endswith("ok") and lines[1].endswith("MISMATCH"), printed
 
@@ -137,9 +100,9 @@ def test_the_other_norm_output_meaning_fails(tmp_path, verifiers, capsys):
 def test_dflash_speculators_export_declares_non_causal_attention(tmp_path, verifiers):
     """vLLM's update_dflash: dflash_config.causal = not sliding_window_non_causal; today's false is refused."""
     target = verifiers["qwen3"]
-    out, _ = _export(tmp_path, _perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)
+    out, _ = export(tmp_path, perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)
     assert json.loads((out / "config.json").read_text())["sliding_window_non_causal"] is True
-    _plant(out, lambda c: c.update(sliding_window_non_causal=False))
+    check_export_plant(out, lambda c: c.update(sliding_window_non_causal=False))
     with pytest.raises(ValueError, match="sliding_window_non_causal=False: vLLM's update_dflash would make every"):
         validate_export(out, "speculators")
 
@@ -160,7 +123,7 @@ def test_without_the_library_the_check_says_how_to_install_it(tmp_path, verifier
     monkeypatch.setenv("DRAFTSMITH_VENVS", str(tmp_path / "venvs"))
     assert venv_dir() == tmp_path / "venvs" / "speculators-0.9.0"
     target = verifiers["llama"]
-    out, head_dir = _export(tmp_path, _perturb(build_head("eagle3", target)), target)
+    out, head_dir = export(tmp_path, perturb(build_head("eagle3", target)), target)
     assert check_cli([str(out), "--head", str(head_dir), "--target", target.config._name_or_path]) == 2
     assert "pass --install to create it" in capsys.readouterr().err
     assert not (tmp_path / "venvs").exists()  # never created unasked
@@ -180,7 +143,7 @@ def test_usage_mistakes_are_one_line_with_exit_code_2(tmp_path, capsys):
 
 
 def _engine_export(tmp_path, target, kind, fmt, name="export", shift=0.0, **options):
-    head = _perturb(build_head(kind, target, **options))
+    head = perturb(build_head(kind, target, **options))
     with torch.no_grad():
         for p in head.parameters():
             p.add_(shift)
@@ -203,7 +166,7 @@ def test_an_engine_export_that_is_not_the_head_s_fails(tmp_path, verifiers, caps
     argv = [str(out), "--head", str(head_dir), "--target", target.config._name_or_path]
     assert check_cli(argv) == 0, capsys.readouterr().out
     assert "export: ok" in capsys.readouterr().out
-    _plant(out, plant)
+    check_export_plant(out, plant)
     code, printed = check_cli(argv), capsys.readouterr().out
     assert code == 1 and named in printed and "export: MISMATCH" in printed, printed
 
@@ -265,8 +228,8 @@ def test_a_missing_causal_flag_is_named_as_vllm_reads_it(tmp_path, verifiers):
     """vLLM's update_dflash reads a missing sliding_window_non_causal as true (dflash_config.causal = not
     get(..., True)): the refusal must not say vLLM would run the blocks causally."""
     target = verifiers["qwen3"]
-    out, _ = _export(tmp_path, _perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)
-    _plant(out, lambda c: c.pop("sliding_window_non_causal"))
+    out, _ = export(tmp_path, perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)
+    check_export_plant(out, lambda c: c.pop("sliding_window_non_causal"))
     with pytest.raises(ValueError, match="sliding_window_non_causal is missing: vLLM's update_dflash reads that as "
                                          "true") as err:
         validate_export(out, "speculators")

@@ -57,7 +57,7 @@ PROBE = ("import sys, atexit; atexit.register(lambda: print('loaded:', 'torch' i
 
 @pytest.mark.parametrize("call, name", [
     ("from draftsmith.scripts.cli import main; sys.exit(main(['generate', {}]))", "draftsmith generate"),
-    ("from draftsmith.infer.generate import cli; sys.exit(cli([{}]))", "python -m draftsmith.infer.generate"),
+    ("from draftsmith.infer.cli import cli; sys.exit(cli([{}]))", "python -m draftsmith.infer.cli"),
 ])
 @pytest.mark.parametrize("mistake, message", [
     ("'--head', 'h', '--prompt', 'x', '--max-new-tokens', '0'", "argument --max-new-tokens: a whole number >= 1"),
@@ -106,7 +106,7 @@ MISTAKES = {
     "dump-features": ["--out", "o", "--dtype", "fp4"],
 }
 # The file each command runs on its own (python FILE ARGS), where it has one.
-FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generate": "infer/generate.py",
+FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generate": "infer/cli.py",
          "export": "scripts/export.py", "check-export": "scripts/check_export.py",
          "check-target": "scripts/check_target.py", "bench": "scripts/benchmark.py",
          "bench-scale": "scripts/bench_scale.py", "gpu-report": "scripts/gpu_report.py",

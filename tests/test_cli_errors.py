@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from huggingface_hub import HfApi
 
 import draftsmith.data.demo
@@ -119,7 +119,7 @@ def test_a_head_on_an_unreachable_hub_names_the_repo(dirs, tmp_path, monkeypatch
 
 
 def test_generate_cli_mistakes_are_one_line(dirs, tmp_path, capsys):
-    from draftsmith.infer.generate import cli
+    from draftsmith.infer.cli import cli
 
     assert cli(["--head", str(tmp_path / "missing"), "--prompt", "w5"]) == 2
     assert "no such directory" in _one_error_line(capsys)
@@ -160,7 +160,7 @@ def test_infer_does_not_import_train():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n in ("train", "draftsmith.train") or n.startswith(("train.", "draftsmith.train.")) for n in names), f"{path.name} imports {names}"
-    proc = subprocess.run([sys.executable, "-c", "import sys, draftsmith.infer, draftsmith.infer.generate; "
+    proc = subprocess.run([sys.executable, "-c", "import sys, draftsmith.infer, draftsmith.infer.cli; "
                            "print(sorted(m for m in sys.modules if m.split('.')[:2] == ['draftsmith', 'train']))"],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import datasets
 import pytest
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoTokenizer
 
 from draftsmith.data.pipeline import build_examples, load_rows
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 ROWS = [{"text": "def f(x):\n    return x + 1\n" * 3}, {"text": "class A:\n    pass\n" * 4}]
 

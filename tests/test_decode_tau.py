@@ -9,15 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.targets import make_tiny_target
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
 from draftsmith.infer.drafters import DynamicTree, make_drafter
 from draftsmith.infer.generator import SpeculativeGenerator
 from draftsmith.train import decode_tau as dt
-from draftsmith.train.evaluate import best_metric, decode_prompts
-from draftsmith.train.setup import setup
+from draftsmith.train.evaluation import best_metric, decode_prompts
+from draftsmith.train.run import setup
 
 NEW_TOKENS = 40
 

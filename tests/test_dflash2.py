@@ -10,9 +10,9 @@ import random
 
 import pytest
 import torch
-from conftest import ARCHES, make_successor_target, make_tiny_target
-from test_dflash_infer import fit_dflash
-from test_infer_sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
+from support.targets import ARCHES, make_successor_target, make_tiny_target
+from support.dflash_infer import fit_dflash
+from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.dflash import CandidateSelector, DynamicConv
@@ -207,7 +207,7 @@ def test_greedy_matches_hf_with_a_selector_that_changes_the_path(arch, compile):
 
 
 def test_greedy_matches_hf_on_a_tiny_hybrid():
-    from hybrids import make_tiny_hybrid
+    from support.hybrids import make_tiny_hybrid
     target = make_tiny_hybrid("qwen3_5_text", seed=0)
     target.generation_config.eos_token_id = None
     torch.manual_seed(0)

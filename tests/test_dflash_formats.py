@@ -8,9 +8,9 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from safetensors.torch import load_file, save_file
-from test_formats import _perturb
+from support.formats import perturb
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.formats import export_head, import_dflash, validate_export
@@ -30,7 +30,7 @@ def target():
 @pytest.fixture(scope="module")
 def head(target):
     torch.manual_seed(0)
-    return _perturb(build_head("dflash", target, num_layers=2, block_size=4, mask_token_id=90))
+    return perturb(build_head("dflash", target, num_layers=2, block_size=4, mask_token_id=90))
 
 
 def test_export_writes_zlab_layout(tmp_path, target, head):

@@ -3,19 +3,18 @@ with long accepted runs and EOS inside a block), its incremental context cache, 
 sampling that follows the target's law (chi-square, as tests/test_infer_sampling.py)."""
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 import torch
-from conftest import ARCHES, make_successor_target, make_tiny_target
-from test_infer_sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
+from support.targets import ARCHES, make_successor_target, make_tiny_target
+from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
+from support.dflash_infer import fit_dflash
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
 from draftsmith.infer.drafters import Sampling, default_tree, make_drafter
 from draftsmith.train.config import load_config
-from draftsmith.train.losses import DraftTargets
 from draftsmith.train.objectives import objective_class
 
 VOCAB = 96
@@ -117,27 +116,6 @@ def successor_target():
         seqs = model.generate(prompts, do_sample=False, max_new_tokens=28, pad_token_id=0,
                               attention_mask=torch.ones_like(prompts))
     return model, seqs
-
-
-def fit_dflash(model, seqs, head, steps: int, *overrides: str):
-    """``steps`` AdamW steps (lr 5e-3) of the DFlash objective on 16 random rows of ``seqs`` (n, T) each, the
-    target's features computed once for all rows; ``overrides`` are config key=values. Returns the head, in
-    eval mode."""
-    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash", *overrides]))
-    opt = torch.optim.AdamW(head.parameters(), lr=5e-3)
-    lm_head = model.get_output_embeddings()
-    every = objective.features(model, {"input_ids": seqs, "loss_mask": torch.ones_like(seqs)}, head)  # once
-    for step in range(steps):
-        rows = torch.randint(0, seqs.shape[0], (16,))
-        features = dataclasses.replace(
-            every, input_ids=every.input_ids[rows], loss_mask=every.loss_mask[rows], hidden=every.hidden[rows],
-            embeds=every.embeds[rows], top1=every.top1[rows], targets=DraftTargets(*(t[rows] for t in every.targets)))
-        objective.perturb(features, None, seed=step)
-        loss = objective(features, lm_head).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return head.eval()
 
 
 def test_trained_head_is_lossless_with_long_runs(successor_target):

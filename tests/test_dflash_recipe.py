@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_train_fixtures import tiny_files  # noqa: F401  (fixture)
+from support.targets import make_tiny_target
+from support.train_fixtures import tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
 from draftsmith.train.config import ConfigError, load_config
@@ -163,10 +163,10 @@ def test_a_saved_head_whose_mask_aliases_pad_or_eos_is_refused_where_it_loads(tm
 
 
 def test_a_run_refuses_a_mask_token_that_aliases_eos(tiny_files, tmp_path):  # noqa: F811
-    from test_train_fixtures import tiny_config
+    from support.train_fixtures import tiny_config
     from transformers import AutoTokenizer
 
-    from draftsmith.train.setup import setup
+    from draftsmith.train.run import setup
 
     eos = AutoTokenizer.from_pretrained(tiny_files["target"]).eos_token_id
     with pytest.raises(ValueError, match=rf"head.mask_token_id={eos} is the target's eos_token"):

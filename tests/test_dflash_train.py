@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.targets import make_tiny_target
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.features import Features
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.objectives.dflash import block_mask
 
@@ -103,7 +103,7 @@ def test_objective_loss_falls_on_a_repeated_batch():
 @pytest.mark.slow
 def test_accelerate_launch_two_processes(tiny_files, tmp_path):  # noqa: F811
     """``accelerate launch train/train_head.py`` with head.kind=dflash on 2 CPU processes (DDP)."""
-    from test_train_script import launch_two_processes, tiny_dict
+    from support.train_script import launch_two_processes, tiny_dict
 
     out = tmp_path / "ddp"
     config = tiny_dict(tiny_files, out, head={"kind": "dflash", "block_size": 4, "num_layers": 2},

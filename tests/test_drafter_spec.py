@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 
 from draftsmith.heads import build_head
 from draftsmith.infer.drafter_spec import FORMS, DrafterSpec, build_drafter, parse_drafter

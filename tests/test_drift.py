@@ -5,12 +5,12 @@ import json
 
 import pytest
 import torch
-from test_peft_targets import save_adapter
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.peft_targets import save_adapter
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.data.targets import load_target, load_target_tokenizer
 from draftsmith.scripts.drift import agreement, main
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 ARGS = ["--num-prompts", "3", "--prompt-tokens", "16", "--max-new-tokens", "24", "--heldout-tokens", "256",
         "--threads", "1"]

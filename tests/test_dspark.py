@@ -10,9 +10,9 @@ import random
 
 import pytest
 import torch
-from conftest import ARCHES, make_successor_target, make_tiny_target
-from test_dflash_infer import fit_dflash
-from test_infer_sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
+from support.targets import ARCHES, make_successor_target, make_tiny_target
+from support.dflash_infer import fit_dflash
+from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
 from draftsmith.heads.dspark import confident_lengths
@@ -151,7 +151,7 @@ def test_greedy_matches_hf(arch, compile):
 
 
 def test_greedy_matches_hf_on_a_qwen35_hybrid():
-    from hybrids import make_tiny_hybrid
+    from support.hybrids import make_tiny_hybrid
     target = make_tiny_hybrid("qwen3_5_text", seed=0)
     target.generation_config.eos_token_id = None
     torch.manual_seed(0)
@@ -168,7 +168,7 @@ def test_a_left_padded_batch_matches_each_row_alone(arch):
     if arch == "llama":
         target = make_tiny_target("llama", initializer_range=0.3)
     else:
-        from hybrids import make_tiny_hybrid
+        from support.hybrids import make_tiny_hybrid
         target = make_tiny_hybrid(arch, seed=0)
     target.generation_config.eos_token_id = None
     torch.manual_seed(0)
@@ -270,19 +270,19 @@ def test_the_speculators_library_drafts_what_the_head_drafts(tmp_path, capsys):
     slot's Markov-corrected logits and confidence as the head does; a Markov factor zeroed in the export (the
     head keeps its own) is a mismatch (skips where the library's venv is not installed, as
     tests/test_check_export.py's library tests)."""
-    from test_check_export import _check, _export, _library, _plant
+    from support.check_export import check, check_export_plant, export, library
 
-    _library()
+    library()
     target = make_tiny_target("qwen3", num_layers=8)
     target.save_pretrained(tmp_path / "qwen3")
     target.config._name_or_path = str(tmp_path / "qwen3")
     torch.manual_seed(0)
     head = _moved(build_head("dflash", target, mask_token_id=90, **SMALL), scale=0.1)
-    out, head_dir = _export(tmp_path, head, target)
-    code, printed = _check(out, head_dir, target, capsys)
+    out, head_dir = export(tmp_path, head, target)
+    code, printed = check(out, head_dir, target, capsys)
     assert code == 0 and "MISMATCH" not in printed and "confidence:" in printed, printed
     assert [line.split(":")[0] for line in printed.splitlines() if "drafted tokens" in line] == \
         [f"block position {k}" for k in range(4)]  # every slot drafts, the anchor's included
-    _plant(out, tensor_edit=lambda t: t["markov_head.markov_w2.weight"].zero_())
-    code, printed = _check(out, head_dir, target, capsys)
+    check_export_plant(out, tensor_edit=lambda t: t["markov_head.markov_w2.weight"].zero_())
+    code, printed = check(out, head_dir, target, capsys)
     assert code == 1 and "parity: MISMATCH" in printed, printed

@@ -8,9 +8,9 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_formats import _perturb
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.targets import make_tiny_target
+from support.formats import perturb
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from safetensors.torch import load_file, save_file
 
@@ -19,7 +19,7 @@ from draftsmith.heads.formats import export_head, import_eagle3, validate_export
 from draftsmith.heads.layers import RMSNorm
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
 from draftsmith.train.config import ConfigError
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def target():
 def _heads(target, **flags):
     """An EAGLE-3 head with ``flags`` and a plain one with the same shared weights."""
     torch.manual_seed(0)
-    flagged = _perturb(build_head("eagle3", target, **flags))
+    flagged = perturb(build_head("eagle3", target, **flags))
     plain = build_head("eagle3", target)
     plain.load_state_dict({k: v for k, v in flagged.state_dict().items() if not k.startswith("fc_norm.")})
     return flagged, plain.eval()
@@ -111,7 +111,7 @@ def test_export_writes_the_flags_and_imports_back_exactly(target, tmp_path, fmt)
 def test_eagle31_generation_is_lossless(arch):
     model = make_tiny_target(arch, num_layers=8, dtype=torch.float32)
     torch.manual_seed(1)
-    head = _perturb(build_head("eagle3", model, fc_norm=True, norm_output=True))
+    head = perturb(build_head("eagle3", model, fc_norm=True, norm_output=True))
     prompt = torch.randint(3, 96, (1, 9))
     expected = model.generate(prompt, do_sample=False, max_new_tokens=24, eos_token_id=None, pad_token_id=0)
     for tree in (Chain(4), DynamicTree(depth=3, top_k=2, total_tokens=6)):

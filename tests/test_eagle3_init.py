@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 import torch
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoModelForCausalLM
 
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.objectives.eagle3 import FIRST_LOSS_BOUND
 
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_target
-import test_train_fixtures
-from test_train_fixtures import tiny_config
+from support.targets import make_tiny_target
+from support import train_fixtures
+from support.train_fixtures import tiny_config
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters import Sampling, make_drafter
 from draftsmith.train.config import ConfigError, load_config
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.objectives import objective_class
 
-tiny_files = test_train_fixtures.tiny_files  # the fixture: a tiny target and data files
+tiny_files = train_fixtures.tiny_files  # the fixture: a tiny target and data files
 
 
 def test_config_key_belongs_to_early_exit():

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from safetensors.torch import load_file
-from test_formats import _perturb
+from support.formats import perturb
 
 from draftsmith.heads import build_head
 from draftsmith.heads.formats import export_head
@@ -100,10 +100,10 @@ def exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("exports")
     llama, qwen = make_tiny_target("llama", num_layers=L), make_tiny_target("qwen3", num_layers=L)
     llama.config._name_or_path = qwen.config._name_or_path = "org/tiny"
-    flagged = _perturb(build_head("eagle3", llama, aux_layer_ids=[1, 4, 6], fc_norm=True, norm_output=True))
-    plain = _perturb(build_head("eagle3", llama))
-    dflash = _perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90))
-    dspark = _perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90, variant="dspark",
+    flagged = perturb(build_head("eagle3", llama, aux_layer_ids=[1, 4, 6], fc_norm=True, norm_output=True))
+    plain = perturb(build_head("eagle3", llama))
+    dflash = perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90))
+    dspark = perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90, variant="dspark",
                                  markov_rank=8))
     made = {"spec-dspark": (dspark, "speculators", qwen), "dspark": (dspark, "dspark", qwen), "vllm": (flagged, "vllm", llama), "vllm-plain": (plain, "vllm", llama),
             "spec-eagle3": (flagged, "speculators", llama), "spec-eagle3-plain": (plain, "speculators", llama),

@@ -3,7 +3,7 @@ the head's own target (as ``generate`` does), and a head that records none is on
 from __future__ import annotations
 
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from safetensors.torch import load_file
 
 from draftsmith.data.cli import run

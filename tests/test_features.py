@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import test_train_fixtures
+from support import train_fixtures
 from safetensors import safe_open
-from test_train_fixtures import tiny_config
+from support.train_fixtures import tiny_config
 
 import draftsmith.train.feature_source
 
@@ -24,11 +24,12 @@ from draftsmith import train
 import draftsmith.train.objectives.base
 from draftsmith import train
 from draftsmith.data.features import FeatureStoreError, decode, encode, open_store
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
+from support.features import QUICK, config_file, losses
 from draftsmith.scripts.dump_features import main as dump_main
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.feature_source import FeatureSource
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.objectives import objective_class
 
 
@@ -43,7 +44,7 @@ def listed_rows(store) -> list[int]:
 
 
 ROOT = Path(__file__).resolve().parents[1]
-tiny_files = test_train_fixtures.tiny_files  # the fixture, used by name
+tiny_files = train_fixtures.tiny_files  # the fixture, used by name
 KINDS = {
     "medusa": ["head.num_heads=3", "train.lr=1e-2"],
     "eagle": [],
@@ -51,17 +52,6 @@ KINDS = {
     "dflash": ["head.block_size=4", "train.lr=1e-2"],
     "early-exit": ["head.exit_layer=2", "train.lr=1e-2"],
 }
-QUICK = ["data.eval=null", "train.eval_every=0", "train.log_every=1"]
-
-
-def losses(result) -> list[float]:
-    return [r["loss"] for r in result.history if "loss" in r]
-
-
-def config_file(cfg, path: Path) -> Path:
-    """The run's resolved config as a YAML file (what dump_features reads with --config)."""
-    path.write_text(cfg.to_yaml())
-    return path
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

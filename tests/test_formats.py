@@ -6,7 +6,6 @@ import copy
 
 import importlib.util
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
+from support.formats import H, INTER, L, V, perturb, sglang_states, trtllm_states, vllm_states
 from draftsmith.heads import AutoHead, Eagle3Head, build_head, default_aux_layer_ids
 from draftsmith.heads.formats import (
     EXPORT_MARKER,
@@ -26,7 +26,6 @@ from draftsmith.heads.formats import (
     validate_export,
 )
 
-H, V, INTER, L = 32, 96, 64, 8  # make_tiny_target dims, 8 layers
 NH, NKV, HD = 4, 2, 8
 VD = 40
 NAME = "org/tiny-llama"
@@ -40,25 +39,16 @@ def target():
     return model
 
 
-def _perturb(head):
-    """Non-trivial norms and biases, so a swapped or skipped tensor changes values."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return head.eval()
-
-
 @pytest.fixture(scope="module")
 def eagle3_reduced(target):
     head = build_head("eagle3", target, draft_vocab_size=VD)
     head.set_draft_vocab(DRAFT_IDS)
-    return _perturb(head)
+    return perturb(head)
 
 
 @pytest.fixture(scope="module")
 def eagle3_custom(target):
-    return _perturb(build_head("eagle3", target, aux_layer_ids=[1, 4, 6]))
+    return perturb(build_head("eagle3", target, aux_layer_ids=[1, 4, 6]))
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -153,28 +143,6 @@ def test_speculators_verifier_for_a_head_of_a_local_target(tmp_path, target, eag
         export_head(local, tmp_path / "d", "speculators", verifier=" ")
 
 
-# How each engine picks the target states it feeds the fc (quoted from their loaders):
-# vLLM (llama.py): before layer idx, `if idx in aux_hidden_state_layers: append(hidden_states + residual)`,
-#   ids = top-level eagle_aux_hidden_state_layer_ids, else (2, L//2, L-3).
-# SGLang (llama.py set_eagle3_layers_to_capture): layers_to_capture = [v + 1 for v in eagle_config ids],
-#   else [2, L//2, L-3]; captured before layer i like vLLM.
-# TensorRT-LLM (_torch/speculative/eagle3.py): captures the *output* of layer k for k in
-#   eagle3_layers_to_capture (YAML), default (1, L//2 - 1, L - 4).
-def _vllm_states(config, hidden):
-    return [hidden[k] for k in config.get("eagle_aux_hidden_state_layer_ids") or default_aux_layer_ids(L)]
-
-
-def _sglang_states(config, hidden):
-    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return [hidden[k] for k in ([v + 1 for v in ids] if ids else default_aux_layer_ids(L))]
-
-
-def _trtllm_states(card: str, hidden):
-    found = re.search(r"eagle3_layers_to_capture: \[([\d, ]+)\]", card)
-    ids = [int(x) for x in found.group(1).split(",")] if found else [1, L // 2 - 1, L - 4]
-    return [hidden[k + 1] for k in ids]  # output of layer k = state entering layer k + 1
-
-
 @pytest.mark.parametrize("custom", [False, True])
 def test_every_engine_captures_the_layers_the_head_was_trained_on(tmp_path, target, eagle3_reduced,
                                                                   eagle3_custom, custom):
@@ -184,12 +152,12 @@ def test_every_engine_captures_the_layers_the_head_was_trained_on(tmp_path, targ
     with torch.no_grad():
         hidden = target(torch.tensor([[1, 5, 9, 3]]), output_hidden_states=True).hidden_states
     want = [hidden[k] for k in head.feature_layer_ids]
-    for got in (_vllm_states(config, hidden), _sglang_states(config, hidden), _trtllm_states(card, hidden)):
+    for got in (vllm_states(config, hidden), sglang_states(config, hidden), trtllm_states(card, hidden)):
         assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 def test_eagle_vllm_layout(tmp_path, target):
-    head = _perturb(build_head("eagle", target))
+    head = perturb(build_head("eagle", target))
     out = export_head(head, tmp_path / "out", "eagle-vllm", target=target)
     tensors = _tensors(out / "model.safetensors")
     expected = {"fc.weight": (H, 2 * H), **_midlayer_spec("layers.0.", H)}
@@ -201,7 +169,7 @@ def test_eagle_vllm_layout(tmp_path, target):
 
 
 def test_medusa_vllm_and_tgi_layouts(tmp_path, target):
-    head = _perturb(build_head("medusa", target, num_heads=3, num_layers=2))
+    head = perturb(build_head("medusa", target, num_heads=3, num_layers=2))
     state = head.state_dict()
     vllm = export_head(head, tmp_path / "vllm", "medusa-vllm", target=target)
     tensors = _tensors(vllm / "model.safetensors")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
 
 from draftsmith.scripts.gpu_report import REPO, main, plan, report_rows

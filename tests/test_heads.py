@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from draftsmith.heads import AutoHead, Eagle3Head, EagleHead, HeadCache, MedusaHead, build_head
 from draftsmith.heads.layers import Rotary
 

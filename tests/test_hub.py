@@ -12,7 +12,8 @@ import torch
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
 from safetensors.torch import load_file
 
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
+from support.hub import install_in_offline_cache
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.hub import push_head_to_hub
 
@@ -43,7 +44,7 @@ def head(target):
 
 @pytest.fixture
 def head_dir(tmp_path, head):
-    """A training output directory as train.setup leaves it (head, metrics.jsonl, config.yaml, its own card)."""
+    """A training output directory as train.run leaves it (head, metrics.jsonl, config.yaml, its own card)."""
     directory = tmp_path / "run"
     head.save_pretrained(directory)
     (directory / "metrics.jsonl").write_text(
@@ -107,23 +108,6 @@ def test_push_uploads_the_head_its_training_record_and_a_card(tmp_path, head, he
     assert "sglang.launch_server" in text and "--speculative-algorithm EAGLE3" in text
 
 
-def _install_in_offline_cache(monkeypatch, cache: Path, repo_id: str, files: dict[str, bytes]) -> None:
-    """Lay the uploaded files out as huggingface_hub's cache does, and go offline."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo_dir = cache / f"models--{repo_id.replace('/', '--')}"
-    snapshot = repo_dir / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    for name, data in files.items():
-        (snapshot / name).write_bytes(data)
-    (repo_dir / "refs").mkdir()
-    (repo_dir / "refs" / "main").write_text(commit)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # huggingface_hub reads the environment once, at import: set what it derived too
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-
-
 @pytest.mark.parametrize("fmt", [None, "vllm"])
 def test_pushed_repo_loads_back_by_id(tmp_path, monkeypatch, head, head_dir, hub, fmt):
     push_head_to_hub(head_dir, REPO, fmt=fmt)
@@ -132,7 +116,7 @@ def test_pushed_repo_loads_back_by_id(tmp_path, monkeypatch, head, head_dir, hub
         assert json.loads(files["config.json"])["architectures"] == ["LlamaForCausalLMEagle3"]
         assert "vllm" in _card(files).data.tags
         assert f'"model": "{REPO}"' in _card(files).text  # served straight from the repo
-    _install_in_offline_cache(monkeypatch, tmp_path / "cache", REPO, files)
+    install_in_offline_cache(monkeypatch, tmp_path / "cache", REPO, files)
     loaded = AutoHead.from_pretrained(REPO)
     a, b = head.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

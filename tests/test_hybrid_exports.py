@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from hybrids import make_tiny_hybrid
-from test_formats import L, _sglang_states, _trtllm_states, _vllm_states
+from support.hybrids import make_tiny_hybrid
+from support.formats import L, sglang_states, trtllm_states, vllm_states
 
 from draftsmith.heads import build_head, default_aux_layer_ids
 from draftsmith.heads.formats import FORMATS, export_head
@@ -55,7 +55,7 @@ def test_eagle3_exports_of_a_hybrid_head_capture_its_training_layers(tmp_path, t
             continue
         # vLLM/SGLang configs: written only when they differ from the engines' [2, L//2, L-3]
         assert config.get("eagle_aux_hidden_state_layer_ids", want_ids) == want_ids
-        for got in (_vllm_states(config, hidden), _sglang_states(config, hidden), _trtllm_states(card, hidden)):
+        for got in (vllm_states(config, hidden), sglang_states(config, hidden), trtllm_states(card, hidden)):
             assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 

@@ -15,7 +15,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from safetensors.torch import load_file, save_file
 
 from draftsmith.data.base.checks import at_most, index, indices
@@ -110,7 +110,7 @@ def test_a_resumed_data_position_past_the_epoch_is_refused():
 
 
 def test_an_adapters_layers_to_transform_past_its_base_is_refused(tmp_path):
-    from test_peft_targets import save_adapter
+    from support.peft_targets import save_adapter
 
     from draftsmith.data.targets import load_target
 

@@ -13,148 +13,62 @@ import random
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_train_fixtures import TreeOracle
+from support.targets import make_tiny_target
+from support.batch import (
+    BATCH_ARCHES,
+    DRAFTERS,
+    PAD,
+    VOCAB,
+    batch_alone,
+    batch_prompts,
+    expected,
+    left_pad,
+    oracle,
+    target,
+)
 
 from draftsmith.heads import build_head
-from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
 from draftsmith.infer.cache import StaticHeadCache
-from draftsmith.infer.drafters import Draft, Sampling, make_drafter
-from draftsmith.infer.drafters.adaptive import AdaptiveLength
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
+from draftsmith.infer.drafters import Sampling, make_drafter
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.target import target_forward
-from draftsmith.infer.tree import tree_attention_mask, tree_from_parents
-
-VOCAB = 96
-PAD = 0
-BATCH_ARCHES = ("llama", "qwen2", "mistral")
-
-
-def _target(arch: str, **kw):
-    model = make_tiny_target(arch, dtype=torch.float32, initializer_range=0.3, **kw)
-    model.generation_config.eos_token_id = None  # EOS only where a test asks for it
-    return model
+from draftsmith.infer.tree import tree_attention_mask
 
 
 @pytest.fixture(scope="module", params=BATCH_ARCHES)
 def target32(request):
-    return _target(request.param)
-
-
-def _prompts(rng: random.Random, lengths: list[int], repetitive: bool = False) -> list[list[int]]:
-    if repetitive:  # something for the n-gram drafter to find
-        return [[rng.choice((5, 6, 7, 8)) for _ in range(n)] for n in lengths]
-    return [[rng.randrange(3, VOCAB) for _ in range(n)] for n in lengths]
-
-
-def _left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
-
-
-def _alone(model, prompt: list[int], max_new: int, eos=None) -> torch.Tensor:
-    """The row's new tokens from HF's greedy generate of that row alone."""
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new, eos_token_id=eos,
-                         pad_token_id=PAD)
-    return out[0, len(prompt):]
-
-
-def _expected(model, prompts, max_new, eos=None) -> torch.Tensor:
-    ids, _ = _left_pad(prompts)
-    rows = [_alone(model, p, max_new, eos) for p in prompts]
-    width = max(r.numel() for r in rows)
-    new = torch.full((len(prompts), width), PAD)
-    for b, r in enumerate(rows):
-        new[b, : r.numel()] = r
-    return torch.cat([ids, new], dim=1)
-
-
-class RowOracle(TreeOracle):
-    """test_infer_generator's oracle (each row checked against its reference) drafting a random depth per
-    step, decoy siblings without subtrees: rows of a batch draft and accept different lengths."""
-
-    def __init__(self, references: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]], depth: int,
-                 seed: int, wrong_rate: float = 0.15):
-        super().__init__(references, depth, seed, wrong_rate)
-        self.max_nodes = 1 + 3 * depth
-
-    def _propose(self, state: dict, root: torch.Tensor, max_depth: int) -> Draft:
-        seq, pos = state["seq"], state["pos"]
-        assert int(root) == int(seq[pos])
-        levels = min(self.rng.randrange(1, self.depth + 1), max_depth, seq.numel() - pos - 1)
-        parents, tokens, main = [-1], [int(root)], 0
-        for d in range(1, levels + 1):
-            truth = int(seq[pos + d])
-            token = (truth + 1) % VOCAB if self.rng.random() < self.wrong_rate else truth
-            level = [(main, token, True)] + [(main, (truth + k) % VOCAB, False) for k in range(2, 2 + self.rng.randrange(3))]
-            self.rng.shuffle(level)
-            for parent, tok, on_path in level:
-                parents.append(parent)
-                tokens.append(tok)
-                if on_path:
-                    main = len(tokens) - 1
-        return Draft(torch.tensor(tokens), tree_from_parents(parents))
-
-
-def _oracle(model, prompts, max_new, depth, seed) -> RowOracle:
-    references = {}
-    for p in prompts:
-        full = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=max_new, pad_token_id=PAD)
-        with torch.no_grad():
-            features = target_forward(model, full).final_hidden[0]
-        references[tuple(p)] = (full[0], features)
-    return RowOracle(references, depth, seed)
+    return target(request.param)
 
 
 @pytest.mark.parametrize("bsz", [1, 2, 4])
 def test_oracle_batch_matches_each_row_alone(target32, bsz):
     rng = random.Random(f"{target32.config.model_type}-{bsz}")
     for case in range(2):
-        prompts = _prompts(rng, [rng.randrange(1, 12) for _ in range(bsz)])
+        prompts = batch_prompts(rng, [rng.randrange(1, 12) for _ in range(bsz)])
         max_new = rng.randrange(12, 40)
         # EOS: a token the first row emits mid-way (other rows may or may not meet it)
-        eos = int(_alone(target32, prompts[0], max_new)[max_new // 2]) if case else None
-        gen = SpeculativeGenerator(target32, _oracle(target32, prompts, max_new, depth=6, seed=case))
-        ids, mask = _left_pad(prompts)
+        eos = int(batch_alone(target32, prompts[0], max_new)[max_new // 2]) if case else None
+        gen = SpeculativeGenerator(target32, oracle(target32, prompts, max_new, depth=6, seed=case))
+        ids, mask = left_pad(prompts)
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
-        assert torch.equal(out, _expected(target32, prompts, max_new, eos)), (case, eos)
+        assert torch.equal(out, expected(target32, prompts, max_new, eos)), (case, eos)
         stats = gen.last_stats
         assert stats.tau > 1.5, stats  # long accepted runs went through
         assert stats.target_forwards == stats.steps + 1
 
 
 def test_oracle_batch_of_8_rows_stop_at_different_steps():
-    model = _target("llama")
+    model = target("llama")
     rng = random.Random(8)
-    prompts = _prompts(rng, [1, 9, 4, 12, 2, 7, 5, 3])
+    prompts = batch_prompts(rng, [1, 9, 4, 12, 2, 7, 5, 3])
     max_new = 30
-    eos = int(_alone(model, prompts[3], max_new)[10])
-    gen = SpeculativeGenerator(model, _oracle(model, prompts, max_new, depth=5, seed=8))
-    ids, mask = _left_pad(prompts)
+    eos = int(batch_alone(model, prompts[3], max_new)[10])
+    gen = SpeculativeGenerator(model, oracle(model, prompts, max_new, depth=5, seed=8))
+    ids, mask = left_pad(prompts)
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
-    assert torch.equal(out, _expected(model, prompts, max_new, eos))
+    assert torch.equal(out, expected(model, prompts, max_new, eos))
     ends = {int((row != PAD).sum()) for row in out[:, ids.shape[1]:]}
     assert len(ends) > 1  # the rows did stop at different lengths
-
-
-DRAFTERS = {
-    "ngram": lambda m: (NgramDrafter(), None),
-    "ngram-tree": lambda m: (NgramDrafter(max_ngram=2, length=4, branches=3), None),
-    "draft-lm": lambda m: (LMDrafter(_target(m.config.model_type, seed=5, num_layers=1), m, Chain(3)), None),
-    "eagle-chain": lambda m: (build_head("eagle", m), Chain(3)),
-    "eagle-tree": lambda m: (build_head("eagle", m), DynamicTree(depth=3, top_k=2, total_tokens=6)),
-    "eagle3-chain": lambda m: (build_head("eagle3", m), Chain(4)),
-    "eagle3-tree": lambda m: (build_head("eagle3", m), DynamicTree(depth=2, top_k=3, total_tokens=5)),
-    "eagle3-adaptive": lambda m: (AdaptiveLength(make_drafter(build_head("eagle3", m), m, Chain(6)), initial=2), None),
-    "dflash": lambda m: (build_head("dflash", m, block_size=4, num_layers=2), Chain(3)),
-    "medusa-chain": lambda m: (build_head("medusa", m), Chain(3)),
-    "medusa-tree": lambda m: (build_head("medusa", m), StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0)))),
-    "layer-skip": lambda m: (LayerSkipDrafter(m, 2, Chain(3)), None),  # drafts into the target's cache
-}
 
 
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
@@ -164,44 +78,44 @@ def test_every_drafter_batch_matches_each_row_alone(target32, name, bsz):
     torch.manual_seed(rng.randrange(1000))
     drafter, tree = DRAFTERS[name](target32)
     gen = SpeculativeGenerator(target32, drafter, tree=tree)
-    prompts = _prompts(rng, [rng.randrange(2, 14) for _ in range(bsz)], repetitive=name.startswith("ngram"))
+    prompts = batch_prompts(rng, [rng.randrange(2, 14) for _ in range(bsz)], repetitive=name.startswith("ngram"))
     max_new = 24
-    eos = int(_alone(target32, prompts[-1], max_new)[7]) if bsz > 1 else None
-    ids, mask = _left_pad(prompts)
+    eos = int(batch_alone(target32, prompts[-1], max_new)[7]) if bsz > 1 else None
+    ids, mask = left_pad(prompts)
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
-    assert torch.equal(out, _expected(target32, prompts, max_new, eos))
+    assert torch.equal(out, expected(target32, prompts, max_new, eos))
 
 
 def test_batch_without_attention_mask_or_padding():
-    model = _target("qwen2")
-    prompts = _prompts(random.Random(3), [6, 6, 6])
+    model = target("qwen2")
+    prompts = batch_prompts(random.Random(3), [6, 6, 6])
     gen = SpeculativeGenerator(model, NgramDrafter())
     out = gen.generate(torch.tensor(prompts), max_new_tokens=15)
-    assert torch.equal(out, _expected(model, prompts, 15))
+    assert torch.equal(out, expected(model, prompts, 15))
     # the same generator goes back to batch size 1 (the static buffer follows the batch size)
     one = gen.generate(torch.tensor(prompts[:1]), max_new_tokens=15)
-    assert torch.equal(one, _expected(model, prompts[:1], 15))
+    assert torch.equal(one, expected(model, prompts[:1], 15))
 
 
 def test_batch_pads_with_the_pad_id_after_each_rows_end():
-    model = _target("llama")
-    prompts = _prompts(random.Random(4), [3, 8])
-    eos = int(_alone(model, prompts[0], 20)[4])
-    ids, mask = _left_pad(prompts)
+    model = target("llama")
+    prompts = batch_prompts(random.Random(4), [3, 8])
+    eos = int(batch_alone(model, prompts[0], 20)[4])
+    ids, mask = left_pad(prompts)
     out = SpeculativeGenerator(model, NgramDrafter()).generate(ids, attention_mask=mask, max_new_tokens=20,
                                                                eos_token_id=eos, pad_token_id=77)
-    ref = _expected(model, prompts, 20, eos)
+    ref = expected(model, prompts, 20, eos)
     new = ref[:, ids.shape[1]:]
-    row0 = _alone(model, prompts[0], 20, eos)
+    row0 = batch_alone(model, prompts[0], 20, eos)
     assert row0.numel() == 5 and torch.equal(out[0, ids.shape[1]: ids.shape[1] + 5], row0)
     assert (out[0, ids.shape[1] + 5:] == 77).all() and out.shape == ref.shape
     assert torch.equal(out[1, ids.shape[1]:], new[1])
 
 
 def test_batch_bad_inputs_raise_clear_errors():
-    model = _target("llama")
+    model = target("llama")
     gen = SpeculativeGenerator(model, NgramDrafter())
-    ids, mask = _left_pad([[5, 6, 7], [8, 9]])
+    ids, mask = left_pad([[5, 6, 7], [8, 9]])
     with pytest.raises(ValueError, match="left-padded"):
         gen.generate(ids, attention_mask=mask.flip(1), max_new_tokens=4)
     with pytest.raises(ValueError, match="attention_mask must be a tensor"):
@@ -224,14 +138,14 @@ def test_padded_rows_sample_the_target_law(name):
     """Sampling per row: rows holding the sampling test's prompt behind left padding, batched with a
     longer prompt, draw their first three tokens from the target's exact law (chi-square; 2000 rows in
     20 calls of 100 padded rows around the longer one)."""
-    from test_infer_sampling import CONFIGS, PROMPT, FullWidthDrafter, exact_law, joint_pvalue, make_small_target
+    from support.sampling import CONFIGS, PROMPT, FullWidthDrafter, exact_law, joint_pvalue, make_small_target
 
     model = make_small_target()
     kind, tree, sampling = {**CONFIGS, "dflash-chain": ("dflash", Chain(3), {"temperature": 0.9, "top_k": 6})}[name]
     torch.manual_seed(1)
     gen = SpeculativeGenerator(model, FullWidthDrafter() if kind is None else build_head(kind, model), tree=tree)
     prompt = PROMPT[0].tolist()
-    ids, mask = _left_pad([prompt] * 50 + [[7, 2, 6, 4, 3]] + [prompt] * 50)
+    ids, mask = left_pad([prompt] * 50 + [[7, 2, 6, 4, 3]] + [prompt] * 50)
     torch.manual_seed(0)
     samples = []
     for _ in range(20):
@@ -243,15 +157,15 @@ def test_padded_rows_sample_the_target_law(name):
 
 def test_compiled_batch_pads_every_row_to_the_budget():
     """compile: one [B, budget] shape over the whole buffer (traced with dynamo's eager backend)."""
-    model = _target("llama")
+    model = target("llama")
     rng = random.Random(9)
-    prompts = _prompts(rng, [4, 10, 7])
+    prompts = batch_prompts(rng, [4, 10, 7])
     max_new = 20
-    eos = int(_alone(model, prompts[1], max_new)[6])
-    gen = SpeculativeGenerator(model, _oracle(model, prompts, max_new, depth=4, seed=9), compile="eager")
-    ids, mask = _left_pad(prompts)
+    eos = int(batch_alone(model, prompts[1], max_new)[6])
+    gen = SpeculativeGenerator(model, oracle(model, prompts, max_new, depth=4, seed=9), compile="eager")
+    ids, mask = left_pad(prompts)
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
-    assert torch.equal(out, _expected(model, prompts, max_new, eos))
+    assert torch.equal(out, expected(model, prompts, max_new, eos))
     assert gen.last_stats.verified_tokens == gen.last_stats.steps * 3 * gen.drafter.max_nodes
 
 

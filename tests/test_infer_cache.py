@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from transformers.cache_utils import DynamicCache
 
 from draftsmith.heads.layers import HeadCache

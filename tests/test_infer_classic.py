@@ -7,8 +7,17 @@ import random
 
 import pytest
 import torch
-from conftest import make_tiny_target, record_drafts
-from test_infer_sampling import VOCAB as SMALL_VOCAB, exact_law, joint_pvalue, sample_triples
+from support.targets import make_tiny_target, record_drafts
+from support.sampling import exact_law, joint_pvalue, sample_triples
+from support.classic import (  # noqa: F401  (fixture)
+    ARCHES3,
+    VOCAB,
+    classic_target,
+    hf,
+    repetitive_prompt,
+    small_pair,
+    small_pair_of,
+)
 
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters.adaptive import AdaptiveLength
@@ -16,31 +25,10 @@ from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter, early_exit_vi
 from draftsmith.infer.drafters.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.ngram import NgramDrafter, find_continuations, prefix_tree
 
-VOCAB = 48
-ARCHES3 = ("llama", "qwen2", "mistral")
-
-
-def _target(arch: str, seed: int = 0, **kw):
-    model = make_tiny_target(arch, vocab_size=VOCAB, initializer_range=0.3, seed=seed, **kw)
-    model.generation_config.eos_token_id = None
-    return model
-
-
-def _hf(model, ids, max_new, eos=None):
-    # An explicit all-ones mask: otherwise HF masks context tokens equal to the pad id.
-    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
-                          eos_token_id=eos, pad_token_id=0)
-
-
-def _repetitive_prompt(rng: random.Random, length: int) -> torch.Tensor:
-    motif = [rng.randrange(3, VOCAB) for _ in range(5)]
-    return torch.tensor([[1] + [motif[i % 5] if rng.random() < 0.8 else rng.randrange(3, VOCAB)
-                                for i in range(length - 1)]])
-
 
 def _drafters(arch: str, target):
-    same = _target(arch)  # the target itself as draft model: every draft is accepted
-    other = _target(arch, seed=7, num_layers=2)  # a different small model: most drafts rejected
+    same = classic_target(arch)  # the target itself as draft model: every draft is accepted
+    other = classic_target(arch, seed=7, num_layers=2)  # a different small model: most drafts rejected
     return {
         "lm-self": LMDrafter(same, target, Chain(4)),
         "lm-other": LMDrafter(other, target, Chain(3)),
@@ -57,15 +45,15 @@ def _drafters(arch: str, target):
 @pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
 @pytest.mark.parametrize("arch", ARCHES3)
 def test_greedy_matches_hf(arch, compile):
-    target = _target(arch)
+    target = classic_target(arch)
     rng = random.Random(arch)
     for name, drafter in _drafters(arch, target).items():
         gen = SpeculativeGenerator(target, drafter, compile=compile)
         sizes = record_drafts(drafter)  # every draft fits the drafter's max_nodes (a static verify step's budget)
         for prompt_len, max_new in ((1, 1), (12, 30), (20, 7)):
-            ids = _repetitive_prompt(rng, prompt_len)
+            ids = repetitive_prompt(rng, prompt_len)
             out = gen.generate(ids, max_new_tokens=max_new)
-            ref = _hf(target, ids, max_new)
+            ref = hf(target, ids, max_new)
             assert torch.equal(out, ref), (name, prompt_len, max_new)
             assert all(d.tokens.numel() <= drafter.max_nodes for d in sizes), name
             if name == "lm-self" and max_new == 30:  # 29 tokens after the first in 6 steps of <= 5
@@ -75,11 +63,11 @@ def test_greedy_matches_hf(arch, compile):
 @pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
 @pytest.mark.parametrize("arch", ARCHES3)
 def test_eos_stops_like_hf(arch, compile):
-    target = _target(arch)
-    ids = _repetitive_prompt(random.Random(1), 10)
-    plain = _hf(target, ids, 24)[0, 10:]
+    target = classic_target(arch)
+    ids = repetitive_prompt(random.Random(1), 10)
+    plain = hf(target, ids, 24)[0, 10:]
     eos = int(plain[9])  # a token HF emits: generation must stop at its first occurrence
-    ref = _hf(target, ids, 24, eos=eos)
+    ref = hf(target, ids, 24, eos=eos)
     for name, drafter in _drafters(arch, target).items():
         out = SpeculativeGenerator(target, drafter, compile=compile).generate(ids, max_new_tokens=24, eos_token_id=eos)
         assert torch.equal(out, ref), name
@@ -104,17 +92,17 @@ def test_ngram_matching_and_tree():
 def test_ngram_drafter_accepts_drafts():
     """The prompt repeats itself after the target's own continuation, so lookups find text the
     target says again (random tiny targets repeat little: tau stays low, but above 1)."""
-    target = _target("qwen2")
-    prompt = _repetitive_prompt(random.Random(4), 10)
-    ids = torch.cat([_hf(target, prompt, 40), prompt], dim=1)
+    target = classic_target("qwen2")
+    prompt = repetitive_prompt(random.Random(4), 10)
+    ids = torch.cat([hf(target, prompt, 40), prompt], dim=1)
     gen = SpeculativeGenerator(target, NgramDrafter())
-    assert torch.equal(gen.generate(ids, max_new_tokens=40), _hf(target, ids, 40))
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), hf(target, ids, 40))
     assert gen.last_stats.tau > 1.2, gen.last_stats.tau
 
 
 def test_adaptive_length_follows_acceptance():
-    target = _target("llama")
-    ids = _repetitive_prompt(random.Random(4), 12)
+    target = classic_target("llama")
+    ids = repetitive_prompt(random.Random(4), 12)
     seen = []
 
     class Spy(AdaptiveLength):
@@ -122,18 +110,18 @@ def test_adaptive_length_follows_acceptance():
             seen.extend(state.length for state in states)
             return super().propose_rows(states, roots, sampling, max_depths)
 
-    gen = SpeculativeGenerator(target, Spy(LMDrafter(_target("llama"), target, Chain(16)), initial=2, maximum=10))
-    assert torch.equal(gen.generate(ids, max_new_tokens=40), _hf(target, ids, 40))
+    gen = SpeculativeGenerator(target, Spy(LMDrafter(classic_target("llama"), target, Chain(16)), initial=2, maximum=10))
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), hf(target, ids, 40))
     assert seen[:5] == [2, 4, 6, 8, 10]  # a perfect drafter: +2 per step up to the cap
     seen.clear()
-    other = _target("llama", seed=5, num_layers=1)
+    other = classic_target("llama", seed=5, num_layers=1)
     gen = SpeculativeGenerator(target, Spy(LMDrafter(other, target, Chain(16)), initial=6))
     gen.generate(ids, max_new_tokens=20)
     assert min(seen) < 6  # rejections shrink it
 
 
 def test_tokenizer_mismatch_is_refused():
-    target = _target("llama")
+    target = classic_target("llama")
     with pytest.raises(ValueError, match="vocab_size"):
         LMDrafter(make_tiny_target("llama", vocab_size=VOCAB + 1), target)
     with pytest.raises(ValueError, match="eos_token_id"):
@@ -141,21 +129,6 @@ def test_tokenizer_mismatch_is_refused():
 
 
 # ------------------------------------------------------------------------------- sampling
-
-
-def small_pair_of(arch: str):
-    """A small-vocabulary target of ``arch`` (exact laws over 3 tokens are cheap) and a draft LM of it."""
-    kw = dict(vocab_size=SMALL_VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1, intermediate_size=32,
-              initializer_range=0.5)
-    target = make_tiny_target(arch, seed=3, **kw)
-    draft = make_tiny_target(arch, seed=11, num_layers=2, **kw)  # a different law from the target's
-    target.generation_config.eos_token_id = None
-    return target, draft
-
-
-@pytest.fixture(scope="module")
-def small_pair():
-    return small_pair_of("llama")
 
 
 class WrongQ(LMDrafter):
@@ -192,11 +165,11 @@ def test_eagle_chain_confidence_stop():
     from draftsmith.heads import build_head
     from draftsmith.infer.drafters import make_drafter
 
-    target = _target("qwen2")
+    target = classic_target("qwen2")
     torch.manual_seed(0)
     head = build_head("eagle3", target)
-    ids = _repetitive_prompt(random.Random(5), 9)
-    ref = _hf(target, ids, 20)
+    ids = repetitive_prompt(random.Random(5), 9)
+    ref = hf(target, ids, 20)
     drafts = []
     for confidence in (None, 1.0):  # 1.0: no draft after the first (a random head: p < 1) is confident enough
         drafter = make_drafter(head, target, Chain(4), confidence=confidence)
@@ -228,8 +201,8 @@ def test_ngram_tree_sampling_follows_the_target_law(small_pair):
 
 @pytest.mark.parametrize("arch", ARCHES3)
 def test_early_exit_view_is_the_targets_first_layers(arch):
-    target = _target(arch, num_layers=4)
-    ids = _repetitive_prompt(random.Random(2), 9)
+    target = classic_target(arch, num_layers=4)
+    ids = repetitive_prompt(random.Random(2), 9)
     view = early_exit_view(target, 2)
     assert len(view.model.layers) == 2 and len(target.model.layers) == 4  # the target keeps its layers
     assert view.config.num_hidden_layers == 2 and target.config.num_hidden_layers == 4
@@ -262,12 +235,12 @@ def test_eagle_heads_adapt_their_chain_by_default_on_cpu():
     from draftsmith.heads import build_head
     from draftsmith.infer.drafters import HeadDrafter, StaticTree
 
-    target = _target("llama")
-    ids = _repetitive_prompt(random.Random(4), 12)
+    target = classic_target("llama")
+    ids = repetitive_prompt(random.Random(4), 12)
     for kind in ("eagle", "eagle3"):
         gen = SpeculativeGenerator(target, build_head(kind, target))
         assert isinstance(gen.drafter, AdaptiveLength) and (gen.drafter.initial, gen.drafter.maximum) == (4, 16)
-        assert torch.equal(gen.generate(ids, max_new_tokens=24), _hf(target, ids, 24))
+        assert torch.equal(gen.generate(ids, max_new_tokens=24), hf(target, ids, 24))
         fixed = SpeculativeGenerator(target, build_head(kind, target), tree=Chain(4)).drafter
         assert isinstance(fixed, HeadDrafter) and fixed.option == Chain(4)
     medusa = SpeculativeGenerator(target, build_head("medusa", target)).drafter

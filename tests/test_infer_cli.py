@@ -1,17 +1,17 @@
-"""``python -m draftsmith.infer.generate`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
+"""``python -m draftsmith.infer.cli`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
 from __future__ import annotations
 
 import re
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.generate import main
+from draftsmith.infer.cli import main
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
@@ -61,7 +61,7 @@ def test_cli_streams_and_compares(saved, capsys, extra):
 
 def test_cli_rejects_medusa_tree_flags(saved, tmp_path, capsys):
     """Through the entry point: one line and exit code 2 (a SystemExit with a message exited with 1)."""
-    from draftsmith.infer.generate import cli
+    from draftsmith.infer.cli import cli
 
     target = make_tiny_target("llama")
     build_head("medusa", target).save_pretrained(tmp_path / "medusa")
@@ -76,7 +76,7 @@ def test_cli_rejects_medusa_tree_flags(saved, tmp_path, capsys):
 
 def test_cli_tree_flags_shape_the_devices_defaults():
     from draftsmith.infer import Chain, DynamicTree, StaticTree
-    from draftsmith.infer.generate import parse_args, tree_option
+    from draftsmith.infer.cli import parse_args, tree_option
 
     def tree(device, kind, *flags):
         return tree_option(kind, device, parse_args(["--target", "t", "--head", "h", "--prompt", "p", *flags]))
@@ -304,7 +304,7 @@ def test_cli_follows_the_plan_next_to_the_head_as_the_api_does(saved, tmp_path, 
     {"1": 0} is followed (the generator holds it: no drafting), a damaged plan is one line naming it."""
     import shutil
 
-    from draftsmith.infer.generate import cli
+    from draftsmith.infer.cli import cli
     from draftsmith.infer.speculation_plan import SpeculationPlan
 
     made = []

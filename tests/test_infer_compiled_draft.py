@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from test_infer_batch import BATCH_ARCHES, _alone, _expected, _left_pad, _prompts, _target
+from support.batch import BATCH_ARCHES, batch_alone, batch_prompts, expected, left_pad, target
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
@@ -40,7 +40,7 @@ COMPILED_KINDS = ("eagle", "eagle3", "dflash", "eagle-tree", "eagle3-tree")
 @pytest.mark.parametrize("arch,kind,compile", [(a, k, "aot_eager") for a in BATCH_ARCHES for k in COMPILED_KINDS]
                          + [("llama", k, "eager") for k in COMPILED_KINDS])
 def test_compiled_chains_match_each_row_alone(arch, kind, compile):
-    model = _target(arch)
+    model = target(arch)
     rng = random.Random(f"{arch}-{kind}-{compile}")
     torch.manual_seed(rng.randrange(100))
     head = build_head(kind.removesuffix("-tree"), model, **({"block_size": 6, "num_layers": 2} if kind == "dflash" else {}))
@@ -48,11 +48,11 @@ def test_compiled_chains_match_each_row_alone(arch, kind, compile):
     gen = SpeculativeGenerator(model, head, tree=tree, compile=compile)
     calls = _spy_fixed(gen.drafter)
     for lengths, max_new in (([6], 1), ([9], 17), ([4, 12, 7], 20)):
-        prompts = _prompts(rng, lengths)
-        eos = int(_alone(model, prompts[-1], max_new)[5]) if len(lengths) > 1 else None
-        ids, mask = _left_pad(prompts)
+        prompts = batch_prompts(rng, lengths)
+        eos = int(batch_alone(model, prompts[-1], max_new)[5]) if len(lengths) > 1 else None
+        ids, mask = left_pad(prompts)
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
-        assert torch.equal(out, _expected(model, prompts, max_new, eos)), (lengths, max_new)
+        assert torch.equal(out, expected(model, prompts, max_new, eos)), (lengths, max_new)
     assert len(calls) > 0  # the compiled chain drafted
 
 
@@ -60,7 +60,7 @@ def test_compiled_chains_match_each_row_alone(arch, kind, compile):
 def test_fixed_shape_chain_drafts_what_the_eager_chain_drafts(kind):
     """Rows of different lengths in one head cache, fp64: the full-capacity masked chain (traced)
     proposes exactly the eager chain's tokens, and leaves the cache's lengths as they were."""
-    model = _target("llama").double()
+    model = target("llama").double()
     torch.manual_seed(3)
     head = build_head(kind, model).double().eval()
     eager, fixed = make_drafter(head, model, Chain(5)), make_drafter(head, model, Chain(5))
@@ -84,14 +84,14 @@ def test_fixed_shape_chain_drafts_what_the_eager_chain_drafts(kind):
 
 def test_sampling_and_confidence_stay_eager():
     """The compiled chain is greedy only: sampling and a confidence stop draft eagerly (and stay lossless)."""
-    model = _target("qwen2")
+    model = target("qwen2")
     torch.manual_seed(0)
     head = build_head("eagle3", model)
     gen = SpeculativeGenerator(model, make_drafter(head, model, Chain(4), confidence=0.2), compile="aot_eager")
     calls = _spy_fixed(gen.drafter)
-    prompts = _prompts(random.Random(2), [8])
-    ids, _ = _left_pad(prompts)
-    assert torch.equal(gen.generate(ids, max_new_tokens=12), _expected(model, prompts, 12))
+    prompts = batch_prompts(random.Random(2), [8])
+    ids, _ = left_pad(prompts)
+    assert torch.equal(gen.generate(ids, max_new_tokens=12), expected(model, prompts, 12))
     gen.generate(ids, max_new_tokens=6, temperature=0.8)
     assert calls == []
 
@@ -101,7 +101,7 @@ def test_a_head_step_over_slot_writes_equals_the_eager_step():
     entries planted past each row) it equals the eager step over each row's own entries (fp64)."""
     from draftsmith.infer.cache import SlotWrites, StaticHeadCache, slot_mask
 
-    model = _target("mistral").double()
+    model = target("mistral").double()
     torch.manual_seed(4)
     head = build_head("eagle3", model).double().eval()
     drafter = make_drafter(head, model, Chain(3))
@@ -127,7 +127,7 @@ def test_a_head_step_over_slot_writes_equals_the_eager_step():
 def test_dflash_block_over_whole_buffers_equals_the_eager_block():
     """DFlash rows of different context lengths, fp64: the block read over the whole context buffers
     (stale entries planted past every row) gives the eager block's logits, hence its drafts."""
-    model = _target("qwen2").double()
+    model = target("qwen2").double()
     torch.manual_seed(5)
     head = build_head("dflash", model, block_size=5, num_layers=2).double().eval()
     drafter = make_drafter(head, model, Chain(4))
@@ -154,7 +154,7 @@ def test_fixed_shape_trees_draft_what_the_eager_trees_draft(kind):
     """EAGLE-2 trees for rows of different prefix lengths and depth limits (fp64, peaked heads so
     masks and depths change trees): the fixed-shape levels over the whole cache (traced) give every
     row the eager tree, tokens and parents, and leave the cache's lengths as they were."""
-    model = _target("llama").double()
+    model = target("llama").double()
     torch.manual_seed(1)
     head = build_head(kind, model).double().eval()
     with torch.no_grad():

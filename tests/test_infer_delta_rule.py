@@ -2,7 +2,7 @@
 the routing engages on the verify and the replay, never on the prefill or outside the generator; it restores
 the module's own function on exit and on an exception; it does nothing where the rule is not transformers'
 torch reference (flash-linear-attention, a hub kernel's forward, a model off the CPU); greedy output stays
-the target's own on every hybrid in tests/hybrids.py; and a router that drops the state or runs it one
+the target's own on every hybrid in tests/support/hybrids.py; and a router that drops the state or runs it one
 token short fails the same checks."""
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import random
 
 import pytest
 import torch
-from hybrids import HYBRIDS, make_tiny_hybrid
-from test_infer_hybrid import Oracle, _hf, _perturbed, _prompt, _target
+from support.hybrids import HYBRIDS, make_tiny_hybrid
+from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target, perturbed
 
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer import delta_rule
 from draftsmith.infer.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, SCAN, per_token_modules, per_token_rule
 from draftsmith.infer.drafters import chain_draft, root_only
-from draftsmith.infer.hf_cache import cache_kwargs, returned_cache
+from draftsmith.infer.cache_keywords import cache_kwargs, returned_cache
 from draftsmith.infer.drafters.ngram import NgramDrafter
 from draftsmith.infer.recurrent import LAYER_KINDS, LinearAttentionLayer
 
@@ -86,9 +86,9 @@ class Spy:
 
 @pytest.mark.parametrize("arch", GDN)
 def test_short_verifies_run_the_per_token_rule_and_nothing_else_does(monkeypatch, arch):
-    target = _target(arch)
-    ids = _prompt(random.Random(5), 14)
-    ref = _hf(target, ids, 40)
+    target = hybrid_target(arch)
+    ids = hybrid_prompt(random.Random(5), 14)
+    ref = hf(target, ids, 40)
     module = _module(target)
     gen = SpeculativeGenerator(target, Oracle(ref, good=4))
     spy = Spy(monkeypatch, module, gen)  # installed after the generator: its own rules, counted
@@ -110,9 +110,9 @@ def test_short_verifies_run_the_per_token_rule_and_nothing_else_does(monkeypatch
 def test_per_token_false_keeps_the_chunked_rule_everywhere(monkeypatch):
     """``per_token=False`` (what ``scripts/bench_rollback.py --rules chunked`` times): no multi-token verify or
     replay is routed to the per-token rule, and the text is still the target's own."""
-    target = _target("qwen3_5_text")
-    ids = _prompt(random.Random(5), 14)
-    ref = _hf(target, ids, 40)
+    target = hybrid_target("qwen3_5_text")
+    ids = hybrid_prompt(random.Random(5), 14)
+    ref = hf(target, ids, 40)
     gen = SpeculativeGenerator(target, Oracle(ref, good=4), rollback="replay", per_token=False)
     assert gen.per_token_modules == () and SpeculativeGenerator(target, NgramDrafter()).per_token_modules
     spy = Spy(monkeypatch, _module(target), gen)
@@ -126,9 +126,9 @@ def test_per_token_false_keeps_the_chunked_rule_everywhere(monkeypatch):
 def test_replays_route_too_and_long_calls_stay_chunked(monkeypatch):
     """The replay (rollback="replay") is a short stateful forward as well; a verify longer than PER_TOKEN_MAX
     keeps the chunked rule."""
-    target = _target("qwen3_5_text")
-    ids = _prompt(random.Random(6), 14)
-    ref = _hf(target, ids, 40)
+    target = hybrid_target("qwen3_5_text")
+    ids = hybrid_prompt(random.Random(6), 14)
+    ref = hf(target, ids, 40)
     module = _module(target)
     gen = SpeculativeGenerator(target, Oracle(ref, good=PER_TOKEN_MAX + 2), rollback="replay")
     spy = Spy(monkeypatch, module, gen)
@@ -139,7 +139,7 @@ def test_replays_route_too_and_long_calls_stay_chunked(monkeypatch):
 
 
 def test_the_context_restores_on_exit_on_an_exception_and_when_nested():
-    target = _target("qwen3_5_text")
+    target = hybrid_target("qwen3_5_text")
     module = _module(target)
     own = getattr(module, CHUNKED)
     with per_token_rule((module,)):
@@ -166,7 +166,7 @@ def _as_transformers_wraps(fn, implementation):
 
 
 def test_nothing_routes_where_the_rule_is_not_the_torch_reference(monkeypatch):
-    target = _target("qwen3_5_text")
+    target = hybrid_target("qwen3_5_text")
     module = _module(target)
     def chunk_gated_delta_rule(*args, **kwargs):  # stands in for flash-linear-attention's kernel
         raise AssertionError("never called here")
@@ -196,22 +196,22 @@ def test_nothing_routes_where_the_rule_is_not_the_torch_reference(monkeypatch):
     # not on the CPU (the crossover was measured there only): the meta device stands in for a GPU
     assert per_token_modules(make_tiny_hybrid("qwen3_5_text").to("meta")) == ()
     # a family without Gated DeltaNet or Mamba-2 layers, or per-token mixers: nothing to route
-    assert per_token_modules(_target("lfm2")) == ()
+    assert per_token_modules(hybrid_target("lfm2")) == ()
 
 
 @pytest.mark.parametrize("arch", sorted(HYBRIDS))
 def test_every_hybrid_stays_lossless_with_the_routing(monkeypatch, arch):
     """n-grams and an EAGLE-3 head on every hybrid family (the per-token rule engaged where the family has
     Gated DeltaNet layers: counted)."""
-    target = _target(arch)
+    target = hybrid_target(arch)
     rng = random.Random(arch)
-    ids = _prompt(rng, 12)
-    ref = _hf(target, ids, 32)
+    ids = hybrid_prompt(rng, 12)
+    ref = hf(target, ids, 32)
     routed = []
     for module in per_token_modules(target):
         if hasattr(module, PER_TOKEN):  # a Gated DeltaNet modeling module (not a Mamba-2 one, nor a mixer)
             monkeypatch.setattr(module, PER_TOKEN, _counted(getattr(module, PER_TOKEN), routed))
-    for drafter in (NgramDrafter(length=5), _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))):
+    for drafter in (NgramDrafter(length=5), perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))):
         assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=32), ref), arch
     assert (LAYER_KINDS[arch] == "Gated DeltaNet") == any(n > 1 for n in routed)
 
@@ -224,9 +224,9 @@ def test_short_mamba2_scans_run_in_one_chunk_of_their_length(monkeypatch, arch):
     """A stateful scan shorter than the layer's chunk (a verify, a replay) runs with chunk_size = its length
     (no padding to the chunk: docs/hybrid.md); the prefill, and anything outside the generator, keep the
     layer's chunk size; the output stays the target's own."""
-    target = _target(arch)
-    ids = _prompt(random.Random(7), 14)
-    ref = _hf(target, ids, 32)
+    target = hybrid_target(arch)
+    ids = hybrid_prompt(random.Random(7), 14)
+    ref = hf(target, ids, 32)
     (module,) = per_token_modules(target)
     calls = []  # (tokens, chunk_size, has state)
     scan = getattr(module, SCAN)
@@ -268,8 +268,8 @@ def _runs(target, seeds=(2, 3, 4), max_new: int = 48) -> list[tuple]:
     """(output, the target's own) for each prompt, with a partial accept at every step and with none."""
     runs = []
     for seed in seeds:
-        ids = _prompt(random.Random(seed), 14)
-        ref = _hf(target, ids, max_new)
+        ids = hybrid_prompt(random.Random(seed), 14)
+        ref = hf(target, ids, max_new)
         for drafter in (Oracle(ref, good=4), AllRight(ref, good=4)):
             runs.append((SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=max_new), ref))
     return runs
@@ -305,9 +305,9 @@ def test_a_router_that_loses_the_state_is_caught(monkeypatch, bug):
 
 def test_a_short_scan_that_loses_the_state_is_caught(monkeypatch):
     """Planted bug: the short Mamba-2 scan drops the layer's state (every verify starts from zeros)."""
-    target = _target("nemotron_h")
-    ids = _prompt(random.Random(7), 14)  # no near-tie (seed 8 has one: margin 5e-6)
-    ref = _hf(target, ids, 32)
+    target = hybrid_target("nemotron_h")
+    ids = hybrid_prompt(random.Random(7), 14)  # no near-tie (seed 8 has one: margin 5e-6)
+    ref = hf(target, ids, 32)
     assert torch.equal(SpeculativeGenerator(target, Oracle(ref, good=4)).generate(ids, max_new_tokens=32), ref)
     short_scan = delta_rule._short_scan
 

@@ -11,23 +11,19 @@ import random
 
 import pytest
 import torch
-from conftest import ARCHES, make_tiny_target
-from test_train_fixtures import TreeOracle
+from support.targets import ARCHES, make_tiny_target
+from support.train_fixtures import TreeOracle
+from support.generator import SMALL, VOCAB
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast, TextStreamer
 
 from draftsmith.heads import build_head
-from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
 from draftsmith.infer.drafters import default_branching_tree, default_tree
 from draftsmith.infer.target import target_forward
 
 
 KINDS = ("medusa", "eagle", "eagle3")
-VOCAB = 96
-# Small trees keep the CPU tests fast; each kind's CPU and accelerator defaults run too.
-SMALL = {"medusa": StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))),
-         "eagle": DynamicTree(depth=4, top_k=3, total_tokens=12),
-         "eagle3": DynamicTree(depth=4, top_k=3, total_tokens=12)}
 
 
 def _target(arch: str, dtype=torch.float64, **kw):

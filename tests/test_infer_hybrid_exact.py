@@ -8,8 +8,8 @@ import random
 
 import pytest
 import torch
-from hybrids import HYBRIDS
-from test_infer_hybrid import Oracle, _hf, _prompt, _target
+from support.hybrids import HYBRIDS
+from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
 
 import draftsmith.infer.decode_check as decode_check
 import draftsmith.infer.one_token as one_token
@@ -31,7 +31,7 @@ assert set(DIFFERS) == set(one_token.ONE_TOKEN_FAMILIES)
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_the_verify_computes_the_one_token_decode(arch):
-    target = _target(arch)
+    target = hybrid_target(arch)
     gap = decode_gap(target, probe_ids(target))
     assert gap.exact and gap.max_diff < 2e-5, (arch, gap)
     raw = decode_gap(target, probe_ids(target), routes=())  # transformers' code alone
@@ -41,16 +41,16 @@ def test_the_verify_computes_the_one_token_decode(arch):
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_three_hundred_tokens_stay_exact(arch):
     """A rollback at every step (3 of 4 drafts right) over 300 tokens."""
-    target = _target(arch)
-    ids = _prompt(random.Random(arch), 8)
-    ref = _hf(target, ids, 300)
+    target = hybrid_target(arch)
+    ids = hybrid_prompt(random.Random(arch), 8)
+    ref = hf(target, ids, 300)
     assert torch.equal(SpeculativeGenerator(target, Oracle(ref)).generate(ids, max_new_tokens=300), ref), arch
 
 
 def test_mixers_run_per_token_only_inside_the_context():
-    target = _target("jamba")
+    target = hybrid_target("jamba")
     mixers = one_token.one_token_mixers(target)
-    assert len(mixers) == 3 and one_token.one_token_mixers(_target("lfm2")) == ()
+    assert len(mixers) == 3 and one_token.one_token_mixers(hybrid_target("lfm2")) == ()
     with pytest.raises(RuntimeError, match="inside"):
         with per_token_rule(per_token_modules(target)), per_token_rule(per_token_modules(target)):
             assert all(getattr(m.forward, "runs_one_token", False) for m in mixers)
@@ -64,9 +64,9 @@ def _no_routing(monkeypatch):
 
 
 def test_jamba_without_the_fix_differs_from_generate(monkeypatch):
-    target = _target("jamba")
-    ids = _prompt(random.Random(1), 12)
-    ref = _hf(target, ids, 24)
+    target = hybrid_target("jamba")
+    ids = hybrid_prompt(random.Random(1), 12)
+    ref = hf(target, ids, 24)
     assert torch.equal(SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, max_new_tokens=24), ref)
     _no_routing(monkeypatch)
     assert not torch.equal(SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, max_new_tokens=24), ref)
@@ -75,7 +75,7 @@ def test_jamba_without_the_fix_differs_from_generate(monkeypatch):
 @pytest.fixture(scope="module")
 def saved_jamba(tmp_path_factory):
     path = tmp_path_factory.mktemp("jamba")
-    _target("jamba").save_pretrained(path)
+    hybrid_target("jamba").save_pretrained(path)
     return path
 
 
@@ -105,7 +105,7 @@ def test_the_generator_checks_an_untested_stateful_family(monkeypatch):
     monkeypatch.delitem(recurrent.LAYER_KINDS, "jamba")
     _no_routing(monkeypatch)  # an untested family: nothing routed
     with pytest.raises(ValueError, match=r"JambaForCausalLM \(jamba\): speculative decoding cannot be exact"):
-        SpeculativeGenerator(_target("jamba"), NgramDrafter())
+        SpeculativeGenerator(hybrid_target("jamba"), NgramDrafter())
     monkeypatch.delitem(recurrent.LAYER_KINDS, "lfm2")
     with pytest.raises(ValueError, match=r"not verified lossless.*max \|logit difference\| .* 8 of 8 positions"):
-        SpeculativeGenerator(_target("lfm2"), NgramDrafter())
+        SpeculativeGenerator(hybrid_target("lfm2"), NgramDrafter())

@@ -1,15 +1,15 @@
 """The hybrid identity checks can fail, on every family: each test model's greedy text depends on its
 recurrent and conv states (zeroing them after a prompt changes at least a third of its next tokens), and
 planted rollback bugs — none at all, a state restored one position off, one batch row's state given to
-another — each break greedy identity with the target's own ``generate`` on every family in tests/hybrids.py."""
+another — each break greedy identity with the target's own ``generate`` on every family in tests/support/hybrids.py."""
 from __future__ import annotations
 
 import random
 
 import pytest
 import torch
-from hybrids import HYBRIDS
-from test_infer_hybrid import Oracle, _hf, _prompt, _target
+from support.hybrids import HYBRIDS
+from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
 from transformers import DynamicCache
 
 from draftsmith.infer import SpeculativeGenerator
@@ -37,9 +37,9 @@ def _next_token(model, ids: torch.Tensor, zero_states: bool) -> int:
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_the_greedy_text_depends_on_the_states(arch):
     """Zeroing every recurrent and conv state after a prompt changes at least 2 of 6 next greedy tokens."""
-    target = _target(arch)
+    target = hybrid_target(arch)
     rng = random.Random(0)
-    prompts = [_prompt(rng, 12) for _ in range(6)]
+    prompts = [hybrid_prompt(rng, 12) for _ in range(6)]
     changed = sum(_next_token(target, ids, False) != _next_token(target, ids, True) for ids in prompts)
     assert changed >= 2, (arch, changed)
 
@@ -92,10 +92,10 @@ def _identical(target, ids: torch.Tensor, refs: torch.Tensor, rollback: str) -> 
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_planted_rollback_bugs_fail_on_every_family(arch, monkeypatch):
-    target = _target(arch)
+    target = hybrid_target(arch)
     rng = random.Random(arch)
-    ids = torch.cat([_prompt(rng, 10), _prompt(rng, 10)])
-    refs = torch.cat([_hf(target, row[None], 24) for row in ids])
+    ids = torch.cat([hybrid_prompt(rng, 10), hybrid_prompt(rng, 10)])
+    refs = torch.cat([hf(target, row[None], 24) for row in ids])
     for rollback in ("merged", "replay"):
         assert _identical(target, ids, refs, rollback), (arch, rollback)
     for name, (plant, rollback) in PLANTS.items():

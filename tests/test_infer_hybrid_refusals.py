@@ -1,7 +1,7 @@
 """Stateful models draftsmith cannot decode losslessly are refused in one line naming the architecture and its
 layer kind, never a traceback: at ``SpeculativeGenerator``, at ``from_pretrained`` and ``scripts/benchmark.py``
 before the weights load, and at training setup. transformers 5.24's stateful families outside
-``infer.recurrent.LAYER_KINDS`` (tests/hybrids.py holds the supported ones): MiniMax (lightning attention, its
+``infer.recurrent.LAYER_KINDS`` (tests/support/hybrids.py holds the supported ones): MiniMax (lightning attention, its
 own MiniMaxCache), RecurrentGemma (RG-LRU blocks keeping their state on the module), and the attention-free
 Mamba, Mamba-2, Falcon-Mamba, RWKV and xLSTM; a stateful family the table does not know is refused alike.
 RecurrentGemma's refusal is needed: let through, its speculative output differs from its own ``generate``."""
@@ -10,11 +10,11 @@ from __future__ import annotations
 import random
 
 import pytest
-import test_train_fixtures
+from support import train_fixtures
 import torch
-from conftest import make_tiny_target
-from hybrids import make_tiny_hybrid
-from test_train_fixtures import tiny_config
+from support.targets import make_tiny_target
+from support.hybrids import make_tiny_hybrid
+from support.train_fixtures import tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from draftsmith.data.cli import run
@@ -23,7 +23,7 @@ from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters.ngram import NgramDrafter
 from draftsmith.infer.recurrent import LAYER_KINDS, REFUSED_KINDS, LinearAttentionLayer, check_supported, is_hybrid
 from draftsmith.scripts.benchmark import main as benchmark_main
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 
@@ -71,7 +71,7 @@ def test_a_refused_family_is_one_line_naming_it_and_its_layer_kind(arch):
 
 def test_refused_before_loading_at_every_entry_point(tmp_path, capsys):
     """from_pretrained, scripts/benchmark.py (exit code 2, one line) and training setup, on a saved Mamba."""
-    tokenizer = train_tokenizer(test_train_fixtures.source_texts(), vocab_size=300)
+    tokenizer = train_tokenizer(train_fixtures.source_texts(), vocab_size=300)
     _tiny("mamba").save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     line = r"MambaForCausalLM \(mamba\): its Mamba-1 layers are not supported: the model has no attention layer"
@@ -82,7 +82,7 @@ def test_refused_before_loading_at_every_entry_point(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert "Traceback" not in "".join(err)
     assert any(line.startswith("error: MambaForCausalLM (mamba): its Mamba-1") for line in err), err
-    files = test_train_fixtures.write_text_files(tmp_path)
+    files = train_fixtures.write_text_files(tmp_path)
     with pytest.raises(ValueError, match=line):
         setup(tiny_config(files, tmp_path / "out", "head.kind=eagle3"))
 

@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from test_infer_hybrid import MAIN, VOCAB, _hf, _left_padded, _perturbed, _prompt, _target
+from support.infer_hybrid import MAIN, VOCAB, hf, hybrid_prompt, hybrid_target, left_padded, perturbed
 
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
@@ -60,7 +60,7 @@ class RowOracle(Drafter):
 
 def _alone(target, rows: list[torch.Tensor], max_new: int, eos: int | None = None) -> list[torch.Tensor]:
     """Each row's own greedy text (prompt + continuation, cut after EOS)."""
-    return [_hf(target, r[None], max_new, eos=eos)[0] for r in rows]
+    return [hf(target, r[None], max_new, eos=eos)[0] for r in rows]
 
 
 def _mid_batch_eos(continuations: list[torch.Tensor]) -> int | None:
@@ -83,10 +83,10 @@ def _check_left_padded(out: torch.Tensor, width: int, rows: list[torch.Tensor], 
 def test_one_row_is_lossless_under_both_rollbacks(arch, mode):
     """A partial accept at every step (pending tokens pile up to ``MAX_PENDING``, then a replay), n-grams and
     a head; the prompt one longer than the oracle's draft (4 nodes: prompt 5)."""
-    target = _target(arch)
+    target = hybrid_target(arch)
     rng = random.Random(arch)
-    for ids, n in ((_prompt(rng, 14), 60), (_prompt(rng, 5), 30)):
-        ref = _hf(target, ids, n)
+    for ids, n in ((hybrid_prompt(rng, 14), 60), (hybrid_prompt(rng, 5), 30)):
+        ref = hf(target, ids, n)
         gen = SpeculativeGenerator(target, RowOracle([ref[0]]), rollback=mode)
         assert torch.equal(gen.generate(ids, max_new_tokens=n), ref), ids.shape[1]
         stats = gen.last_stats
@@ -94,7 +94,7 @@ def test_one_row_is_lossless_under_both_rollbacks(arch, mode):
             assert stats.pending_tokens > 0 and stats.replays < stats.steps // 2
         else:
             assert stats.pending_tokens == 0 and stats.replays >= stats.steps - 2
-        drafters = (NgramDrafter(max_ngram=3, length=5), _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2])))
+        drafters = (NgramDrafter(max_ngram=3, length=5), perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2])))
         for drafter in drafters:
             assert torch.equal(SpeculativeGenerator(target, drafter, rollback=mode).generate(ids, max_new_tokens=n), ref)
 
@@ -105,18 +105,18 @@ def test_left_padded_batch_is_each_row_alone(arch, mode):
     """Rows of different lengths, left-padded, one stopping at EOS mid-batch: with the oracle every live row
     accepts the same count (merged: the pending tokens of every row in one verify, B > 1), with n-grams and
     a head they disagree (merged falls back to a replay for that step)."""
-    target = _target(arch)
+    target = hybrid_target(arch)
     for seed in range(7, 40):  # prompts whose row 1 has a token the other rows never emit
         rng = random.Random(seed)
-        rows = [_prompt(rng, n)[0] for n in (13, 5, 9)]
+        rows = [hybrid_prompt(rng, n)[0] for n in (13, 5, 9)]
         eos = _mid_batch_eos([a[r.numel():] for r, a in zip(rows, _alone(target, rows, 24))])
         if eos is not None:
             break
     alone = _alone(target, rows, 24, eos=eos)
     assert [a.numel() - r.numel() for r, a in zip(rows, alone)][1] < 24 <= min(a.numel() - r.numel()
                                                                                 for r, a in zip(rows[::2], alone[::2]))
-    ids, mask = _left_padded(rows)
-    drafters = (RowOracle(alone), NgramDrafter(length=4), _perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2])))
+    ids, mask = left_padded(rows)
+    drafters = (RowOracle(alone), NgramDrafter(length=4), perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2])))
     for drafter in drafters:
         gen = SpeculativeGenerator(target, drafter, rollback=mode)
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=eos, pad_token_id=0)
@@ -128,10 +128,10 @@ def test_left_padded_batch_is_each_row_alone(arch, mode):
 def test_the_steps_driven_by_hand_and_a_reused_generator_equal_generate():
     """``start`` -> ``step`` ... -> ``finish`` with tokens pending between steps is ``generate``, and the next
     call on the same generator (its cache reused) starts clean: pending tokens never outlive a decode."""
-    target = _target("qwen3_5_text")
+    target = hybrid_target("qwen3_5_text")
     rng = random.Random(4)
-    first, second = _prompt(rng, 9), _prompt(rng, 12)
-    refs = [_hf(target, ids, 30) for ids in (first, second)]
+    first, second = hybrid_prompt(rng, 9), hybrid_prompt(rng, 12)
+    refs = [hf(target, ids, 30) for ids in (first, second)]
     gen = SpeculativeGenerator(target, RowOracle([r[0] for r in refs]))
     assert gen.rollback.rule == "merged"
     dec = gen.start(first, max_new_tokens=30)
@@ -145,7 +145,7 @@ def test_the_steps_driven_by_hand_and_a_reused_generator_equal_generate():
 
 
 def test_the_rollback_option_is_checked():
-    target = _target("lfm2")
+    target = hybrid_target("lfm2")
     with pytest.raises(ValueError, match="rollback must be 'merged', 'replay' or None, got 'undo'"):
         SpeculativeGenerator(target, NgramDrafter(), rollback="undo")
     with pytest.raises(ValueError, match="rollback='merged' cannot run here: compile is on"):
@@ -160,11 +160,11 @@ def _oracle_runs(arch: str, rollback: str = "merged") -> list[tuple[torch.Tensor
     """(output, the target's own, generator) for three prompts, a partial accept at every step. The state-sensitive
     Nemotron-H's prompt 2 differs from ``generate`` with or without the verify's routing (a rounding near-tie):
     it runs prompts 3-5."""
-    target = _target(arch)
+    target = hybrid_target(arch)
     runs = []
     for seed in (3, 4, 5) if arch == "nemotron_h" else (2, 3, 4):
-        ids = _prompt(random.Random(seed), 14)
-        ref = _hf(target, ids, 48)
+        ids = hybrid_prompt(random.Random(seed), 14)
+        ref = hf(target, ids, 48)
         gen = SpeculativeGenerator(target, RowOracle([ref[0]]), rollback=rollback)
         runs.append((gen.generate(ids, max_new_tokens=48), ref, gen))
     return runs
@@ -207,9 +207,9 @@ def test_a_skipped_restore_is_caught(monkeypatch, mode):
 def test_pending_tokens_pile_up_to_the_cap_then_a_replay_flushes_them():
     """Every step accepting 3 of 4 drafts adds 4 pending tokens (the root and 3 drafts): they pile up to at
     most ``MAX_PENDING``, and the step that would pass it replays them instead."""
-    target = _target("lfm2")
-    ids = _prompt(random.Random(2), 14)
-    ref = _hf(target, ids, 64)
+    target = hybrid_target("lfm2")
+    ids = hybrid_prompt(random.Random(2), 14)
+    ref = hf(target, ids, 64)
     gen = SpeculativeGenerator(target, RowOracle([ref[0]]))
     dec = gen.start(ids, max_new_tokens=64)
     carried = []

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from test_infer_batch import BATCH_ARCHES, _expected, _left_pad, _prompts, _target
+from support.batch import BATCH_ARCHES, batch_prompts, expected, left_pad, target
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
@@ -40,7 +40,7 @@ def _count_sources(drafter: LookupFirst) -> dict[str, int]:
                                        ("medusa", Chain(3)), ("dflash", Chain(3))])
 @pytest.mark.parametrize("arch", BATCH_ARCHES)
 def test_greedy_rows_match_each_row_alone(arch, kind, tree, compile):
-    model = _target(arch)
+    model = target(arch)
     rng = random.Random(f"{arch}-{kind}")
     torch.manual_seed(rng.randrange(1000))
     head = build_head(kind, model, **({"block_size": 4} if kind == "dflash" else {}))
@@ -48,17 +48,17 @@ def test_greedy_rows_match_each_row_alone(arch, kind, tree, compile):
     seen = _count_sources(drafter)
     gen = SpeculativeGenerator(model, drafter, compile=compile)
     for lengths in ([9], [3, 12, 7]):
-        prompts = _prompts(rng, lengths, repetitive=True)
-        ids, mask = _left_pad(prompts)
+        prompts = batch_prompts(rng, lengths, repetitive=True)
+        ids, mask = left_pad(prompts)
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=20)
-        assert torch.equal(out, _expected(model, prompts, 20))
+        assert torch.equal(out, expected(model, prompts, 20))
     assert seen["lookup"] > 0 and seen["inner"] > 0, seen  # both sources drafted, or the test proves little
 
 
 def test_deferred_observe_equals_observing_every_step():
     """The head catches up in one forward on what it missed; its state is the one it has when it
     observes every step (fp64)."""
-    model = _target("llama").double()
+    model = target("llama").double()
     torch.manual_seed(0)
     head = build_head("eagle3", model).double().eval()
     alone = make_drafter(head, model, Chain(3))
@@ -86,7 +86,7 @@ def test_deferred_observe_equals_observing_every_step():
 def test_sampling_follows_the_target_law():
     """The first three sampled tokens follow the target's law (chi-square), with lookup drafts
     (deterministic) and head drafts (their own q) both in play."""
-    from test_infer_sampling import exact_law, joint_pvalue, make_small_target, sample_triples
+    from support.sampling import exact_law, joint_pvalue, make_small_target, sample_triples
 
     model = make_small_target()
     torch.manual_seed(1)
@@ -100,7 +100,7 @@ def test_sampling_follows_the_target_law():
 
 
 def test_bad_arguments_are_one_line():
-    model = _target("llama")
+    model = target("llama")
     head = make_drafter(build_head("eagle3", model), model, Chain(3))
     with pytest.raises(TypeError, match="LookupFirst wraps a drafter"):
         LookupFirst(build_head("eagle3", model))

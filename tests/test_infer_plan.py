@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, SpeculativeGenerator

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import test_infer_classic
-from conftest import record_drafts
-from test_infer_classic import ARCHES3, _hf, _repetitive_prompt, _target
-from test_infer_sampling import exact_law, joint_pvalue, sample_triples
+from support import classic
+from support.targets import record_drafts
+from support.classic import ARCHES3, classic_target, hf, repetitive_prompt
+from support.sampling import exact_law, joint_pvalue, sample_triples
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, SpeculativeGenerator
@@ -24,7 +24,7 @@ from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter, calibrated_la
 from draftsmith.infer.drafters.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.ngram import NgramDrafter
 
-small_pair = test_infer_classic.small_pair  # the fixture: a small target and a different draft LM
+small_pair = classic.small_pair  # the fixture: a small target and a different draft LM
 
 
 def _trained_like(head, seed: int = 0, scale: float = 0.3):
@@ -37,9 +37,9 @@ def _trained_like(head, seed: int = 0, scale: float = 0.3):
 
 
 def _drafters(arch: str, target):
-    same = _target(arch)  # the target itself as draft LM: every draft accepted
-    other = _target(arch, seed=7, num_layers=2)
-    deeper = _target(arch, seed=5, num_layers=4)  # room for EAGLE-3's three aux layers
+    same = classic_target(arch)  # the target itself as draft LM: every draft accepted
+    other = classic_target(arch, seed=7, num_layers=2)
+    deeper = classic_target(arch, seed=5, num_layers=4)  # room for EAGLE-3's three aux layers
     return {
         "early-exit-fresh": make_drafter(build_head("early-exit", target, exit_layer=2), target, Chain(3)),
         "early-exit": make_drafter(_trained_like(build_head("early-exit", target, exit_layer=3)), target, Chain(4)),
@@ -69,14 +69,14 @@ def _draft_lm_head(kind: str, draft_lm, length: int = 3, seed: int = 0):
 @pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
 @pytest.mark.parametrize("arch", ARCHES3)
 def test_greedy_matches_hf(arch, compile):
-    target = _target(arch)
+    target = classic_target(arch)
     rng = random.Random(arch)
     for name, drafter in _drafters(arch, target).items():
         gen = SpeculativeGenerator(target, drafter, compile=compile)
         drafts = record_drafts(drafter)
         for prompt_len, max_new in ((1, 1), (12, 30), (20, 7)):
-            ids = _repetitive_prompt(rng, prompt_len)
-            assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf(target, ids, max_new)), (name, prompt_len)
+            ids = repetitive_prompt(rng, prompt_len)
+            assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf(target, ids, max_new)), (name, prompt_len)
             assert all(d.tokens.numel() <= drafter.max_nodes for d in drafts), name
             if name == "hier-self" and max_new == 30:  # 29 tokens after the first in 6 steps of <= 6
                 assert gen.last_stats.tau > 4.8, gen.last_stats.tau
@@ -85,10 +85,10 @@ def test_greedy_matches_hf(arch, compile):
 
 @pytest.mark.parametrize("arch", ARCHES3)
 def test_eos_stops_like_hf(arch):
-    target = _target(arch)
-    ids = _repetitive_prompt(random.Random(1), 10)
-    eos = int(_hf(target, ids, 24)[0, 10 + 9])  # a token HF emits: generation must stop at its first occurrence
-    ref = _hf(target, ids, 24, eos=eos)
+    target = classic_target(arch)
+    ids = repetitive_prompt(random.Random(1), 10)
+    eos = int(hf(target, ids, 24)[0, 10 + 9])  # a token HF emits: generation must stop at its first occurrence
+    ref = hf(target, ids, 24, eos=eos)
     for name, drafter in _drafters(arch, target).items():
         assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=24, eos_token_id=eos),
                            ref), name
@@ -97,8 +97,8 @@ def test_eos_stops_like_hf(arch):
 def test_fresh_early_exit_head_is_layer_skip():
     """o_proj starts at zero and the norm at the target's: a fresh head drafts what layer skip drafts
     with the same k; moving the adapter changes the drafts."""
-    target = _target("qwen2")
-    ids = _repetitive_prompt(random.Random(3), 14)
+    target = classic_target("qwen2")
+    ids = repetitive_prompt(random.Random(3), 14)
     runs = {}
     for name, drafter in (("layer-skip", LayerSkipDrafter(target, 2, Chain(3))),
                           ("fresh", make_drafter(build_head("early-exit", target, exit_layer=2), target, Chain(3))),
@@ -125,11 +125,11 @@ def test_layer_skip_shares_its_kv_with_the_verify(arch):
     one too) and layers k.. in the verify only; the target's cache ends holding what a verify through
     every layer writes (sharing off: the drafter's own cache), and both outputs are the target's own."""
     k, max_new = 2, 30
-    ids = _repetitive_prompt(random.Random(8), 12)
-    ref = _hf(_target(arch), ids, max_new)
+    ids = repetitive_prompt(random.Random(8), 12)
+    ref = hf(classic_target(arch), ids, max_new)
     caches = {}
     for mode in ("shared", "own"):
-        target = _target(arch)
+        target = classic_target(arch)
         drafter = LayerSkipDrafter(target, k, Chain(4))
         if mode == "own":
             drafter.before_draft = lambda *args: None  # not told the target's cache: its own, every layer verified
@@ -157,24 +157,24 @@ class SlotOffByOne(LayerSkipDrafter):
 
 
 def test_layer_skip_kv_written_elsewhere_changes_the_output():
-    target = _target("llama")
+    target = classic_target("llama")
     rng = random.Random(9)
     wrong = 0
     for _ in range(4):
-        ids = _repetitive_prompt(rng, 12)
+        ids = repetitive_prompt(rng, 12)
         wrong += not torch.equal(SpeculativeGenerator(target, SlotOffByOne(target, 2, Chain(4))).generate(
-            ids, max_new_tokens=30), _hf(target, ids, 30))
+            ids, max_new_tokens=30), hf(target, ids, 30))
     assert wrong >= 1, wrong
 
 
 def test_early_exit_head_checks_its_layer():
-    target = _target("llama")
+    target = classic_target("llama")
     assert build_head("early-exit", target).config.exit_layer == 3  # half of 6
     for k in (0, 6):
         with pytest.raises(ValueError, match=f"exit_layer must lie in \\[1, 6 - 1\\].*got {k}"):
             build_head("early-exit", target, exit_layer=k)
     with pytest.raises(ValueError, match="feature layers"):
-        build_head("early-exit", target, exit_layer=5).check_target(_target("llama", num_layers=4))
+        build_head("early-exit", target, exit_layer=5).check_target(classic_target("llama", num_layers=4))
     target.model.norm = torch.nn.LayerNorm(32)  # no per-channel scale for the head's norm to start from
     with pytest.raises(ValueError, match="not an RMS norm of the head's width; an early-exit head decodes"):
         build_head("early-exit", target)
@@ -197,14 +197,14 @@ class CycleLM(torch.nn.Module):
 def test_hierarchical_drafts_what_the_draft_lm_drafts_with_fewer_forwards():
     """Greedy: the chain is the draft LM's own, token for token (a real draft LM); when the n-gram
     guesses hold (a draft LM that repeats itself), the draft LM runs fewer forwards."""
-    target = _target("llama")
-    ids = _repetitive_prompt(random.Random(6), 16)
-    draft_lm = _target("llama", num_layers=4, seed=3)
+    target = classic_target("llama")
+    ids = repetitive_prompt(random.Random(6), 16)
+    draft_lm = classic_target("llama", num_layers=4, seed=3)
     runs = {}
     for name, drafter in (("plain", LMDrafter(draft_lm, target, Chain(6))),
                           ("hier", HierarchicalDrafter(draft_lm, target, NgramDrafter(length=6), Chain(6)))):
         drafts = record_drafts(drafter)
-        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=30), _hf(target, ids, 30))
+        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=30), hf(target, ids, 30))
         runs[name] = [d.tokens.tolist() for d in drafts]
     assert runs["hier"] == runs["plain"]
     forwards = {}
@@ -212,7 +212,7 @@ def test_hierarchical_drafts_what_the_draft_lm_drafts_with_fewer_forwards():
         stub = CycleLM(target, period=3)
         drafter = cls(stub, target, tree=Chain(12))
         drafts = record_drafts(drafter)
-        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20), _hf(target, ids, 20))
+        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20), hf(target, ids, 20))
         forwards[name] = (stub.forwards, [d.tokens.tolist() for d in drafts])
     assert forwards["hier"][1] == forwards["plain"][1]
     assert forwards["hier"][0] < 0.8 * forwards["plain"][0], forwards  # 99 against 150 when written
@@ -241,10 +241,10 @@ def test_inner_head_is_cut_back_with_the_draft_lm(kind):
     """Every round the inner head guesses exactly what a head reading the kept text from scratch guesses
     (fp64: incremental and whole-text features agree), across target rejections and rejected guesses;
     with a rewind that forgets nothing the guesses differ."""
-    target = _target("llama").double()
-    draft_lm = _target("llama", seed=5, num_layers=4).double()
-    ids = _repetitive_prompt(random.Random(2), 12)
-    ref = _hf(target, ids, 40)
+    target = classic_target("llama").double()
+    draft_lm = classic_target("llama", seed=5, num_layers=4).double()
+    ids = repetitive_prompt(random.Random(2), 12)
+    ref = hf(target, ids, 40)
     logs = {}
     for name in ("rewind", "no-rewind"):
         inner = _draft_lm_head(kind, draft_lm)
@@ -260,10 +260,10 @@ def test_inner_head_is_cut_back_with_the_draft_lm(kind):
 
 
 def test_inner_level_is_checked():
-    target, draft_lm = _target("llama"), _target("llama", seed=5, num_layers=4)
+    target, draft_lm = classic_target("llama"), classic_target("llama", seed=5, num_layers=4)
     with pytest.raises(ValueError, match="needs a head trained on the draft LM.*does not match"):
-        HierarchicalDrafter(draft_lm, target, make_drafter(build_head("eagle3", _target("llama", num_layers=6,
-                            hidden_size=48)), _target("llama", num_layers=6, hidden_size=48), Chain(3)), Chain(4))
+        HierarchicalDrafter(draft_lm, target, make_drafter(build_head("eagle3", classic_target("llama", num_layers=6,
+                            hidden_size=48)), classic_target("llama", num_layers=6, hidden_size=48), Chain(3)), Chain(4))
     with pytest.raises(TypeError, match="cannot be the inner level"):
         HierarchicalDrafter(draft_lm, target, make_drafter(build_head("early-exit", draft_lm), draft_lm, Chain(3)), Chain(4))
     with pytest.raises(TypeError, match="guesses a Chain"):
@@ -291,7 +291,7 @@ class KeepsGuesses(HierarchicalDrafter):
 @pytest.mark.parametrize("arch", ARCHES3)
 @pytest.mark.parametrize("name", ["early-exit", "hierarchical", "hierarchical-head"])
 def test_sampling_follows_the_target_law(arch, name):
-    target, draft = test_infer_classic.small_pair_of(arch)
+    target, draft = classic.small_pair_of(arch)
     drafter = {"early-exit": lambda: make_drafter(_early_exit(target), target, Chain(3)),
                "hierarchical": lambda: HierarchicalDrafter(draft, target, NgramDrafter(max_ngram=2, length=3), Chain(3)),
                "hierarchical-head": lambda: HierarchicalDrafter(draft, target, _draft_lm_head("eagle", draft, 2), Chain(3)),
@@ -327,9 +327,9 @@ def test_calibration_file_sets_the_default_k(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
     from draftsmith.infer.bench.calibrate_layer_skip import calibrate_layer_skip
 
-    target = _target("mistral")
+    target = classic_target("mistral")
     assert calibrated_layers(target) is None and LayerSkipDrafter(target).layers == 3  # default: half of 6
-    prompts = [_repetitive_prompt(random.Random(i), 12)[0].tolist() for i in range(2)]
+    prompts = [repetitive_prompt(random.Random(i), 12)[0].tolist() for i in range(2)]
     result = calibrate_layer_skip(target, prompts, [1, 4], depth=3, max_new_tokens=8)
     assert [r["layers"] for r in result["rows"]] == [1, 4] and result["vanilla_tokens_per_s"] > 0
     assert all(r["tau"] >= 1 and r["tokens_per_s"] > 0 and r["verify_s_per_step"] > 0 for r in result["rows"])
@@ -341,7 +341,7 @@ def test_calibration_file_sets_the_default_k(monkeypatch, tmp_path):
     drafter = LayerSkipDrafter(target)
     assert drafter.layers == 4 and drafter.calibrated
     assert LayerSkipDrafter(target, 2).layers == 2  # a given k wins
-    other = _target("mistral", num_layers=4)  # another identity: another file
+    other = classic_target("mistral", num_layers=4)  # another identity: another file
     assert calibration_path(other) != path and LayerSkipDrafter(other).layers == 2
     path.write_text(json.dumps({"best_layers": 6}))
     with pytest.raises(ValueError, match="best_layers=6 is not a layer count of this 6-layer target"):

@@ -9,8 +9,8 @@ import random
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_infer_batch import DRAFTERS, PAD, _expected, _left_pad, _oracle, _prompts
+from support.targets import make_tiny_target
+from support.batch import DRAFTERS, PAD, batch_prompts, expected, left_pad, oracle
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from draftsmith.infer import SpeculativeGenerator
@@ -61,7 +61,7 @@ def test_the_window_changes_the_target():
     for name in SLIDING:
         model, full = _build(name), _build(name, window=200)
         assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), full.state_dict().values()))
-        prompt = torch.tensor([_prompts(random.Random(name), [12])[0]])
+        prompt = torch.tensor([batch_prompts(random.Random(name), [12])[0]])
         a = model.generate(prompt, do_sample=False, max_new_tokens=20, pad_token_id=PAD, eos_token_id=None)
         b = full.generate(prompt, do_sample=False, max_new_tokens=20, pad_token_id=PAD, eos_token_id=None)
         assert not torch.equal(a, b), name
@@ -70,12 +70,12 @@ def test_the_window_changes_the_target():
 @pytest.mark.parametrize("bsz", [1, 3])
 def test_oracle_decodes_past_the_window(windowed, bsz):
     rng = random.Random(f"{windowed.config.model_type}-{bsz}")
-    prompts = _prompts(rng, [rng.randrange(2, 14) for _ in range(bsz)])
+    prompts = batch_prompts(rng, [rng.randrange(2, 14) for _ in range(bsz)])
     max_new = 30  # prompt + new tokens: several windows
-    gen = SpeculativeGenerator(windowed, _oracle(windowed, prompts, max_new, depth=5, seed=bsz))
-    ids, mask = _left_pad(prompts)
+    gen = SpeculativeGenerator(windowed, oracle(windowed, prompts, max_new, depth=5, seed=bsz))
+    ids, mask = left_pad(prompts)
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new)
-    assert torch.equal(out, _expected(windowed, prompts, max_new))
+    assert torch.equal(out, expected(windowed, prompts, max_new))
     assert gen.last_stats.tau > 1.5
 
 
@@ -84,18 +84,18 @@ def test_drafters_decode_past_the_window(windowed, name):
     rng = random.Random(f"{windowed.config.model_type}-{name}")
     torch.manual_seed(rng.randrange(1000))
     drafter, tree = DRAFTERS[name](windowed)
-    prompts = _prompts(rng, [rng.randrange(2, 14) for _ in range(2)], repetitive=name.startswith("ngram"))
-    ids, mask = _left_pad(prompts)
+    prompts = batch_prompts(rng, [rng.randrange(2, 14) for _ in range(2)], repetitive=name.startswith("ngram"))
+    ids, mask = left_pad(prompts)
     out = SpeculativeGenerator(windowed, drafter, tree=tree).generate(ids, attention_mask=mask, max_new_tokens=24)
-    assert torch.equal(out, _expected(windowed, prompts, 24))
+    assert torch.equal(out, expected(windowed, prompts, 24))
 
 
 def test_compiled_verify_past_the_window():
     model = _build("qwen3-interleaved")
-    prompts = _prompts(random.Random(5), [9, 4])
-    gen = SpeculativeGenerator(model, _oracle(model, prompts, 20, depth=4, seed=5), compile="aot_eager")
-    ids, mask = _left_pad(prompts)
-    assert torch.equal(gen.generate(ids, attention_mask=mask, max_new_tokens=20), _expected(model, prompts, 20))
+    prompts = batch_prompts(random.Random(5), [9, 4])
+    gen = SpeculativeGenerator(model, oracle(model, prompts, 20, depth=4, seed=5), compile="aot_eager")
+    ids, mask = left_pad(prompts)
+    assert torch.equal(gen.generate(ids, attention_mask=mask, max_new_tokens=20), expected(model, prompts, 20))
 
 
 def test_window_mask_blocks_exactly_the_far_keys():

@@ -7,9 +7,9 @@ import random
 
 import pytest
 import torch
-from conftest import ARCHES, has_cuda, make_tiny_target
-from test_infer_generator import SMALL, VOCAB
-from test_train_fixtures import TreeOracle
+from support.targets import ARCHES, has_cuda, make_tiny_target
+from support.generator import SMALL, VOCAB
+from support.train_fixtures import TreeOracle
 from transformers.cache_utils import DynamicCache
 
 from draftsmith.heads import build_head

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 
 from draftsmith.infer.target import decoder_layers, target_forward, loaded_target_identity
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_successor_target
+from support.targets import make_successor_target
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, SpeculativeGenerator

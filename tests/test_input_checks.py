@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from safetensors.torch import load_file, save_file
 
 from draftsmith.data.base.checks import count, probability
@@ -88,7 +88,7 @@ def test_benchmark_clis_refuse_bad_counts(script, argv, message, capsys):
 @pytest.mark.parametrize("flag, value", [("--depth", "0"), ("--branch", "0"), ("--total-tokens", "1"),
                                          ("--max-new-tokens", "0")])
 def test_generate_cli_refuses_zero_instead_of_defaulting(flag, value, capsys):
-    from draftsmith.infer.generate import parse_args
+    from draftsmith.infer.cli import parse_args
 
     with pytest.raises(SystemExit) as stop:
         parse_args(["--head", "h", "--prompt", "p", flag, value])
@@ -140,8 +140,8 @@ def test_every_numeric_option_is_checked_as_it_is_parsed(module_name, monkeypatc
     ("draftsmith.scripts.plan", ["--gpus", "0"], "argument --gpus: a whole number >= 1 expected, got '0'"),
     ("draftsmith.scripts.calibrate_speculation", ["--target", "t", "--head", "h", "--lengths", "2,-1"],
      "argument --lengths: comma-separated whole numbers >= 0 expected"),
-    ("draftsmith.infer.generate", ["--head", "h", "--prompt", "p", "--top-p", "1.5"], "argument --top-p: a number > 0 and <= 1"),
-    ("draftsmith.infer.generate", ["--head", "h", "--prompt", "p", "--temperature", "-0.1"], "argument --temperature: a number >= 0"),
+    ("draftsmith.infer.cli", ["--head", "h", "--prompt", "p", "--top-p", "1.5"], "argument --top-p: a number > 0 and <= 1"),
+    ("draftsmith.infer.cli", ["--head", "h", "--prompt", "p", "--temperature", "-0.1"], "argument --temperature: a number >= 0"),
 ])
 def test_bad_numbers_end_in_one_line_with_exit_code_2(module_name, argv, message, capsys):
     import importlib
@@ -246,7 +246,7 @@ def test_a_file_given_as_the_head_is_named(tmp_path):
 def test_a_device_this_torch_cannot_use_is_refused_naming_it(capsys):
     """--device cuda on a machine without CUDA ended in torch's AssertionError traceback (exit code 1)."""
     from draftsmith.data.base.device import default_device
-    from draftsmith.infer.generate import cli
+    from draftsmith.infer.cli import cli
 
     with pytest.raises(ValueError, match="device 'foo' is not a torch device"):
         default_device("foo")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 
 from draftsmith import infer
 from draftsmith.heads import HEAD_CLASSES, build_head

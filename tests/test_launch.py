@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import free_port
+from support.targets import free_port
 
 from draftsmith.scripts.launch import exit_code, split_args
 

@@ -7,8 +7,8 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import has_cuda
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.targets import has_cuda
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.data.targets import load_target
 from draftsmith.heads import AutoHead
@@ -16,7 +16,7 @@ from draftsmith.infer import SpeculativeGenerator, StaticTree
 from draftsmith.train.backbone import LORA_ADAPTER, MERGED_TARGET, add_lora, lora_parameters, original
 from draftsmith.train.checkpoint import CHECKPOINTS
 from draftsmith.train.config import ConfigError
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.resume import latest_checkpoint, mark_run
 
 MEDUSA2 = ["head.kind=medusa", "head.num_heads=2", "train.backbone_lora_rank=4", "train.lr=1e-2",

@@ -9,8 +9,8 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_formats import _perturb
+from support.targets import make_tiny_target
+from support.formats import perturb
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.formats import export_head, import_eagle3, validate_export
@@ -36,10 +36,10 @@ def _as_foreign(out, **flags):
 
 
 def test_flat_exports_leave_a_false_norm_output_out_and_record_the_meaning(tmp_path, target):
-    plain = export_head(_perturb(build_head("eagle3", target)), tmp_path / "p", "vllm", target=target)
+    plain = export_head(perturb(build_head("eagle3", target)), tmp_path / "p", "vllm", target=target)
     assert "norm_output" not in _config(plain)  # SpecForge would read false as "no final norm on the logits"
     assert _config(plain)["draftsmith"]["norm_output_meaning"].startswith("post-norm")
-    flagged = export_head(_perturb(build_head("eagle3", target, norm_output=True)), tmp_path / "f", "vllm",
+    flagged = export_head(perturb(build_head("eagle3", target, norm_output=True)), tmp_path / "f", "vllm",
                           target=target)
     assert _config(flagged)["norm_output"] is True
     (plain / "config.json").write_text(json.dumps({**_config(plain), "norm_output": False}))  # the old export
@@ -49,7 +49,7 @@ def test_flat_exports_leave_a_false_norm_output_out_and_record_the_meaning(tmp_p
 
 def test_a_specforge_checkpoint_imports_with_specforges_meaning(tmp_path, target):
     """SpecForge's norm_output=true (its default) is plain EAGLE-3: pre-norm state forward, normed logits."""
-    head = _perturb(build_head("eagle3", target))
+    head = perturb(build_head("eagle3", target))
     out = _as_foreign(export_head(head, tmp_path / "s", "vllm", target=target), norm_output=True)
     with pytest.raises(ValueError, match="norm_output=true means two things.*norm_output_meaning='specforge'"):
         import_eagle3(out, target=target)
@@ -66,7 +66,7 @@ def test_a_specforge_checkpoint_imports_with_specforges_meaning(tmp_path, target
 
 
 def test_speculators_configs_mean_post_norm_without_being_told(tmp_path, target):
-    head = _perturb(build_head("eagle3", target, norm_output=True))
+    head = perturb(build_head("eagle3", target, norm_output=True))
     out = export_head(head, tmp_path / "s", "speculators", target=target)
     config = {k: v for k, v in _config(out).items() if k != "draftsmith"}
     (out / "config.json").write_text(json.dumps(config))

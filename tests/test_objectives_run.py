@@ -3,19 +3,19 @@ steps, data, seed and start without it) end in different weights. Each check is 
 it guards against is planted (the on-policy rollout skipped, D-PACE trained as CE, DFlash's anchor count or
 gamma ignored) and the two runs then end in the same weights, which the check reports.
 
-Runs are two steps of a tiny head on tests/test_train_fixtures.py's data (seconds each)."""
+Runs are two steps of a tiny head on tests/support/train_fixtures.py's data (seconds each)."""
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.train.objectives import dflash as dflash_objective
 from draftsmith.train.objectives.dflash import DFlashObjective, default_gamma
 from draftsmith.train.objectives.eagle3 import Eagle3Objective
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 KINDS = {"dflash": ["head.kind=dflash", "head.block_size=4", "head.num_layers=1", "train.anchors_per_document=4"],
          "eagle3": ["head.kind=eagle3", "head.ttt_steps=2"]}  # its supervised loss reads every position

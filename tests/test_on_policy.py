@@ -7,13 +7,13 @@ import logging
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.targets import make_tiny_target
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
 from draftsmith.infer.target import target_forward
 from draftsmith.train.config import load_config
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.on_policy import Rollout, verify_drafts
 

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.train.checkpoint import CHECKPOINTS, RUN_MARKER
 from draftsmith.train.config import ConfigError
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 FAST = ["head.kind=medusa", "train.max_steps=2", "train.save_every=2", "train.eval_every=0", "data.eval=null",
         "train.warmup_steps=0"]

@@ -88,3 +88,20 @@ def test_a_wheel_install_trains_the_demo_head_and_decodes_with_it_outside_the_cl
     assert decode.returncode == 0, decode.stdout[-2000:] + decode.stderr[-4000:]
     assert decode.stdout.strip(), "no continuation printed"
     assert "outputs identical: yes" in decode.stderr, decode.stderr[-4000:]
+
+
+# Libraries a training or decoding environment commonly holds (beside what is installed here).
+COMMON_TOP_LEVEL = {"evaluate", "datasets", "transformers", "accelerate", "torch", "peft", "wandb", "tokenizers",
+                    "safetensors", "numpy", "yaml", "tqdm", "deepspeed", "vllm", "sglang", "trl", "speculators"}
+
+
+def test_no_file_run_as_a_script_shadows_a_library():
+    """``accelerate launch train/train_head.py`` and ``python scripts/X.py`` put the script's folder first on
+    sys.path, where a sibling named like a library (a ``train/evaluate.py`` beside HF's ``evaluate``) would be
+    what ``import evaluate`` finds in any library we load: no name in those folders is a library's."""
+    import pkgutil
+
+    installed = {m.name for m in pkgutil.iter_modules([p for p in sys.path if p and Path(p).resolve() != ROOT])}
+    for folder in ("train", "scripts", "infer"):
+        names = {p.stem for p in (ROOT / folder).glob("*.py")} - {"__init__"}
+        assert not names & (installed | COMMON_TOP_LEVEL), f"{folder}/ shadows {sorted(names & (installed | COMMON_TOP_LEVEL))}"

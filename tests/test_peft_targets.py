@@ -10,36 +10,19 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from peft import LoraConfig, get_peft_model
-from test_infer_sampling import VOCAB, exact_law, joint_pvalue, sample_triples
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.targets import make_tiny_target
+from support.sampling import VOCAB, exact_law, joint_pvalue, sample_triples
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.peft_targets import save_adapter
 
 from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.card import model_card
 from draftsmith.infer import SpeculativeGenerator, StaticTree
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.warm_start import warm_start
 
 ADAPTED_ARCHES = ("llama", "qwen2", "mistral")
-
-
-def save_adapter(base, root, *, scale: float = 0.5, seed: int = 0):
-    """Save ``base`` to ``root/base`` and a random LoRA adapter on it to ``root/adapter``; return the
-    adapter's directory and the (unmerged) peft model, the independent reference."""
-    base_dir, adapter_dir = root / "base", root / "adapter"
-    base.save_pretrained(base_dir)
-    base = type(base).from_pretrained(base_dir).eval()  # name_or_path = base_dir, as saved models have
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, scale)
-    model.save_pretrained(adapter_dir)
-    assert json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base_dir)
-    return adapter_dir, model.eval()
 
 
 @pytest.mark.parametrize("arch", ADAPTED_ARCHES)
@@ -159,7 +142,7 @@ def test_init_from_warm_starts_a_head_trained_on_the_base(tiny_files, tmp_path):
 def test_adapter_by_hub_id_takes_the_same_path(tmp_path, monkeypatch):
     """A Hub id (here from an offline Hub cache) is an adapter when its repo has adapter_config.json;
     its base is a Hub id too. A repo with only a pickled adapter is refused."""
-    from test_hub import _install_in_offline_cache
+    from support.hub import install_in_offline_cache
 
     adapter_dir, reference = save_adapter(make_tiny_target("qwen2"), tmp_path)
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
@@ -167,10 +150,10 @@ def test_adapter_by_hub_id_takes_the_same_path(tmp_path, monkeypatch):
     files = {"adapter_config.json": json.dumps(config).encode(),
              "adapter_model.safetensors": (adapter_dir / "adapter_model.safetensors").read_bytes()}
     cache = tmp_path / "cache"
-    _install_in_offline_cache(monkeypatch, cache, "user/tiny-lora", files)
-    _install_in_offline_cache(monkeypatch, cache, "user/tiny-base",
+    install_in_offline_cache(monkeypatch, cache, "user/tiny-lora", files)
+    install_in_offline_cache(monkeypatch, cache, "user/tiny-base",
                               {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()})
-    _install_in_offline_cache(monkeypatch, cache, "user/pickled-lora",
+    install_in_offline_cache(monkeypatch, cache, "user/pickled-lora",
                               {"adapter_config.json": files["adapter_config.json"], "adapter_model.bin": b"x"})
 
     merged = load_target(resolve_target("user/tiny-lora"))

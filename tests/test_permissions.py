@@ -7,12 +7,12 @@ import stat
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.targets import make_tiny_target
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
 from draftsmith.heads.formats import export_head
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 
 @pytest.fixture

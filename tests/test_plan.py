@@ -90,7 +90,7 @@ def test_feature_bytes_per_token_checks_its_input():
 
 
 def test_a_local_target_is_read_from_its_config_json(tmp_path):
-    from conftest import make_tiny_target
+    from support.targets import make_tiny_target
 
     make_tiny_target("qwen3", num_layers=8).config.save_pretrained(tmp_path)
     cfg = load_config(None, [f"target={tmp_path}", "head.kind=eagle3", "data.max_length=32"])

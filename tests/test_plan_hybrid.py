@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_target
-from hybrids import HYBRIDS, make_tiny_hybrid
+from support.targets import make_tiny_target
+from support.hybrids import HYBRIDS, make_tiny_hybrid
 
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters.ngram import NgramDrafter
@@ -35,7 +35,7 @@ def hybrid_dir(tmp_path_factory):
 
 
 def test_plan_counts_a_hybrids_states_by_hand(hybrid_dir, capsys):
-    # tests/hybrids.py's Gated DeltaNet: 2 key heads, 4 value heads, head dims 8 x 8, conv kernel 4;
+    # tests/support/hybrids.py's Gated DeltaNet: 2 key heads, 4 value heads, head dims 8 x 8, conv kernel 4;
     # 8 layers with full attention every 4th: 6 Gated DeltaNet layers.
     conv = (2 * 2 * 8 + 4 * 8) * 4  # (2·key_dim + value_dim) × kernel = 256 elements
     recurrent = 4 * 8 * 8  # value heads × key dim × value dim = 256 elements

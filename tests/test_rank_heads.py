@@ -5,10 +5,10 @@ import json
 import math
 
 import pytest
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.scripts.rank_heads import main, parse_args, ranks, spearman
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 
 def test_ranks_share_ties():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -8,16 +8,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.data.regenerate import HFEngine, Settings
 from draftsmith.data import self_distill
 from draftsmith.data.self_distill import self_distilled, spread, weights_fingerprint
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.examples import data_sources
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 TEXTS = [{"text": f"def f{i}(x):\n    return x + {i}\n" * 3} for i in range(7)]
 CHATS = [{"messages": [{"role": "user", "content": f"Say {i}."}, {"role": "assistant", "content": "No."}]}

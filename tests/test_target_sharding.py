@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
-from test_train_script import launch_two_processes, tiny_dict
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_script import launch_two_processes, tiny_dict
 
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.target_sharding import is_sharded, shard_target
@@ -23,7 +23,7 @@ def test_target_sharding_key_is_checked(tiny_files, tmp_path):
 
 
 def test_one_process_keeps_the_target_whole():
-    from conftest import make_tiny_target
+    from support.targets import make_tiny_target
 
     target = make_tiny_target("llama")
     assert shard_target(target, Accelerator(cpu=True)) is False and not is_sharded(target)
@@ -65,7 +65,7 @@ def test_sharded_target_trains_like_a_whole_one(tiny_files, tmp_path, kind):
 
 
 def test_the_unsharded_parts_move_without_touching_the_layers():
-    from conftest import make_tiny_target
+    from support.targets import make_tiny_target
 
     from draftsmith.infer.target import decoder_layers
     from draftsmith.train.target_sharding import _move_unsharded

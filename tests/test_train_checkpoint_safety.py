@@ -8,11 +8,11 @@ import pickle
 
 import pytest
 import torch
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.train.checkpoint import CheckpointError
 from draftsmith.train.checkpoint import CHECKPOINTS
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.resume import latest_checkpoint, mark_run
 
 FAST = ["head.kind=medusa", "train.max_steps=4", "train.save_every=2", "train.eval_every=0", "data.eval=null",

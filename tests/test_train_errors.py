@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoTokenizer
 
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 
 
 def test_data_without_usable_rows(tiny_files, tmp_path):

@@ -4,11 +4,11 @@ default aux layers are valid for the hybrid, and the trained head decodes lossle
 from __future__ import annotations
 
 import pytest
-import test_train_fixtures
+from support import train_fixtures
 import torch
-from hybrids import make_tiny_hybrid
-from test_features import QUICK, config_file, losses
-from test_train_fixtures import tiny_config
+from support.hybrids import make_tiny_hybrid
+from support.features import QUICK, config_file, losses
+from support.train_fixtures import tiny_config
 
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.heads import AutoHead
@@ -16,7 +16,7 @@ from draftsmith.heads.eagle3 import default_aux_layer_ids
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.recurrent import LinearAttentionLayer
 from draftsmith.scripts.dump_features import main as dump_main
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from transformers import AutoModelForCausalLM
 
 # transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)
@@ -35,11 +35,11 @@ KINDS = {
 def hybrid_files(tmp_path_factory):
     """tiny_files' text and tokenizer with a tiny Qwen3.5 (hybrid) target in place of the Llama."""
     root = tmp_path_factory.mktemp("hybrid_train")
-    tokenizer = train_tokenizer(test_train_fixtures.source_texts(), vocab_size=300)
+    tokenizer = train_tokenizer(train_fixtures.source_texts(), vocab_size=300)
     model = make_tiny_hybrid("qwen3_5_text", vocab=len(tokenizer), num_layers=6, sharpen=40.0)
     model.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
-    return test_train_fixtures.write_text_files(root)
+    return train_fixtures.write_text_files(root)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -66,7 +66,7 @@ def test_stored_features_of_a_hybrid_give_the_online_losses(hybrid_files, tmp_pa
     torch.testing.assert_close(losses(setup(cfg)), online, rtol=0, atol=1e-4)
 
 
-# the families tests/hybrids.py gained after Qwen3.5's: one online EAGLE-3 run each, default aux layers
+# the families tests/support/hybrids.py gained after Qwen3.5's: one online EAGLE-3 run each, default aux layers
 NEWER = ("lara_mini", "qwen3_5_moe_text", "lfm2_moe", "lfm3", "kimi_linear", "bailing_hybrid", "zamba", "zamba2")
 
 
@@ -74,11 +74,11 @@ NEWER = ("lara_mini", "qwen3_5_moe_text", "lfm2_moe", "lfm3", "kimi_linear", "ba
 def test_eagle3_trains_online_on_every_newer_hybrid_family(tmp_path, arch):
     """Online EAGLE-3 steps on the frozen hybrid (its recurrent layers run whole rows, no cache): finite
     losses, and the default aux layers are the kind's for the target's depth, whatever each layer's kind."""
-    tokenizer = train_tokenizer(test_train_fixtures.source_texts(), vocab_size=300)
+    tokenizer = train_tokenizer(train_fixtures.source_texts(), vocab_size=300)
     model = make_tiny_hybrid(arch, vocab=len(tokenizer))
     model.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
-    files = test_train_fixtures.write_text_files(tmp_path)
+    files = train_fixtures.write_text_files(tmp_path)
     result = setup(tiny_config(files, tmp_path / "out", "head.kind=eagle3", *KINDS["eagle3"], *QUICK,
                                "train.max_steps=2", "train.warmup_steps=1"))
     history = losses(result)

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 import yaml
-from conftest import make_tiny_target
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.targets import make_tiny_target
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from transformers import AutoModelForCausalLM
 
@@ -15,7 +15,7 @@ from draftsmith.heads import AutoHead, HeadCache, build_head
 import draftsmith.train.objectives.eagle
 from draftsmith import train
 from draftsmith.train.config import from_dict, load_config
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.throughput import measure_throughput
 from draftsmith.train.unroll import shift_left, ttt_attention_mask, unroll
@@ -144,7 +144,7 @@ def test_eagle_feature_noise_reaches_the_input_only(monkeypatch):
 def test_eagle3_run_starts_from_the_targets_output_layer(tiny_files, tmp_path, init):
     from accelerate import Accelerator
 
-    from draftsmith.train.setup import prepare_run
+    from draftsmith.train.run import prepare_run
 
     overrides = ["head.kind=eagle3", "head.draft_vocab_size=64", f"head.init_from_target={str(init).lower()}"]
     cfg = tiny_config(tiny_files, tmp_path / "e3", *overrides)

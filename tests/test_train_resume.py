@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from test_train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import save_tiny_target, tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoTokenizer
 
 import draftsmith.train.objectives.medusa
@@ -17,7 +17,7 @@ from draftsmith import train
 from draftsmith.train.checkpoint import CheckpointError
 from draftsmith.train.checkpoint import CHECKPOINTS
 from draftsmith.train.divergence import DivergenceGuard, TrainingDiverged
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.resume import latest_checkpoint, mark_run
 
 

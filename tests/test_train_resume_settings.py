@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.train.checkpoint import CHECKPOINTS, COMPLETE
 from draftsmith.train.config import ConfigError
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.resume import RESUME_FIXED, RunComplete, latest_checkpoint
 
 FAST = ["head.kind=medusa", "train.save_every=2", "train.eval_every=0", "data.eval=null", "train.warmup_steps=0",

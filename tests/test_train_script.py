@@ -5,19 +5,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from conftest import free_port
-from test_train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
+from support.train_script import SCRIPT, launch_two_processes, tiny_dict
 
 from draftsmith.heads import AutoHead
 from draftsmith.train.config import from_dict
-from draftsmith.train.setup import setup
-
-SCRIPT = Path(__file__).resolve().parent.parent / "train" / "train_head.py"
+from draftsmith.train.run import setup
 
 
 def test_importing_the_entry_point_does_nothing():
@@ -35,31 +31,6 @@ def test_script_runs_from_another_directory(tmp_path):
     bad = subprocess.run([sys.executable, str(SCRIPT), "head.kind=gpt"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "head.kind: must be one of" in bad.stderr
-
-
-def launch_two_processes(config: dict, tmp_path: Path) -> subprocess.CompletedProcess:
-    """``accelerate launch`` of train_head.py on 2 CPU processes. accelerate 1.x starts several CPU
-    processes through its multi-process launcher when ACCELERATE_USE_CPU is set; ``--cpu`` alone
-    starts one process."""
-    path = tmp_path / f"ddp-{Path(config['output_dir']).name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    # CUDA_VISIBLE_DEVICES="": on a GPU machine the two ranks would otherwise pick cuda:0 and cuda:1.
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-           str(SCRIPT), "--config", str(path)]
-    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return run
-
-
-def tiny_dict(files: dict, out: Path, **sections) -> dict:
-    config = {"target": str(files["target"]), "output_dir": str(out), "cache_dir": str(out.parent / "cache"),
-              "data": {"train": str(files["train"]), "eval": str(files["eval"]), "max_length": MAX_LENGTH,
-                       "eval_rows": 8}}
-    for name, values in sections.items():
-        config.setdefault(name, {}).update(values)
-    return config
 
 
 @pytest.mark.slow

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.data.targets import load_target
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.formats import export_head
-from draftsmith.train.setup import setup
+from draftsmith.train.run import setup
 from draftsmith.train.warm_start import warm_start
 
 DFLASH = ["head.kind=dflash", "head.block_size=4", "head.num_layers=1"]
@@ -42,7 +42,7 @@ def test_init_from_an_export_starts_where_its_head_was(case, tiny_files, tmp_pat
 def test_a_checkpoint_that_does_not_fit_the_target_is_one_line(tiny_files, tmp_path):  # noqa: F811
     """A DFlash export of a head for a target with another vocabulary and deeper layer ids: refused naming both;
     the same head with another block size (fits the target): refused naming the key."""
-    from conftest import make_tiny_target
+    from support.targets import make_tiny_target
 
     other = make_tiny_target("llama", vocab_size=120, num_layers=10)
     head = build_head("dflash", other, block_size=4, num_layers=1, aux_layer_ids=[8])

@@ -1,6 +1,6 @@
 """The training's command line, ``[--config FILE] [key=value ...]`` -> ``TrainConfig``.
 
-Apart from ``train.setup`` (which loads torch, accelerate and transformers) so that a mistake in the
+Apart from ``train.run`` (which loads torch, accelerate and transformers) so that a mistake in the
 arguments is one line before they load (15-26 s on a busy 2-core machine).
 """
 from __future__ import annotations

@@ -151,7 +151,7 @@ def _dtype_bytes(cfg: TrainConfig) -> int:
 
 
 @dataclass
-class Plan:
+class CostEstimate:
     """Per-GPU bytes by part, with the arithmetic behind each, and what a launch would process."""
 
     parts: dict[str, float]  # name -> bytes per GPU
@@ -177,7 +177,7 @@ class Plan:
 
 
 def make_plan(cfg: TrainConfig, config: PretrainedConfig, gpus: int, nodes: int = 1, *, gpu_memory_gib: float = 80.0,
-              tokens_per_s: float | None = None, rows: int | None = None, feature_dtype: str = "bfloat16") -> Plan:
+              tokens_per_s: float | None = None, rows: int | None = None, feature_dtype: str = "bfloat16") -> CostEstimate:
     """The plan of ``cfg`` on ``nodes`` × ``gpus`` GPUs (one training process per GPU)."""
     if gpus < 1 or nodes < 1:
         raise ValueError(f"--gpus and --nodes must be >= 1 (got {gpus}, {nodes})")
@@ -225,14 +225,14 @@ def make_plan(cfg: TrainConfig, config: PretrainedConfig, gpus: int, nodes: int 
         disk_how = (f"{rows:,} rows × {length} tokens (max_length, an upper bound) × {per_token:,} B/token "
                     f"(({s.aux_layers} aux + 1) × H {s.hidden} × {feature_dtype} + ids and mask 9 B, "
                     "data.features.bytes_per_token: what scripts/dump_features.py stores)")
-    plan = Plan(parts, how, world, gpu_memory_gib * GIB, tokens_per_step, step_seconds, disk, disk_how, host,
+    plan = CostEstimate(parts, how, world, gpu_memory_gib * GIB, tokens_per_step, step_seconds, disk, disk_how, host,
                 host_how, states=state_memory(config, tgt))
     if not plan.fits:
         plan.advice = _advice(cfg, plan, s, per_token, world, tgt)
     return plan
 
 
-def _advice(cfg: TrainConfig, plan: Plan, s: Shapes, per_token: float, world: int, tgt: int) -> list[str]:
+def _advice(cfg: TrainConfig, plan: CostEstimate, s: Shapes, per_token: float, world: int, tgt: int) -> list[str]:
     """Which setting to change, the largest saving first."""
     advice = []
     over = plan.total - plan.gpu_bytes
@@ -259,7 +259,7 @@ def _advice(cfg: TrainConfig, plan: Plan, s: Shapes, per_token: float, world: in
     return advice
 
 
-def format_plan(cfg: TrainConfig, plan: Plan, gpus: int, nodes: int) -> str:
+def format_plan(cfg: TrainConfig, plan: CostEstimate, gpus: int, nodes: int) -> str:
     """The plan as text, one line per part with its arithmetic."""
     lines = [f"plan: {cfg.head.kind} head on {cfg.target}, {nodes} node(s) × {gpus} GPU(s) = {plan.world} "
              f"processes, train.target_sharding={cfg.train.target_sharding}, "

@@ -17,7 +17,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.divergence import DivergenceGuard, TrainingDiverged
-from draftsmith.train.evaluate import eval_and_keep_best
+from draftsmith.train.evaluation import eval_and_keep_best
 from draftsmith.train.feature_source import FeatureSource
 from draftsmith.train.metrics_log import MetricsLog
 from draftsmith.train.resume import TrainState, latest_checkpoint, save_checkpoint

@@ -13,7 +13,7 @@ from draftsmith.data.targets import resolve_target
 from draftsmith.infer.target import target_forward
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.examples import collate
-from draftsmith.train.setup import prepare_run
+from draftsmith.train.run import prepare_run
 from draftsmith.train.objectives import objective_class
 
 

@@ -28,7 +28,7 @@ def cli(argv: list[str] | None = None) -> int:
     from draftsmith.train.divergence import TrainingDiverged
     from draftsmith.train.metrics import format_acceptance
     from draftsmith.train.resume import RunComplete
-    from draftsmith.train.setup import setup
+    from draftsmith.train.run import setup
     try:
         result = setup(cfg)
     except RunComplete as err:  # resume_from=latest on a finished run: say so, train and save nothing

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from draftsmith.infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
 from draftsmith.infer.drafters.lm_drafter import LMDrafter, LMState
 from draftsmith.infer.drafters.ngram import NgramDrafter, find_continuations
-from draftsmith.infer.hf_cache import cache_kwargs
+from draftsmith.infer.cache_keywords import cache_kwargs
 from draftsmith.infer.target import target_forward
 
 GREEDY = Sampling()

@@ -31,7 +31,7 @@ from draftsmith.infer.masked_forward import attention_masks
 from draftsmith.infer.recurrent import model_type
 from draftsmith.infer.drafters.base import Chain, Draft, Sampling, chain_buffers
 from draftsmith.infer.drafters.lm_drafter import LMDrafter, LMState
-from draftsmith.infer.hf_cache import cache_kwargs
+from draftsmith.infer.cache_keywords import cache_kwargs
 from draftsmith.infer.target import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
 
 CALIBRATION_DIR = "layer-skip"  # under the cache root: one JSON per (target, device type, dtype)

@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicCache
 from draftsmith.data.base.checks import probability
 from draftsmith.infer.cache import crop_dynamic
 from draftsmith.infer.drafters.base import Chain, Draft, Drafter, Sampling, chain_draft, root_only
-from draftsmith.infer.hf_cache import cache_kwargs
+from draftsmith.infer.cache_keywords import cache_kwargs
 from draftsmith.infer.recurrent import cache_checkpoint, check_supported, is_hybrid, restore_cache
 
 

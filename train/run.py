@@ -6,7 +6,7 @@ that depends on the head's kind lives in its objective (``train.objectives``): e
 frozen target exactly once (``Objective.features``), keeping only what the head reads, or reads its
 states from a dump or cache (``train.feature_source``: ``data.features`` / ``data.feature_cache``), and the head
 and its loss are one module so that DDP sees one forward per backward. Evaluation is in
-``train.evaluate``, checkpoints and resume in ``train.resume``, the run's card in ``train.run_card``.
+``train.evaluation``, checkpoints and resume in ``train.resume``, the run's card in ``train.run_card``.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from draftsmith.train.launcher import threads_are_launcher_default
 from draftsmith.train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
 from draftsmith.train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
 from draftsmith.train.config import TrainConfig
-from draftsmith.train.evaluate import eval_and_keep_best
+from draftsmith.train.evaluation import eval_and_keep_best
 from draftsmith.train.examples import IndexedRows, collate, data_sources, load_examples, run_cache_dir
 from draftsmith.train.feature_source import FeatureSource
 from draftsmith.train.fit import fit

@@ -1,4 +1,4 @@
-"""transformers' cache keyword (infer.hf_cache): the decode path runs with either call convention,
+"""transformers' cache keyword (infer.cache_keywords): the decode path runs with either call convention,
 ``cache=`` (5.24 on) and ``past_key_values=`` (5.17), with the same greedy output as the target's own
 generate; with the installed one, none of our calls raises transformers' deprecation warning."""
 from __future__ import annotations
@@ -8,14 +8,14 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 from transformers import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils.generic import ModelOutput
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, SpeculativeGenerator
-from draftsmith.infer import hf_cache
+from draftsmith.infer import cache_keywords
 from draftsmith.infer.drafters import DynamicTree, make_drafter
 from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
 from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
@@ -78,12 +78,12 @@ def test_installed_convention_decodes_without_deprecation_warnings(target, monke
     for name, out in outs.items():
         assert torch.equal(out, want), name
     assert prefill.past_key_values.get_seq_length() == 3
-    assert hf_cache._keyword(type(target.model)) == ("cache" if NEW_NAME else "past_key_values")
+    assert cache_keywords._keyword(type(target.model)) == ("cache" if NEW_NAME else "past_key_values")
 
 
 def test_old_convention_decodes_the_same(target, monkeypatch):
     """``past_key_values=`` everywhere, as on transformers 5.17 (5.24 maps it to ``cache`` with a warning)."""
-    calls, ours = [], hf_cache._keyword
+    calls, ours = [], cache_keywords._keyword
 
     def old(cls):  # transformers' classes take the old name; ours (EarlyExitLM) keep theirs
         if not cls.__module__.startswith("transformers."):
@@ -91,7 +91,7 @@ def test_old_convention_decodes_the_same(target, monkeypatch):
         calls.append(cls.__name__)
         return "past_key_values"
 
-    monkeypatch.setattr(hf_cache, "_keyword", old)
+    monkeypatch.setattr(cache_keywords, "_keyword", old)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         outs = _decode_all(target)
@@ -115,7 +115,7 @@ def test_keyword_is_read_from_the_forward_signature():
             return input_ids
 
     cache = DynamicCache()
-    assert hf_cache.cache_kwargs(Old(), cache) == {"past_key_values": cache}
-    assert hf_cache.cache_kwargs(New(), cache) == {"cache": cache}
+    assert cache_keywords.cache_kwargs(Old(), cache) == {"past_key_values": cache}
+    assert cache_keywords.cache_kwargs(New(), cache) == {"cache": cache}
     with pytest.raises(TypeError, match="Neither.forward takes no KV cache"):
-        hf_cache.cache_kwargs(Neither(), cache)
+        cache_keywords.cache_kwargs(Neither(), cache)

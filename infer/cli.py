@@ -1,10 +1,10 @@
 """Generate with a draft head from the command line.
 
-    python -m draftsmith.infer.generate --head H [--target T] --prompt "def fib(n):" [--chat]
+    python -m draftsmith.infer.cli --head H [--target T] --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
         [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--lookup-first]
         [--compile] [--compare [--rounds R]]
-    python -m draftsmith.infer.generate --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
+    python -m draftsmith.infer.cli --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
         | head:DIR[+lookup-first] [--depth D] [--branch K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # torch, transformers and the drafters load after the argumen
     from draftsmith.infer.generator import SpeculativeGenerator
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=prog("python -m draftsmith.infer.generate"), description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog("python -m draftsmith.infer.cli"), description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
     p.add_argument("--head", help="draft head: directory or HF id")
     p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), lm:DIR+ngram "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from support.targets import make_tiny_target
 
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.infer.drafters import Draft, Drafter, Sampling

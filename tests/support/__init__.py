@@ -1,0 +1,1 @@
+"""Helpers the tests share (no tests here): tiny targets, training fixtures, hybrid models."""

@@ -1,0 +1,31 @@
+"""Helpers moved out of tests/test_dflash_infer.py (other test files share them; no tests here)."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from draftsmith.train.config import load_config
+from draftsmith.train.losses import DraftTargets
+from draftsmith.train.objectives import objective_class
+
+
+def fit_dflash(model, seqs, head, steps: int, *overrides: str):
+    """``steps`` AdamW steps (lr 5e-3) of the DFlash objective on 16 random rows of ``seqs`` (n, T) each, the
+    target's features computed once for all rows; ``overrides`` are config key=values. Returns the head, in
+    eval mode."""
+    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash", *overrides]))
+    opt = torch.optim.AdamW(head.parameters(), lr=5e-3)
+    lm_head = model.get_output_embeddings()
+    every = objective.features(model, {"input_ids": seqs, "loss_mask": torch.ones_like(seqs)}, head)  # once
+    for step in range(steps):
+        rows = torch.randint(0, seqs.shape[0], (16,))
+        features = dataclasses.replace(
+            every, input_ids=every.input_ids[rows], loss_mask=every.loss_mask[rows], hidden=every.hidden[rows],
+            embeds=every.embeds[rows], top1=every.top1[rows], targets=DraftTargets(*(t[rows] for t in every.targets)))
+        objective.perturb(features, None, seed=step)
+        loss = objective(features, lm_head).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.eval()

@@ -1,0 +1,120 @@
+"""Helpers moved out of tests/test_infer_sampling.py (other test files share them; no tests here)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from support.targets import make_tiny_target
+from support.accept import chi_square_pvalue, reference_probs
+
+from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
+from draftsmith.infer.drafters import Draft, Drafter, Sampling
+from draftsmith.infer.tree import tree_from_parents
+
+
+VOCAB = 8
+PROMPT = torch.tensor([[1, 5, 3]])
+
+
+def make_small_target():
+    """The sampling tests' target: 8 tokens, so the joint law of three tokens is enumerable."""
+    model = make_tiny_target(
+        "llama", vocab_size=VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1, intermediate_size=32,
+        initializer_range=0.5, seed=3,
+    )
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    return make_small_target()
+
+
+def exact_law(model, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """P(x1, x2, x3) (V, V, V) from the target's logits through the warpers."""
+    with torch.no_grad():
+        def law(contexts: torch.Tensor) -> torch.Tensor:
+            logits = model(contexts).logits[:, -1]
+            return torch.stack([reference_probs(row, temperature, top_k, top_p) for row in logits])
+
+        p1 = law(PROMPT)[0]  # (V,)
+        x1 = torch.arange(VOCAB)[:, None]
+        p2 = law(torch.cat([PROMPT.expand(VOCAB, -1), x1], dim=1))  # (V, V)
+        pairs = torch.tensor(list(itertools.product(range(VOCAB), repeat=2)))
+        p3 = law(torch.cat([PROMPT.expand(VOCAB * VOCAB, -1), pairs], dim=1)).view(VOCAB, VOCAB, VOCAB)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+ROWS = 100  # rows per batched sampling call
+
+
+def sample_triples(gen: SpeculativeGenerator, n: int, **sampling) -> tuple[torch.Tensor, float]:
+    """(n, 3) samples of the first three new tokens, and the mean target forwards of a one-row call.
+
+    The first n // 10 samples come from one-row calls (their forwards give the mean); the rest from
+    calls of ``ROWS`` copies of PROMPT, where each row samples on its own: about 8x cheaper per sample
+    on CPU. A batch that drew one random number for all its rows would repeat its samples in groups,
+    which the chi-square rejects."""
+    torch.manual_seed(0)
+    single = max(n // 10, 1)
+    out, forwards = [], 0
+    for _ in range(single):
+        out.append(gen.generate(PROMPT, max_new_tokens=3, **sampling)[0, 3:])
+        forwards += gen.last_stats.target_forwards
+    left = n - single
+    while left:
+        rows = min(ROWS, left)
+        out.extend(gen.generate(PROMPT.repeat(rows, 1), max_new_tokens=3, **sampling)[:, 3:])
+        left -= rows
+    return torch.stack(out), forwards / single
+
+
+def joint_pvalue(samples: torch.Tensor, law: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Chi-square on the joint, pooling cells whose expected count is below ``min_expected``."""
+    flat = law.flatten().double()
+    counts = torch.bincount(samples[:, 0] * VOCAB * VOCAB + samples[:, 1] * VOCAB + samples[:, 2],
+                            minlength=flat.numel())
+    if counts[flat == 0].sum() > 0:
+        return 0.0  # an impossible sequence was produced
+    small = (flat * samples.shape[0] < min_expected) & (flat > 0)
+    pooled_counts = torch.cat([counts[~small & (flat > 0)], counts[small].sum()[None]])
+    pooled_law = torch.cat([flat[~small & (flat > 0)], flat[small].sum()[None]])
+    return chi_square_pvalue(pooled_counts, pooled_law)
+
+
+class FullWidthDrafter(Drafter):
+    """Stub drafter: every token at depth 1 and the 3 first ids under each at depth 2, so every
+    first token is found among the siblings (rejections renormalise p) and depth 2 is often hit."""
+
+    aux_layer_ids = ()
+    max_nodes = 1 + VOCAB + 3 * VOCAB  # the tree budget a static cache pads to
+
+    def new_rows(self, prompts, lengths):
+        return [None] * len(prompts)
+
+    def observe_rows(self, states, features, next_tokens):
+        pass
+
+    def propose_rows(self, states, roots, sampling: Sampling, max_depths: list[int]) -> list[Draft]:
+        return [self._propose(r, d) for r, d in zip(roots, max_depths)]
+
+    def _propose(self, root, max_depth: int) -> Draft:
+        parents, tokens = [-1], [int(root)]
+        if max_depth >= 1:
+            parents += [0] * VOCAB
+            tokens += list(range(VOCAB))[::-1]
+        if max_depth >= 2:
+            for node in range(1, VOCAB + 1):
+                parents += [node] * 3
+                tokens += [1, 4, 6]
+        return Draft(torch.tensor(tokens), tree_from_parents(parents))
+
+
+CONFIGS = {
+    "eagle3-tree": ("eagle3", DynamicTree(depth=3, top_k=3, total_tokens=8), {"temperature": 0.9, "top_k": 5}),
+    "eagle-chain": ("eagle", Chain(2), {"temperature": 1.2, "top_p": 0.85}),
+    "medusa-tree": ("medusa", StaticTree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0))), {"temperature": 0.7}),
+    "stub-full-tree": (None, None, {"temperature": 1.0, "top_k": 6, "top_p": 0.95}),
+}

@@ -1,0 +1,38 @@
+"""Helpers moved out of tests/test_train_script.py (other test files share them; no tests here)."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import yaml
+from support.targets import free_port
+from support.train_fixtures import MAX_LENGTH
+
+
+SCRIPT = Path(__file__).resolve().parent.parent.parent / "train" / "train_head.py"
+
+
+def launch_two_processes(config: dict, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of train_head.py on 2 CPU processes. accelerate 1.x starts several CPU
+    processes through its multi-process launcher when ACCELERATE_USE_CPU is set; ``--cpu`` alone
+    starts one process."""
+    path = tmp_path / f"ddp-{Path(config['output_dir']).name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    # CUDA_VISIBLE_DEVICES="": on a GPU machine the two ranks would otherwise pick cuda:0 and cuda:1.
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           str(SCRIPT), "--config", str(path)]
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+def tiny_dict(files: dict, out: Path, **sections) -> dict:
+    config = {"target": str(files["target"]), "output_dir": str(out), "cache_dir": str(out.parent / "cache"),
+              "data": {"train": str(files["train"]), "eval": str(files["eval"]), "max_length": MAX_LENGTH,
+                       "eval_rows": 8}}
+    for name, values in sections.items():
+        config.setdefault(name, {}).update(values)
+    return config
