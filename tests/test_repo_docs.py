@@ -50,10 +50,10 @@ def test_the_readmes_first_screen_holds_the_set_up_and_the_next_three_commands()
     assert 'pip install torch==2.13.0 -e ".[dev]" && accelerate launch train/train_head.py' in first
     assert '<!-- test-command -->\n```bash\npip install torch==2.13.0 -e ".[dev]" && python -m pytest -q\n```\n' \
            "<!-- /test-command -->" in first
-    for command in ("python -m draftsmith.infer.cli --head runs/demo-tiny-eagle3 ", "python scripts/export.py --head "
+    for command in ("draftsmith generate --head runs/demo-tiny-eagle3 ", "python scripts/export.py --head "
                     "runs/demo-tiny-eagle3 ", "python scripts/push_to_hub.py --head runs/demo-tiny-eagle3 "):
         assert command in first, command
-    assert "--compare" in first.split("python -m draftsmith.infer.cli")[1].splitlines()[0]
+    assert "--compare" in first.split("draftsmith generate")[1].splitlines()[0]
 
 
 def readme_python_snippet(heading: str) -> str:
