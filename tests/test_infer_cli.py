@@ -342,7 +342,7 @@ def test_training_probes_threads_with_its_micro_batch_size(monkeypatch):
     """Training's thread probe is as tall as a micro-batch's tokens (capped): a decode-sized probe measured 1 and 2
     threads within 3% on an idle 2-core machine and kept 1, and the demo training took 6.5 minutes instead of 4."""
     import draftsmith.infer.threads as threads
-    from draftsmith.train import setup
+    from draftsmith.train import run
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
@@ -350,9 +350,9 @@ def test_training_probes_threads_with_its_micro_batch_size(monkeypatch):
     monkeypatch.setattr(threads, "probe_seconds", lambda n, give_up=None, rows=64: seen.append(rows) or 1.0 / n)
     before = torch.get_num_threads()
     try:
-        setup._choose_cpu_threads(2 * 100)
-        setup._choose_cpu_threads(4 * 256)
-        setup._choose_cpu_threads(64 * 4096)
+        run._choose_cpu_threads(2 * 100)
+        run._choose_cpu_threads(4 * 256)
+        run._choose_cpu_threads(64 * 4096)
     finally:
         torch.set_num_threads(before)
-    assert seen == [200, 200, 1024, 1024, setup.PROBE_ROWS_CAP, setup.PROBE_ROWS_CAP], seen
+    assert seen == [200, 200, 1024, 1024, run.PROBE_ROWS_CAP, run.PROBE_ROWS_CAP], seen

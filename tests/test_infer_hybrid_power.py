@@ -13,6 +13,7 @@ from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
 from transformers import DynamicCache
 
 from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer.rollback import Merged, Replay
 from draftsmith.infer.recurrent import LinearAttentionLayer, LinearStates, _is_linear, _states
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
@@ -47,23 +48,23 @@ def test_the_greedy_text_depends_on_the_states(arch):
 # ------------------------------------------------------------------------------------- planted bugs
 
 def _no_rollback(monkeypatch):
-    """The verify's states kept as they are, rejected drafts included."""
+    """The verify's states kept as they are, rejected drafts included (the merged rule's roll does nothing)."""
 
     def keep(self, dec, before, tokens, kept, width, starts):
-        dec.pending = None
+        dec.state.carry = None
 
-    monkeypatch.setattr(SpeculativeGenerator, "_rollback", keep)
+    monkeypatch.setattr(Merged, "roll", keep)
 
 
 def _one_position_off(monkeypatch):
     """The replay runs one accepted token too few."""
-    replay = SpeculativeGenerator._replay
+    replay = Replay.replay
 
     def off_by_one(self, cache, before, tokens, short, starts, pads, stats):
         return replay(self, cache, before, tokens, {b: a - 1 if a > 1 else a for b, a in short.items()}, starts,
                       pads, stats)
 
-    monkeypatch.setattr(SpeculativeGenerator, "_replay", off_by_one)
+    monkeypatch.setattr(Replay, "replay", off_by_one)
 
 
 def _rows_mixed(monkeypatch):

@@ -162,6 +162,8 @@ class LayerSkipDrafter(LMDrafter):
     accepted nodes' KV is the target's). A compiled verify, or ``confidence``, drafts with the view's
     own cache and the verify runs every layer."""
 
+    checks_draft_model = False  # a view of the target's first layers (LMDrafter.checks_draft_model)
+
     def __init__(self, target: nn.Module, k: int | None = None, tree: Chain | None = None,
                  confidence: float | None = None) -> None:
         if model_type(target) == "zamba":  # measured: tests/test_infer_hybrid.py

@@ -50,6 +50,9 @@ class LMDrafter(Drafter):
     whose draft probability falls below it, as HF's ``assistant_confidence_threshold``)."""
 
     aux_layer_ids: tuple[int, ...] = ()
+    # a standalone draft LM is checked like a target; a view of the target's own first layers (layer skip) is not:
+    # the generator checked the target, and the view of a hybrid's first layers may hold no attention layer
+    checks_draft_model: bool = True
 
     def __init__(self, model: nn.Module, target: nn.Module, tree: Chain | None = None,
                  confidence: float | None = None) -> None:
@@ -57,7 +60,8 @@ class LMDrafter(Drafter):
         self.option = tree or Chain(4)
         if not isinstance(self.option, Chain):
             raise TypeError(f"a draft model drafts a Chain, not {type(self.option).__name__}")
-        check_supported(model)  # a Mamba / MiniMax draft LM, or a hybrid without attention: one line (infer.recurrent)
+        if self.checks_draft_model:
+            check_supported(model)  # a Mamba / MiniMax draft LM, or a hybrid without attention: one line (infer.recurrent)
         self.model = model.eval()
         self.confidence = probability("LMDrafter confidence", confidence)
         self.max_nodes = self.option.length + 1  # the most nodes a draft has, root included
