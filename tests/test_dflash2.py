@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 from support.targets import ARCHES, make_successor_target, make_tiny_target
-from support.dflash_infer import fit_dflash
+from support.dflash_infer import fit_dflash, hf_greedy, mean_tau_of_identical_decodes
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import AutoHead, build_head
@@ -25,11 +25,6 @@ from draftsmith.train.objectives.dflash import SELECTOR_ALPHA, selector_ce
 
 VOCAB = 96
 SMALL = {"block_size": 5, "num_layers": 2, "selector_rank": 8, "selector_top_k": 6}
-
-
-def _hf_greedy(model, ids, max_new, eos=None):
-    return model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0,
-                          attention_mask=torch.ones_like(ids))
 
 
 def _perturbed(head, seed: int, scale: float):
@@ -196,11 +191,11 @@ def test_greedy_matches_hf_with_a_selector_that_changes_the_path(arch, compile):
     for tree, prompt_len, max_new in cases:
         ids = torch.tensor([[rng.randrange(3, VOCAB) for _ in range(prompt_len)]])
         gen = SpeculativeGenerator(target, dflash2, tree=tree, compile=compile)
-        ref = _hf_greedy(target, ids, max_new)
+        ref = hf_greedy(target, ids, max_new)
         assert torch.equal(gen.generate(ids, max_new_tokens=max_new), ref), tree
     eos = int(ref[0, ids.shape[1] + 7])
     assert torch.equal(SpeculativeGenerator(target, dflash2, tree=Chain(3), compile=compile)
-                       .generate(ids, max_new_tokens=20, eos_token_id=eos), _hf_greedy(target, ids, 20, eos=eos))
+                       .generate(ids, max_new_tokens=20, eos_token_id=eos), hf_greedy(target, ids, 20, eos=eos))
     # the selector really walks another path than the unary argmax somewhere
     if not compile:
         assert differences(target, dflash, dflash2) != []
@@ -215,7 +210,7 @@ def test_greedy_matches_hf_on_a_tiny_hybrid():
                                       selector_rank=8, selector_top_k=4, mask_token_id=90))
     gen = SpeculativeGenerator(target, head)
     for ids, n in ((torch.tensor([[1, 5, 9, 5, 9, 5, 9, 12, 40, 41, 40, 41]]), 30), (torch.tensor([[1]]), 6)):
-        assert torch.equal(gen.generate(ids, max_new_tokens=n), _hf_greedy(target, ids, n)), ids.shape
+        assert torch.equal(gen.generate(ids, max_new_tokens=n), hf_greedy(target, ids, n)), ids.shape
 
 
 def test_a_trained_dflash2_is_lossless_and_its_selector_learns():
@@ -225,19 +220,14 @@ def test_a_trained_dflash2_is_lossless_and_its_selector_learns():
     with torch.no_grad():
         torch.manual_seed(0)
         prompts = torch.randint(3, VOCAB, (96, 4))
-        seqs = _hf_greedy(model, prompts, 24)
+        seqs = hf_greedy(model, prompts, 24)
     torch.manual_seed(0)
     head = build_head("dflash", model, variant="dflash2", block_size=5, num_layers=2, selector_rank=16, selector_top_k=8)
     head = fit_dflash(model, seqs, head, 250, "head.variant=dflash2")
     assert head.selector.successor_codebook.abs().sum() > 0
     assert any(p.abs().sum() > 0 for n, p in head.named_parameters() if "kernel_projection" in n)
     gen = SpeculativeGenerator(model, head, tree=Chain(4))
-    taus = []
-    for i, ids in enumerate(torch.randint(3, VOCAB, (3, 5), generator=torch.Generator().manual_seed(1))):
-        ids, max_new = ids[None], 20 + 5 * i
-        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(model, ids, max_new))
-        taus.append(gen.last_stats.tau)
-    assert sum(taus) / len(taus) > 1.5, taus
+    assert mean_tau_of_identical_decodes(model, gen, VOCAB) > 1.5
 
 
 @pytest.mark.slow  # as tests/test_infer_sampling.py's

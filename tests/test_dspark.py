@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 from support.targets import ARCHES, make_successor_target, make_tiny_target
-from support.dflash_infer import fit_dflash
+from support.dflash_infer import fit_dflash, hf_greedy, mean_tau_of_identical_decodes
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
@@ -26,11 +26,6 @@ from draftsmith.train.objectives.dspark import CE_ALPHA, CONFIDENCE_ALPHA, L1_AL
 
 VOCAB = 96
 SMALL = {"block_size": 4, "num_layers": 1, "markov_rank": 8, "variant": "dspark"}
-
-
-def _hf_greedy(model, ids, max_new, eos=None):
-    return model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0,
-                          attention_mask=torch.ones_like(ids))
 
 
 def _gen(target, head, tree, threshold=None, compile=False):
@@ -147,7 +142,7 @@ def test_greedy_matches_hf(arch, compile):
         ids = torch.tensor([[rng.randrange(3, VOCAB) for _ in range(prompt_len)]])
         for threshold in (0.0, 0.5):
             gen = _gen(target, head, tree, threshold, compile)
-            assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(target, ids, max_new)), tree
+            assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf_greedy(target, ids, max_new)), tree
 
 
 def test_greedy_matches_hf_on_a_qwen35_hybrid():
@@ -158,7 +153,7 @@ def test_greedy_matches_hf_on_a_qwen35_hybrid():
     head = _moved(build_head("dflash", target, mask_token_id=90, **SMALL))
     gen = SpeculativeGenerator(target, head)
     for ids, n in ((torch.tensor([[1, 5, 9, 5, 9, 5, 9, 12, 40, 41, 40, 41]]), 30), (torch.tensor([[1]]), 6)):
-        assert torch.equal(gen.generate(ids, max_new_tokens=n), _hf_greedy(target, ids, n)), ids.shape
+        assert torch.equal(gen.generate(ids, max_new_tokens=n), hf_greedy(target, ids, n)), ids.shape
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5_text"])
@@ -178,7 +173,7 @@ def test_a_left_padded_batch_matches_each_row_alone(arch):
     ids, mask = left_pad(prompts, 0, torch.device("cpu"))
     out = SpeculativeGenerator(target, head, tree=Chain(4)).generate(ids, attention_mask=mask, max_new_tokens=14)
     for b, prompt in enumerate(prompts):
-        alone = _hf_greedy(target, torch.tensor([prompt]), 14)[0, len(prompt):]
+        alone = hf_greedy(target, torch.tensor([prompt]), 14)[0, len(prompt):]
         assert torch.equal(out[b, ids.shape[1]:], alone), b
 
 
@@ -189,17 +184,12 @@ def test_a_trained_dspark_is_lossless_and_learns():
     with torch.no_grad():
         torch.manual_seed(0)
         prompts = torch.randint(3, VOCAB, (96, 4))
-        seqs = _hf_greedy(model, prompts, 24)
+        seqs = hf_greedy(model, prompts, 24)
     torch.manual_seed(0)
     head = build_head("dflash", model, variant="dspark", block_size=5, num_layers=2, markov_rank=16)
     head = fit_dflash(model, seqs, head, 250, "head.variant=dspark")
     gen = SpeculativeGenerator(model, head, tree=Chain(5))
-    taus = []
-    for i, ids in enumerate(torch.randint(3, VOCAB, (3, 5), generator=torch.Generator().manual_seed(1))):
-        ids, max_new = ids[None], 20 + 5 * i
-        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(model, ids, max_new))
-        taus.append(gen.last_stats.tau)
-    assert sum(taus) / len(taus) > 1.5, taus
+    assert mean_tau_of_identical_decodes(model, gen, VOCAB) > 1.5
 
 
 @pytest.mark.slow  # as tests/test_infer_sampling.py's
@@ -254,7 +244,7 @@ def test_export_and_reimport_bit_exactly(fmt, tmp_path):
     assert loaded.config.variant == "dspark" and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     ids = torch.tensor([[4, 9, 13, 4, 9]])
     runs = [SpeculativeGenerator(target, h, tree=Chain(4)).generate(ids, max_new_tokens=12) for h in (head, loaded)]
-    assert torch.equal(*runs) and torch.equal(runs[0], _hf_greedy(target, ids, 12))
+    assert torch.equal(*runs) and torch.equal(runs[0], hf_greedy(target, ids, 12))
     with pytest.raises(ValueError, match="carries no DSpark"):
         export_head(head, tmp_path / "zlab", "dflash", target=target)
     tensors = load_file(out / "model.safetensors")

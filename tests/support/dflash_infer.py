@@ -29,3 +29,20 @@ def fit_dflash(model, seqs, head, steps: int, *overrides: str):
         loss.backward()
         opt.step()
     return head.eval()
+
+
+def hf_greedy(model, ids, max_new, eos=None):
+    """The target's own greedy ``generate`` of ``ids`` (B, P), unpadded."""
+    return model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0,
+                          attention_mask=torch.ones_like(ids))
+
+
+def mean_tau_of_identical_decodes(model, gen, vocab: int) -> float:
+    """Three fixed random prompts decoded by ``gen`` (20, 25, 30 new tokens), each asserted token-identical to the
+    target's own greedy ``generate``; the mean of their τ."""
+    taus = []
+    for i, ids in enumerate(torch.randint(3, vocab, (3, 5), generator=torch.Generator().manual_seed(1))):
+        ids, max_new = ids[None], 20 + 5 * i
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf_greedy(model, ids, max_new))
+        taus.append(gen.last_stats.tau)
+    return sum(taus) / len(taus)
