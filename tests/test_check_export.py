@@ -243,3 +243,21 @@ def test_a_missing_export_is_one_line_before_torch_loads(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
     assert done.stdout.split() == ["2", "False"], done.stderr
     assert "none/config.json: no such file" in done.stderr
+
+
+def test_one_library_process_answers_every_request_and_survives_an_error(tmp_path):
+    """``run_speculators`` keeps one process per interpreter: here an interpreter without the library, whose
+    every request fails in one line naming the export, answered by the same process each time; an
+    interpreter that cannot serve is named with its last words."""
+    from draftsmith.heads.formats import parity
+
+    inputs = {"input_ids": torch.zeros(1, 2, dtype=torch.long)}
+    pids = []
+    for name in ("a", "b"):
+        with pytest.raises(RuntimeError, match=rf"could not load {tmp_path / name}: ModuleNotFoundError: No module "
+                                               r"named 'speculators'$"):
+            parity.run_speculators(Path(sys.executable), tmp_path / name, "org/tiny", inputs)
+        pids.append(parity._CONSUMERS[sys.executable][0].pid)
+    assert pids[0] == pids[1]
+    with pytest.raises(RuntimeError, match=r"could not load .*/c: .*--serve"):
+        parity.run_speculators(Path("/bin/ls"), tmp_path / "c", "org/tiny", inputs)

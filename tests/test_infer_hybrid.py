@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.targets import make_tiny_target
 from support.hybrids import HYBRIDS, make_tiny_hybrid
-from support.sampling import joint_pvalue
+from support.sampling import PROMPT, VOCAB as SAMPLING_VOCAB, joint_pvalue, sample_triples
 from support.infer_hybrid import MAIN, VOCAB, Oracle, hf, hybrid_prompt, hybrid_target, left_padded, perturbed
 
 from draftsmith.heads import build_head
@@ -219,8 +219,6 @@ def test_a_draft_lms_cache_restores_exactly(arch):
 
 # ---------------------------------------------------------------------------------------- sampling
 
-SAMPLING_VOCAB = 8  # test_infer_sampling's joint_pvalue counts over 8 ** 3 cells
-PROMPT = torch.tensor([[1, 5, 3]])
 
 
 def _exact_law(model, temperature: float) -> torch.Tensor:
@@ -242,13 +240,13 @@ def _exact_law(model, temperature: float) -> torch.Tensor:
 @pytest.mark.parametrize("arch", ["qwen3_5_text", "lfm2"])
 def test_sampling_keeps_the_target_law_on_a_hybrid(arch):
     """Chi-square on the joint law of the first three tokens at T = 0.9, with a sampled chain from a
-    hybrid draft LM (rejections resample from max(0, p - q) and roll the state back)."""
+    hybrid draft LM (rejections resample from max(0, p - q) and roll the state back); most samples from
+    batches of 100 copies of the prompt, each row sampling (and rolling back) on its own."""
     target = make_tiny_hybrid(arch, seed=3, sharpen=6.0, vocab=SAMPLING_VOCAB)  # peaked enough to tell T apart
     draft = make_tiny_hybrid(arch, seed=4, sharpen=6.0, vocab=SAMPLING_VOCAB)
     target.generation_config.eos_token_id = None
     gen = SpeculativeGenerator(target, LMDrafter(draft, target, Chain(2)))
-    torch.manual_seed(0)
-    samples = torch.stack([gen.generate(PROMPT, max_new_tokens=3, temperature=0.9)[0, 3:] for _ in range(1200)])
+    samples, _ = sample_triples(gen, 1200, temperature=0.9)
     law = _exact_law(target, 0.9)
     assert joint_pvalue(samples, law) > 1e-3
     wrong = _exact_law(target, 1.6)  # the harness can fail: the same samples against another law

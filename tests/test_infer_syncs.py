@@ -57,10 +57,11 @@ HEADS = {
 READS_PER_STEP = {"eagle-dynamic": 2, "eagle3-dynamic": 2}  # + the tree's selection, one for every row
 
 
-@pytest.mark.parametrize("name,compile", [(name, False) for name in sorted(HEADS)]
-                         + [("eagle-chain", "aot_eager"), ("eagle3-chain", "aot_eager"), ("dflash", "aot_eager"),
-                            ("eagle-dynamic", "aot_eager")])  # compiled drafting too
-@pytest.mark.parametrize("bsz", [1, 4])
+# Eager: every head, one row and four. Compiled drafting (a trace each, about 15x an eager case here): four heads,
+# two with one row and two with four (a trace's host reads are its head's; its batch size changes no read)
+@pytest.mark.parametrize("name,compile,bsz", [(name, False, bsz) for name in sorted(HEADS) for bsz in (1, 4)]
+                         + [("eagle-chain", "aot_eager", 1), ("eagle3-chain", "aot_eager", 4),
+                            ("dflash", "aot_eager", 1), ("eagle-dynamic", "aot_eager", 4)])
 def test_greedy_steps_read_the_host_once(monkeypatch, name, compile, bsz):
     model = make_tiny_target("llama", dtype=torch.float32, initializer_range=0.3)
     kind, tree, kw = HEADS[name]

@@ -79,7 +79,8 @@ def test_wandb_offline_and_tensorboard(tiny_files, tmp_path):
     out = tmp_path / "tracked"
     args = [f"target={tiny_files['target']}", f"data.train={tiny_files['train']}", f"data.eval={tiny_files['eval']}",
             f"data.max_length={MAX_LENGTH}", "data.eval_rows=4", "train.max_steps=2", "train.warmup_steps=0",
-            "train.log_every=1", "train.eval_every=2", f"output_dir={out}",
+            "train.log_every=1", "train.eval_every=2", "train.eval_decode_rows=2", "train.eval_decode_tokens=8",
+            f"output_dir={out}",
             f"cache_dir={tmp_path / 'cache'}", "log.wandb=true", "log.tensorboard=true"]
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     medusa = SCRIPT.parents[1] / "configs" / "demo-medusa.yaml"

@@ -1,4 +1,4 @@
-"""Run inside the speculators venv (``python consumer_speculators.py EXPORT INPUTS OUT VERIFIER``): load an export with
+"""Run inside the speculators venv (``python consumer_speculators.py --serve``, one request per line; see ``serve``): load an export with
 the speculators library's own ``from_pretrained`` and write what it computes. Imports nothing of draftsmith
 (its venv pins transformers <= 5.19); ``heads.formats.parity`` builds INPUTS and reads OUT.
 
@@ -11,7 +11,9 @@ as its ``forward`` applies them (the previous token of slot k is the data's toke
 and the confidence logits (N, block_size). Every kind also writes the loaded tensors back (``state.*``).
 """
 import json
+import os
 import sys
+import traceback
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -60,5 +62,20 @@ def main(export: str, inputs_path: str, out_path: str, verifier: str) -> None:
     save_file(out, out_path)
 
 
+def serve() -> None:
+    """One request per stdin line, a JSON list ``[EXPORT, INPUTS, OUT, VERIFIER]``; one answer line each, ``ok`` or
+    ``error: <the exception, one line>``, so a caller checking many exports pays the library's import (about
+    10 s) once. Whatever the library prints goes to stderr: stdout carries only the answers."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        try:
+            main(*json.loads(line))
+            answer = "ok"
+        except Exception as err:  # noqa: BLE001 (the caller names the export and shows this line)
+            answer = "error: " + " | ".join(traceback.format_exception_only(err)).replace("\n", " ").strip()
+        print(answer, file=answers, flush=True)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    serve() if sys.argv[1:] == ["--serve"] else main(*sys.argv[1:5])

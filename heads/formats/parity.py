@@ -9,6 +9,8 @@ plus what its import and load need (openai, hs-connectors, loguru).
 """
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import site
 import subprocess
@@ -109,17 +111,52 @@ def _import_problem(python: Path) -> str | None:
 
 
 def run_speculators(python: Path, export: Path, verifier: str, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-    """What the library computes for ``export`` on ``inputs`` (see ``consumer_speculators.py``)."""
+    """What the library computes for ``export`` on ``inputs`` (see ``consumer_speculators.py``), from one
+    library process per interpreter kept for the life of this one (its import costs about 10 s)."""
     with tempfile.TemporaryDirectory(prefix="draftsmith-parity-") as tmp:
         inputs_path, out_path = Path(tmp) / "inputs.safetensors", Path(tmp) / "out.safetensors"
         save_file({k: v.contiguous() for k, v in inputs.items()}, str(inputs_path))
-        done = subprocess.run([str(python), "-I", str(RUNNER), str(export), str(inputs_path), str(out_path),
-                               verifier],  # -I: not heads/formats (our speculators.py) on sys.path
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-            raise RuntimeError(f"speculators {SPECULATORS_VERSION} could not load {export}: {tail}")
+        answer = _ask(python, [str(export), str(inputs_path), str(out_path), verifier])
+        if answer != "ok":
+            raise RuntimeError(f"speculators {SPECULATORS_VERSION} could not load {export}: "
+                               f"{answer.removeprefix('error: ') or _last_words(python)}")
         return load_file(str(out_path))
+
+
+_CONSUMERS: dict[str, tuple[subprocess.Popen, tempfile._TemporaryFileWrapper]] = {}  # python -> process, its stderr
+
+
+def _ask(python: Path, request: list[str]) -> str:
+    """Send one request to ``python``'s library process (started on first use) and read its one-line answer."""
+    consumer, _ = _CONSUMERS.get(str(python), (None, None))
+    if consumer is None or consumer.poll() is not None:
+        log = tempfile.TemporaryFile("w+")
+        consumer = subprocess.Popen([str(python), "-I", str(RUNNER), "--serve"],  # -I: not heads/formats on sys.path
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        _CONSUMERS[str(python)] = consumer, log
+        atexit.register(_close, consumer)
+    try:
+        consumer.stdin.write(json.dumps(request) + "\n")
+        consumer.stdin.flush()
+    except BrokenPipeError:
+        return ""
+    return consumer.stdout.readline().strip()
+
+
+def _last_words(python: Path) -> str:
+    """The last lines the library process wrote to stderr before it ended."""
+    log = _CONSUMERS[str(python)][1]
+    log.seek(0)
+    return " | ".join(log.read().strip().splitlines()[-3:]) or "its process ended"
+
+
+def _close(consumer: subprocess.Popen) -> None:
+    if consumer.poll() is None:
+        consumer.stdin.close()  # its loop ends
+        try:
+            consumer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            consumer.kill()
 
 
 def compare_steps(ours: list[Tensor], theirs: list[Tensor], atol: float, label: str = "step",

@@ -70,6 +70,8 @@ def tiny_config(files: dict[str, Path], out: Path, *overrides: str) -> TrainConf
         f"output_dir={out}", f"cache_dir={out.parent / 'cache'}", f"data.max_length={MAX_LENGTH}",
         "data.eval_rows=4", "train.micro_batch_size=4", "train.max_steps=12", "train.lr=3e-3",
         "train.warmup_steps=2", "train.log_every=3", "train.eval_every=6", "train.save_every=0",
+        # decode tau on 2 prompts x 8 tokens: the path runs at every eval; its default 8 x 64 cost ~4 s a run
+        "train.eval_decode_rows=2", "train.eval_decode_tokens=8",
     ]
     return load_config(None, base + list(overrides))
 

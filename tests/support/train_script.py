@@ -32,7 +32,8 @@ def launch_two_processes(config: dict, tmp_path: Path) -> subprocess.CompletedPr
 def tiny_dict(files: dict, out: Path, **sections) -> dict:
     config = {"target": str(files["target"]), "output_dir": str(out), "cache_dir": str(out.parent / "cache"),
               "data": {"train": str(files["train"]), "eval": str(files["eval"]), "max_length": MAX_LENGTH,
-                       "eval_rows": 8}}
+                       "eval_rows": 8},
+              "train": {"eval_decode_rows": 2, "eval_decode_tokens": 8}}  # decode tau runs, on a tiny share
     for name, values in sections.items():
         config.setdefault(name, {}).update(values)
     return config
