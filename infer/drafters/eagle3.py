@@ -3,6 +3,8 @@ own (maybe reduced) vocabulary and mapping draft ids back to target ids. A P-EAG
 (``head.variant=peagle``) gets ``infer.drafters.peagle.PEagleDrafter``: all K drafts from one forward."""
 from __future__ import annotations
 
+import importlib
+
 from torch import Tensor, nn
 
 from draftsmith.infer.drafters.base import Chain
@@ -17,11 +19,10 @@ class Eagle3Drafter(EagleDrafter):
     gpu_depth = 8
 
     def __new__(cls, head: nn.Module, *args, **kwargs):
-        """The kind's one drafter class builds P-EAGLE's for a P-EAGLE head (its variant, not its kind)."""
+        """The kind's one drafter class builds P-EAGLE's for a P-EAGLE head (its variant, not its kind), found by
+        name as every kind's drafter is (``infer.drafters.drafter_class``; peagle.py builds on this module)."""
         if cls is Eagle3Drafter and _is_peagle(head):
-            from draftsmith.infer.drafters.peagle import PEagleDrafter
-
-            cls = PEagleDrafter
+            cls = importlib.import_module("draftsmith.infer.drafters.peagle").DRAFTER
         return super().__new__(cls)
 
     @staticmethod

@@ -132,3 +132,6 @@ class PEagleDrafter(Eagle3Drafter):
 def _pending(state: PEagleState) -> tuple[Tensor, Tensor]:
     """A row's pending (features (1, A, F), next tokens (1, A)), its observations in order."""
     return torch.cat([f for f, _ in state.pending], 1), torch.cat([t for _, t in state.pending], 1)
+
+
+DRAFTER = PEagleDrafter
