@@ -173,6 +173,9 @@ class Eagle3Head(DraftHead):
             f"- draft vocabulary: {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens"
             + (" (`d2t` offsets: target id = draft id + d2t[draft id]; `t2d` marks the draft tokens)"
                if cfg.reduced_vocab else " (the full vocabulary; no d2t/t2d)"),
+            *([f"- P-EAGLE: {cfg.num_depths} drafts from one forward, the last {cfg.num_depths - 1} at mask positions "
+               f"reading a learned shared hidden state and mask embedding (exported as token {cfg.mask_token_id})"]
+              if cfg.is_peagle else []),
         ]
         if export_config is None:
             return lines
