@@ -25,7 +25,7 @@ HEAD_CLASSES: dict[str, type[DraftHead]] = {cls.config_class.head_kind: cls for 
     MedusaHead, EagleHead, Eagle3Head, DFlashHead, EarlyExitHead)}
 _BY_MODEL_TYPE = {cls.config_class.model_type: cls for cls in HEAD_CLASSES.values()}
 # The public EAGLE-3 layout (EAGLE authors, SpecForge) is converted on load by heads.formats.
-PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3Speculator")
+PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3Speculator", "PEagleSpeculator")
 
 
 def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options: Any) -> DraftHead:

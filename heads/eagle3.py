@@ -10,6 +10,9 @@ Parameter names match the public EAGLE-3 layout (``midlayer.*``) so export is a 
 EAGLE-3.1's two flags (docs/design.md): ``fc_norm`` adds an RMSNorm per aux layer, applied to its
 chunk before ``fc`` (tensors ``fc_norm.{i}.weight``); ``norm_output`` feeds ``norm(out)`` forward
 instead of ``out`` (the logits are ``lm_head`` of that same post-norm state; no new tensors).
+
+``variant="peagle"`` (P-EAGLE, ``heads.peagle``): the same layer drafts K tokens in one forward, K-1 of them
+at mask positions reading two learned inputs (``mask_hidden``, ``mask_embedding``).
 """
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ from draftsmith.data.base.checks import count
 from draftsmith.heads.common import DraftHead, final_norm_scale
 from draftsmith.heads.eagle import EagleConfig, EagleHead
 from draftsmith.heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
+from draftsmith.heads.peagle import DEFAULT_DEPTHS, init_parallel_inputs
 
 
+VARIANTS = ("eagle3", "peagle")
 AUX_LAYERS = 3  # vLLM, SGLang and TensorRT-LLM size the fc for 3 x target_hidden_size, whatever the config says
 
 
@@ -72,14 +77,20 @@ class Eagle3Config(EagleConfig):
             means the full vocabulary (then no ``d2t``/``t2d`` buffers exist).
         fc_norm: EAGLE-3.1: an RMSNorm per aux layer on its chunk before ``fc``.
         norm_output: EAGLE-3.1: the next step (and lm_head) read ``norm(out)``, not ``out``.
+        variant: ``"eagle3"``, or ``"peagle"``: P-EAGLE's parallel drafting (``heads.peagle``).
+        mask_token_id: P-EAGLE: the token id the speculators layout and vLLM embed at mask positions
+            (``pard_token``); None = ``vocab_size - 1``.
+        num_depths: P-EAGLE: drafts per forward K (mask positions K-1), trained and drafted; None = 8.
     """
 
     model_type = "draftsmith_eagle3"
     head_kind = "eagle3"
 
     def __init__(self, aux_layer_ids: list[int] | None = None, draft_vocab_size: int | None = None,
-                 fc_norm: bool = False, norm_output: bool = False, **kwargs):
+                 fc_norm: bool = False, norm_output: bool = False, variant: str = "eagle3",
+                 mask_token_id: int | None = None, num_depths: int | None = None, **kwargs):
         super().__init__(**kwargs)
+        self._set_variant(variant, mask_token_id, num_depths, fc_norm or norm_output)
         for name, value in (("fc_norm", fc_norm), ("norm_output", norm_output)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false, got {value!r}")
@@ -94,9 +105,32 @@ class Eagle3Config(EagleConfig):
         if self.aux_layer_ids:
             check_aux_layer_ids(self.aux_layer_ids, layers)
 
+    def _set_variant(self, variant: str, mask_token_id: int | None, num_depths: int | None, eagle31: bool) -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"variant={variant!r} must be one of {', '.join(VARIANTS)}")
+        self.variant = variant
+        self.mask_token_id = self.num_depths = None
+        if variant != "peagle":
+            for name, value in (("mask_token_id", mask_token_id), ("num_depths", num_depths)):
+                if value is not None:
+                    raise ValueError(f"{name}={value} applies only to variant=peagle (variant={variant})")
+            return
+        if eagle31:  # vLLM's update_peagle passes neither flag on: its P-EAGLE model would draft without them
+            raise ValueError("variant=peagle takes neither fc_norm nor norm_output (vLLM's P-EAGLE reader drops both)")
+        self.mask_token_id = self.vocab_size - 1 if mask_token_id is None else int(mask_token_id)
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id={self.mask_token_id} is outside the vocabulary 0..{self.vocab_size - 1}")
+        self.num_depths = DEFAULT_DEPTHS if num_depths is None else int(num_depths)
+        if self.num_depths < 1:
+            raise ValueError(f"num_depths={self.num_depths} must be at least 1 (P-EAGLE's drafts per forward)")
+
     @property
     def reduced_vocab(self) -> bool:
         return self.draft_vocab_size < self.vocab_size
+
+    @property
+    def is_peagle(self) -> bool:
+        return getattr(self, "variant", "eagle3") == "peagle"
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -121,7 +155,10 @@ class Eagle3Head(DraftHead):
     config_class = Eagle3Config
     config_from_target = classmethod(EagleHead.config_from_target.__func__)  # its layer mirrors a target layer
     _no_split_modules = ["Eagle3DecoderLayer"]
-    title = "EAGLE-3"
+
+    @property
+    def title(self) -> str:
+        return "P-EAGLE" if self.config.is_peagle else "EAGLE-3"
     reads_formats = ("vllm", "sglang", "speculators")
 
     def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
@@ -136,6 +173,9 @@ class Eagle3Head(DraftHead):
             f"- draft vocabulary: {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens"
             + (" (`d2t` offsets: target id = draft id + d2t[draft id]; `t2d` marks the draft tokens)"
                if cfg.reduced_vocab else " (the full vocabulary; no d2t/t2d)"),
+            *([f"- P-EAGLE: {cfg.num_depths} drafts from one forward, the last {cfg.num_depths - 1} at mask positions "
+               f"reading a learned shared hidden state and mask embedding (exported as token {cfg.mask_token_id})"]
+              if cfg.is_peagle else []),
         ]
         if export_config is None:
             return lines
@@ -186,6 +226,8 @@ class Eagle3Head(DraftHead):
             t2d[: config.draft_vocab_size] = True
             self.register_buffer("t2d", t2d)
         self.rotary = Rotary(config.head_dim, config.rope_config)
+        if config.is_peagle:
+            init_parallel_inputs(self, target_width, len(config.aux_layer_ids))
         self.post_init()
 
     @property

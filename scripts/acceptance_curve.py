@@ -8,7 +8,8 @@ Per budget and recipe (``RECIPES``: a config file and its overrides, all on the 
 ``SELF_DISTILLED``) it trains a head for that many steps, then continues it with the on-policy stage
 (``train.stage=on-policy``, ``--on-policy-steps``, default a quarter of the budget) as ``<recipe>+opd``, and
 continues it as much without the rollout as ``<recipe>+sup``: its supervised control (the same steps, loss, lr,
-warm-up and anchors; ``CONTROL``), so the stage's gain is read against the same steps spent supervised.
+warm-up and anchors; ``CONTROL``), so the stage's gain is read against the same steps spent supervised
+(``SUPERVISED_ONLY`` recipes, P-EAGLE's, have neither).
 Each head is measured three ways: the held-out simulated τ of training's evaluation, and one greedy decode
 of ``--prompt`` against the target's own ``generate`` (``infer.cli``'s ``--compare``: ``--rounds``
 rounds alternating, the same process): its τ (tokens per target forward) and its speedup. Writes
@@ -43,7 +44,10 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "dflash-new": ("configs/demo-dflash.yaml", ["head.block_size=16", "head.num_layers=5", "train.gamma=null"]),
     "dflash-dpace": ("configs/demo-dflash.yaml", ["head.block_size=16", "head.num_layers=5", "train.gamma=null",
                                                   "train.loss=dpace"]),
+    "peagle": ("configs/demo.yaml", ["head.variant=peagle", "head.num_depths=8"]),  # P-EAGLE, docs/objectives.md
 }
+# Recipes that train no on-policy stage (P-EAGLE refuses it: its depths are no TTT chain): no +opd/+sup rows
+SUPERVISED_ONLY = {"peagle"}
 # The stage has its own loss (train.loss=ce is required: it overrides a D-PACE recipe's loss)
 ON_POLICY = ["train.stage=on-policy", "train.loss=ce", "train.warmup_steps=5", "train.anchors_per_document=8"]
 # The stage continues a head whose schedule ended at lr 0: restarting it at the recipe's lr undid the head
@@ -138,7 +142,7 @@ def stages(args: argparse.Namespace, budget: int, name: str,
             "train.eval_every=0", "train.save_every=0", "overwrite_output_dir=true"]
     out = [(name, config, [*base, f"output_dir={args.runs / f'{name}-{budget}'}", *args.overrides])]
     steps = max(1, budget // 4) if args.on_policy_steps is None else args.on_policy_steps
-    if steps:
+    if steps and name not in SUPERVISED_ONLY:
         kind, lr = recipe_kind_lr(config, [*recipe, *args.overrides])
         for suffix, stage in (("+opd", ON_POLICY), ("+sup", CONTROL[kind])):
             out.append((f"{name}{suffix}", config, [

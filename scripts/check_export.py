@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     python = args.python or speculators_python(create=args.install)
     try:
         target = load_target(target_path).float().eval()
-        run = _dflash if head.head_kind == "dflash" else _eagle3
+        run = _dflash if head.head_kind == "dflash" else _peagle if getattr(head.config, "is_peagle", False) else _eagle3
         lines, ok = run(head, target, config, python, args, target_path)
     except RuntimeError as err:  # the library refused the export: that is a mismatch too
         lines, ok = [str(err)], False
@@ -169,6 +169,39 @@ def _eagle3(head, target, config, python, args, target_path) -> tuple[list[str],
     tensors, same = _tensors(head, out)
     lines, ok = compare_steps([o[:keep] for o in ours], [t[:keep] for t in theirs], args.atol)
     return tensors + lines, same and ok
+
+
+def _peagle(head, target, config, python, args, target_path) -> tuple[list[str], bool]:
+    """P-EAGLE: every depth d at every anchor of the same target states on both sides (the library's COD sampling
+    told to keep them all), one line per depth; the tensors, the mask embedding as the export's embed_tokens row."""
+    import torch
+
+    from draftsmith.heads.formats.parity import compare_steps, run_speculators
+    from draftsmith.train.objectives.peagle import all_rollouts, parallel_outputs
+    from draftsmith.train.unroll import shift_left
+
+    depths, length = head.config.num_depths, args.tokens
+    ids = torch.randint(3, target.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        states = target(ids, output_hidden_states=True).hidden_states
+        aux = torch.cat([states[i] for i in head.feature_layer_ids], dim=-1)
+        outs = parallel_outputs(head, aux, target.get_input_embeddings()(ids), all_rollouts(ids, depths))
+        ours = [head.compute_logits(out)[0] for out in outs]  # depth d: (T, Vd), anchor a at row a
+    inputs = {"hidden_states": aux, "input_ids": shift_left(ids, 1), "steps": torch.tensor(depths)}
+    out = run_speculators(python, args.export, str(target_path), inputs)
+    anchors, drawn, theirs = out["anchors"], out["depth"], out["depths"][0]
+    # each element of the library's at an anchor inside the row; depth 0's last reads the padding each side fills its
+    # own way (the library's input_ids shifted left end in token 0, ours in a zero embedding)
+    chosen = [(drawn == d) & (anchors >= 0) & (anchors < (length - 1 if d == 0 else length)) for d in range(depths)]
+    lines, ok = compare_steps([o[anchors[c]] for o, c in zip(ours, chosen)], [theirs[c] for c in chosen], args.atol,
+                              label="depth")
+    embed = target.get_input_embeddings().weight.detach().clone()
+    embed[head.config.mask_token_id] = head.mask_embedding.detach()
+    state = {k.replace("midlayer.", "layers.0."): v for k, v in head.state_dict().items() if k != "mask_embedding"}
+    from draftsmith.heads.formats.parity import compare_tensors
+    tensors, same = compare_tensors({**state, "embed_tokens.weight": embed},
+                                    {k.removeprefix("state."): v for k, v in out.items() if k.startswith("state.")})
+    return tensors[-6:] + lines, same and ok
 
 
 def _tensors(head, out) -> tuple[list[str], bool]:

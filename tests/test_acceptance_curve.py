@@ -118,3 +118,13 @@ def test_an_out_folder_holding_another_results_json_is_refused_untouched(tmp_pat
         (out / "results.json").write_text(text)
         assert run(acceptance_curve.main, ["--budgets", "1", "--out", str(out)]) == 2
         assert "results.json" in capsys.readouterr().err and (out / "results.json").read_text() == text
+
+
+def test_the_peagle_recipe_loads_and_trains_no_on_policy_stage(tmp_path):
+    """P-EAGLE refuses the on-policy stage: its recipe is one training run per budget, whose config loads."""
+    from draftsmith.train.config import load_config
+
+    args = acceptance_curve.parse_args(["--recipes", "peagle", "--runs", str(tmp_path / "runs")])
+    (label, config, overrides), = acceptance_curve.stages(args, 40, "peagle", acceptance_curve.RECIPES)
+    cfg = load_config(acceptance_curve.ROOT / config, [o for o in overrides if not o.startswith("target=")])
+    assert (label, cfg.head.kind, cfg.head.variant, cfg.head.num_depths) == ("peagle", "eagle3", "peagle", 8)

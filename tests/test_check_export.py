@@ -65,6 +65,28 @@ def test_dflash_export_drafts_alike_in_the_library(tmp_path, verifiers, capsys):
         ["block position 1", "block position 2", "block position 3"]  # the drafts; position 0 is the anchor
 
 
+def test_peagle_export_drafts_alike_in_the_library(tmp_path, verifiers, capsys):
+    """speculators 0.9.0's PEagleDraftModel loads a P-EAGLE export and computes every depth as the head does."""
+    target = verifiers["llama"]
+    head = perturb(build_head("eagle3", target, variant="peagle", num_depths=3))
+    out, head_dir = export(tmp_path, head, target)
+    code, printed = check(out, head_dir, target, capsys)
+    assert code == 0 and "tensors: 15/15 loaded exactly" in printed and "parity: ok" in printed, printed
+    assert [line.split(":")[0] for line in printed.splitlines() if "drafted tokens" in line] == \
+        ["depth 0", "depth 1", "depth 2"]
+
+
+def test_a_peagle_export_with_another_shared_hidden_state_fails(tmp_path, verifiers, capsys):
+    """A planted mask_hidden (zeroed in the file): the library loads it, depth 0 still agrees, every mask depth not."""
+    target = verifiers["llama"]
+    out, head_dir = export(tmp_path, perturb(build_head("eagle3", target, variant="peagle", num_depths=3)), target)
+    check_export_plant(out, tensor_edit=lambda t: t["mask_hidden"].zero_())
+    code, printed = check(out, head_dir, target, capsys)
+    depths = [line for line in printed.splitlines() if line.startswith("depth")]
+    assert code == 1 and depths[0].endswith("ok") and all(d.endswith("MISMATCH") for d in depths[1:]), printed
+    assert "mask_hidden: loaded values differ" in printed
+
+
 def test_a_flipped_causal_flag_fails(tmp_path, verifiers, capsys):
     target = verifiers["qwen3"]
     out, head_dir = export(tmp_path, perturb(build_head("dflash", target, block_size=4, mask_token_id=90)), target)

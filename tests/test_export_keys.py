@@ -65,6 +65,16 @@ ROWS = {
     "sglang/tie_word_embeddings": ("vllm", "tie_word_embeddings", False),
     "sglang/draft_vocab_size": ("vllm", "draft_vocab_size", 96),
     "sglang/aux_layer_ids": ("vllm", "eagle_config.eagle_aux_hidden_state_layer_ids", [0, 3, 5]),
+    "spec-peagle/speculators_model_type": ("spec-peagle", "speculators_model_type", "peagle"),
+    "spec-peagle/architectures": ("spec-peagle", "architectures", ["PEagleSpeculator"]),
+    "spec-peagle/mask_token_id": ("spec-peagle", "mask_token_id", 95),
+    "spec-peagle/norm_before_residual": ("spec-peagle", "norm_before_residual", False),
+    "spec-peagle/fc_norm": ("spec-peagle", "fc_norm", False),
+    "spec-peagle/algorithm": ("spec-peagle", "speculators_config.algorithm", "peagle"),
+    "spec-peagle/speculative_tokens": ("spec-peagle", "speculators_config.proposal_methods.0.speculative_tokens", 3),
+    "spec-peagle/aux_layer_ids": ("spec-peagle", "eagle_aux_hidden_state_layer_ids", "head.aux_layer_ids"),
+    "spec-peagle/mask_hidden": ("spec-peagle", "tensors:mask_hidden", "present"),
+    "spec-peagle/embed_tokens": ("spec-peagle", "tensors:embed_tokens.weight", "the target's, the mask row the head's"),
     "lib-eagle3/embed_tokens": ("spec-eagle3", "tensors:embed_tokens.weight", "the target's"),
     "lib-eagle3/norm_output": ("spec-eagle3-plain", "norm_output", False),
     "lib-eagle3/fc_norm": ("spec-eagle3-plain", "fc_norm", False),
@@ -105,7 +115,8 @@ def exports(tmp_path_factory):
     dflash = perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90))
     dspark = perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90, variant="dspark",
                                  markov_rank=8))
-    made = {"spec-dspark": (dspark, "speculators", qwen), "dspark": (dspark, "dspark", qwen), "vllm": (flagged, "vllm", llama), "vllm-plain": (plain, "vllm", llama),
+    peagle = perturb(build_head("eagle3", llama, variant="peagle", num_depths=4))
+    made = {"spec-peagle": (peagle, "speculators", llama), "spec-dspark": (dspark, "speculators", qwen), "dspark": (dspark, "dspark", qwen), "vllm": (flagged, "vllm", llama), "vllm-plain": (plain, "vllm", llama),
             "spec-eagle3": (flagged, "speculators", llama), "spec-eagle3-plain": (plain, "speculators", llama),
             "spec-dflash": (dflash, "speculators", qwen), "dflash": (dflash, "dflash", qwen)}
     out = {}
@@ -137,6 +148,10 @@ def test_export_writes_what_the_reader_takes(exports, row):
             assert tensor is None
         elif want == "the target's":
             assert torch.equal(tensor, target.get_input_embeddings().weight)
+        elif want == "the target's, the mask row the head's":
+            mask = head.config.mask_token_id
+            assert torch.equal(tensor[mask], head.mask_embedding)
+            assert torch.equal(tensor[:mask], target.get_input_embeddings().weight[:mask])
         else:
             assert tensor is not None
         return

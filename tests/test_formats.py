@@ -547,7 +547,7 @@ def test_formats_are_one_module_per_engine_family():
     root = Path(__file__).resolve().parents[1] / "heads" / "formats"
     assert not (root.parent / "formats.py").exists()
     assert {p.stem for p in root.glob("*.py")} == {"__init__", "validation", "eagle3", "speculators", "eagle",
-                                                   "medusa", "public", "dflash", "dspark", "parity",
+                                                   "medusa", "public", "dflash", "dspark", "peagle", "parity",
                                                    "consumer_speculators"}
     assert max(len(p.read_text().splitlines()) for p in root.glob("*.py")) < 300
 

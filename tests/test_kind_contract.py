@@ -35,11 +35,13 @@ SMALL = {"dflash": ["head.block_size=4", "head.num_layers=1"]}  # a fast CPU sha
 # every kind, and the variants a kind declares (the kind's own name, then its head.* keys)
 CASES = {**{kind: (kind, SMALL.get(kind, [])) for kind in KINDS},
          "dflash2": ("dflash", [*SMALL["dflash"], "head.variant=dflash2", "head.selector_rank=8", "head.selector_top_k=4"]),
-         "dspark": ("dflash", [*SMALL["dflash"], "head.variant=dspark", "head.markov_rank=8"])}
+         "dspark": ("dflash", [*SMALL["dflash"], "head.variant=dspark", "head.markov_rank=8"]),
+         "peagle": ("eagle3", ["head.variant=peagle", "head.num_depths=3"])}
 # formats a kind or variant's kind lists that cannot carry it
 REFUSED = {"dflash": {"dspark": "carries DSpark heads"},
            "dflash2": {"speculators": "carries no DFlash2", "dspark": "carries DSpark heads"},
-           "dspark": {"dflash": "carries no DSpark"}}
+           "dspark": {"dflash": "carries no DSpark"},
+           "peagle": {"vllm": "carries no P-EAGLE", "sglang": "carries no P-EAGLE"}}
 
 
 def _members(base: type) -> list[str]:

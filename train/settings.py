@@ -53,11 +53,15 @@ class HeadConfig:
         "head's default", None)
     block_size: int | None = _doc("dflash only: tokens per block, root included (null = 16)", None)
     mask_token_id: int | None = _doc(
-        "dflash only: target token id embedded at the masked block positions (null = vocab_size - 1)", None)
+        "dflash only: target token id embedded at the masked block positions; eagle3 variant peagle: the token id "
+        "its exports embed at mask positions (null = vocab_size - 1)", None)
     variant: str | None = _doc(
-        "dflash only: dflash2 adds DFlash2's dynamic convolution and candidate selector, both starting as "
+        "dflash: dflash2 adds DFlash2's dynamic convolution and candidate selector, both starting as "
         "no-ops; dspark: DSpark's Markov and confidence heads, every block slot drafting (null = dflash; "
-        "docs/dflash.md)", None)
+        "docs/dflash.md). eagle3: peagle, P-EAGLE's K drafts from one forward (null = eagle3; docs/objectives.md)",
+        None)
+    num_depths: int | None = _doc("eagle3 only, variant peagle: drafts per forward K, trained and drafted (null = 8)",
+                                  None)
     selector_rank: int | None = _doc("dflash only, variant dflash2: the selector's rank (null = 256)", None)
     selector_top_k: int | None = _doc("dflash only, variant dflash2: candidates per block position (null = 16)", None)
     markov_rank: int | None = _doc("dflash only, variant dspark: the Markov head's rank (null = 256)", None)

@@ -8,7 +8,9 @@ DFlash: ``_backbone_forward`` (the library's block pass) with a loss mask that m
 anchors, so it takes all of them (its ``select_anchors`` draws at random only when there are more); the
 logits of every block, (1, N·block_size, V). DSpark: the same pass, then its own Markov bias and confidence head
 as its ``forward`` applies them (the previous token of slot k is the data's token a+k): the corrected logits
-and the confidence logits (N, block_size). Every kind also writes the loaded tensors back (``state.*``).
+and the confidence logits (N, block_size). P-EAGLE: ``PEagleDraftModel.forward`` with COD sampling keeping every
+anchor it can at every depth (ratios 1), its ``lm_head`` output captured, (1, S, Vd), with the anchor and the depth of
+each of the S elements as its COD sampling drew them (at depth 1 it leaves out one random position). Every kind also writes the loaded tensors back (``state.*``).
 """
 import json
 import os
@@ -27,8 +29,10 @@ def main(export: str, inputs_path: str, out_path: str, verifier: str) -> None:
     kind = json.load(open(f"{export}/config.json"))["speculators_model_type"]
     inputs = load_file(inputs_path)
     from speculators.models.dspark import DSparkSpeculatorConfig
+    from speculators.models.peagle import PEagleSpeculatorConfig
 
-    config_class = {"eagle3": Eagle3SpeculatorConfig, "dspark": DSparkSpeculatorConfig}.get(kind, DFlashSpeculatorConfig)
+    config_class = {"eagle3": Eagle3SpeculatorConfig, "dspark": DSparkSpeculatorConfig,
+                    "peagle": PEagleSpeculatorConfig}.get(kind, DFlashSpeculatorConfig)
     config = config_class.from_pretrained(export)
     config.speculators_config.verifier.name_or_path = verifier  # a local copy of the target: it reads its weights
     config.transformer_layer_config._attn_implementation = "eager"
@@ -36,7 +40,9 @@ def main(export: str, inputs_path: str, out_path: str, verifier: str) -> None:
     out = {f"state.{k}": v.contiguous() for k, v in model.state_dict().items()}
     ids = inputs["input_ids"]
     with torch.no_grad():
-        if kind == "eagle3":
+        if kind == "peagle":
+            out.update(_peagle(model, config, inputs))
+        elif kind == "eagle3":
             steps: list[torch.Tensor] = []
             model.lm_head.register_forward_hook(lambda module, args, output: steps.append(output.detach().clone()))
             model(hidden_states=inputs["hidden_states"].float(), input_ids=ids, document_ids=torch.zeros_like(ids),
@@ -60,6 +66,32 @@ def main(export: str, inputs_path: str, out_path: str, verifier: str) -> None:
                 out["confidence"] = model.confidence_head(torch.cat([hidden, embedded], -1)).contiguous()
             out["blocks"] = logits.contiguous()
     save_file(out, out_path)
+
+
+def _peagle(model, config, inputs) -> dict[str, torch.Tensor]:
+    """The library's P-EAGLE forward with COD ratios 1: its logits (1, S, Vd), each element's anchor and depth."""
+    import speculators.models.peagle.core as core
+    from speculators.losses import resolve_loss_config
+
+    drawn, original = {}, core.generate_cod_sample_indices
+
+    def recording(*args, **kwargs):
+        drawn["anchors"], drawn["depth"] = original(*args, **kwargs)
+        return drawn["anchors"], drawn["depth"]
+
+    core.generate_cod_sample_indices = recording  # restored below: the process serves further requests
+    captured: list[torch.Tensor] = []
+    model.lm_head.register_forward_hook(lambda module, args, output: captured.append(output.detach().clone()))
+    ids = inputs["input_ids"]
+    width = config.transformer_layer_config.hidden_size
+    try:
+        model(hidden_states=inputs["hidden_states"].float(), input_ids=ids, document_ids=torch.zeros_like(ids),
+              verifier_last_hidden_states=torch.zeros(*ids.shape, width), num_depths=int(inputs["steps"]),
+              down_sample_ratio=1.0, down_sample_ratio_min=1.0,
+              loss_config=resolve_loss_config("kl_div", "eager"))  # its default fused loss needs Triton (no CPU)
+    finally:
+        core.generate_cod_sample_indices = original
+    return {"depths": captured[0].contiguous(), **{k: v.contiguous() for k, v in drawn.items()}}
 
 
 def serve() -> None:

@@ -51,6 +51,9 @@ def _eagle3_tensors(head: Eagle3Head, options: dict[str, Any]) -> dict[str, Tens
 def _eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
     """LlamaForCausalLMEagle3 directory read by vLLM, SGLang and TensorRT-LLM."""
     cfg = head.config
+    if cfg.is_peagle:
+        raise ValueError("the vllm/sglang layout carries no P-EAGLE (no mask_hidden, no mask token); export "
+                         "head.variant=peagle heads --to speculators (speculators_model_type: peagle, read by vLLM)")
     tensors = _eagle3_tensors(head, options)
     dtype = dtype_name(tensors)
     config = {

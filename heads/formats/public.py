@@ -11,6 +11,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from draftsmith.heads.common import target_identity
 from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.heads.formats.eagle3 import aux_layer_ids_from_config, draft_vocab_problems
+from draftsmith.heads.formats.peagle import peagle_head_options
 from draftsmith.data.base.torch_bin import read_torch_bin
 from draftsmith.heads.formats.validation import (
     ENGINE_ROPE_PARAMS,
@@ -49,8 +50,9 @@ def import_eagle3(
     directory = _resolve_directory(path_or_repo, hub_kwargs)
     config = read_json_object(directory / "config.json")
     speculators = config.get("speculators_model_type") is not None
-    if speculators and config["speculators_model_type"] != "eagle3":
-        raise ValueError(f"{directory}: speculators_model_type={config['speculators_model_type']!r}, not eagle3")
+    if speculators and config["speculators_model_type"] not in ("eagle3", "peagle"):
+        raise ValueError(f"{directory}: speculators_model_type={config['speculators_model_type']!r}, not eagle3 "
+                         "or peagle")
     layer = config.get("transformer_layer_config") if speculators else config
     if not isinstance(layer, dict):
         raise ValueError(f"{directory}/config.json: transformer_layer_config is missing")
@@ -88,12 +90,13 @@ def import_eagle3(
         aux_layer_ids=ids,
         fc_norm=bool(config.get("fc_norm", False)),
         norm_output=norm_output,
+        **peagle_head_options(config, directory),
         **{f"target_{k}": v for k, v in facts.items()},
     )
     head = Eagle3Head(head_config)
     target_model = target if isinstance(target, PreTrainedModel) else None
     ours = ((config.get(PROVENANCE_KEY) or {}).get("format") == "speculators")  # carries the target's embedding
-    tensors = _load_public_tensors(directory, allow_embed_tokens or ours, target_model)
+    tensors = _load_public_tensors(directory, allow_embed_tokens or ours, target_model, head_config.mask_token_id)
     _load_strict(head, tensors, directory)
     floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
     return head.to(dtype or (floats.pop() if len(floats) == 1 else torch.float32)).eval()
@@ -216,8 +219,10 @@ def _checked_target_facts(facts: dict[str, Any], target: PretrainedConfig | PreT
     return have
 
 
-def _load_public_tensors(directory: Path, allow_embed_tokens: bool,
-                         target: PreTrainedModel | None) -> dict[str, Tensor]:
+def _load_public_tensors(directory: Path, allow_embed_tokens: bool, target: PreTrainedModel | None,
+                         mask_row: int | None = None) -> dict[str, Tensor]:
+    """The checkpoint's tensors under the head's names; P-EAGLE (``mask_row``): row ``mask_row`` of its
+    ``embed_tokens.weight`` as ``mask_embedding`` (the rest of the table is the target's, checked when given)."""
     files = sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin"))
     if not files:
         raise FileNotFoundError(f"{directory}: no *.safetensors or pytorch_model*.bin weights")
@@ -235,11 +240,20 @@ def _load_public_tensors(directory: Path, allow_embed_tokens: bool,
                 raise ValueError(f"{directory}: tensor {key} appears twice (as {name} in {file.name})")
             tensors[key] = tensor
     embed = tensors.pop("embed_tokens.weight", None)
+    if mask_row is not None:
+        if embed is None:
+            raise ValueError(f"{directory}: a peagle checkpoint carries its mask embedding as embed_tokens.weight row "
+                             f"mask_token_id={mask_row}; it has no embed_tokens.weight")
+        tensors["mask_embedding"] = embed[mask_row].clone()
+        embed = torch.cat([embed[:mask_row], embed[mask_row + 1:]])
+        allow_embed_tokens = True
     if embed is not None and not allow_embed_tokens:
         raise ValueError(f"{directory}: the checkpoint carries embed_tokens.weight {tuple(embed.shape)}; draftsmith "
                          "heads use the target's embedding. Pass allow_embed_tokens=True to drop it")
     if embed is not None and target is not None:
         mine = target.get_input_embeddings().weight.detach().float().cpu()
+        if mask_row is not None:
+            mine = torch.cat([mine[:mask_row], mine[mask_row + 1:]])
         # a bf16/fp16 copy of the target's embedding passes; a different embedding does not
         if mine.shape != embed.shape or not torch.allclose(mine, embed.float(), rtol=1e-2, atol=1e-2):
             raise ValueError(f"{directory}: embed_tokens.weight differs from the target's input embedding; the head "

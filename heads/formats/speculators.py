@@ -18,6 +18,7 @@ from draftsmith.heads.dflash import DFLASH_ARCHITECTURE, DFlashHead
 from draftsmith.heads.eagle3 import Eagle3Head
 from draftsmith.heads.formats.eagle3 import _eagle3_problems, _eagle3_tensors, eagle31_flags
 from draftsmith.heads.formats.dspark import dspark_fields
+from draftsmith.heads.formats.peagle import as_eagle3, peagle_problems, to_peagle
 from draftsmith.heads.formats.dflash import (DSPARK_RANK, UNKNOWN_TARGET_LAYERS, _dflash_problems, head_from_layout, qwen3_layers_config,
                                   read_checkpoint)
 from draftsmith.heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expect, float_tensors, llama_layer_config,
@@ -39,7 +40,8 @@ def _speculators_artifact(head: DraftHead, facts: dict[str, Any], options: dict[
     """The speculators flavour of an EAGLE-3 or a DFlash head."""
     if head.head_kind == "dflash":
         return _speculators_dflash_artifact(head, facts, options)
-    return _speculators_eagle3_artifact(head, facts, options)
+    artifact = _speculators_eagle3_artifact(head, facts, options)
+    return to_peagle(head, artifact, options) if head.config.is_peagle else artifact
 
 
 def _verifier(facts: dict[str, Any]) -> dict[str, Any]:
@@ -228,7 +230,7 @@ def _dspark_field_problems(config: dict[str, Any]) -> list[str]:
 
 
 def speculators_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
-    """Problems of a speculators export (eagle3, dflash or dspark) as vLLM and the speculators library read it."""
+    """Problems of a speculators export (eagle3, peagle, dflash or dspark) as vLLM and the speculators library read it."""
     if config.get("speculators_model_type") in DFLASH_TYPES:
         problems = _speculators_dflash_problems(config, tensors)
         if "sliding_window_non_causal" not in config:  # vLLM: not config.get("sliding_window_non_causal", True)
@@ -243,6 +245,8 @@ def speculators_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> 
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
         return ["transformer_layer_config is missing (vLLM reads the layer shape from it)"]
+    if config.get("speculators_model_type") == "peagle":  # P-EAGLE: its own keys, then the EAGLE-3 layout it extends
+        return peagle_problems(config, tensors) + speculators_problems(*as_eagle3(config, tensors))
     own = {k: v for k, v in tensors.items() if k != EMBED_TOKENS}
     problems = _speculators_problems(config) + _eagle3_problems(layer, config, own, SPECULATORS_LAYER_PREFIX)
     embed, want = tensors.get(EMBED_TOKENS), (layer.get("vocab_size"), config.get("target_hidden_size"))

@@ -60,10 +60,12 @@ def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = N
 
 def fit_chain(head: nn.Module, tree: TreeOption) -> TreeOption:
     """A default ``tree`` that fits ``head``: a chain longer than the head drafts (a DFlash head of
-    block_size 4 drafts 3) is cut to its longest; anything else is returned as it is. For defaults
-    only: a length the user asked for is checked by the drafter, never cut."""
-    if isinstance(tree, Chain):
-        return Chain(min(tree.length, drafter_class(head.head_kind).longest_chain(head)))
+    block_size 4 drafts 3) is cut to its longest; a tree the head cannot draft (a P-EAGLE head drafts chains
+    only) becomes its longest chain; anything else is returned as it is. For defaults only: a length the user
+    asked for is checked by the drafter, never cut."""
+    cls = drafter_class(head.head_kind)
+    if isinstance(tree, Chain) or not cls.fits(head, tree):
+        return Chain(min(tree.length if isinstance(tree, Chain) else cls.longest_chain(head), cls.longest_chain(head)))
     return tree
 
 
