@@ -127,7 +127,8 @@ def export_differences(head, export: Path, fmt: str, target) -> list[str]:
     layer = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) else {}
     context = config.get("max_position_embeddings", layer.get("max_position_embeddings"))
     spec = config.get("speculators_config") if isinstance(config.get("speculators_config"), dict) else {}
-    proposal = (spec.get("proposal_methods") or [{}])[0]
+    methods = spec.get("proposal_methods")
+    proposal = methods[0] if isinstance(methods, list) and methods else {}
     tokens = proposal.get("speculative_tokens") if isinstance(proposal, dict) else None
     options = {"dtype": dtypes.pop() if len(dtypes) == 1 else None,
                "num_speculative_tokens": tokens if isinstance(tokens, int) and tokens >= 1 else 3,
