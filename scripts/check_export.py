@@ -7,11 +7,13 @@ by speculators 0.9.0's own ``from_pretrained`` (in its venv, ``heads.formats.par
 it) and run on the same target states as the head: EAGLE-3 drafts every position for ``--steps`` steps
 (training-time test, teacher-forced), DFlash drafts a block at every anchor; each step (block position)
 prints its max |logit difference| and how many drafted tokens agree, and for DFlash what vLLM's reader
-makes of the causal flag. Exit 0
-when all agree, 1 on any mismatch, 2 on a usage error. Formats no consumer library runs here are checked
-at config level (docs/export-keys.md) and against ``--head``: the export must be what the head exports in
-that format now (every config key but the recorded target facts, every tensor), so a flipped flag, a changed
-block size or another head's export exits 1.
+makes of the causal flag. The library drafts from target states we give it, so what selects them (the aux
+layer ids vLLM reads) is checked as for every format: the export must be what ``--head`` exports in that
+format now (every config key but the recorded target facts, every tensor), so a flipped flag, a changed
+block size or layer list, or another head's export exits 1. Formats no consumer library runs here are
+checked that way alone (and at config level, docs/export-keys.md). Exit 0 when all agree, 1 on any
+mismatch, 2 on a usage error. The venv goes to ``$DRAFTSMITH_VENVS/speculators-0.9.0`` (default
+``~/.cache/draftsmith/venvs``).
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=cli_count(), default=24, help="target positions drafted from")
     parser.add_argument("--atol", type=cli_real(0.0), default=1e-4, help="largest logit difference that still agrees")
     parser.add_argument("--python", type=Path, help="an interpreter that imports speculators (default: its venv)")
-    parser.add_argument("--install", action="store_true", help="create the speculators venv if it is missing")
+    parser.add_argument("--install", action="store_true", help="create the speculators venv if it is missing "
+                        "(pip, from the package index; in $DRAFTSMITH_VENVS, default ~/.cache/draftsmith/venvs)")
     return parser.parse_args(argv)
 
 
@@ -72,15 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     if fmt != "speculators":
         return _without_library(head, fmt, args.export, target_path, valid)
     python = args.python or speculators_python(create=args.install)
+    target = load_target(target_path).float().eval()
     try:
-        target = load_target(target_path).float().eval()
         run = _dflash if head.head_kind == "dflash" else _peagle if getattr(head.config, "is_peagle", False) else _eagle3
         lines, ok = run(head, target, config, python, args, target_path)
     except RuntimeError as err:  # the library refused the export: that is a mismatch too
         lines, ok = [str(err)], False
     print("\n".join(lines))
-    print("parity: ok" if ok and valid else "parity: MISMATCH")
-    return 0 if ok and valid else 1
+    # what the library does not read from the export (our target states stand in for the verifier's layers)
+    # is what vLLM does read: the export must also be what --head exports now
+    same = _print_head_differences(head, fmt, args.export, target)
+    print("parity: ok" if ok and valid and same else "parity: MISMATCH")
+    return 0 if ok and valid and same else 1
 
 
 def _without_library(head, fmt: str, export: Path, target_path, valid: bool) -> int:
@@ -89,33 +95,51 @@ def _without_library(head, fmt: str, export: Path, target_path, valid: bool) -> 
 
     print(f"no consumer library for '{fmt}' runs here: the keys its engines read are tabled in "
           "docs/export-keys.md (tests/test_export_keys.py checks we write them)")
-    differences = export_differences(head, export, fmt, AutoConfig.from_pretrained(target_path))
-    print("\n".join(f"--head: {line} MISMATCH" for line in differences) or f"--head: the export is what "
-          f"{head.head_kind} head {getattr(head, 'name_or_path', '') or '--head'} exports as '{fmt}' ok")
-    ok = valid and not differences
+    ok = _print_head_differences(head, fmt, export, AutoConfig.from_pretrained(target_path)) and valid
     print("export: ok" if ok else "export: MISMATCH")
     return 0 if ok else 1
+
+
+def _print_head_differences(head, fmt: str, export: Path, target) -> bool:
+    """Print what differs between the export and what ``head`` exports as ``fmt`` now (or that nothing
+    does); True when nothing does."""
+    differences = export_differences(head, export, fmt, target)
+    print("\n".join(f"--head: {line} MISMATCH" for line in differences) or f"--head: the export is what "
+          f"{head.head_kind} head {getattr(head, 'name_or_path', '') or '--head'} exports as '{fmt}' ok")
+    return not differences
 
 
 def export_differences(head, export: Path, fmt: str, target) -> list[str]:
     """What differs between the export at ``export`` (format ``fmt``) and what ``head`` exports in that format
     now: every config key but the recorded target facts (``target``, a model or its config, fills them) and
-    every tensor, compared in the export's own dtype. One line per difference; none when it is this head's."""
+    every tensor, compared in the export's own dtype. What the user chose at export (the dtype, the context, a
+    speculators export's proposal length and verifier) is read from the export; a target model (not only its
+    config) gives the embedding a speculators EAGLE-3 export carries. One line per difference; none when it
+    is this head's."""
     import torch
 
-    from draftsmith.heads.formats import FORMATS, _target_facts
+    from draftsmith.heads.formats import FORMATS, _target_facts, _target_weights
     from draftsmith.heads.formats.validation import PROVENANCE_KEY, read_json_object, read_tensors
 
     config = read_json_object(export / "config.json")
     tensors = read_tensors(export / FORMATS[fmt].weights_file)
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    context = config.get("max_position_embeddings")
-    options = {"dtype": dtypes.pop() if len(dtypes) == 1 else None, "num_speculative_tokens": 3,
-               "max_position_embeddings": context if isinstance(context, int) else None, "embedding": None}
-    if options["max_position_embeddings"] is None:
-        options["max_position_embeddings"] = head.config.max_position_embeddings
+    layer = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) else {}
+    context = config.get("max_position_embeddings", layer.get("max_position_embeddings"))
+    spec = config.get("speculators_config") if isinstance(config.get("speculators_config"), dict) else {}
+    methods = spec.get("proposal_methods")
+    proposal = methods[0] if isinstance(methods, list) and methods else {}
+    tokens = proposal.get("speculative_tokens") if isinstance(proposal, dict) else None
+    options = {"dtype": dtypes.pop() if len(dtypes) == 1 else None,
+               "num_speculative_tokens": tokens if isinstance(tokens, int) and tokens >= 1 else 3,
+               "max_position_embeddings": context if isinstance(context, int) else head.config.max_position_embeddings,
+               **_target_weights(target)}
+    facts = _target_facts(head, target)
+    verifier = (spec.get("verifier") or {}).get("name_or_path") if isinstance(spec.get("verifier"), dict) else None
+    if fmt == "speculators" and isinstance(verifier, str) and verifier:
+        facts["name_or_path"] = verifier  # written as the user gave it (--verifier)
     try:
-        artifact = FORMATS[fmt].build(head, _target_facts(head, target), options)
+        artifact = FORMATS[fmt].build(head, facts, options)
     except ValueError as err:
         return [f"--head cannot be exported as '{fmt}': {err}"]
     ours, theirs = _flat(artifact.config), _flat(config)

@@ -61,6 +61,7 @@ def test_dflash_export_drafts_alike_in_the_library(tmp_path, verifiers, capsys):
     out, head_dir = export(tmp_path, head, target)
     code, printed = check(out, head_dir, target, capsys)
     assert code == 0 and "tensors: 25/25 loaded exactly" in printed and "dflash_config.causal=false ok" in printed
+    assert "--head: the export is what dflash head" in printed and "parity: ok" in printed
     assert [line.split(":")[0] for line in printed.splitlines() if "drafted tokens" in line] == \
         ["block position 1", "block position 2", "block position 3"]  # the drafts; position 0 is the anchor
 
@@ -114,6 +115,34 @@ def test_the_other_norm_output_meaning_fails(tmp_path, verifiers, capsys):
     code, printed = check(out, head_dir, target, capsys)
     lines = [line for line in printed.splitlines() if line.startswith("step")]
     assert code == 1 and lines[0].endswith("ok") and lines[1].endswith("MISMATCH"), printed
+
+
+def _earlier_layers(key):
+    """Each aux layer id one lower, in the config and (EAGLE-3) in the provenance record validation reads."""
+    def edit(config):
+        config[key] = [i - 1 for i in config[key]]
+        if "aux_layer_ids" in config["draftsmith"]:
+            config["draftsmith"]["aux_layer_ids"] = config[key]
+    return edit
+
+
+@pytest.mark.parametrize("kind,arch,options,key", [
+    ("eagle3", "llama", {}, "eagle_aux_hidden_state_layer_ids"),
+    ("dflash", "qwen3", {"block_size": 4, "mask_token_id": 90}, "aux_hidden_state_layer_ids"),
+])
+def test_a_changed_layer_list_the_library_never_reads_fails(tmp_path, verifiers, capsys, kind, arch, options, key):
+    """The library drafts from target states we compute with the head's own aux layers, so an export whose
+    layer list vLLM would read differently drafts alike there (every step ok) and passed (exit 0); it is
+    also compared with what --head exports now, which names the key (validation does not see it: the EAGLE-3
+    provenance record is edited alike)."""
+    target = verifiers[arch]
+    out, head_dir = export(tmp_path, perturb(build_head(kind, target, **options)), target)
+    check_export_plant(out, _earlier_layers(key))
+    code, printed = check(out, head_dir, target, capsys)
+    drafts = [line for line in printed.splitlines() if "drafted tokens" in line]
+    assert drafts and all(line.endswith(" ok") for line in drafts), printed
+    assert "config/tensors: valid 'speculators' export" in printed, printed
+    assert code == 1 and f"--head: config {key}: export " in printed and "parity: MISMATCH" in printed, printed
 
 
 # ------------------------------------------------------------------ config/tensor level: everywhere
@@ -230,6 +259,7 @@ def test_the_venv_is_built_from_the_running_interpreter_with_its_torch(tmp_path,
     installs = [(cmd, constraint) for cmd, constraint in calls if "install" in cmd]
     assert len(installs) == 2 and all(cmd[0] == str(venv / "bin" / "python") for cmd, _ in installs)
     assert all(constraint == f"torch=={torch.__version__}\n" for _, constraint in installs)
+    assert all("--no-warn-conflicts" in cmd for cmd, _ in installs)  # speculators' own pins are not ours, on purpose
 
 
 def test_install_that_does_not_yield_the_library_says_why(tmp_path, monkeypatch):

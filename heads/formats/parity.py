@@ -95,7 +95,9 @@ def build_venv(venv: Path) -> None:
         constraint = Path(tmp) / "constraints.txt"
         constraint.write_text(f"torch=={torch.__version__}\n")
         env = {**os.environ, "PIP_CONSTRAINT": str(constraint)}  # ours: this torch, nothing else pinned
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        # --no-warn-conflicts: speculators is installed without its dependencies on purpose (its pins are not
+        # ours); pip's "ERROR: ... dependency conflicts" after a good install read as a failed one
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-warn-conflicts"]
         subprocess.run([*pip, "--no-deps", *VENV_PACKAGES], check=True, env=env)
         subprocess.run([*pip, *VENV_IMPORT_DEPENDENCIES], check=True, env=env)
 
