@@ -151,6 +151,11 @@ class Eagle3DecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
+# EAGLE-3.1's flags that SGLang's LlamaForCausalLMEagle3 as read for docs/export-keys.md (commit d737979) ignores:
+# it feeds the pre-norm state forward and skips the fc_norm tensors, without a word. `--to sglang` refuses such a head.
+SGLANG_UNREAD = ("fc_norm", "norm_output")
+
+
 class Eagle3Head(DraftHead):
     config_class = Eagle3Config
     config_from_target = classmethod(EagleHead.config_from_target.__func__)  # its layer mirrors a target layer
@@ -196,6 +201,12 @@ class Eagle3Head(DraftHead):
                  f"'{{\"method\": \"eagle3\", \"model\": \"{serve_dir}\", \"num_speculative_tokens\": 3}}'", "```", ""]
         if fmt == "speculators":
             return lines
+        unread = [f"`{key}`" for key in SGLANG_UNREAD if getattr(self.config, key)]
+        if unread:  # EAGLE-3.1: the SGLang reader checked decodes another head; TensorRT-LLM's was not read
+            return lines + [f"SGLang and TensorRT-LLM: this head sets {' and '.join(unread)} (EAGLE-3.1), which "
+                            "SGLang's EAGLE-3 drafter at commit d737979 does not read (it would decode a plain EAGLE-3 "
+                            "head from these weights) and TensorRT-LLM's reader was not checked for; serve this "
+                            "directory only with a version that reads the flags.", ""]
         ids, layers = list(self.config.aux_layer_ids), self.config.target_num_layers
         # TensorRT-LLM's default {1, L//2 - 1, L - 4} (output of layer k) is engine_aux_layer_ids
         capture = [] if layers and ids == engine_aux_layer_ids(layers) else \

@@ -1,7 +1,7 @@
 """EAGLE-3.1's two flags on the EAGLE-3 head (issue 16): ``fc_norm`` (an RMSNorm per aux layer before
 fc, tensors ``fc_norm.{i}.weight``) and ``norm_output`` (the next step reads ``norm(out)``); checked
-against hand computations, trained, exported for vLLM/speculators and imported back exactly, and
-lossless in generation."""
+against hand computations, trained, exported for vLLM/speculators and imported back exactly (refused for
+SGLang, whose reader ignores them), and lossless in generation."""
 from __future__ import annotations
 
 import json
@@ -105,6 +105,22 @@ def test_export_writes_the_flags_and_imports_back_exactly(target, tmp_path, fmt)
     save_file({k: v for k, v in tensors.items() if k != "fc_norm.1.weight"}, out / "model.safetensors")
     with pytest.raises(ValueError, match=r"fc_norm\.1\.weight"):
         validate_export(out, fmt)
+
+
+@pytest.mark.parametrize("flags", [{"norm_output": True}, {"fc_norm": True}, {"fc_norm": True, "norm_output": True}])
+def test_sglang_export_refuses_what_its_reader_ignores_and_the_card_says_so(target, tmp_path, flags):
+    """SGLang's LlamaForCausalLMEagle3 as read (commit d737979) reads neither flag: an EAGLE-3.1 head exported for it
+    would decode as a plain EAGLE-3 head, so ``--to sglang`` refuses it, naming the flags, and the ``--to vllm``
+    card (the same files) serves it with vLLM and says why not with SGLang; a plain head still exports for both."""
+    head, plain = _heads(target, **flags)
+    named = " and ".join(f"{k}=true" for k in ("fc_norm", "norm_output") if k in flags)
+    with pytest.raises(ValueError, match=f"refusing to export as 'sglang': the head sets {named} .*does not read"):
+        export_head(head, tmp_path / "s", "sglang", target=target)
+    assert not (tmp_path / "s").exists()
+    card = (export_head(head, tmp_path / "v", "vllm", target=target) / "README.md").read_text()
+    assert "vllm serve" in card and "sglang.launch_server" not in card and "does not read" in card
+    plain_card = (export_head(plain, tmp_path / "p", "sglang", target=target) / "README.md").read_text()
+    assert "sglang.launch_server" in plain_card
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])

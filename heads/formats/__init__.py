@@ -54,7 +54,8 @@ from draftsmith.heads.common import DraftHead, target_identity
 from draftsmith.heads.formats.dflash import DFLASH_ARCHITECTURE, _dflash_artifact, _dflash_problems, import_dflash
 from draftsmith.heads.formats.dspark import _dspark_artifact, _dspark_problems, import_dspark
 from draftsmith.heads.formats.eagle import _eagle_artifact, _eagle_problems
-from draftsmith.heads.formats.eagle3 import _eagle3_artifact, _eagle3_problems, aux_layer_ids_from_config, draft_vocab_problems
+from draftsmith.heads.formats.eagle3 import (_eagle3_artifact, _eagle3_problems, _sglang_eagle3_artifact,
+                                            aux_layer_ids_from_config, draft_vocab_problems)
 from draftsmith.heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
 from draftsmith.heads.formats.parity import checked_section
 from draftsmith.heads.formats.public import import_eagle3
@@ -98,7 +99,7 @@ def _flat_eagle3_problems(config: dict[str, Any], tensors: dict[str, Tensor]) ->
 
 FORMATS: dict[str, Format] = {
     "vllm": Format(("eagle3",), _eagle3_artifact, _flat_eagle3_problems),
-    "sglang": Format(("eagle3",), _eagle3_artifact, _flat_eagle3_problems),
+    "sglang": Format(("eagle3",), _sglang_eagle3_artifact, _flat_eagle3_problems),
     "speculators": Format(("eagle3", "dflash"), _speculators_artifact, speculators_problems),
     "eagle-vllm": Format(("eagle",), _eagle_artifact, _eagle_problems),
     "medusa-vllm": Format(("medusa",), _medusa_vllm_artifact, _medusa_vllm_problems),

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from draftsmith.heads.eagle3 import Eagle3Head, engine_aux_layer_ids
+from draftsmith.heads.eagle3 import SGLANG_UNREAD, Eagle3Head, engine_aux_layer_ids
 from draftsmith.heads.formats.validation import (
     Artifact,
     EAGLE3_ARCHITECTURE,
@@ -77,6 +77,19 @@ def _eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str,
         }
     config[PROVENANCE_KEY] = provenance_record(head, "vllm+sglang", facts)
     return Artifact(config, tensors)
+
+
+def _sglang_eagle3_artifact(head: Eagle3Head, facts: dict[str, Any], options: dict[str, Any]) -> Artifact:
+    """``--to sglang``: the ``vllm`` directory, refused for a head that SGLang's reader decodes as another head."""
+    unread = [key for key in SGLANG_UNREAD if getattr(head.config, key)]
+    if unread:
+        raise ValueError(
+            f"refusing to export as 'sglang': the head sets {' and '.join(f'{k}=true' for k in unread)} (EAGLE-3.1), "
+            "which SGLang's LlamaForCausalLMEagle3 (commit d737979, docs/export-keys.md) does not read: it would decode "
+            "a plain EAGLE-3 head from these weights. Export --to vllm or --to speculators (an SGLang version that "
+            "reads the flags takes the --to vllm directory), or train with "
+            + " ".join(f"head.{k}=false" for k in unread) + " for SGLang")
+    return _eagle3_artifact(head, facts, options)
 
 
 def _eagle3_problems(layer: dict[str, Any], top: dict[str, Any], tensors: dict[str, Tensor],
