@@ -116,7 +116,8 @@ class Eagle3Config(EagleConfig):
                     raise ValueError(f"{name}={value} applies only to variant=peagle (variant={variant})")
             return
         if eagle31:  # vLLM's update_peagle passes neither flag on: its P-EAGLE model would draft without them
-            raise ValueError("variant=peagle takes neither fc_norm nor norm_output (vLLM's P-EAGLE reader drops both)")
+            raise ValueError("variant=peagle takes neither fc_norm nor norm_output (vLLM's P-EAGLE reader drops both): "
+                             "set both false (configs/demo.yaml sets norm_output true)")
         self.mask_token_id = self.vocab_size - 1 if mask_token_id is None else int(mask_token_id)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id={self.mask_token_id} is outside the vocabulary 0..{self.vocab_size - 1}")

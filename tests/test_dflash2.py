@@ -275,7 +275,9 @@ def test_bad_dflash2_options_are_one_line():
         load_config(None, ["head.kind=dflash", "head.selector_top_k=4"])
     with pytest.raises(ConfigError, match="head.variant"):
         load_config(None, ["head.kind=dflash", "head.variant=dflash3"])
-    with pytest.raises(ConfigError, match="head.variant applies only to head.kind=dflash"):
+    with pytest.raises(ConfigError, match=r"head.variant applies only to head.kind=eagle3/dflash \(head.kind=medusa\)"):
+        load_config(None, ["head.kind=medusa", "head.variant=dflash2"])
+    with pytest.raises(ConfigError, match=r"head.variant='dflash2' must be one of eagle3, peagle$"):  # EAGLE-3's own
         load_config(None, ["head.kind=eagle3", "head.variant=dflash2"])
     with pytest.raises(ConfigError, match="on-policy does not train DFlash2's selector"):  # at parse time
         load_config(None, ["head.kind=dflash", "head.variant=dflash2", "train.stage=on-policy",
