@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import IO
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -125,7 +126,7 @@ def run_speculators(python: Path, export: Path, verifier: str, inputs: dict[str,
         return load_file(str(out_path))
 
 
-_CONSUMERS: dict[str, tuple[subprocess.Popen, tempfile._TemporaryFileWrapper]] = {}  # python -> process, its stderr
+_CONSUMERS: dict[str, tuple[subprocess.Popen, IO[str]]] = {}  # interpreter -> its library process, that one's stderr
 
 
 def _ask(python: Path, request: list[str]) -> str:
