@@ -38,6 +38,15 @@ def _hybrid():
     return target
 
 
+def _target(hybrid: bool):
+    """The Qwen3.5 hybrid or a tiny Llama, neither stopping at EOS."""
+    if hybrid:
+        return _hybrid()
+    target = make_tiny_target("llama", initializer_range=0.3)
+    target.generation_config.eos_token_id = None
+    return target
+
+
 def _features(target, head, ids):
     cfg = load_config(None, ["head.kind=eagle3", "head.variant=peagle", f"head.num_depths={DEPTHS}"])
     objective = objective_class("eagle3")(head, cfg)
@@ -66,8 +75,7 @@ def test_one_forward_drafts_what_training_computes():
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["llama", "qwen3_5_text"])
 def test_greedy_matches_hf(hybrid):
-    target = _hybrid() if hybrid else make_tiny_target("llama", initializer_range=0.3)
-    target.generation_config.eos_token_id = None
+    target = _target(hybrid)
     head = _head(target)
     rng = random.Random(f"peagle-{hybrid}")
     for tree, prompt_len, max_new in [(Chain(1), 1, 3), (Chain(DEPTHS), 6, 20), (None, 5, 12)]:
@@ -78,8 +86,7 @@ def test_greedy_matches_hf(hybrid):
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["llama", "qwen3_5_text"])
 def test_a_left_padded_batch_matches_each_row_alone(hybrid):
-    target = _hybrid() if hybrid else make_tiny_target("llama", initializer_range=0.3)
-    target.generation_config.eos_token_id = None
+    target = _target(hybrid)
     head = _head(target)
     rng = random.Random(f"peagle-batch-{hybrid}")
     prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (1, 9, 4, 12, 2)]

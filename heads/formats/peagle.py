@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import Tensor
 
-from draftsmith.heads.formats.validation import PROVENANCE_KEY, Artifact, expect
+from draftsmith.heads.formats.validation import PROVENANCE_KEY, Artifact, expect, expect_tensor
 from draftsmith.heads.peagle import PEAGLE_ARCHITECTURE
 
 MASK_HIDDEN = "mask_hidden"
@@ -60,13 +60,8 @@ def peagle_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[
     for key in ("fc_norm", "norm_output"):
         if config.get(key):
             problems.append(f"{key}=true: vLLM's update_peagle does not pass it on, its P-EAGLE would draft without it")
-    hidden = tensors.get(MASK_HIDDEN)
-    want = (1, 1, 3 * width) if isinstance(width, int) else None
-    if hidden is None:
-        problems.append(f"missing tensors ['{MASK_HIDDEN}'] (P-EAGLE's shared hidden state; the library would start "
-                        "it at random)")
-    elif tuple(hidden.shape) != want or not hidden.is_floating_point():
-        problems.append(f"{MASK_HIDDEN}: {hidden.dtype} {tuple(hidden.shape)}, expected a float {want}")
+    expect_tensor(tensors, MASK_HIDDEN, (1, 1, 3 * width) if isinstance(width, int) else None, problems,
+                  "P-EAGLE's shared hidden state; the library would start it at random")
     return problems
 
 

@@ -21,7 +21,7 @@ from draftsmith.heads.formats.dspark import dspark_fields
 from draftsmith.heads.formats.peagle import as_eagle3, peagle_problems, to_peagle
 from draftsmith.heads.formats.dflash import (DSPARK_RANK, UNKNOWN_TARGET_LAYERS, _dflash_problems, head_from_layout, qwen3_layers_config,
                                   read_checkpoint)
-from draftsmith.heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expect, float_tensors, llama_layer_config,
+from draftsmith.heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expect, expect_tensor, float_tensors, llama_layer_config,
                                       provenance_record)
 
 
@@ -249,12 +249,8 @@ def speculators_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> 
         return peagle_problems(config, tensors) + speculators_problems(*as_eagle3(config, tensors))
     own = {k: v for k, v in tensors.items() if k != EMBED_TOKENS}
     problems = _speculators_problems(config) + _eagle3_problems(layer, config, own, SPECULATORS_LAYER_PREFIX)
-    embed, want = tensors.get(EMBED_TOKENS), (layer.get("vocab_size"), config.get("target_hidden_size"))
-    if embed is None:
-        problems.append(f"missing tensors ['{EMBED_TOKENS}'] (speculators' Eagle3DraftModel leaves it "
-                        "uninitialised unless the file holds the target's)")
-    elif tuple(embed.shape) != want or not embed.is_floating_point():
-        problems.append(f"{EMBED_TOKENS}: {embed.dtype} {tuple(embed.shape)}, expected a float {want}")
+    expect_tensor(tensors, EMBED_TOKENS, (layer.get("vocab_size"), config.get("target_hidden_size")), problems,
+                  "speculators' Eagle3DraftModel leaves it uninitialised unless the file holds the target's")
     return problems
 
 

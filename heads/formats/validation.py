@@ -132,6 +132,15 @@ def expect(config: dict[str, Any], key: str, want: Any, problems: list[str], why
         problems.append(f"config {key}={config.get(key)!r}, expected {want!r}" + (f" ({why})" if why else ""))
 
 
+def expect_tensor(tensors: dict, name: str, want: tuple | None, problems: list[str], why: str) -> None:
+    """``name`` present, floating point, of shape ``want``; ``why`` says what its absence costs."""
+    tensor = tensors.get(name)
+    if tensor is None:
+        problems.append(f"missing tensors ['{name}'] ({why})")
+    elif tuple(tensor.shape) != want or not tensor.is_floating_point():
+        problems.append(f"{name}: {tensor.dtype} {tuple(tensor.shape)}, expected a float {want}")
+
+
 def ints(config: dict[str, Any], keys: tuple[str, ...], problems: list[str]) -> dict[str, int] | None:
     values = {k: config.get(k) for k in keys}
     bad = [k for k, v in values.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
