@@ -10,8 +10,8 @@ import random
 
 import pytest
 import torch
-from support.targets import ARCHES, make_successor_target, make_tiny_target
-from support.dflash_infer import fit_dflash, hf_greedy, mean_tau_of_identical_decodes
+from support.targets import ARCHES, make_tiny_target
+from support.dflash_infer import fit_dflash, hf_greedy, mean_tau_of_identical_decodes, successor_training_data
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import AutoHead, build_head
@@ -216,11 +216,7 @@ def test_greedy_matches_hf_on_a_tiny_hybrid():
 def test_a_trained_dflash2_is_lossless_and_its_selector_learns():
     """A short DFlash2 training on the successor target: the selector's parameters move off their init and
     the drafts stay token-identical to HF greedy with long accepted runs."""
-    model = make_successor_target(VOCAB)
-    with torch.no_grad():
-        torch.manual_seed(0)
-        prompts = torch.randint(3, VOCAB, (96, 4))
-        seqs = hf_greedy(model, prompts, 24)
+    model, seqs = successor_training_data(VOCAB)
     torch.manual_seed(0)
     head = build_head("dflash", model, variant="dflash2", block_size=5, num_layers=2, selector_rank=16, selector_top_k=8)
     head = fit_dflash(model, seqs, head, 250, "head.variant=dflash2")

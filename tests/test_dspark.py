@@ -10,8 +10,8 @@ import random
 
 import pytest
 import torch
-from support.targets import ARCHES, make_successor_target, make_tiny_target
-from support.dflash_infer import fit_dflash, hf_greedy, mean_tau_of_identical_decodes
+from support.targets import ARCHES, make_tiny_target
+from support.dflash_infer import fit_dflash, hf_greedy, mean_tau_of_identical_decodes, successor_training_data
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
@@ -180,11 +180,7 @@ def test_a_left_padded_batch_matches_each_row_alone(arch):
 def test_a_trained_dspark_is_lossless_and_learns():
     """A short training on the successor target: drafts token-identical to HF greedy with long accepted runs,
     adaptive verification on (the default threshold)."""
-    model = make_successor_target(VOCAB)
-    with torch.no_grad():
-        torch.manual_seed(0)
-        prompts = torch.randint(3, VOCAB, (96, 4))
-        seqs = hf_greedy(model, prompts, 24)
+    model, seqs = successor_training_data(VOCAB)
     torch.manual_seed(0)
     head = build_head("dflash", model, variant="dspark", block_size=5, num_layers=2, markov_rank=16)
     head = fit_dflash(model, seqs, head, 250, "head.variant=dspark")

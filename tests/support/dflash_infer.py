@@ -10,6 +10,18 @@ from draftsmith.train.losses import DraftTargets
 from draftsmith.train.objectives import objective_class
 
 
+def successor_training_data(vocab: int):
+    """The successor target and its greedy continuations of 96 random 4-token prompts (24 new tokens each),
+    the trained-head tests' data."""
+    from support.targets import make_successor_target
+
+    model = make_successor_target(vocab)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        seqs = hf_greedy(model, torch.randint(3, vocab, (96, 4)), 24)
+    return model, seqs
+
+
 def fit_dflash(model, seqs, head, steps: int, *overrides: str):
     """``steps`` AdamW steps (lr 5e-3) of the DFlash objective on 16 random rows of ``seqs`` (n, T) each, the
     target's features computed once for all rows; ``overrides`` are config key=values. Returns the head, in
