@@ -61,8 +61,8 @@ def test_greedy_matches_hf(arch, compile):
                 assert gen.last_stats.tau > 4.8, gen.last_stats.tau  # the draft cache stays in step
 
 
-@pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
-@pytest.mark.parametrize("arch", ARCHES3)
+# eager: drafts at their own size, every family; traced: padded to the budget, on llama (as the greedy test above)
+@pytest.mark.parametrize("arch,compile", [(a, False) for a in ARCHES3] + [("llama", "eager")])
 def test_eos_stops_like_hf(arch, compile):
     target = classic_target(arch)
     ids = repetitive_prompt(random.Random(1), 10)
@@ -220,7 +220,9 @@ def test_early_exit_view_is_the_targets_first_layers(arch):
         early_exit_view(target, 0)
 
 
-@pytest.mark.parametrize("arch", ARCHES3)
+# One family: the sampling rule is the family's no more than greedy's is (the greedy tests run layer skip on
+# every family's cache; the chi-square on each of three repeated one law check)
+@pytest.mark.parametrize("arch", ["qwen2"])
 def test_layer_skip_sampling_follows_the_target_law(arch):
     target, _ = small_pair_of(arch)  # eager: the draft writes the first layer's KV into the target's cache
     gen = SpeculativeGenerator(target, LayerSkipDrafter(target, 1, Chain(3)))

@@ -39,9 +39,11 @@ def test_reference_law_matches_hf_generate_scores(small_target):
         )
 
 
+# eager: drafts at their own size, every config; traced: padded to the budget, on a dynamic tree and a chain (the
+# padding is the verify's, whichever drafter filled it: tracing the static and the stub trees repeated these)
 @pytest.mark.slow
-@pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name,compile", [(n, False) for n in CONFIGS] + [("eagle3-tree", "eager"),
+                                                                           ("eagle-chain", "eager")])
 def test_first_tokens_follow_the_target_law(small_target, name, compile):
     kind, tree, sampling = CONFIGS[name]
     if kind is None:
@@ -52,8 +54,9 @@ def test_first_tokens_follow_the_target_law(small_target, name, compile):
     law = exact_law(small_target, sampling.get("temperature", 1.0), sampling.get("top_k", 0), sampling.get("top_p", 1.0))
     samples, forwards = sample_triples(gen, 2000, **sampling)
     assert joint_pvalue(samples, law) > 1e-3
-    # Without any accepted draft every call takes 3 forwards (prefill + 2 steps).
-    assert forwards < 2.8, forwards
+    # Without any accepted draft every call takes 3 forwards (prefill + 2 steps): the mean over sample_triples'
+    # one-row calls is 3.0 exactly then
+    assert forwards < 2.9, forwards
 
 
 def test_sampling_test_detects_a_wrong_temperature(small_target):
