@@ -150,6 +150,13 @@ def crop_dynamic(cache: DynamicCache, length: int) -> None:
         layer.values = layer.values[..., :length, :]
 
 
+def buffer_size(needed: int) -> int:
+    """Slots to reserve for ``needed``: a power of two >= 256, so a compiled step (whose shapes include
+    the buffer's) sees few buffer sizes across calls instead of one per prompt + max_new_tokens. The
+    target's static cache and the heads' caches both size with it."""
+    return max(256, 1 << (max(1, int(needed)) - 1).bit_length())
+
+
 class StaticHeadCache:
     """A draft head's KV cache for inference: per-layer (rows, H_kv, capacity, D) buffers written in
     place, each row (a batch's row) at its own length.

@@ -40,7 +40,7 @@ from draftsmith.data.targets import load_target, load_target_config, load_target
 from draftsmith.heads import AutoHead
 from draftsmith.heads.common import text_config
 from draftsmith.infer.batch_accept import accept_rows
-from draftsmith.infer.cache import StaticKVCache
+from draftsmith.infer.cache import StaticKVCache, buffer_size
 from draftsmith.infer.call_checks import batch_mask, check_call, eos_ids, pad_id
 from draftsmith.infer.compiling import check_compile, compiled, step_begin
 from draftsmith.infer.decode_check import check_family
@@ -324,13 +324,11 @@ class SpeculativeGenerator:
 
     def _reserve_static_cache(self, needed: int, batch: int = 1) -> StaticKVCache:
         """The static buffer, allocated again only when a call needs more slots than it has or
-        another batch size (sizes rounded up to a power of two >= 256, so a compiled step sees few
-        cache shapes)."""
+        another batch size (sized by ``buffer_size``, so a compiled step sees few cache shapes)."""
         cache = self._static_cache
         stale = cache is not None and cache.buffer is not None and cache.buffer.shape[2] != batch
         if cache is None or cache.max_len < needed or stale:
-            size = max(256, 1 << (needed - 1).bit_length())
-            cache = StaticKVCache(len(decoder_layers(self.target)), size)
+            cache = StaticKVCache(len(decoder_layers(self.target)), buffer_size(needed))
             self._static_cache = cache
         cache.length = 0
         cache.reset_states()

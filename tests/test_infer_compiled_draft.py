@@ -187,3 +187,23 @@ def test_fixed_shape_trees_draft_what_the_eager_trees_draft(kind):
     for a, b in zip(*drafts):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.tree.parents, b.tree.parents)
     assert drafts[1][3].tokens.numel() == 1 and len({d.tokens.numel() for d in drafts[1]}) > 1
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_calls_of_other_lengths_reuse_the_trace(kind):
+    """The head caches are sized as the target's (``buffer_size``: a power of two >= 256), so a call with
+    another prompt length and budget runs the compiled draft already traced (an exact size per call traced
+    it anew every call: 10 traces for one test's 8 calls)."""
+    from torch._dynamo.utils import counters
+
+    model = target("llama")
+    torch.manual_seed(0)
+    head = build_head(kind, model, **({"block_size": 4, "num_layers": 1} if kind == "dflash" else {}))
+    gen = SpeculativeGenerator(model, head, tree=Chain(3), compile="eager")
+    rng = random.Random(kind)
+    gen.generate(torch.tensor([batch_prompts(rng, [5])[0]]), max_new_tokens=9)
+    traced = counters["stats"]["unique_graphs"]
+    for length, max_new in ((11, 20), (3, 31)):
+        ids = torch.tensor([batch_prompts(rng, [length])[0]])
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), expected(model, [ids[0].tolist()], max_new))
+    assert counters["stats"]["unique_graphs"] == traced, "a call of another length traced the draft again"

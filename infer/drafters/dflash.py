@@ -28,7 +28,7 @@ from torch import nn
 
 from draftsmith.heads.dspark import DEFAULT_CONFIDENCE_THRESHOLD, confident_lengths
 from draftsmith.heads.layers import additive_mask
-from draftsmith.infer.cache import StaticHeadCache
+from draftsmith.infer.cache import StaticHeadCache, buffer_size
 from draftsmith.infer.compiling import compiled, step_begin
 from draftsmith.infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
                                  root_only, stack_rows)
@@ -92,7 +92,7 @@ class DFlashDrafter(HeadDrafter):
 
     def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[DFlashState]:
         """The rows of a batch, on one context cache with a row each."""
-        cache = StaticHeadCache(max(lengths) + 1, rows=len(lengths))
+        cache = StaticHeadCache(buffer_size(max(lengths) + 1), rows=len(lengths))
         return [DFlashState(cache, b) for b in range(len(lengths))]
 
     def observe_rows(self, states: list[DFlashState], features: list[torch.Tensor],

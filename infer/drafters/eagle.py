@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.data.base.checks import probability
-from draftsmith.infer.cache import SlotWrites, StaticHeadCache, block_slot_mask, slot_mask
+from draftsmith.infer.cache import SlotWrites, StaticHeadCache, block_slot_mask, buffer_size, slot_mask
 from draftsmith.infer.compiling import compiled, step_begin
 from draftsmith.infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers,
                                  draft_by_batch, group_rows, root_only, stack_rows)
@@ -53,7 +53,7 @@ class EagleDrafter(HeadDrafter):
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[EagleState]:
         """The rows of a batch, on one head cache with a row each: every accepted position plus one
         draft's exploration."""
-        cache = StaticHeadCache(max(lengths) + self._explored + 1, rows=len(lengths))
+        cache = StaticHeadCache(buffer_size(max(lengths) + self._explored + 1), rows=len(lengths))
         return [EagleState(cache, b) for b in range(len(lengths))]
 
     def _logits(self, hidden: Tensor) -> Tensor:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.heads.peagle import mask_inputs
-from draftsmith.infer.cache import StaticHeadCache
+from draftsmith.infer.cache import StaticHeadCache, buffer_size
 from draftsmith.infer.drafters.base import Chain, Draft, Sampling, chain_buffers, draft_by_batch, root_only, stack_rows
 from draftsmith.infer.drafters.eagle import EagleState
 from draftsmith.infer.drafters.eagle3 import Eagle3Drafter
@@ -43,7 +43,7 @@ class PEagleDrafter(Eagle3Drafter):
         super().__init__(head, target, tree, confidence)
 
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[PEagleState]:
-        cache = StaticHeadCache(max(lengths) + self._explored + 1, rows=len(lengths))
+        cache = StaticHeadCache(buffer_size(max(lengths) + self._explored + 1), rows=len(lengths))
         return [PEagleState(cache, b) for b in range(len(lengths))]
 
     def observe_rows(self, states: list[PEagleState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
