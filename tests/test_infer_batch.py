@@ -71,19 +71,30 @@ def test_oracle_batch_of_8_rows_stop_at_different_steps():
     assert len(ends) > 1  # the rows did stop at different lengths
 
 
+_ROWS: dict[tuple[str, int, bool], tuple[list[list[int]], int | None, torch.Tensor]] = {}
+
+
+def _rows(model, bsz: int, repetitive: bool) -> tuple[list[list[int]], int | None, torch.Tensor]:
+    """A family's prompts for a batch size, its EOS and HF's rows alone, made once for every drafter (the
+    rows' references were most of these tests' time; ``target`` builds the same model for a family)."""
+    key = (model.config.model_type, bsz, repetitive)
+    if key not in _ROWS:
+        rng = random.Random(f"{key}")
+        prompts = batch_prompts(rng, [rng.randrange(2, 14) for _ in range(bsz)], repetitive=repetitive)
+        eos = int(batch_alone(model, prompts[-1], 24)[7]) if bsz > 1 else None
+        _ROWS[key] = prompts, eos, expected(model, prompts, 24, eos)
+    return _ROWS[key]
+
+
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
 @pytest.mark.parametrize("bsz", [1, 4, 8])  # a row alone; rows stopping at different steps (eos)
 def test_every_drafter_batch_matches_each_row_alone(target32, name, bsz):
-    rng = random.Random(f"{target32.config.model_type}-{name}-{bsz}")
-    torch.manual_seed(rng.randrange(1000))
+    torch.manual_seed(random.Random(f"{target32.config.model_type}-{name}-{bsz}").randrange(1000))
     drafter, tree = DRAFTERS[name](target32)
     gen = SpeculativeGenerator(target32, drafter, tree=tree)
-    prompts = batch_prompts(rng, [rng.randrange(2, 14) for _ in range(bsz)], repetitive=name.startswith("ngram"))
-    max_new = 24
-    eos = int(batch_alone(target32, prompts[-1], max_new)[7]) if bsz > 1 else None
+    prompts, eos, ref = _rows(target32, bsz, repetitive=name.startswith("ngram"))
     ids, mask = left_pad(prompts)
-    out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
-    assert torch.equal(out, expected(target32, prompts, max_new, eos))
+    assert torch.equal(gen.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=eos), ref)
 
 
 def test_batch_without_attention_mask_or_padding():
