@@ -138,12 +138,13 @@ def test_trained_head_is_lossless_with_long_runs(successor_target):
     assert sum(taus) / len(taus) > 1.5, taus
 
 
-@pytest.fixture(scope="module")
-def law_head(small_target):  # noqa: F811
-    """A DFlash head briefly trained on the small target's laws, so that drafts are accepted (and rejected)
-    often; trained once for both backends below (sample_triples seeds its own draws)."""
+@pytest.mark.slow  # as tests/test_infer_sampling.py's
+@pytest.mark.parametrize("compile", [False, "eager"])
+def test_first_tokens_follow_the_target_law(small_target, compile):  # noqa: F811
+    sampling = {"temperature": 0.9, "top_k": 6}
     torch.manual_seed(1)
     head = build_head("dflash", small_target, block_size=3)
+    # a little training on the target's laws, so that drafts are accepted (and rejected) often
     objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash"]))
     opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
     for step in range(60):
@@ -154,14 +155,8 @@ def law_head(small_target):  # noqa: F811
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return head.eval()
-
-
-@pytest.mark.slow  # as tests/test_infer_sampling.py's
-@pytest.mark.parametrize("compile", [False, "eager"])
-def test_first_tokens_follow_the_target_law(small_target, law_head, compile):  # noqa: F811
-    sampling = {"temperature": 0.9, "top_k": 6}
-    gen = SpeculativeGenerator(small_target, law_head, tree=Chain(2), compile=compile)
+    head.eval()
+    gen = SpeculativeGenerator(small_target, head, tree=Chain(2), compile=compile)
     law = exact_law(small_target, sampling["temperature"], sampling["top_k"], 1.0)
     samples, forwards = sample_triples(gen, 2000, **sampling)
     assert joint_pvalue(samples, law) > 1e-3
