@@ -84,7 +84,8 @@ def test_mismatching_out_dir_is_refused(micro, tmp_path):
 
 def test_a_damaged_cached_target_is_named_and_rebuilt(cache, capsys):
     """A cut model.safetensors in the cache made every later use fail in safetensors' traceback."""
-    settings = {**MICRO, "max_steps": 4}
+    # builds four times: a slice of MICRO's corpus slice (each build ~6.6 -> ~2 s here; damage is not about training)
+    settings = {**MICRO, "max_steps": 4, "max_corpus_chars": 50_000}
     out = ensure_demo_target("tiny", 0, show_progress=False, **settings)
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(summary["files"])

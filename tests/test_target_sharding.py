@@ -11,6 +11,7 @@ from accelerate import Accelerator
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from support.train_script import launch_two_processes, tiny_dict
 
+from draftsmith.heads import AutoHead
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.target_sharding import is_sharded, shard_target
 
@@ -55,6 +56,11 @@ def test_sharded_target_trains_like_a_whole_one(tiny_files, tmp_path, kind):
         runs[sharding] = _records(out)
         if sharding == "fsdp":
             assert "decoder layers sharded over 2 processes" in run.stderr
+    if kind == "eagle3":  # its draft vocabulary, built under DDP (was test_train_script's eagle3 run's check)
+        head = AutoHead.from_pretrained(tmp_path / "none")
+        built = json.loads(next((tmp_path / "cache" / "draft_vocab").glob("*.json")).read_text())["ids"]
+        assert head.head_kind == "eagle3" and int(head.t2d.sum()) == 128
+        assert head.t2d.nonzero().flatten().tolist() == built  # the vocabulary the data chose, not the default
     (whole_train, whole_eval), (sharded_train, sharded_eval) = runs["none"], runs["fsdp"]
     assert [r["step"] for r in sharded_train] == [1, 2, 3, 4] and len(sharded_eval) == len(whole_eval) == 2
     assert len({r["loss"] for r in whole_train}) > 1  # the head trains: the losses below are not all one number

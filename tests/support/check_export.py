@@ -1,6 +1,7 @@
 """Helpers moved out of tests/test_check_export.py (other test files share them; no tests here)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -9,8 +10,16 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from draftsmith.heads.formats import export_head
-from draftsmith.heads.formats.parity import speculators_python
+from draftsmith.heads.formats.parity import speculators_python, venv_dir
 from draftsmith.scripts.check_export import cli as check_cli
+
+
+@functools.cache
+def _venv_python(venv: Path) -> Path:
+    """``speculators_python()`` of the venv at ``venv`` (``venv_dir()``, the cache key), probed once per session:
+    its probe imports speculators in a fresh venv process (~10 s), and every library test asked it again
+    (FileNotFoundError is not cached: a missing venv is asked again, and skips again)."""
+    return speculators_python(create=False)
 
 
 def library() -> Path:
@@ -18,7 +27,7 @@ def library() -> Path:
     if given:
         return Path(given)
     try:
-        return speculators_python(create=False)
+        return _venv_python(venv_dir())
     except FileNotFoundError as err:
         if os.environ.get("CI"):  # .ci/run builds the venv: a consumer check that cannot run there is a failure
             pytest.fail(f"CI without the speculators venv: {err}")
