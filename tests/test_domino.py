@@ -3,7 +3,9 @@ tokens a..a+k, slot k drafting a+k+1, SpecForge's λ blend), the λ schedule and
 its step, the walk agreeing with the training formula on its own drafts (greedy and sampled laws), the
 correction changing the walk, greedy output identical to HF's (attention targets, a Qwen3.5-style hybrid,
 left-padded batches row by row, a briefly trained head whose loss falls), the ``--to dflash`` export
-(SpecForge's ``DominoDraftModel`` keys) read back bit-exactly, sampling keeping the target's law (chi-square)."""
+(SpecForge's ``DominoDraftModel`` keys) read back bit-exactly, sampling keeping the target's law (chi-square).
+The identity tests cannot see a wrong walk (the target verifies every draft, so output stays identical): the walk
+is pinned by ``test_the_walk_is_the_training_formula_on_its_own_drafts``."""
 from __future__ import annotations
 
 import json
