@@ -12,6 +12,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.heads.common import DraftHead, DraftHeadConfig
 from draftsmith.heads.dflash import DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead
+from draftsmith.heads.domino import DOMINO_ARCHITECTURE
 from draftsmith.heads.dspark import DSPARK_ARCHITECTURE
 from draftsmith.heads.eagle import EagleConfig, EagleHead
 from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
@@ -92,7 +93,7 @@ class AutoHead:
             from draftsmith.heads.formats import import_dspark
 
             return import_dspark(path_or_repo, **kwargs)
-        if {DFLASH_ARCHITECTURE, DFLASH2_ARCHITECTURE} & set(config_dict.get("architectures") or []):
+        if {DFLASH_ARCHITECTURE, DFLASH2_ARCHITECTURE, DOMINO_ARCHITECTURE} & set(config_dict.get("architectures") or []):
             from draftsmith.heads.formats import import_dflash
 
             return import_dflash(path_or_repo, **kwargs)
@@ -100,7 +101,7 @@ class AutoHead:
             f"{path_or_repo}: config.json has model_type={model_type!r} and architectures="
             f"{config_dict.get('architectures')}, which is not a draftsmith head "
             f"({sorted(_BY_MODEL_TYPE)}) nor a public EAGLE-3 ({list(PUBLIC_EAGLE3_ARCHITECTURES)}) or DFlash "
-            f"({DFLASH_ARCHITECTURE}, {DFLASH2_ARCHITECTURE}, speculators dflash) or DSpark ({DSPARK_ARCHITECTURE}, "
+            f"({DFLASH_ARCHITECTURE}, {DFLASH2_ARCHITECTURE}, {DOMINO_ARCHITECTURE}, speculators dflash) or DSpark ({DSPARK_ARCHITECTURE}, "
             "speculators dspark) checkpoint"
         )
 

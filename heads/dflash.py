@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.heads.common import DraftHead
+from draftsmith.heads.domino import DOMINO_DEFAULTS, embed_proj, prefix_gru
 from draftsmith.heads.dspark import DEFAULT_MARKOV_RANK, ConfidenceHead, MarkovHead
 from draftsmith.heads.eagle import EagleConfig, layer_kwargs_from_target
 from draftsmith.heads.layers import MLP, RMSNorm, Rotary, rotate_half
@@ -37,7 +38,7 @@ DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's published drafters; heads.fo
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters (z-lab *-DFlash-b16) and SpecForge's default
 DEFAULT_NUM_LAYERS = 5  # the published drafters for 4B-8B targets and speculators' DFlash default (docs/dflash.md)
 DFLASH2_ARCHITECTURE = "DFlash2DraftModel"  # z-lab's DFlash2 drafters; SGLang's DFLASH algorithm reads it
-VARIANTS = ("dflash", "dflash2", "dspark")
+VARIANTS = ("dflash", "dflash2", "dspark", "domino")
 # DFlash2's published shape (z-lab's DFlash2 config, SpecForge's and speculators' defaults): two causal taps,
 # dynamic coefficients shared by 16 channels, a rank-256 selector over the top 16 candidates (docs/dflash.md)
 DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
@@ -88,10 +89,13 @@ class DFlashConfig(EagleConfig):
         mask_token_id: the target token id whose (frozen) embedding fills the masked positions;
             default the target's last id ``vocab_size - 1``.
         variant: ``"dflash"``, ``"dflash2"``: the dynamic convolution and the candidate selector, or
-            ``"dspark"``: DSpark's Markov and confidence heads, every slot drafting the token after it.
+            ``"dspark"``: DSpark's Markov and confidence heads, every slot drafting the token after it, or
+            ``"domino"``: Domino's GRU logit correction, every slot drafting the token after it.
         conv_kernel_size, conv_group_size, selector_rank, selector_top_k: DFlash2's shape (None with
             ``variant="dflash2"``: ``DFLASH2_DEFAULTS``; they must stay None otherwise).
         markov_rank: DSpark's Markov rank (None with ``variant="dspark"``: 256; None otherwise).
+        gru_hidden_dim, emb_dim, pure_draft_prefix_len: Domino's GRU width, correction width and the leading
+            slots left uncorrected (None with ``variant="domino"``: ``DOMINO_DEFAULTS``; None otherwise).
     """
 
     model_type = "draftsmith_dflash"
@@ -101,7 +105,8 @@ class DFlashConfig(EagleConfig):
                  aux_layer_ids: list[int] | None = None, mask_token_id: int | None = None, variant: str = "dflash",
                  conv_kernel_size: int | None = None, conv_group_size: int | None = None,
                  selector_rank: int | None = None, selector_top_k: int | None = None,
-                 markov_rank: int | None = None, **kwargs):
+                 markov_rank: int | None = None, gru_hidden_dim: int | None = None, emb_dim: int | None = None,
+                 pure_draft_prefix_len: int | None = None, **kwargs):
         super().__init__(**kwargs)
         if block_size < 2:
             raise ValueError(f"block_size={block_size}: a DFlash block needs the root and at least one mask (>= 2)")
@@ -122,14 +127,18 @@ class DFlashConfig(EagleConfig):
             raise ValueError(f"variant={variant!r} must be one of {', '.join(VARIANTS)}")
         self.variant = variant
         given = {"conv_kernel_size": conv_kernel_size, "conv_group_size": conv_group_size,
-                 "selector_rank": selector_rank, "selector_top_k": selector_top_k, "markov_rank": markov_rank}
-        owner = {key: "dflash2" for key in DFLASH2_DEFAULTS} | {"markov_rank": "dspark"}
+                 "selector_rank": selector_rank, "selector_top_k": selector_top_k, "markov_rank": markov_rank,
+                 "gru_hidden_dim": gru_hidden_dim, "emb_dim": emb_dim, "pure_draft_prefix_len": pure_draft_prefix_len}
+        owner = ({key: "dflash2" for key in DFLASH2_DEFAULTS} | {"markov_rank": "dspark"}
+                 | {key: "domino" for key in DOMINO_DEFAULTS})
         extra = [k for k, v in given.items() if v is not None and owner[k] != variant]
         if extra:
             raise ValueError(f"{extra[0]}={given[extra[0]]} applies only to variant={owner[extra[0]]} "
                              f"(variant={variant})")
         self.conv_kernel_size = self.conv_group_size = self.selector_rank = self.selector_top_k = None
-        self.markov_rank = None
+        self.markov_rank = self.gru_hidden_dim = self.emb_dim = self.pure_draft_prefix_len = None
+        if variant == "domino":
+            self._set_domino(given)
         if variant == "dspark":
             self.markov_rank = int(DEFAULT_MARKOV_RANK if markov_rank is None else markov_rank)
             if self.markov_rank < 1:
@@ -147,6 +156,16 @@ class DFlashConfig(EagleConfig):
         if not 1 <= self.selector_top_k <= self.vocab_size:
             raise ValueError(f"selector_top_k={self.selector_top_k} must lie in 1..vocab_size={self.vocab_size}")
 
+    def _set_domino(self, given: dict) -> None:
+        for key in DOMINO_DEFAULTS:
+            setattr(self, key, int(DOMINO_DEFAULTS[key] if given[key] is None else given[key]))
+        if self.gru_hidden_dim < 1 or self.emb_dim < 1:
+            raise ValueError(f"gru_hidden_dim={self.gru_hidden_dim} and emb_dim={self.emb_dim} must be at least 1 "
+                             "(Domino's GRU and correction)")
+        if not 0 <= self.pure_draft_prefix_len < self.block_size:
+            raise ValueError(f"pure_draft_prefix_len={self.pure_draft_prefix_len} must lie in 0..block_size - 1 = "
+                             f"{self.block_size - 1}: Domino corrects at least one slot")
+
     @property
     def is_dflash2(self) -> bool:
         return self.variant == "dflash2"
@@ -156,10 +175,14 @@ class DFlashConfig(EagleConfig):
         return getattr(self, "variant", "dflash") == "dspark"
 
     @property
+    def is_domino(self) -> bool:
+        return getattr(self, "variant", "dflash") == "domino"
+
+    @property
     def first_draft_slot(self) -> int:
         """The block slot of the first draft: DFlash's slot k drafts the token k after the root (slot 0 is the
-        root itself), DSpark's slot k the token k+1 after it (the root's slot drafts too)."""
-        return 0 if self.is_dspark else 1
+        root itself), DSpark's and Domino's slot k the token k+1 after it (the root's slot drafts too)."""
+        return 0 if self.is_dspark or self.is_domino else 1
 
     @property
     def drafts_per_block(self) -> int:
@@ -319,7 +342,7 @@ class DFlashHead(DraftHead):
 
     @property
     def title(self) -> str:
-        return {"dflash2": "DFlash2", "dspark": "DSpark"}.get(self.config.variant, "DFlash")
+        return {"dflash2": "DFlash2", "dspark": "DSpark", "domino": "Domino"}.get(self.config.variant, "DFlash")
 
     def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
         cfg = self.config
@@ -333,7 +356,10 @@ class DFlashHead(DraftHead):
                    f"{cfg.selector_top_k} candidates of each block position"] if cfg.is_dflash2 else []),
                 *([f"- DSpark: every slot drafts the token after it (the root's slot too: {cfg.block_size} drafts); "
                    f"a rank-{cfg.markov_rank} Markov bias from the previous token and a confidence head that sets "
-                   "how many drafts each row verifies"] if cfg.is_dspark else [])]
+                   "how many drafts each row verifies"] if cfg.is_dspark else []),
+                *([f"- Domino: every slot drafts the token after it ({cfg.block_size} drafts); from slot "
+                   f"{cfg.pure_draft_prefix_len} on, a correction from a {cfg.gru_hidden_dim}-wide GRU over the tokens "
+                   f"before the slot (rank-{cfg.emb_dim} projection) is added to its logits"] if cfg.is_domino else [])]
 
     def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
         if self.config.is_dspark:
@@ -342,8 +368,10 @@ class DFlashHead(DraftHead):
                     "SGLang (DeepSpec's `Qwen3DSparkModel` layout):", "", *export_step("dspark"), "```bash",
                     f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DSPARK "
                     f"--speculative-draft-model-path {serve_dir}", "```", ""]
-        if self.config.is_dflash2:  # only z-lab's DFlash2DraftModel layout carries it (docs/dflash.md)
-            return ["SGLang (DFLASH; the DFlash2DraftModel architecture selects the convolution and the selector):", "",
+        if self.config.is_dflash2 or self.config.is_domino:  # only the dflash layout carries them (docs/dflash.md)
+            what = ("the DFlash2DraftModel architecture selects the convolution and the selector" if self.config.is_dflash2
+                    else "dflash_config.projector_type domino selects the GRU correction; CUDA, greedy")
+            return [f"SGLang (DFLASH; {what}):", "",
                     *export_step("dflash"), "```bash",
                     f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DFLASH "
                     f"--speculative-draft-model-path {serve_dir}", "```", ""]
@@ -376,6 +404,9 @@ class DFlashHead(DraftHead):
         if config.is_dspark:
             self.markov_head = MarkovHead(config.vocab_size, config.markov_rank)
             self.confidence_head = ConfidenceHead(config.hidden_size + config.markov_rank)
+        if config.is_domino:
+            self.prefix_gru = prefix_gru(config.hidden_size, config.gru_hidden_dim)
+            self.embed_proj = embed_proj(config.hidden_size, config.gru_hidden_dim, config.emb_dim, config.vocab_size)
         self.post_init()
         for module in self.modules():  # post_init's normal init reaches their linears: back to the no-op start
             if isinstance(module, DynamicConv):
@@ -392,6 +423,11 @@ class DFlashHead(DraftHead):
     def markov(self) -> MarkovHead | None:
         """DSpark's Markov head; None for DFlash and DFlash2."""
         return getattr(self, "markov_head", None)
+
+    @property
+    def domino(self) -> bool:
+        """Whether this head carries Domino's GRU correction."""
+        return hasattr(self, "prefix_gru")
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:

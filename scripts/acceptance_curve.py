@@ -46,9 +46,14 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                                                   "train.loss=dpace"]),
     # P-EAGLE: configs/demo.yaml's EAGLE-3 recipe without its post-norm state (vLLM's P-EAGLE reader drops it)
     "peagle": ("configs/demo.yaml", ["head.variant=peagle", "head.num_depths=8", "head.norm_output=false"]),
+    # Domino: dflash-new plus its GRU correction, sized for the demo target (hidden 192, 4096 tokens; the engines'
+    # 1024-wide GRU and 256-wide correction are sized for 4096-wide targets: docs/dflash.md)
+    "domino": ("configs/demo-dflash.yaml", ["head.block_size=16", "head.num_layers=5", "train.gamma=null",
+                                            "head.variant=domino", "head.gru_hidden_dim=64", "head.emb_dim=64"]),
 }
-# Recipes that train no on-policy stage (P-EAGLE refuses it: its depths are no TTT chain): no +opd/+sup rows
-SUPERVISED_ONLY = {"peagle"}
+# Recipes that train no on-policy stage (P-EAGLE refuses it: its depths are no TTT chain; Domino's would not
+# train its GRU correction): no +opd/+sup rows
+SUPERVISED_ONLY = {"peagle", "domino"}
 # The stage has its own loss (train.loss=ce is required: it overrides a D-PACE recipe's loss)
 ON_POLICY = ["train.stage=on-policy", "train.loss=ce", "train.warmup_steps=5", "train.anchors_per_document=8"]
 # The stage continues a head whose schedule ended at lr 0: restarting it at the recipe's lr undid the head

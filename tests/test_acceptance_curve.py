@@ -120,11 +120,14 @@ def test_an_out_folder_holding_another_results_json_is_refused_untouched(tmp_pat
         assert "results.json" in capsys.readouterr().err and (out / "results.json").read_text() == text
 
 
-def test_the_peagle_recipe_loads_and_trains_no_on_policy_stage(tmp_path):
-    """P-EAGLE refuses the on-policy stage: its recipe is one training run per budget, whose config loads."""
+@pytest.mark.parametrize("recipe, kind, extra", [("peagle", "eagle3", ("num_depths", 8)),
+                                                 ("domino", "dflash", ("gru_hidden_dim", 64))])
+def test_the_supervised_only_recipes_load_and_train_no_on_policy_stage(tmp_path, recipe, kind, extra):
+    """P-EAGLE and Domino refuse the on-policy stage: their recipes are one training run per budget, whose config
+    loads."""
     from draftsmith.train.config import load_config
 
-    args = acceptance_curve.parse_args(["--recipes", "peagle", "--runs", str(tmp_path / "runs")])
-    (label, config, overrides), = acceptance_curve.stages(args, 40, "peagle", acceptance_curve.RECIPES)
+    args = acceptance_curve.parse_args(["--recipes", recipe, "--runs", str(tmp_path / "runs")])
+    (label, config, overrides), = acceptance_curve.stages(args, 40, recipe, acceptance_curve.RECIPES)
     cfg = load_config(acceptance_curve.ROOT / config, [o for o in overrides if not o.startswith("target=")])
-    assert (label, cfg.head.kind, cfg.head.variant, cfg.head.num_depths) == ("peagle", "eagle3", "peagle", 8)
+    assert (label, cfg.head.kind, cfg.head.variant, getattr(cfg.head, extra[0])) == (recipe, kind, recipe, extra[1])

@@ -101,6 +101,14 @@ ROWS = {
     "dspark/embed_tokens": ("dspark", "tensors:embed_tokens.weight", "the target's"),
     "dspark/lm_head": ("dspark", "tensors:lm_head.weight", "present"),
     "dspark/norm": ("dspark", "tensors:norm.weight", "present"),
+    "domino/architectures": ("domino", "architectures", ["DominoDraftModel"]),
+    "domino/projector_type": ("domino", "dflash_config.projector_type", "domino"),
+    "domino/gru_hidden_dim": ("domino", "dflash_config.gru_hidden_dim", 8),
+    "domino/emb_dim": ("domino", "dflash_config.emb_dim", 6),
+    "domino/pure_draft_prefix_len": ("domino", "dflash_config.pure_draft_prefix_len", 1),
+    "domino/shift_label": ("domino", "dflash_config.shift_label", True),
+    "domino/prefix_gru": ("domino", "tensors:prefix_gru.weight_hh_l0", "present"),
+    "domino/embed_proj": ("domino", "tensors:embed_proj.2.weight", "present"),
 }
 
 
@@ -116,7 +124,9 @@ def exports(tmp_path_factory):
     dspark = perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90, variant="dspark",
                                  markov_rank=8))
     peagle = perturb(build_head("eagle3", llama, variant="peagle", num_depths=4))
-    made = {"spec-peagle": (peagle, "speculators", llama), "spec-dspark": (dspark, "speculators", qwen), "dspark": (dspark, "dspark", qwen), "vllm": (flagged, "vllm", llama), "vllm-plain": (plain, "vllm", llama),
+    domino = perturb(build_head("dflash", qwen, num_layers=2, block_size=4, mask_token_id=90, variant="domino",
+                                 gru_hidden_dim=8, emb_dim=6))
+    made = {"domino": (domino, "dflash", qwen), "spec-peagle": (peagle, "speculators", llama), "spec-dspark": (dspark, "speculators", qwen), "dspark": (dspark, "dspark", qwen), "vllm": (flagged, "vllm", llama), "vllm-plain": (plain, "vllm", llama),
             "spec-eagle3": (flagged, "speculators", llama), "spec-eagle3-plain": (plain, "speculators", llama),
             "spec-dflash": (dflash, "speculators", qwen), "dflash": (dflash, "dflash", qwen)}
     out = {}

@@ -36,11 +36,13 @@ SMALL = {"dflash": ["head.block_size=4", "head.num_layers=1"]}  # a fast CPU sha
 CASES = {**{kind: (kind, SMALL.get(kind, [])) for kind in KINDS},
          "dflash2": ("dflash", [*SMALL["dflash"], "head.variant=dflash2", "head.selector_rank=8", "head.selector_top_k=4"]),
          "dspark": ("dflash", [*SMALL["dflash"], "head.variant=dspark", "head.markov_rank=8"]),
+         "domino": ("dflash", [*SMALL["dflash"], "head.variant=domino", "head.gru_hidden_dim=8", "head.emb_dim=8"]),
          "peagle": ("eagle3", ["head.variant=peagle", "head.num_depths=3"])}
 # formats a kind or variant's kind lists that cannot carry it
 REFUSED = {"dflash": {"dspark": "carries DSpark heads"},
            "dflash2": {"speculators": "carries no DFlash2", "dspark": "carries DSpark heads"},
            "dspark": {"dflash": "carries no DSpark"},
+           "domino": {"speculators": "carries no Domino", "dspark": "carries DSpark heads"},
            "peagle": {"vllm": "carries no P-EAGLE", "sglang": "carries no P-EAGLE"}}
 
 
@@ -202,8 +204,9 @@ def test_an_objective_declares_its_settings_and_configures_through_the_base_hook
 
 
 def test_the_config_takes_a_setting_exactly_from_the_kinds_whose_objective_reads_it():
-    """For every declared setting and every kind: accepted where the objective reads it, refused elsewhere in one
-    line naming the setting and the kinds that read it."""
+    """For every declared setting and every kind: accepted where the objective reads it (under the variant that reads
+    it, for a setting the objective reads under one variant only: ``variant_settings``), refused elsewhere in one
+    line naming the setting and the kinds that read it; refused under the kind's other variants in one line."""
     declared = dict.fromkeys(setting for kind in KINDS for setting in objective_class(kind).reads)
     assert declared, "no kind declares a setting: the check below checks nothing"
     for setting in declared:
@@ -211,6 +214,12 @@ def test_the_config_takes_a_setting_exactly_from_the_kinds_whose_objective_reads
         readers = [kind for kind in KINDS if setting in objective_class(kind).reads]
         for kind in KINDS:
             overrides = [f"head.kind={kind}", override, "train.init_from=x"]  # on-policy continues a trained head
+            variant = getattr(objective_class(kind), "variant_settings", {}).get(setting)
+            if kind in readers and variant:
+                with pytest.raises(ConfigError, match=f"^{re.escape(override)} applies only to head.variant={variant} "):
+                    load_config(None, overrides)
+                load_config(None, [*overrides, f"head.variant={variant}"])
+                continue
             if kind in readers:
                 load_config(None, overrides)
                 continue

@@ -1,6 +1,6 @@
 """``train.init_from`` an export: a run warm-started from a head's export, in each format our importers read
 (SpecForge's / vLLM's EAGLE-3 layout and speculators for EAGLE-3; speculators and z-lab's layout for DFlash;
-speculators and DeepSpec's layout for DSpark), takes the same first loss as one warm-started from the head's
+speculators and DeepSpec's layout for DSpark; SpecForge's DominoDraftModel for Domino), takes the same first loss as one warm-started from the head's
 own directory; a checkpoint that does not fit the target is refused in one line naming each misfit."""
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from draftsmith.train.warm_start import warm_start
 DFLASH = ["head.kind=dflash", "head.block_size=4", "head.num_layers=1"]
 CASES = {"eagle3": (["head.kind=eagle3"], ("vllm", "speculators")),
          "dflash": (DFLASH, ("speculators", "dflash")),
-         "dspark": ([*DFLASH, "head.variant=dspark"], ("speculators", "dspark"))}
+         "dspark": ([*DFLASH, "head.variant=dspark"], ("speculators", "dspark")),
+         "domino": ([*DFLASH, "head.variant=domino", "head.gru_hidden_dim=8", "head.emb_dim=8"], ("dflash",))}
 
 
 def _first_loss(files, out, options, source) -> float:

@@ -50,6 +50,7 @@ def fit(accelerator: Accelerator, cfg: TrainConfig, objective: nn.Module, target
     with bar, logging_redirect_tqdm():  # the bar is closed before any error is printed
         while state.step < max_steps and not time_up():
             step_start = time.perf_counter()
+            accelerator.unwrap_model(objective).at_step(state.step, max_steps)
             step_loss, tokens = _accumulate(accelerator, cfg, objective, target, source, next_batch, state.step,
                                             window)
             step_loss = accelerator.reduce(step_loss, reduction="mean")

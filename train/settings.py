@@ -57,7 +57,8 @@ class HeadConfig:
         "its exports embed at mask positions (null = vocab_size - 1)", None)
     variant: str | None = _doc(
         "dflash: dflash2 adds DFlash2's dynamic convolution and candidate selector, both starting as "
-        "no-ops; dspark: DSpark's Markov and confidence heads, every block slot drafting (null = dflash; "
+        "no-ops; dspark: DSpark's Markov and confidence heads, every block slot drafting; domino: Domino's GRU logit "
+        "correction, every block slot drafting (null = dflash; "
         "docs/dflash.md). eagle3: peagle, P-EAGLE's K drafts from one forward (null = eagle3; docs/objectives.md)",
         None)
     num_depths: int | None = _doc("eagle3 only, variant peagle: drafts per forward K, trained and drafted (null = 8)",
@@ -65,6 +66,10 @@ class HeadConfig:
     selector_rank: int | None = _doc("dflash only, variant dflash2: the selector's rank (null = 256)", None)
     selector_top_k: int | None = _doc("dflash only, variant dflash2: candidates per block position (null = 16)", None)
     markov_rank: int | None = _doc("dflash only, variant dspark: the Markov head's rank (null = 256)", None)
+    gru_hidden_dim: int | None = _doc("dflash only, variant domino: the GRU's width (null = 1024)", None)
+    emb_dim: int | None = _doc("dflash only, variant domino: the correction's inner width (null = 256)", None)
+    pure_draft_prefix_len: int | None = _doc(
+        "dflash only, variant domino: the leading block slots drafted without the correction (null = 1)", None)
     intermediate_size: int | None = _doc(
         "eagle/eagle3/dflash only: MLP width of the draft layer (null = the target's)", None)
     fc_norm: bool | None = _doc(
@@ -194,6 +199,11 @@ class OptimConfig:
     anchor_spacing: int = _doc(
         "dflash (and the on-policy stage): least distance between two anchors of one document (1 = any distinct "
         "positions; block_size = blocks that never overlap)", 1)
+    lambda_base_start: float | None = _doc(
+        "dflash, variant domino: the plain logits' CE weight at step 0, falling linearly to 0 (null = 1.0)", None)
+    lambda_base_decay_ratio: float | None = _doc(
+        "dflash, variant domino: the fraction of the run's steps over which that weight falls to 0 (null = 0.5, "
+        "SpecForge's default; its Qwen3-8B example: 1.0)", None)
     dpace_alpha: float = _doc("train.loss=dpace: the confidence floor alpha in (0, 1] (ModelOpt's and speculators' "
                               "0.5)", 0.5)
     stage: Literal["supervised", "on-policy"] = _doc(

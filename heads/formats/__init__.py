@@ -10,6 +10,7 @@
 | `medusa-vllm`   | medusa | model.safetensors          | vLLM medusa                                       |
 | `medusa-tgi`    | medusa | medusa_lm_head.safetensors | TGI, TensorRT-LLM's Medusa converter              |
 | `dflash`        | dflash | model.safetensors          | SGLang DFLASH, z-lab's `DFlashDraftModel`         |
+|                 | (dflash2, domino variants)          | (DFlash2: z-lab's; Domino: SpecForge's)           |
 | `dspark`        | dflash | model.safetensors          | SGLang DSPARK, DeepSpec's `Qwen3DSparkModel`      |
 |                 | (dspark variant)                    |                                                   |
 

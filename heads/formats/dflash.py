@@ -14,6 +14,11 @@ algorithm reads (docs/dflash.md, "DFlash2"): ``dflash_config`` adds ``conv_kerne
 ``mlp_conv`` (``base_kernel`` (2, K, H), ``kernel_projection.weight`` (2·K·H/group, H)) and
 ``candidate_selector.{predecessor_codebook, successor_codebook}`` (V, r) (no ``.weight``, as z-lab's
 checkpoints name them) and ``candidate_selector.hidden_projection.weight`` (r, H).
+
+Domino heads (``variant="domino"``) are written as SpecForge's ``DominoDraftModel``, which SGLang's DFLASH reads
+(docs/dflash.md, "Domino"): ``dflash_config`` adds ``projector_type: "domino"``, ``gru_hidden_dim``, ``emb_dim``,
+``pure_draft_prefix_len`` and ``shift_label: true``; tensors add ``prefix_gru.weight_ih_l0`` (3G, H),
+``prefix_gru.weight_hh_l0`` (3G, G), ``embed_proj.0.weight`` (E, H+G) and ``embed_proj.2.weight`` (V, E).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from torch import Tensor
 from draftsmith.heads.common import DraftHead
 from draftsmith.heads.dflash import (DFLASH2_ARCHITECTURE, DFLASH2_DEFAULTS, DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead,
                           build_target_layer_ids)
+from draftsmith.heads.domino import DOMINO_ARCHITECTURE, DOMINO_DEFAULTS, DOMINO_PROJECTOR
 from draftsmith.heads.formats.public import _resolve_directory, _rope_config_from
 from draftsmith.heads.formats.validation import (
     Artifact,
@@ -63,8 +69,12 @@ def _dflash_artifact(head: DraftHead, facts: dict[str, Any], options: dict[str, 
     dflash = {"target_layer_ids": [i - 1 for i in cfg.aux_layer_ids], "mask_token_id": cfg.mask_token_id}
     if cfg.is_dflash2:
         dflash.update({key: getattr(cfg, key) for key in DFLASH2_DEFAULTS})
+    if cfg.is_domino:  # SpecForge's DominoDraftModel: slot k drafts a+k+1 (shift_label)
+        dflash.update({"projector_type": DOMINO_PROJECTOR, **{key: getattr(cfg, key) for key in DOMINO_DEFAULTS},
+                       "shift_label": True})
+    architecture = {"dflash2": DFLASH2_ARCHITECTURE, "domino": DOMINO_ARCHITECTURE}.get(cfg.variant, DFLASH_ARCHITECTURE)
     config = {
-        "architectures": [DFLASH2_ARCHITECTURE if cfg.is_dflash2 else DFLASH_ARCHITECTURE],
+        "architectures": [architecture],
         **qwen3_layers_config(head, options),
         "block_size": cfg.block_size,
         "num_target_layers": facts["num_layers"],
@@ -111,6 +121,32 @@ def is_dflash2_layout(config: dict[str, Any]) -> bool:
     return config.get("architectures") == [DFLASH2_ARCHITECTURE]
 
 
+def is_domino_layout(config: dict[str, Any]) -> bool:
+    return config.get("architectures") == [DOMINO_ARCHITECTURE]
+
+
+# SGLang's DFLASH takes "causal_v5" as another name of the Domino projector; SpecForge fills in "domino" when absent
+DOMINO_PROJECTORS = (None, DOMINO_PROJECTOR, "causal_v5")
+
+
+def _domino_spec(dflash: dict[str, Any], shape: dict[str, int], problems: list[str]) -> dict:
+    """Domino's extra tensors, from its ``dflash_config`` fields (each problem listed)."""
+    if dflash.get("projector_type") not in DOMINO_PROJECTORS:
+        problems.append(f"dflash_config.projector_type={dflash['projector_type']!r}: DominoDraftModel requires 'domino'")
+    if dflash.get("shift_label") is not True:
+        problems.append(f"dflash_config.shift_label={dflash.get('shift_label')!r}: draftsmith's Domino drafts slot k "
+                        "as the token k+1 after the anchor (shift_label true, the shipped configs'); false is not built")
+    sizes = ints(dflash, ("gru_hidden_dim", "emb_dim"), problems)
+    prefix = dflash.get("pure_draft_prefix_len", 0)  # SpecForge's default when absent
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix < shape["block_size"]:
+        problems.append(f"dflash_config.pure_draft_prefix_len={prefix!r} must lie in 0..block_size - 1")
+    if not sizes:
+        return {}
+    h, v, g, e = shape["hidden_size"], shape["vocab_size"], sizes["gru_hidden_dim"], sizes["emb_dim"]
+    return {"prefix_gru.weight_ih_l0": ((3 * g, h), "float"), "prefix_gru.weight_hh_l0": ((3 * g, g), "float"),
+            "embed_proj.0.weight": ((e, h + g), "float"), "embed_proj.2.weight": ((v, e), "float")}
+
+
 def _dflash2_spec(dflash: dict[str, Any], shape: dict[str, int], problems: list[str]) -> dict:
     """DFlash2's extra tensors, from its ``dflash_config`` fields (each problem listed)."""
     sizes = ints(dflash, tuple(DFLASH2_DEFAULTS), problems)
@@ -148,9 +184,9 @@ def dspark_spec(rank: Any, shape: dict[str, int], problems: list[str]) -> dict:
 
 def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
     problems: list[str] = []
-    if not is_dflash2_layout(config):
+    if not is_dflash2_layout(config) and not is_domino_layout(config):
         expect(config, "architectures", [DFLASH_ARCHITECTURE], problems,
-               f"or [{DFLASH2_ARCHITECTURE!r}]")
+               f"or [{DFLASH2_ARCHITECTURE!r}] or [{DOMINO_ARCHITECTURE!r}]")
     expect(config, "model_type", "qwen3", problems, "DFlashDraftModel builds Qwen3 layers")
     expect(config, "tie_word_embeddings", False, problems)
     expect(config, "hidden_act", "silu", problems, "the Qwen3 MLP")
@@ -191,6 +227,8 @@ def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list
                      f"{prefix}self_attn.k_norm.weight": ((d,), "float")})
     if is_dflash2_layout(config):
         spec.update(_dflash2_spec(dflash, shape, problems))
+    if is_domino_layout(config):
+        spec.update(_domino_spec(dflash, shape, problems))
     if DSPARK_RANK in config:  # a DSpark seen as this layout (heads.formats.dspark, speculators' dspark type)
         spec.update(dspark_spec(config[DSPARK_RANK], shape, problems))
     problems += tensor_problems(tensors, spec, config.get("torch_dtype"))
@@ -211,7 +249,8 @@ def import_dflash(path_or_repo: str | Path, *, dtype: torch.dtype | None = None,
     if "target_layer_ids" not in dflash and isinstance(target_layers, int) and isinstance(layers, int):
         dflash = {**dflash, "target_layer_ids": build_target_layer_ids(target_layers, layers)}  # z-lab's default
     return head_from_layout({**config, "dflash_config": dflash}, tensors, directory, dtype,
-                            config["architectures"][0] if is_dflash2_layout(config) else DFLASH_ARCHITECTURE)
+                            config["architectures"][0] if is_dflash2_layout(config) or is_domino_layout(config)
+                            else DFLASH_ARCHITECTURE)
 
 
 def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directory: Path, dtype: torch.dtype | None,
@@ -242,9 +281,12 @@ def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directo
 
 
 def _variant_options(config: dict[str, Any]) -> dict[str, Any]:
-    """The ``DFlashConfig`` variant keys a layout's config names: DFlash2's shape, DSpark's Markov rank."""
+    """The ``DFlashConfig`` variant keys a layout's config names: DFlash2's shape, DSpark's Markov rank, Domino's
+    shape."""
     if is_dflash2_layout(config):
         return {"variant": "dflash2", **{k: config["dflash_config"][k] for k in DFLASH2_DEFAULTS}}
+    if is_domino_layout(config):
+        return {"variant": "domino", **{k: config["dflash_config"].get(k, 0) for k in DOMINO_DEFAULTS}}
     if DSPARK_RANK in config:
         return {"variant": "dspark", "markov_rank": config[DSPARK_RANK]}
     return {}

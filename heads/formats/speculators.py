@@ -134,6 +134,9 @@ def _speculators_dflash_artifact(head: DFlashHead, facts: dict[str, Any], option
     if getattr(cfg, "is_dflash2", False):
         raise ValueError("the speculators format carries no DFlash2 (vLLM's update_dflash reads no convolution or "
                          "selector); export DFlash2 heads --to dflash (z-lab's DFlash2DraftModel, read by SGLang)")
+    if getattr(cfg, "is_domino", False):
+        raise ValueError("the speculators format carries no Domino (the upstream library has no domino type); export "
+                         "Domino heads --to dflash (SpecForge's DominoDraftModel, read by SGLang's DFLASH)")
     if (cfg.target_hidden_size or cfg.hidden_size) != cfg.hidden_size:
         raise ValueError(f"hidden_size={cfg.hidden_size} differs from the target's {cfg.target_hidden_size}: "
                          "the DFlash fc takes len(aux layers) x its own hidden_size")

@@ -16,6 +16,9 @@ DSpark (``head.markov``): every slot drafts, the root's included (slot k: the to
 ``infer.drafters.dspark.markov_walk`` adds the Markov bias slot by slot, and the confidence head sets how
 many drafts each row keeps (adaptive verification; ``confidence`` is the threshold, 0 = keep all).
 
+Domino (``head.domino``): every slot drafts, as DSpark's; ``infer.drafters.domino.domino_walk`` steps its GRU on
+the drafted tokens and adds the correction slot by slot.
+
 A batch's rows share one context cache (``StaticHeadCache`` with a row each): observing and drafting
 run one head pass for every row (a row's block sees its own context only, through an additive mask).
 """
@@ -32,6 +35,7 @@ from draftsmith.infer.cache import StaticHeadCache, buffer_size
 from draftsmith.infer.compiling import compiled, step_begin
 from draftsmith.infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
                                  root_only, stack_rows)
+from draftsmith.infer.drafters.domino import domino_walk
 from draftsmith.infer.drafters.dspark import markov_walk
 
 CPU_CHAIN = 4  # on CPU every verified token costs (EAGLE's measured chain sweet spot, docs/benchmarks.md)
@@ -80,7 +84,7 @@ class DFlashDrafter(HeadDrafter):
         self.threshold = DEFAULT_CONFIDENCE_THRESHOLD if confidence is None else confidence
         if tree.length > self.longest_chain(head):
             raise ValueError(f"Chain(length={tree.length}) exceeds this {head.title} head's block_size"
-                             f"{'' if head.config.is_dspark else ' - 1'} = {self.longest_chain(head)}")
+                             f"{'' if head.config.first_draft_slot == 0 else ' - 1'} = {self.longest_chain(head)}")
         self.head = head
         self.option = tree
         self.aux_layer_ids = tuple(head.feature_layer_ids)
@@ -145,6 +149,8 @@ class DFlashDrafter(HeadDrafter):
             chain, law, confidence = markov_walk(self.head, hidden, logits, block[:, 0], sampling)
             keep = confident_lengths(confidence, self.threshold).tolist()
             lengths = [min(n, keep[s.row]) for s, n in zip(states, lengths)]
+        elif self.head.domino:  # Domino: the GRU stepped on the drafts, the correction added slot by slot
+            chain, law = domino_walk(self.head, self.embed, hidden, logits, block[:, 0], sampling)
         elif self.head.selector is not None:  # DFlash2: the selector's path through the candidates
             chain, law = select_path(self.head.selector, hidden, logits, block[:, 0], sampling)
         elif sampling.greedy:
@@ -175,7 +181,7 @@ class DFlashDrafter(HeadDrafter):
         """float32 logits (rows, D, V) and normed outputs (rows, D, H) of every row's block (rows, B) after its
         first ``starts[b]`` context entries (each row's block sees its own context and the whole block; entries
         past a row's context are hidden): the D = ``drafts_per_block`` drafting slots, DFlash's 1..B-1 (slot k
-        drafts the token k after the root), DSpark's 0..B-1 (slot k the token k+1 after it)."""
+        drafts the token k after the root), DSpark's and Domino's 0..B-1 (slot k the token k+1 after it)."""
         device = block.device
         width = context[0][0].shape[2]
         positions = starts[:, None] + torch.arange(self.block_size, device=device)[None]

@@ -22,10 +22,10 @@ def successor_training_data(vocab: int):
     return model, seqs
 
 
-def fit_dflash(model, seqs, head, steps: int, *overrides: str):
+def fit_dflash(model, seqs, head, steps: int, *overrides: str, losses: list | None = None):
     """``steps`` AdamW steps (lr 5e-3) of the DFlash objective on 16 random rows of ``seqs`` (n, T) each, the
-    target's features computed once for all rows; ``overrides`` are config key=values. Returns the head, in
-    eval mode."""
+    target's features computed once for all rows (the objective told each step, as the loop tells it);
+    ``overrides`` are config key=values; each step's loss appended to ``losses``. Returns the head, in eval mode."""
     objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash", *overrides]))
     opt = torch.optim.AdamW(head.parameters(), lr=5e-3)
     lm_head = model.get_output_embeddings()
@@ -35,8 +35,11 @@ def fit_dflash(model, seqs, head, steps: int, *overrides: str):
         features = dataclasses.replace(
             every, input_ids=every.input_ids[rows], loss_mask=every.loss_mask[rows], hidden=every.hidden[rows],
             embeds=every.embeds[rows], top1=every.top1[rows], targets=DraftTargets(*(t[rows] for t in every.targets)))
+        objective.at_step(step, steps)
         objective.perturb(features, None, seed=step)
         loss = objective(features, lm_head).loss
+        if losses is not None:
+            losses.append(float(loss.detach()))
         opt.zero_grad()
         loss.backward()
         opt.step()

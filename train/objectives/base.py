@@ -107,6 +107,10 @@ class Objective(nn.Module):
         """How many draft steps evaluation simulates."""
         return cfg.train.eval_depth or DEFAULT_TTT_STEPS
 
+    def at_step(self, step: int, max_steps: int) -> None:
+        """Called by the loop before optimizer step ``step`` (0-based) of ``max_steps``, resumed runs included:
+        for losses scheduled over the run (Domino's base weight)."""
+
     def perturb(self, features: Features, cfg: TrainConfig, seed: int) -> None:
         """Augment ``features`` in place before the forward (reproducibly from ``seed``)."""
 

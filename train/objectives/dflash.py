@@ -21,6 +21,10 @@ the same denominators as the base loss and added with weight ``SELECTOR_ALPHA``.
 
 DSpark (``head.variant=dspark``): every slot of the block drafts (slot k the token a+k+1), corrected by the
 Markov head, and the loss is DeepSpec's (``train.objectives.dspark``) on the same anchors and blocks.
+
+Domino (``head.variant=domino``): every slot drafts (slot k the token a+k+1), corrected by the GRU over the data's
+tokens a..a+k, and the loss is SpecForge's λ-blend of the corrected and the plain logits' CE
+(``train.objectives.domino``), λ set per step from the run's progress (``at_step``).
 """
 from __future__ import annotations
 
@@ -40,6 +44,9 @@ from draftsmith.train.losses import LossOutput, decayed_sum, dpace_weights, soft
 from draftsmith.train.metrics import acceptance_rate
 from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds
 from draftsmith.train.anchors import draw_anchors, segments
+from draftsmith.train.objectives.domino import (LAMBDA_BASE_DECAY_RATIO, LAMBDA_BASE_START, domino_loss,
+                                                linear_lambda_base)
+from draftsmith.train.objectives.domino import greedy_slots as domino_slots
 from draftsmith.train.objectives.dspark import dspark_loss, greedy_slots
 from draftsmith.train.objectives.eagle3 import Eagle3Features, Eagle3Objective
 from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
@@ -49,7 +56,10 @@ EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one
 # blocks of 16, 4 for blocks of 8 (docs/dflash.md)
 PAPER_GAMMA = {16: 7.0, 8: 4.0}
 # What the on-policy stage (DFlash's) would leave untrained in a variant
-ON_POLICY_REFUSED = {"dflash2": "DFlash2's selector", "dspark": "DSpark's Markov and confidence heads"}
+ON_POLICY_REFUSED = {"dflash2": "DFlash2's selector", "dspark": "DSpark's Markov and confidence heads",
+                     "domino": "Domino's GRU correction"}
+# The variants' own losses read train.loss=ce only (DeepSpec's CE + L1 + confidence; Domino's blend of two CEs)
+OWN_LOSS = {"dspark": "DeepSpec's CE + L1 + confidence loss", "domino": "the blend of its corrected and plain CE"}
 SELECTOR_ALPHA = 1.0  # DFlash2's selector loss weight: SpecForge's dflash2_selector_loss_alpha default
 
 
@@ -124,11 +134,14 @@ class DFlashFeatures(Eagle3Features):
     anchors: Tensor | None = None  # (B, N) block start positions drawn for this step (perturb)
     anchor_keep: Tensor | None = None  # (B, N) bool: which drawn anchors are real (rows differ in length)
     document_ids: Tensor | None = None  # (B, T) the document of each token in packed rows; None = one per row
+    embedding: nn.Module | None = None  # Domino: the target's input embedding (evaluation embeds the head's drafts)
 
 
 class DFlashObjective(Objective):
     reads = ("train.gamma", "train.loss=dpace", "train.stage=on-policy", "train.anchors_per_document",
-             "train.anchor_spacing")
+             "train.anchor_spacing", "train.lambda_base_start", "train.lambda_base_decay_ratio")
+    # settings read under one variant only (refused under the others)
+    variant_settings = {"train.lambda_base_start": "domino", "train.lambda_base_decay_ratio": "domino"}
 
     @classmethod
     def configure(cls, cfg: TrainConfig) -> None:
@@ -143,9 +156,16 @@ class DFlashObjective(Objective):
         if head.variant in ON_POLICY_REFUSED and opt.stage == "on-policy":
             raise ConfigError(f"train.stage=on-policy does not train {ON_POLICY_REFUSED[head.variant]} "
                               f"(head.variant={head.variant}); run it on a DFlash head")
-        if head.variant == "dspark" and opt.loss != "ce":
-            raise ConfigError(f"train.loss={opt.loss} is not read by head.variant=dspark: it trains DeepSpec's "
-                              "CE + L1 + confidence loss (docs/dflash.md, DSpark)")
+        if head.variant in OWN_LOSS and opt.loss != "ce":
+            raise ConfigError(f"train.loss={opt.loss} is not read by head.variant={head.variant}: it trains "
+                              f"{OWN_LOSS[head.variant]} (docs/dflash.md)")
+        for setting, variant in cls.variant_settings.items():
+            value = getattr(opt, setting.split(".")[1])
+            if head.variant != variant and value is not None:
+                raise ConfigError(f"{setting}={value} applies only to head.variant={variant} "
+                                  f"(head.variant={head.variant or 'dflash'})")
+            if value is not None and value < 0:
+                raise ConfigError(f"{setting}={value} must be at least 0")
 
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
@@ -154,11 +174,18 @@ class DFlashObjective(Objective):
         self.anchors, self.spacing = opt.anchors_per_document, opt.anchor_spacing
         self.gamma = opt.gamma or default_gamma(head.config.block_size)
         self.decay = math.exp(-1 / self.gamma)  # position k's weight decay ** (k-1)
+        self.lambda_start = LAMBDA_BASE_START if opt.lambda_base_start is None else opt.lambda_base_start
+        self.lambda_ratio = LAMBDA_BASE_DECAY_RATIO if opt.lambda_base_decay_ratio is None else opt.lambda_base_decay_ratio
+        self.lambda_base = min(1.0, self.lambda_start)  # Domino's base loss weight (step 0's until at_step)
         if head.config.variant in ON_POLICY_REFUSED and self.stage == "on-policy":
             raise ValueError(f"train.stage=on-policy does not train {ON_POLICY_REFUSED[head.config.variant]} "
                              f"(head.variant={head.config.variant}); run it on a DFlash head")
 
     aux_layer_ids = staticmethod(Eagle3Objective.aux_layer_ids)
+
+    def at_step(self, step: int, max_steps: int) -> None:
+        """Domino: this step's base loss weight (SpecForge's ``linear_lambda_base``)."""
+        self.lambda_base = linear_lambda_base(step, max_steps, self.lambda_start, self.lambda_ratio)
 
     @staticmethod
     @torch.no_grad()
@@ -171,7 +198,8 @@ class DFlashObjective(Objective):
         mask_id = torch.tensor([head.config.mask_token_id], device=features.input_ids.device)
         fields = {f.name: getattr(features, f.name) for f in dataclasses.fields(features)}
         return DFlashFeatures(**fields, mask_embed=no_grad_embeds(target, mask_id)[0],
-                              document_ids=batch.get("document_ids"))
+                              document_ids=batch.get("document_ids"),
+                              embedding=target.get_input_embeddings() if head.domino else None)
 
     @staticmethod
     def prepare_head(head: nn.Module, setup: HeadSetup):
@@ -211,8 +239,10 @@ class DFlashObjective(Objective):
         out = block_outputs(self.head, f, f.anchors, sequence_context(self.head, f))  # (B, N, bs, H)
         if f.rollout is not None:  # the on-policy stage: position k of the chain is block position k+1
             return on_policy_output(lambda k: lm_head(out[:, :, k + 1]).float(), f.rollout, self.decay)
-        if self.head.markov is not None:  # DSpark: slot k's label is a+k+1
+        if self.head.config.first_draft_slot == 0:  # DSpark and Domino: slot k's label is a+k+1
             trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, bs + 1, f.document_ids)[..., 1:]
+            if self.head.domino:
+                return domino_loss(self.head, lm_head, f, out, trained, self.decay, self.lambda_base)
             return dspark_loss(self.head, lm_head, f, out, trained, self.decay)
         seq_len = f.input_ids.shape[1]
         trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, bs, f.document_ids)  # (B, N, bs)
@@ -256,7 +286,7 @@ class DFlashObjective(Objective):
     @torch.no_grad()
     def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
         """Position i's drafts: the block at anchor i+1 (context ``<= i``), its first ``depth`` drafting slots
-        (DFlash's 1..depth, DSpark's 0..depth-1 walked with the Markov bias)."""
+        (DFlash's 1..depth, DSpark's 0..depth-1 walked with the Markov bias, Domino's with its GRU)."""
         batch, seq_len = features.input_ids.shape
         drafted = torch.zeros(depth, batch, seq_len, dtype=torch.long, device=features.input_ids.device)
         context = sequence_context(head, features)
@@ -265,9 +295,11 @@ class DFlashObjective(Objective):
             anchors = (positions + 1)[None].expand(batch, -1)
             first = head.config.first_draft_slot
             out = block_outputs(head, features, anchors, context)[:, :, first: first + depth]  # (B, C, depth, H)
-            if head.markov is not None:
-                drafted[:, :, positions] = greedy_slots(head, lm_head, out, features.input_ids.gather(1, anchors)
-                                                        ).permute(2, 0, 1)
+            if head.markov is not None or head.domino:
+                roots = features.input_ids.gather(1, anchors)
+                slots = (greedy_slots(head, lm_head, out, roots) if head.markov is not None
+                         else domino_slots(head, lm_head, features.embedding, out, roots))
+                drafted[:, :, positions] = slots.permute(2, 0, 1)
                 continue
             logits = lm_head(out).float()
             if head.selector is None:
