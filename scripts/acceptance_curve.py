@@ -1,6 +1,7 @@
 """Acceptance against training budget: simulated τ, real τ and ``--compare`` speedup per recipe and step count.
 
-    python scripts/acceptance_curve.py [--budgets 300,1200,4800] [--recipes eagle3,dflash-old,dflash-new,dflash-dpace,peagle,dspark]
+    python scripts/acceptance_curve.py [--budgets 300,1200,4800]
+        [--recipes eagle3,dflash-old,dflash-new,dflash-dpace,peagle,dspark]
         [--on-policy-steps N] [--target demo:tiny] [--prompt "class Queue:"] [--max-new-tokens 96] [--rounds 3]
         [--runs runs/acceptance-curve] [--out docs/acceptance-curve] [--phase all|train|measure] [--set key=value ...]
 
