@@ -1,6 +1,7 @@
 """Acceptance against training budget: simulated τ, real τ and ``--compare`` speedup per recipe and step count.
 
-    python scripts/acceptance_curve.py [--budgets 300,1200,4800] [--recipes eagle3,dflash-old,dflash-new,dflash-dpace]
+    python scripts/acceptance_curve.py [--budgets 300,1200,4800]
+        [--recipes eagle3,dflash-old,dflash-new,dflash-dpace,peagle,dspark]
         [--on-policy-steps N] [--target demo:tiny] [--prompt "class Queue:"] [--max-new-tokens 96] [--rounds 3]
         [--runs runs/acceptance-curve] [--out docs/acceptance-curve] [--phase all|train|measure] [--set key=value ...]
 
@@ -9,7 +10,7 @@ Per budget and recipe (``RECIPES``: a config file and its overrides, all on the 
 (``train.stage=on-policy``, ``--on-policy-steps``, default a quarter of the budget) as ``<recipe>+opd``, and
 continues it as much without the rollout as ``<recipe>+sup``: its supervised control (the same steps, loss, lr,
 warm-up and anchors; ``CONTROL``), so the stage's gain is read against the same steps spent supervised
-(``SUPERVISED_ONLY`` recipes, P-EAGLE's, have neither).
+(``SUPERVISED_ONLY`` recipes, P-EAGLE's and DSpark's, have neither).
 Each head is measured three ways: the held-out simulated τ of training's evaluation, and one greedy decode
 of ``--prompt`` against the target's own ``generate`` (``infer.cli``'s ``--compare``: ``--rounds``
 rounds alternating, the same process): its τ (tokens per target forward) and its speedup. Writes
@@ -46,14 +47,19 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                                                   "train.loss=dpace"]),
     # P-EAGLE: configs/demo.yaml's EAGLE-3 recipe without its post-norm state (vLLM's P-EAGLE reader drops it)
     "peagle": ("configs/demo.yaml", ["head.variant=peagle", "head.num_depths=8", "head.norm_output=false"]),
+    # DSpark: the new DFlash recipe with DSpark's Markov (rank 256) and confidence heads and DeepSpec's loss
+    # (0.1 CE + 0.9 L1 + 1.0 confidence BCE, gamma 7 at blocks of 16; docs/dflash.md, "DSpark")
+    "dspark": ("configs/demo-dflash.yaml", ["head.block_size=16", "head.num_layers=5", "train.gamma=null",
+                                            "head.variant=dspark"]),
     # Domino: dflash-new plus its GRU correction, sized for the demo target (hidden 192, 4096 tokens; the engines'
     # 1024-wide GRU and 256-wide correction are sized for 4096-wide targets: docs/dflash.md)
     "domino": ("configs/demo-dflash.yaml", ["head.block_size=16", "head.num_layers=5", "train.gamma=null",
                                             "head.variant=domino", "head.gru_hidden_dim=64", "head.emb_dim=64"]),
 }
-# Recipes that train no on-policy stage (P-EAGLE refuses it: its depths are no TTT chain; Domino's would not
-# train its GRU correction): no +opd/+sup rows
-SUPERVISED_ONLY = {"peagle", "domino"}
+# Recipes that train no on-policy stage: P-EAGLE refuses it (its depths are no TTT chain), DSpark too (the
+# stage's CE rollout would not train its Markov and confidence heads, and DeepSpec has no such stage), and
+# Domino (the stage would not train its GRU correction); no +opd/+sup rows
+SUPERVISED_ONLY = {"peagle", "dspark", "domino"}
 # The stage has its own loss (train.loss=ce is required: it overrides a D-PACE recipe's loss)
 ON_POLICY = ["train.stage=on-policy", "train.loss=ce", "train.warmup_steps=5", "train.anchors_per_document=8"]
 # The stage continues a head whose schedule ended at lr 0: restarting it at the recipe's lr undid the head

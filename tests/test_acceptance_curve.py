@@ -131,3 +131,33 @@ def test_the_supervised_only_recipes_load_and_train_no_on_policy_stage(tmp_path,
     (label, config, overrides), = acceptance_curve.stages(args, 40, recipe, acceptance_curve.RECIPES)
     cfg = load_config(acceptance_curve.ROOT / config, [o for o in overrides if not o.startswith("target=")])
     assert (label, cfg.head.kind, cfg.head.variant, getattr(cfg.head, extra[0])) == (recipe, kind, recipe, extra[1])
+
+
+def test_the_dspark_recipe_loads_and_both_supervised_only_recipes_train_one_row_each(tiny_files, tmp_path):  # noqa: F811
+    """DSpark's recipe is the new DFlash recipe with head.variant=dspark; DSpark and P-EAGLE refuse the on-policy
+    stage, so each trains one run per budget: their real overrides train two steps on the tiny target."""
+    from draftsmith.train.config import load_config
+
+    args = acceptance_curve.parse_args(["--recipes", "dspark", "--runs", str(tmp_path / "runs")])
+    (label, config, overrides), = acceptance_curve.stages(args, 40, "dspark", acceptance_curve.RECIPES)
+    cfg = load_config(acceptance_curve.ROOT / config, [o for o in overrides if not o.startswith("target=")])
+    assert (label, cfg.head.kind, cfg.head.variant, cfg.head.block_size, cfg.head.num_layers, cfg.train.gamma) == (
+        "dspark", "dflash", "dspark", 16, 5, None)
+    data = {"train": str(tiny_files["train"]), "eval": str(tiny_files["eval"]), "max_length": MAX_LENGTH,
+            "eval_rows": 4}
+    recipes = {}
+    for name, head in (("peagle", {"kind": "eagle3"}), ("dspark", {"kind": "dflash"})):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({"head": head, "data": data, "train": {"micro_batch_size": 4, "lr": 3e-3}}))
+        recipes[name] = (str(path), acceptance_curve.RECIPES[name][1])  # the recipe's own overrides
+    args = acceptance_curve.parse_args([
+        "--budgets", "2", "--recipes", "peagle,dspark", "--target", str(tiny_files["target"]), "--phase", "train",
+        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--set", "data.self_distill.rows=0",
+        f"cache_dir={tmp_path / 'cache'}"])
+    rows = acceptance_curve.run_curve(args, recipes)
+    assert [(r["recipe"], r["steps"]) for r in rows] == [("peagle", 2), ("dspark", 2)]
+    assert all(r["simulated_tau"] >= 1 for r in rows), rows
+    heads = {r["recipe"]: yaml.safe_load((tmp_path / "runs" / f"{r['recipe']}-2" / "config.yaml").read_text())["head"]
+             for r in rows}
+    assert (heads["peagle"]["variant"], heads["peagle"]["norm_output"]) == ("peagle", False)
+    assert (heads["dspark"]["variant"], heads["dspark"]["block_size"]) == ("dspark", 16)
