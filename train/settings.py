@@ -146,6 +146,13 @@ class OptimConfig:
     max_grad_norm: float = _doc("clip gradients to this total norm", 0.5)
     loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3); dflash weighs its block "
                              "positions by train.gamma instead", 0.8)
+    mask_out_of_vocab: bool = _doc(
+        "eagle3 only: leave out of the loss the positions whose target top-1 is outside the draft vocabulary "
+        "(SpecForge); false trains them too, on the target's law renormalised over the draft vocabulary "
+        "(speculators)", True)
+    freeze_lm_head: bool = _doc(
+        "eagle3 only: keep the head's lm_head where it starts (the target's rows with head.init_from_target), as "
+        "speculators does; the norm and the layer still train", False)
     loss: Literal["ce", "lk", "lk-lambda", "dpace"] = _doc(
         "ce = soft cross-entropy to the target's distribution (eagle: its classification term; medusa: hard CE "
         "on the data's tokens); lk = LK^alpha (arXiv 2602.23881): -log of the expected acceptance rate sum(min(p, q)) per draft "

@@ -3,6 +3,7 @@ distribution restricted to the draft vocabulary; optional init from the target's
 (``head.variant=peagle``): its depths in one forward over COD-sampled rollouts (``train.objectives.peagle``)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -34,7 +35,8 @@ class Eagle3Features(Features):
 
 
 class Eagle3Objective(Objective):
-    reads = ("head.ttt_steps", "head.init_from_target", "train.loss=dpace", "train.stage=on-policy")
+    reads = ("head.ttt_steps", "head.init_from_target", "train.loss=dpace", "train.stage=on-policy",
+             "train.mask_out_of_vocab", "train.freeze_lm_head")
 
     @classmethod
     def configure(cls, cfg: TrainConfig) -> None:
@@ -52,6 +54,7 @@ class Eagle3Objective(Objective):
         self.ttt_steps = cfg.head.ttt_steps
         self.loss, self.alpha = cfg.train.loss, cfg.train.dpace_alpha
         self.anchors, self.spacing = cfg.train.anchors_per_document, cfg.train.anchor_spacing
+        self.mask_out_of_vocab = cfg.train.mask_out_of_vocab
 
     @staticmethod
     def aux_layer_ids(head: nn.Module) -> tuple[int, ...]:
@@ -70,6 +73,8 @@ class Eagle3Objective(Objective):
         f = features
         if f.rollout is not None:
             return self.on_policy_forward(f)
+        if not self.mask_out_of_vocab:  # every position trains, on the target's law renormalised over the draft vocab
+            f = dataclasses.replace(f, targets=f.targets._replace(in_vocab=torch.ones_like(f.targets.in_vocab)))
         if self.head.config.is_peagle:
             rollouts = f.rollouts if f.rollouts is not None else self.draw_rollouts(f, 0)
             steps = peagle_losses(self.head, f, rollouts, self.loss)
@@ -178,6 +183,9 @@ class Eagle3Objective(Objective):
             temper = start_from_target(head, setup)
             logger.info("EAGLE-3 norm and lm_head start from the target's final norm%s and lm_head rows",
                         "" if temper == 1 else f" (tempered x{temper:g})")
+        if setup.cfg.train.freeze_lm_head:  # before the optimizer is built: AdamW never steps a param without grad
+            head.lm_head.requires_grad_(False)
+            logger.info("EAGLE-3 lm_head frozen where it starts (train.freeze_lm_head)")
         return report
 
     @staticmethod

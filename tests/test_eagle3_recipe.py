@@ -1,0 +1,65 @@
+"""Two settings of speculators' EAGLE-3 recipe, each off by default (issue 45's ablation): positions whose target
+top-1 is outside the draft vocabulary trained too (``train.mask_out_of_vocab=false``) and the lm_head kept
+where it starts (``train.freeze_lm_head=true``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from support.targets import make_tiny_target
+from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from transformers import AutoModelForCausalLM
+
+from draftsmith.heads import build_head
+from draftsmith.train.config import load_config
+from draftsmith.train.losses import soft_ce, step_slices
+from draftsmith.train.objectives import objective_class
+from draftsmith.train.run import setup
+from draftsmith.train.unroll import unroll
+
+
+def _step_losses(mask_out_of_vocab: bool):
+    """(objective output, features, head) of a 2-step EAGLE-3 head whose 12-token draft vocabulary leaves out
+    most of the target's top-1s."""
+    target = make_tiny_target("llama", initializer_range=0.3)
+    torch.manual_seed(0)
+    head = build_head("eagle3", target, draft_vocab_size=12)
+    head.set_draft_vocab(list(range(3, 15)))
+    cfg = load_config(None, ["head.kind=eagle3", "head.ttt_steps=2", f"train.mask_out_of_vocab={mask_out_of_vocab}"])
+    objective = objective_class("eagle3")(head, cfg)
+    ids = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    ids[:, ::2] = torch.arange(3, 11)  # some of the target's top-1s fall inside the draft vocabulary
+    loss_mask = torch.ones_like(ids)
+    loss_mask[1, 10] = 0
+    features = objective.features(target, {"input_ids": ids, "loss_mask": loss_mask}, head)
+    return objective(features), features, head
+
+
+def test_out_of_vocab_positions_train_only_when_asked():
+    masked, features, _ = _step_losses(True)
+    every, _, head = _step_losses(False)
+    in_vocab, loss_mask = features.targets.in_vocab, features.loss_mask.bool()
+    for k in range(2):
+        pos, tgt, label = step_slices(16, k)
+        assert int(masked.count[k]) == int((loss_mask[:, label] & in_vocab[:, tgt]).sum())
+        assert int(every.count[k]) == int(loss_mask[:, label].sum()) > int(masked.count[k]) > 0
+    with torch.no_grad():  # step 0 by hand: the mean soft CE over every trained position
+        pos, tgt, label = step_slices(16, 0)
+        logits = head.compute_logits(next(unroll(head, head.project(features.hidden), features.embeds, 1)))
+        expected = soft_ce(logits[:, pos], features.targets.probs[:, tgt])[loss_mask[:, label]].mean()
+    assert float(every.step_losses[0]) == pytest.approx(float(expected), rel=1e-5)
+    assert float(masked.step_losses[0]) != pytest.approx(float(expected), rel=1e-3)
+
+
+def test_a_frozen_lm_head_stays_the_targets_rows_while_the_rest_trains(tiny_files, tmp_path):
+    runs = {}
+    for frozen in (True, False):
+        cfg = tiny_config(tiny_files, tmp_path / str(frozen), "head.kind=eagle3", "head.ttt_steps=2",
+                          "train.max_steps=3", "data.eval=null", "train.warmup_steps=0", "head.init_from_target=true",
+                          f"train.freeze_lm_head={frozen}")
+        runs[frozen] = setup(cfg).head
+    target = AutoModelForCausalLM.from_pretrained(tiny_files["target"])
+    for frozen, head in runs.items():
+        rows = target.get_output_embeddings().weight.index_select(0, head.draft_vocab_ids().cpu())
+        assert torch.equal(head.lm_head.weight.detach().cpu(), rows) == frozen
+    assert not runs[True].lm_head.weight.requires_grad and runs[False].lm_head.weight.requires_grad
+    assert all(p.requires_grad for name, p in runs[True].named_parameters() if not name.startswith("lm_head."))
