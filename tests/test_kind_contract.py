@@ -184,7 +184,8 @@ def _setting(setting: str) -> tuple[str, str]:
     if value:
         assert value in typing.get_args(hint), f"{setting}: {value!r} is not a value of {key}"
         return setting, setting
-    sample = {bool: "false", int: "2", float: "0.5"}
+    default = {f.name: f.default for f in dataclasses.fields(cls)}[name]
+    sample = {bool: str(not default).lower(), int: "2", float: "0.5"}  # a bool: the other value than its default
     kind = next(t for t in (bool, int, float) if t is hint or t in typing.get_args(hint))
     return f"{key}={sample[kind]}", key
 
