@@ -11,13 +11,12 @@ import random
 import pytest
 import torch
 from support.targets import ARCHES, make_tiny_target
-from support.dflash_infer import fit_dflash, hf_greedy, mean_tau_of_identical_decodes, successor_training_data
+from support.dflash_infer import assert_rows_alone, batch_target, fit_dflash, hf_greedy, mean_tau_of_identical_decodes, successor_training_data
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
 from draftsmith.heads.dspark import confident_lengths
 from draftsmith.infer import Chain, SpeculativeGenerator
-from draftsmith.infer.bench.batch import left_pad
 from draftsmith.infer.drafters import Sampling, make_drafter
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.objectives import objective_class
@@ -162,21 +161,9 @@ def test_greedy_matches_hf_on_a_qwen35_hybrid():
 def test_a_left_padded_batch_matches_each_row_alone(arch):
     """Eight rows of different lengths, each row's drafts cut by its own confidence: every row's output equals
     HF greedy of that row alone."""
-    if arch == "llama":
-        target = make_tiny_target("llama", initializer_range=0.3)
-    else:
-        from support.hybrids import make_tiny_hybrid
-        target = make_tiny_hybrid(arch, seed=0)
-    target.generation_config.eos_token_id = None
+    target = batch_target(arch)
     torch.manual_seed(0)
-    head = _moved(build_head("dflash", target, mask_token_id=90, **SMALL))
-    rng = random.Random(arch)
-    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (1, 9, 4, 12, 2, 7, 5, 3)]
-    ids, mask = left_pad(prompts, 0, torch.device("cpu"))
-    out = SpeculativeGenerator(target, head, tree=Chain(4)).generate(ids, attention_mask=mask, max_new_tokens=14)
-    for b, prompt in enumerate(prompts):
-        alone = hf_greedy(target, torch.tensor([prompt]), 14)[0, len(prompt):]
-        assert torch.equal(out[b, ids.shape[1]:], alone), b
+    assert_rows_alone(target, _moved(build_head("dflash", target, mask_token_id=90, **SMALL)), arch, VOCAB)
 
 
 def test_a_trained_dspark_is_lossless_and_learns():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import torch
 
@@ -61,3 +62,28 @@ def mean_tau_of_identical_decodes(model, gen, vocab: int) -> float:
         assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf_greedy(model, ids, max_new))
         taus.append(gen.last_stats.tau)
     return sum(taus) / len(taus)
+
+
+def batch_target(arch: str):
+    """The batch tests' target: a tiny llama or a Qwen3.5-style hybrid, no EOS."""
+    from support.hybrids import make_tiny_hybrid
+    from support.targets import make_tiny_target
+
+    target = make_tiny_target("llama", initializer_range=0.3) if arch == "llama" else make_tiny_hybrid(arch, seed=0)
+    target.generation_config.eos_token_id = None
+    return target
+
+
+def assert_rows_alone(target, head, arch: str, vocab: int) -> None:
+    """Eight left-padded rows of different lengths, one chain of 4: every row's output equals HF greedy of that
+    row alone."""
+    from draftsmith.infer import Chain, SpeculativeGenerator
+    from draftsmith.infer.bench.batch import left_pad
+
+    rng = random.Random(arch)
+    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (1, 9, 4, 12, 2, 7, 5, 3)]
+    ids, mask = left_pad(prompts, 0, torch.device("cpu"))
+    out = SpeculativeGenerator(target, head, tree=Chain(4)).generate(ids, attention_mask=mask, max_new_tokens=14)
+    for b, prompt in enumerate(prompts):
+        alone = hf_greedy(target, torch.tensor([prompt]), 14)[0, len(prompt):]
+        assert torch.equal(out[b, ids.shape[1]:], alone), b
