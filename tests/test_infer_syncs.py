@@ -57,11 +57,15 @@ HEADS = {
 READS_PER_STEP = {"eagle-dynamic": 2, "eagle3-dynamic": 2}  # + the tree's selection, one for every row
 
 
-# Eager: every head, one row and four. Compiled drafting (a trace each, about 15x an eager case here): four heads,
-# two with one row and two with four (a trace's host reads are its head's; its batch size changes no read)
+# Eager: every head, one row and four. Compiled drafting (a trace each, about 15x an eager case here): each
+# compiled draft function once, one with one row and two with four (a trace's host reads are its function's and
+# the shared verify's; its batch size changes no read): EagleDrafter's chain ``_fixed_levels`` (eagle3-chain; an
+# EAGLE-1 chain runs the same function, differing only in ``_logits``/``_to_target``/``_project``, which the eager
+# eagle-chain cases run too: its traced case was dropped in round 3), its dynamic tree ``_tree_levels``, DFlash's
+# block pass.
 @pytest.mark.parametrize("name,compile,bsz", [(name, False, bsz) for name in sorted(HEADS) for bsz in (1, 4)]
-                         + [("eagle-chain", "aot_eager", 1), ("eagle3-chain", "aot_eager", 4),
-                            ("dflash", "aot_eager", 1), ("eagle-dynamic", "aot_eager", 4)])
+                         + [("eagle3-chain", "aot_eager", 4), ("dflash", "aot_eager", 1),
+                            ("eagle-dynamic", "aot_eager", 4)])
 def test_greedy_steps_read_the_host_once(monkeypatch, name, compile, bsz):
     model = make_tiny_target("llama", dtype=torch.float32, initializer_range=0.3)
     kind, tree, kw = HEADS[name]

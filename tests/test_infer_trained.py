@@ -74,9 +74,24 @@ def trained(target_and_data):
     return head
 
 
+@pytest.fixture(scope="module")
+def references(target_and_data):
+    """The prompts, and HF's greedy continuations of them without and with an EOS inside what are now long accepted
+    runs: every case decodes the same four prompts, so HF decodes them once for the module (was once a case)."""
+    model = target_and_data[0]
+    cases = []
+    for i, ids in enumerate(torch.randint(3, VOCAB, (4, 5), generator=torch.Generator().manual_seed(1))):
+        ids, max_new = ids[None], 25 + 7 * i
+        ref = model.generate(ids, do_sample=False, max_new_tokens=max_new, pad_token_id=0)
+        eos = int(ref[0, 5 + max_new // 2])
+        expected = model.generate(ids, do_sample=False, max_new_tokens=max_new, pad_token_id=0, eos_token_id=eos)
+        cases.append((ids, max_new, ref, eos, expected))
+    return cases
+
+
 @pytest.mark.parametrize("compile", [False, "eager"])  # eager: drafts at their own size; traced: padded to the budget
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
-def test_trained_head_is_lossless_with_long_runs(target_and_data, trained, kind, compile):
+def test_trained_head_is_lossless_with_long_runs(target_and_data, trained, references, kind, compile):
     model = target_and_data[0]
     head = trained(kind)
     # a real tree, and a chain (eager only: traced, each generator's shapes are traced anew, and the traced
@@ -84,15 +99,9 @@ def test_trained_head_is_lossless_with_long_runs(target_and_data, trained, kind,
     gen = SpeculativeGenerator(model, head, tree=default_branching_tree(kind, "cpu"), compile=compile)
     chain = None if compile else SpeculativeGenerator(model, head, tree=Chain(4))
     taus = []
-    gen_prompts = torch.randint(3, VOCAB, (4, 5), generator=torch.Generator().manual_seed(1))
-    for i, ids in enumerate(gen_prompts):
-        ids = ids[None]
-        max_new = 25 + 7 * i
-        ref = model.generate(ids, do_sample=False, max_new_tokens=max_new, pad_token_id=0)
+    for ids, max_new, ref, eos, expected in references:
         assert torch.equal(gen.generate(ids, max_new_tokens=max_new), ref)
         taus.append(gen.last_stats.tau)
         assert chain is None or torch.equal(chain.generate(ids, max_new_tokens=max_new), ref)
-        eos = int(ref[0, 5 + max_new // 2])  # EOS inside what are now long accepted runs
-        expected = model.generate(ids, do_sample=False, max_new_tokens=max_new, pad_token_id=0, eos_token_id=eos)
         assert torch.equal(gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos), expected)
     assert sum(taus) / len(taus) > 1.5, taus
