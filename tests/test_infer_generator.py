@@ -13,7 +13,7 @@ import pytest
 import torch
 from support.targets import ARCHES, make_tiny_target
 from support.train_fixtures import TreeOracle
-from support.generator import SMALL, VOCAB
+from support.generator import SMALL, VOCAB, hf_greedy as _hf_greedy, hf_greedy_once
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast, TextStreamer
 
@@ -37,26 +37,22 @@ def target64(request):
     return _target(request.param)
 
 
-def _hf_greedy(model, ids, max_new, eos=None):
-    return model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
-
-
 def _prompt(rng: random.Random, length: int) -> torch.Tensor:
     return torch.tensor([[rng.randrange(3, VOCAB) for _ in range(length)]])
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_matches_hf_random_heads(target64, kind):
-    rng = random.Random(f"{target64.config.model_type}-{kind}")  # str seeds are stable across runs
-    torch.manual_seed(rng.randrange(1000))
+    torch.manual_seed(random.Random(f"{target64.config.model_type}-{kind}").randrange(1000))  # str seeds: stable
     head = build_head(kind, target64)
+    rng = random.Random(target64.config.model_type)  # one family's prompts (and HF references) for every kind
     cases = [(None, 1, 1), (None, 24, 40), (default_tree(kind, "cuda"), 10, 30),
              (default_branching_tree(kind, "cpu"), 7, 20), (SMALL[kind], 5, 33),
              (SMALL[kind], 1, 17), (Chain(3), 9, 25)]
     for tree, prompt_len, max_new in cases:
         gen = SpeculativeGenerator(target64, head, tree=tree)
         ids = _prompt(rng, prompt_len)
-        ref = _hf_greedy(target64, ids, max_new)
+        ref = hf_greedy_once(target64, ids, max_new)
         out = gen.generate(ids, max_new_tokens=max_new)
         assert torch.equal(out, ref), (tree, prompt_len, max_new)
         stats = gen.last_stats
@@ -65,10 +61,10 @@ def test_greedy_matches_hf_random_heads(target64, kind):
         assert stats.step_tokens == max_new - 1
     # EOS: stop at the first occurrence of a token the reference emits mid-way.
     ids = _prompt(rng, 7)
-    ref = _hf_greedy(target64, ids, 30)
+    ref = hf_greedy_once(target64, ids, 30)
     eos = int(ref[0, 7 + 12])
     out = SpeculativeGenerator(target64, head, tree=SMALL[kind]).generate(ids, max_new_tokens=30, eos_token_id=eos)
-    assert torch.equal(out, _hf_greedy(target64, ids, 30, eos=eos))
+    assert torch.equal(out, hf_greedy_once(target64, ids, 30, eos=eos))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
