@@ -5,8 +5,8 @@ process-wide state is reset, so each run's ``Accelerator`` joins a fresh process
 does (``setup`` ends each run with ``end_training``, which destroys its group) on its own port, from
 ``IN_TURN_PORTS`` (one a run after the first, comma-separated), whose store rank 0 serves: the launcher's store
 (the launch's port) keeps the old group's keys, so a process that starts its next run first would read the other's
-old addresses there. Stops at the first
-run that fails, with its exit code."""
+old addresses there (seen: "Gloo connectFullMesh failed ... Connection refused"; a new port left to the
+launcher's store hung). Stops at the first run that fails, with its exit code."""
 from __future__ import annotations
 
 import os
