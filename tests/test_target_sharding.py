@@ -36,31 +36,42 @@ def _records(out) -> tuple[list[dict], list[dict]]:
 
 
 HEADS = {"eagle3": {"kind": "eagle3", "draft_vocab_size": 128, "ttt_steps": 2},  # reads aux layers, embeddings
-         "dflash": {"kind": "dflash", "block_size": 4, "num_layers": 1}}  # and the mask token's embedding
+         "dflash": {"kind": "dflash", "block_size": 4, "num_layers": 2}}  # and the mask token's embedding
+
+
+@pytest.fixture(scope="module")
+def launched(tiny_files, tmp_path_factory):  # noqa: F811
+    """One 2-process ``accelerate launch`` training the four runs in turn (each kind with a whole and a sharded
+    target; support/train_in_turn.py): a launch's fixed cost once, not four times. Its root and output.
+    eval_rows=5 over 2 processes: shards of 3 and 2 rows, 2 and 1 batches of 2 -> the second process must pad its
+    target passes (pad_target_passes) or the first one waits forever in an all-gather. grad_accum_steps=2 and
+    save_every=2: DFlash's whole-target run is also the DFlash DDP run (was test_dflash_train's own launch)."""
+    root = tmp_path_factory.mktemp("sharding")
+    configs = [tiny_dict(tiny_files, root / f"{kind}-{sharding}", head=head, data={"eval_rows": 5},
+                         train={"max_steps": 4, "micro_batch_size": 2, "grad_accum_steps": 2, "lr": 3e-3,
+                                "warmup_steps": 1, "eval_every": 2, "save_every": 2, "log_every": 1,
+                                "target_sharding": sharding})
+               for kind, head in HEADS.items() for sharding in ("none", "fsdp")]
+    return root, launch_two_processes(configs, root)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", HEADS)
-def test_sharded_target_trains_like_a_whole_one(tiny_files, tmp_path, kind):
-    # eval_rows=5 over 2 processes: shards of 3 and 2 rows, 2 and 1 batches of 2 -> the second process
-    # must pad its target passes (pad_target_passes) or the first one waits forever in an all-gather
-    runs = {}
-    for sharding in ("none", "fsdp"):
-        out = tmp_path / sharding
-        config = tiny_dict(tiny_files, out, head=HEADS[kind],
-                           data={"eval_rows": 5},
-                           train={"max_steps": 4, "micro_batch_size": 2, "grad_accum_steps": 1, "lr": 3e-3,
-                                  "warmup_steps": 1, "eval_every": 2, "save_every": 0, "log_every": 1,
-                                  "target_sharding": sharding})
-        run = launch_two_processes(config, tmp_path)
-        runs[sharding] = _records(out)
-        if sharding == "fsdp":
-            assert "decoder layers sharded over 2 processes" in run.stderr
+def test_sharded_target_trains_like_a_whole_one(launched, kind):
+    root, run = launched
+    assert run.stderr.count("decoder layers sharded over 2 processes") == 2  # the two fsdp runs, not the others
+    finished = run.stdout.split(" head saved to ")[1:]  # each run's lines after its head is saved
+    assert len(finished) == 4 and all("simulated tau " in lines for lines in finished)  # every run evaluated
+    runs = {sharding: _records(root / f"{kind}-{sharding}") for sharding in ("none", "fsdp")}
+    head = AutoHead.from_pretrained(root / f"{kind}-none")
+    assert head.head_kind == kind and sorted((root / f"{kind}-none" / "checkpoints").iterdir())[-1].name == (
+        "step-0000004")
     if kind == "eagle3":  # its draft vocabulary, built under DDP (was test_train_script's eagle3 run's check)
-        head = AutoHead.from_pretrained(tmp_path / "none")
-        built = json.loads(next((tmp_path / "cache" / "draft_vocab").glob("*.json")).read_text())["ids"]
-        assert head.head_kind == "eagle3" and int(head.t2d.sum()) == 128
+        built = json.loads(next((root / "cache" / "draft_vocab").glob("*.json")).read_text())["ids"]
+        assert int(head.t2d.sum()) == 128
         assert head.t2d.nonzero().flatten().tolist() == built  # the vocabulary the data chose, not the default
+    else:  # DFlash under DDP (was test_dflash_train's launch): its options reach the saved head
+        assert head.config.num_layers == 2 and head.config.block_size == 4
     (whole_train, whole_eval), (sharded_train, sharded_eval) = runs["none"], runs["fsdp"]
     assert [r["step"] for r in sharded_train] == [1, 2, 3, 4] and len(sharded_eval) == len(whole_eval) == 2
     assert len({r["loss"] for r in whole_train}) > 1  # the head trains: the losses below are not all one number
