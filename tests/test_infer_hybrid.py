@@ -270,8 +270,9 @@ def test_sampling_keeps_the_target_law_on_a_hybrid(arch):
     draft = make_tiny_hybrid(arch, seed=4, sharpen=6.0, vocab=SAMPLING_VOCAB)
     target.generation_config.eos_token_id = None
     gen = SpeculativeGenerator(target, LMDrafter(draft, target, Chain(2)))
-    # 600 samples (were 1200): on the first 600 of a seeded 1200, the wrong law's p-value is 3e-59 (qwen3_5_text) and 3e-39 (lfm2)
-    # against the 1e-6 it must fall below; a planted no-rollback (both rolls return at once) gives p = 0 on both
+    # 600 samples (were 1200): on the first 600 of a seeded 1200, the wrong law's p-value is 3e-59 (qwen3_5_text)
+    # and 3e-39 (lfm2) against the 1e-6 it must fall below; a planted no-rollback (both rolls return at once)
+    # gives p = 0 on both
     samples, _ = sample_triples(gen, 600, temperature=0.9)
     law = _exact_law(target, 0.9)
     assert joint_pvalue(samples, law) > 1e-3
