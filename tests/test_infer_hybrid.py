@@ -65,10 +65,12 @@ DRAFTERS = ("ngram", "eagle3", "eagle", "medusa", "dflash", "early-exit", "layer
 @functools.cache
 def _main_case(arch: str) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, int, torch.Tensor]]]:
     """A main family's target and its prompts with HF's greedy continuations, once for its 11 drafters
-    (the references were 40% of those tests' time)."""
+    (the references were 40% of those tests' time). 24 new tokens after the long prompt (were 40: the
+    no-rollback plant fails the same 40 cases at either length, every drafter but lm-self, which drafts
+    only right tokens), at least 3 verify steps asserted."""
     target = hybrid_target(arch)
     rng = random.Random(arch)
-    prompts = [(hybrid_prompt(rng, 14), 40), (hybrid_prompt(rng, 1), 6)]
+    prompts = [(hybrid_prompt(rng, 14), 24), (hybrid_prompt(rng, 1), 6)]
     return target, [(ids, n, hf(target, ids, n)) for ids, n in prompts]
 
 
@@ -79,22 +81,33 @@ def test_every_drafter_is_lossless_on_a_hybrid(arch, name):
     gen = SpeculativeGenerator(target, _drafters(arch, target)[name])
     for ids, n, ref in cases:
         assert torch.equal(gen.generate(ids, max_new_tokens=n), ref), ids.shape[1]
+        assert gen.last_stats.steps >= (3 if n > 6 else 1), (arch, name, gen.last_stats.steps)
 
 
 @pytest.mark.parametrize("arch", sorted(set(HYBRIDS) - set(MAIN)))
-def test_every_hybrid_family_is_lossless(arch):
+def test_every_drafter_is_lossless_on_every_other_family(arch):
     """The other families (Falcon-H1, Bamba, Granite-4-H, Jamba, OLMo-hybrid, Lara, Qwen3.5-MoE, LFM2-MoE, LFM3,
-    Kimi-Linear, Ling-3.0 (Bailing-hybrid), Zamba, Zamba2): n-grams under both rollbacks and a head, on one
-    row and on a prompt one longer than the head's first chain (4); a left-padded batch of rows of different
-    lengths with one stopping at EOS mid-batch equals each row alone."""
+    Kimi-Linear, Ling-3.0 (Bailing-hybrid), Zamba, Zamba2): every drafter (heads of each kind, n-grams,
+    lookup-first, layer skip, hybrid draft LMs, hierarchical) on one row of 14 tokens, 16 new, at least three
+    verify steps with a rollback for the longest drafts, and n-grams under the other rollback (replay); n-grams
+    under both rollbacks and a head on a prompt one longer than the head's first chain (4); a left-padded batch
+    of rows of different lengths with one stopping at EOS mid-batch equals each row alone (the four above run
+    two prompts per drafter; every family's 300 tokens: test_infer_hybrid_exact). One test per family: the
+    family's target and references are made once (these were two tests, each making its own)."""
     target = hybrid_target(arch)
     rng = random.Random(arch)
+    ids = hybrid_prompt(rng, 14)
+    ref = hf(target, ids, 16)
+    for name, drafter in [*_drafters(arch, target).items(), ("ngram-replay", NgramDrafter(length=5))]:
+        gen = SpeculativeGenerator(target, drafter, rollback="replay" if name == "ngram-replay" else None)
+        assert torch.equal(gen.generate(ids, max_new_tokens=16), ref), (arch, name)
+        assert gen.last_stats.steps >= 3, (arch, name, gen.last_stats.steps)
+    ids = hybrid_prompt(rng, 5)
+    ref = hf(target, ids, 16)
     head = perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))
-    for ids, n in ((hybrid_prompt(rng, 12), 32), (hybrid_prompt(rng, 5), 16)):
-        ref = hf(target, ids, n)
-        for drafter, rollback in ((NgramDrafter(length=5), "merged"), (NgramDrafter(length=5), "replay"), (head, None)):
-            out = SpeculativeGenerator(target, drafter, rollback=rollback).generate(ids, max_new_tokens=n)
-            assert torch.equal(out, ref), (arch, ids.shape[1], type(drafter).__name__, rollback)
+    for drafter, rollback in ((NgramDrafter(length=5), "merged"), (NgramDrafter(length=5), "replay"), (head, None)):
+        out = SpeculativeGenerator(target, drafter, rollback=rollback).generate(ids, max_new_tokens=16)
+        assert torch.equal(out, ref), (arch, ids.shape[1], type(drafter).__name__, rollback)
     rows = [hybrid_prompt(rng, n)[0] for n in (11, 4, 8)]
     eos = int(hf(target, rows[1][None], 16)[0, rows[1].numel() + 5])  # row 1 stops at its 6th new token
     alone = [hf(target, r[None], 16, eos=eos)[0, r.numel():] for r in rows]
@@ -104,18 +117,14 @@ def test_every_hybrid_family_is_lossless(arch):
     _assert_each_row_alone(out, ids.shape[1], alone, arch)
 
 
-@pytest.mark.parametrize("arch", sorted(set(HYBRIDS) - set(MAIN)))
-def test_every_drafter_is_lossless_on_every_other_family(arch):
-    """Every drafter (heads of each kind, n-grams, lookup-first, layer skip, hybrid draft LMs, hierarchical) on
-    each family outside the four: one row of 14 tokens, 16 new, at least three verify steps with a rollback for
-    the longest drafts (the four above run two prompts each; every family's 300 tokens: test_infer_hybrid_exact)."""
+@functools.cache
+def _eos_rows(arch: str) -> tuple[list[torch.Tensor], int, list[torch.Tensor]]:
+    """(rows, EOS, each row's own continuation cut after EOS), once per family for eager and traced."""
     target = hybrid_target(arch)
-    ids = hybrid_prompt(random.Random(arch), 14)
-    ref = hf(target, ids, 16)
-    for name, drafter in _drafters(arch, target).items():
-        gen = SpeculativeGenerator(target, drafter)
-        assert torch.equal(gen.generate(ids, max_new_tokens=16), ref), (arch, name)
-        assert gen.last_stats.steps >= 3, (arch, name, gen.last_stats.steps)
+    rng = random.Random(1)
+    rows = [hybrid_prompt(rng, n)[0] for n in (15, 6, 11)]
+    eos = int(hf(target, rows[1][None], 24)[0, rows[1].numel() + 5])  # row 1 stops at its 6th new token
+    return rows, eos, [hf(target, r[None], 24, eos=eos)[0, r.numel():] for r in rows]
 
 
 @pytest.mark.parametrize("compile", [False, "eager"])  # "eager": drafts padded to the budget, one shape
@@ -124,13 +133,16 @@ def test_left_padded_batch_with_eos_equals_each_row_alone(arch, compile):
     """Rows of different lengths, left-padded: each row equals ``generate`` of that row alone (a pad
     never enters its recurrent state), a row stopping at EOS mid-batch while the others go on."""
     target = hybrid_target(arch)
-    rng = random.Random(1)
-    rows = [hybrid_prompt(rng, n)[0] for n in (15, 6, 11)]
-    alone = [hf(target, r[None], 24)[0, r.numel():] for r in rows]
-    eos = int(alone[1][5])  # row 1 stops at its 6th new token
-    alone = [hf(target, r[None], 24, eos=eos)[0, r.numel():] for r in rows]
+    rows, eos, alone = _eos_rows(arch)
     ids, mask = left_padded(rows)
-    for drafter in (NgramDrafter(length=4), perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))):
+    drafters = [NgramDrafter(length=4), perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))]
+    if compile and arch == "qwen3_5_text":
+        # traced, the n-grams' drafts (often shorter than the budget: the padded verify's padding) run on both
+        # families, the head's (always the budget's length; its draft traced) on Nemotron-H only: a trace costs
+        # ~40% of a case here. Plant: the rollback told the longest real draft as the verify's width (a row
+        # keeps padded states) -> both families' n-gram traced cases fail, the head's does not
+        drafters = drafters[:1]
+    for drafter in drafters:
         out = SpeculativeGenerator(target, drafter, compile=compile).generate(
             ids, attention_mask=mask, max_new_tokens=24, eos_token_id=eos, pad_token_id=0)
         _assert_each_row_alone(out, ids.shape[1], alone, arch)
@@ -258,7 +270,10 @@ def test_sampling_keeps_the_target_law_on_a_hybrid(arch):
     draft = make_tiny_hybrid(arch, seed=4, sharpen=6.0, vocab=SAMPLING_VOCAB)
     target.generation_config.eos_token_id = None
     gen = SpeculativeGenerator(target, LMDrafter(draft, target, Chain(2)))
-    samples, _ = sample_triples(gen, 1200, temperature=0.9)
+    # 600 samples (were 1200): on the first 600 of a seeded 1200, the wrong law's p-value is 3e-59 (qwen3_5_text)
+    # and 3e-39 (lfm2) against the 1e-6 it must fall below; a planted no-rollback (both rolls return at once)
+    # gives p = 0 on both
+    samples, _ = sample_triples(gen, 600, temperature=0.9)
     law = _exact_law(target, 0.9)
     assert joint_pvalue(samples, law) > 1e-3
     wrong = _exact_law(target, 1.6)  # the harness can fail: the same samples against another law

@@ -7,6 +7,7 @@ n-grams and a head; the stats show which path ran. Planted bugs fail the same ch
 the first or the last accepted token, the restore skipped."""
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -78,15 +79,20 @@ def _check_left_padded(out: torch.Tensor, width: int, rows: list[torch.Tensor], 
         assert bool((out[b, width + new.numel():] == 0).all()), b
 
 
+@functools.cache
+def _one_row_refs(arch: str) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+    """(prompt, new tokens, the target's own text) of one row, once per family for both rollbacks."""
+    target, rng = hybrid_target(arch), random.Random(arch)
+    return [(ids, n, hf(target, ids, n)) for ids, n in ((hybrid_prompt(rng, 14), 60), (hybrid_prompt(rng, 5), 30))]
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("arch", MAIN)
 def test_one_row_is_lossless_under_both_rollbacks(arch, mode):
     """A partial accept at every step (pending tokens pile up to ``MAX_PENDING``, then a replay), n-grams and
     a head; the prompt one longer than the oracle's draft (4 nodes: prompt 5)."""
     target = hybrid_target(arch)
-    rng = random.Random(arch)
-    for ids, n in ((hybrid_prompt(rng, 14), 60), (hybrid_prompt(rng, 5), 30)):
-        ref = hf(target, ids, n)
+    for ids, n, ref in _one_row_refs(arch):
         gen = SpeculativeGenerator(target, RowOracle([ref[0]]), rollback=mode)
         assert torch.equal(gen.generate(ids, max_new_tokens=n), ref), ids.shape[1]
         stats = gen.last_stats
@@ -99,12 +105,9 @@ def test_one_row_is_lossless_under_both_rollbacks(arch, mode):
             assert torch.equal(SpeculativeGenerator(target, drafter, rollback=mode).generate(ids, max_new_tokens=n), ref)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("arch", MAIN)
-def test_left_padded_batch_is_each_row_alone(arch, mode):
-    """Rows of different lengths, left-padded, one stopping at EOS mid-batch: with the oracle every live row
-    accepts the same count (merged: the pending tokens of every row in one verify, B > 1), with n-grams and
-    a head they disagree (merged falls back to a replay for that step)."""
+@functools.cache
+def _left_padded_case(arch: str) -> tuple[list[torch.Tensor], int, list[torch.Tensor]]:
+    """(rows, EOS, each row's own text cut after EOS), once per family for both rollbacks."""
     target = hybrid_target(arch)
     for seed in range(7, 40):  # prompts whose row 1 has a token the other rows never emit
         rng = random.Random(seed)
@@ -112,7 +115,17 @@ def test_left_padded_batch_is_each_row_alone(arch, mode):
         eos = _mid_batch_eos([a[r.numel():] for r, a in zip(rows, _alone(target, rows, 24))])
         if eos is not None:
             break
-    alone = _alone(target, rows, 24, eos=eos)
+    return rows, eos, _alone(target, rows, 24, eos=eos)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("arch", MAIN)
+def test_left_padded_batch_is_each_row_alone(arch, mode):
+    """Rows of different lengths, left-padded, one stopping at EOS mid-batch: with the oracle every live row
+    accepts the same count (merged: the pending tokens of every row in one verify, B > 1), with n-grams and
+    a head they disagree (merged falls back to a replay for that step)."""
+    target = hybrid_target(arch)
+    rows, eos, alone = _left_padded_case(arch)
     assert [a.numel() - r.numel() for r, a in zip(rows, alone)][1] < 24 <= min(a.numel() - r.numel()
                                                                                 for r, a in zip(rows[::2], alone[::2]))
     ids, mask = left_padded(rows)
@@ -162,23 +175,36 @@ def _oracle_runs(arch: str, rollback: str = "merged") -> list[tuple[torch.Tensor
     it runs prompts 3-5."""
     target = hybrid_target(arch)
     runs = []
-    for seed in (3, 4, 5) if arch == "nemotron_h" else (2, 3, 4):
-        ids = hybrid_prompt(random.Random(seed), 14)
-        ref = hf(target, ids, 48)
+    for ids, ref in _oracle_refs(arch):
         gen = SpeculativeGenerator(target, RowOracle([ref[0]]), rollback=rollback)
         runs.append((gen.generate(ids, max_new_tokens=48), ref, gen))
     return runs
+
+
+@functools.cache
+def _oracle_refs(arch: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The three prompts of ``_oracle_runs`` and the target's own 48 tokens after each, once per family."""
+    target = hybrid_target(arch)
+    prompts = [hybrid_prompt(random.Random(seed), 14) for seed in ((3, 4, 5) if arch == "nemotron_h" else (2, 3, 4))]
+    return [(ids, hf(target, ids, 48)) for ids in prompts]
 
 
 def _all_equal(runs) -> bool:
     return all(torch.equal(out, ref) for out, ref, _ in runs)
 
 
+@functools.cache
+def _clean_runs_equal(arch: str, rollback: str = "merged") -> bool:
+    """``_all_equal(_oracle_runs(arch, rollback))`` with nothing planted, once per family and rollback (the
+    planted tests of one family share it; each still runs its planted decode itself)."""
+    return _all_equal(_oracle_runs(arch, rollback))
+
+
 @pytest.mark.parametrize("arch", MAIN)
 @pytest.mark.parametrize("bug", ["drop the root", "drop the last accepted token"])
 def test_pending_tokens_off_by_one_are_caught(monkeypatch, arch, bug):
     """Planted bug: the pending tokens miss this step's root or its last accepted draft."""
-    assert _all_equal(_oracle_runs(arch))
+    assert _clean_runs_equal(arch)
     roll = Merged.roll
 
     def planted(self, dec, before, tokens, kept, width, starts):
@@ -199,7 +225,7 @@ def test_a_skipped_restore_is_caught(monkeypatch, mode):
     runs the pending tokens through them twice). On Nemotron-H (Mamba-2): the tiny random Gated DeltaNet
     models' greedy text hardly depends on their older state (this bug went unseen there in three prompts),
     and LFM2's conv window (3 tokens) is rewritten whole by any run of 3 tokens, restored or not."""
-    assert _all_equal(_oracle_runs("nemotron_h", mode))
+    assert _clean_runs_equal("nemotron_h", mode)
     monkeypatch.setattr(LinearStates, "restore", lambda self, checkpoint: None)
     assert not _all_equal(_oracle_runs("nemotron_h", mode))
 
