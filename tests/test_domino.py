@@ -14,7 +14,7 @@ import random
 
 import pytest
 import torch
-from support.dflash_infer import assert_rows_alone, batch_target, fit_dflash, hf_greedy, mean_tau_of_identical_decodes, successor_training_data
+from support.dflash_infer import assert_loads_and_decodes_alike, assert_rows_alone, batch_target, fit_dflash, hf_greedy, mean_tau_of_identical_decodes, successor_training_data
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 from support.targets import make_tiny_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
@@ -225,11 +225,7 @@ def test_export_and_reimport_bit_exactly(tmp_path):
         "prefix_gru.weight_ih_l0": (24, 32), "prefix_gru.weight_hh_l0": (24, 8),  # 3G x H, 3G x G (H 32, G 8)
         "embed_proj.0.weight": (8, 40), "embed_proj.2.weight": (VOCAB, 8)}
     loaded = AutoHead.from_pretrained(out)
-    a, b = head.state_dict(), loaded.state_dict()
-    assert loaded.config.variant == "domino" and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    ids = torch.tensor([[4, 9, 13, 4, 9]])
-    runs = [SpeculativeGenerator(target, h, tree=Chain(4)).generate(ids, max_new_tokens=12) for h in (head, loaded)]
-    assert torch.equal(*runs) and torch.equal(runs[0], hf_greedy(target, ids, 12))
+    assert_loads_and_decodes_alike(head, loaded, target, "domino")
     with pytest.raises(ValueError, match="carries no Domino"):
         export_head(head, tmp_path / "spec", "speculators", target=target, verifier="org/tiny")
     config["dflash_config"]["shift_label"] = False

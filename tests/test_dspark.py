@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 from support.targets import ARCHES, make_tiny_target
-from support.dflash_infer import assert_rows_alone, batch_target, fit_dflash, hf_greedy, mean_tau_of_identical_decodes, successor_training_data
+from support.dflash_infer import assert_loads_and_decodes_alike, assert_rows_alone, batch_target, fit_dflash, hf_greedy, mean_tau_of_identical_decodes, successor_training_data
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
@@ -225,11 +225,7 @@ def test_export_and_reimport_bit_exactly(fmt, tmp_path):
     head = _moved(build_head("dflash", target, mask_token_id=90, **SMALL))
     out = export_head(head, tmp_path / fmt, fmt, target=target)
     loaded = AutoHead.from_pretrained(out)
-    a, b = head.state_dict(), loaded.state_dict()
-    assert loaded.config.variant == "dspark" and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    ids = torch.tensor([[4, 9, 13, 4, 9]])
-    runs = [SpeculativeGenerator(target, h, tree=Chain(4)).generate(ids, max_new_tokens=12) for h in (head, loaded)]
-    assert torch.equal(*runs) and torch.equal(runs[0], hf_greedy(target, ids, 12))
+    assert_loads_and_decodes_alike(head, loaded, target, "dspark")
     with pytest.raises(ValueError, match="carries no DSpark"):
         export_head(head, tmp_path / "zlab", "dflash", target=target)
     tensors = load_file(out / "model.safetensors")

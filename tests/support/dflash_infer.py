@@ -87,3 +87,15 @@ def assert_rows_alone(target, head, arch: str, vocab: int) -> None:
     for b, prompt in enumerate(prompts):
         alone = hf_greedy(target, torch.tensor([prompt]), 14)[0, len(prompt):]
         assert torch.equal(out[b, ids.shape[1]:], alone), b
+
+
+def assert_loads_and_decodes_alike(head, loaded, target, variant: str) -> None:
+    """An exported head read back: its variant, the same tensors, and the same greedy tokens as the head and as
+    HF's greedy decode of ``target`` (one chain of 4, 12 new tokens)."""
+    from draftsmith.infer import Chain, SpeculativeGenerator
+
+    a, b = head.state_dict(), loaded.state_dict()
+    assert loaded.config.variant == variant and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ids = torch.tensor([[4, 9, 13, 4, 9]])
+    runs = [SpeculativeGenerator(target, h, tree=Chain(4)).generate(ids, max_new_tokens=12) for h in (head, loaded)]
+    assert torch.equal(*runs) and torch.equal(runs[0], hf_greedy(target, ids, 12))
