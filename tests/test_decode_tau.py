@@ -9,15 +9,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import Tensor
 from support.targets import make_tiny_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
-from draftsmith.infer.drafters import DynamicTree, make_drafter
+from draftsmith.infer.drafters import Chain, DynamicTree, make_drafter
 from draftsmith.infer.generator import SpeculativeGenerator
 from draftsmith.train import decode_tau as dt
 from draftsmith.train.evaluation import best_metric, decode_prompts
 from draftsmith.train.run import setup
+from draftsmith.train.unroll import unroll
 
 NEW_TOKENS = 40
 
@@ -35,11 +37,11 @@ def _target(eos: int | None = None):
     return target
 
 
-def _copying_eagle3(target):
+def _copying_eagle3(target, **options):
     """An EAGLE-3 head that drafts the token it reads again and again: fc keeps the aux layer 4 state (the
     target's final one), the decoder layer adds nothing, norm and lm_head are the target's. Its chains are
     accepted while the target repeats a token."""
-    head = build_head("eagle3", target, aux_layer_ids=[1, 2, 4]).eval()
+    head = build_head("eagle3", target, aux_layer_ids=[1, 2, 4], **options).eval()
     width = target.config.hidden_size
     with torch.no_grad():
         head.fc.weight.zero_()
@@ -119,6 +121,70 @@ def test_decode_tau_of_a_dynamic_tree_is_the_generators():
     counts = _decode_counts(target, make_drafter(head, target, tree), prompts)
     assert counts == _generator_counts(target, head, prompts, tree=tree)
     assert _tau(counts) > 1.5
+
+
+def _attending_copier(target, norm_output: bool):
+    """The copying head with a random attention output (o_proj at 0.3 of a unit scale): what it drafts now depends
+    on what its attention reads (its cache of earlier positions, the RoPE positions, the mask)."""
+    head = _copying_eagle3(target, norm_output=norm_output)
+    with torch.no_grad():
+        weight = head.midlayer.self_attn.o_proj.weight
+        weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)) * 0.3 / weight.shape[1] ** 0.5)
+    return head
+
+
+def _teacher_forced_walk(head, target, row: dt.DecodeRow, depth: int) -> tuple[list[tuple[int, int, int]], Tensor]:
+    """A greedy decode read off training's unroll (train.unroll, teacher-forced, over the whole row at once): its
+    steps as (root, accepted drafts, levels drafted), and the unroll's logits (depth, T, V). A step whose root is
+    token r accepts the leading unroll steps at position r - 1 that draft the continuation's r + 1, r + 2, ..."""
+    seq, p = row.sequence, row.prompt_length
+    outs = unroll(head, head.project(row.features.float()), target.get_input_embeddings()(seq).float(), depth)
+    logits = torch.stack([head.compute_logits(out).float()[0] for out in outs])  # (depth, T, Vd)
+    top1 = head.draft_to_target(logits.argmax(-1))
+    total, emitted, steps = seq.shape[1] - p, 1, []
+    while emitted < total:
+        root, levels = p + emitted - 1, min(depth, NEW_TOKENS - emitted - 1)
+        wanted = seq[0, root + 1: root + 1 + levels]
+        run = int((top1[: len(wanted), root - 1] == wanted).long().cumprod(0).sum())
+        steps.append((root, run, levels))
+        emitted += min(run + 1, total - emitted)
+    return steps, logits
+
+
+def _counts(steps) -> tuple[int, int]:
+    """(steps, tokens) as decode_row counts them (each step emits its accepted drafts and the bonus)."""
+    return len(steps), sum(run + 1 for _, run, _ in steps)
+
+
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_a_decoded_chain_drafts_what_the_training_unroll_drafts(norm_output):
+    """Training's teacher-forced unroll and the drafter compute the same thing: a greedy chain of the trained depth
+    accepts, step by step, the unroll's drafts at the step's root, and every level it drafts on the accepted path
+    (up to and with the first rejected draft) has the unroll's logits (docs/objectives.md, "Decoded against
+    teacher-forced acceptance"). Planted: unroll's RoPE positions one later per step, its steps >= 1 blind to
+    their own earlier entries, or the drafter's chain positions one later: each fails this."""
+    target = _target()
+    head = _attending_copier(target, norm_output)
+    rows = dt.greedy_continuations(target, _prompts(), NEW_TOKENS)
+    dt.with_features(target, rows, tuple(head.feature_layer_ids))
+    drafter = make_drafter(head, target, Chain(3))
+    drafted, logits_of = [], drafter._logits
+    drafter._logits = lambda hidden: drafted.append(logits_of(hidden)[0]) or drafted[-1][None]  # a recording spy
+    compared = 0
+    with torch.no_grad():
+        for row in rows:
+            drafted.clear()
+            counts = dt.decode_row(drafter, row, NEW_TOKENS)
+            steps, logits = _teacher_forced_walk(head, target, row, 3)
+            assert counts == _counts(steps)
+            assert len(drafted) == sum(levels for *_, levels in steps)
+            levels_seen = 0
+            for root, run, levels in steps:
+                for k in range(min(run + 1, levels)):  # the accepted drafts and the first rejected one
+                    torch.testing.assert_close(drafted[levels_seen + k], logits[k, root - 1], rtol=1e-5, atol=1e-5)
+                    compared += k > 0
+                levels_seen += levels
+    assert compared > 20  # levels past the first, where the head reads its own output and its own cache entries
 
 
 def _off_by_one(tokens, retrieve_indices, wanted):
