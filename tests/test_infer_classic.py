@@ -26,24 +26,33 @@ from draftsmith.infer.drafters.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.ngram import NgramDrafter, find_continuations, prefix_tree
 
 
-def _drafters(arch: str, target):
+def _drafters(arch: str, target, n: int | None = None):
+    """Every classic drafter at its own size, or (``n``) each drafting at most n + 1 nodes, so one shape: a traced
+    verify is traced once per budget, and the traced cases trace once (were 6 budgets, 4 to 33 nodes)."""
+    def size(own: int) -> int:
+        return own if n is None else n
+
     same = classic_target(arch)  # the target itself as draft model: every draft is accepted
     other = classic_target(arch, seed=7, num_layers=2)  # a different small model: most drafts rejected
     return {
-        "lm-self": LMDrafter(same, target, Chain(4)),
-        "lm-other": LMDrafter(other, target, Chain(3)),
-        "lm-confidence": LMDrafter(same, target, Chain(5), confidence=0.3),
-        "ngram-chain": NgramDrafter(max_ngram=3, length=5),
-        "ngram-tree": NgramDrafter(max_ngram=2, length=4, branches=3),
-        "adaptive-lm": AdaptiveLength(LMDrafter(other, target, Chain(16)), initial=2),
-        "adaptive-ngram": AdaptiveLength(NgramDrafter(length=16, branches=2), initial=3),
-        "layer-skip-1": LayerSkipDrafter(target, 1, Chain(3)),  # self-speculation: the target's first layer
-        "layer-skip-default": LayerSkipDrafter(target, tree=Chain(4)),
+        "lm-self": LMDrafter(same, target, Chain(size(4))),
+        "lm-other": LMDrafter(other, target, Chain(size(3))),
+        "lm-confidence": LMDrafter(same, target, Chain(size(5)), confidence=0.3),
+        "ngram-chain": NgramDrafter(max_ngram=3, length=size(5)),
+        "ngram-tree": NgramDrafter(max_ngram=2, length=size(8) // 2, branches=3 if n is None else 2),
+        "adaptive-lm": AdaptiveLength(LMDrafter(other, target, Chain(size(16))), initial=2),
+        "adaptive-ngram": AdaptiveLength(NgramDrafter(length=size(32) // 2, branches=2), initial=3),
+        "layer-skip-1": LayerSkipDrafter(target, 1, Chain(size(3))),  # self-speculation: the target's first layer
+        "layer-skip-default": LayerSkipDrafter(target, tree=Chain(size(4))),
     }
 
 
 # eager: drafts at their own size, every family; traced ("eager" backend): padded to the budget, on llama (what
-# a family changes, the caches, the eager cases prove; tracing repeated them for the other two)
+# a family changes, the caches, the eager cases prove; tracing repeated them for the other two), every drafter
+# at one budget of 5 nodes (TRACED_N: one trace; lm-self fills it, the rest stop short and are padded)
+TRACED_N = 4
+
+
 @pytest.mark.parametrize("arch,compile", [(a, False) for a in ARCHES3] + [("llama", "eager")])
 def test_greedy_matches_hf(arch, compile):
     target = classic_target(arch)
@@ -51,7 +60,8 @@ def test_greedy_matches_hf(arch, compile):
     # the same prompts and HF references for every drafter (HF decoded 27 references a case, now 3)
     cases = [(repetitive_prompt(rng, prompt_len), max_new) for prompt_len, max_new in ((1, 1), (12, 30), (20, 7))]
     cases = [(ids, max_new, hf(target, ids, max_new)) for ids, max_new in cases]
-    for name, drafter in _drafters(arch, target).items():
+    padded = set()  # the drafters some of whose drafts stopped short of the budget
+    for name, drafter in _drafters(arch, target, TRACED_N if compile else None).items():
         gen = SpeculativeGenerator(target, drafter, compile=compile)
         sizes = record_drafts(drafter)  # every draft fits the drafter's max_nodes (a static verify step's budget)
         for ids, max_new, ref in cases:
@@ -60,6 +70,8 @@ def test_greedy_matches_hf(arch, compile):
             assert all(d.tokens.numel() <= drafter.max_nodes for d in sizes), name
             if name == "lm-self" and max_new == 30:  # 29 tokens after the first in 6 steps of <= 5
                 assert gen.last_stats.tau > 4.8, gen.last_stats.tau  # the draft cache stays in step
+        padded |= {name} if any(d.tokens.numel() < drafter.max_nodes for d in sizes) else set()
+    assert len(padded) >= 6, padded  # traced: most drafters' drafts were padded to the budget
 
 
 # eager: drafts at their own size, every family; traced: padded to the budget, on llama (as the greedy test above)
@@ -70,7 +82,7 @@ def test_eos_stops_like_hf(arch, compile):
     plain = hf(target, ids, 24)[0, 10:]
     eos = int(plain[9])  # a token HF emits: generation must stop at its first occurrence
     ref = hf(target, ids, 24, eos=eos)
-    for name, drafter in _drafters(arch, target).items():
+    for name, drafter in _drafters(arch, target, TRACED_N if compile else None).items():
         out = SpeculativeGenerator(target, drafter, compile=compile).generate(ids, max_new_tokens=24, eos_token_id=eos)
         assert torch.equal(out, ref), name
 
