@@ -149,7 +149,8 @@ def test_the_dspark_recipe_loads_and_both_supervised_only_recipes_train_one_row_
     recipes = {}
     for name, head in (("peagle", {"kind": "eagle3"}), ("dspark", {"kind": "dflash"})):
         path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump({"head": head, "data": data, "train": {"micro_batch_size": 4, "lr": 3e-3}}))
+        path.write_text(yaml.safe_dump({"head": head, "data": data, "train": {
+            "micro_batch_size": 4, "lr": 3e-3, "eval_decode_rows": 2, "eval_decode_tokens": 8}}))
         recipes[name] = (str(path), acceptance_curve.RECIPES[name][1])  # the recipe's own overrides
     args = acceptance_curve.parse_args([
         "--budgets", "2", "--recipes", "peagle,dspark", "--target", str(tiny_files["target"]), "--phase", "train",
