@@ -233,7 +233,7 @@ def train_head(args, pl: Plan, kind: str, data: Path | str, eval_data: Path, out
                  f"train.max_minutes={pl.train_minutes}", "train.save_every=200", "train.log_every=50"]
     if args.smoke:
         overrides += ["train.micro_batch_size=1", "train.grad_accum_steps=1", "train.save_every=1",
-                      'train.mixed_precision="no"']
+                      'train.mixed_precision="no"', "train.eval_decode_rows=2", "train.eval_decode_tokens=8"]
         if kind == "eagle3":  # the target's own layers and vocabulary, whatever the config was written for
             overrides += ["head.draft_vocab_size=null", "head.aux_layer_ids=null"]
     if out.exists():

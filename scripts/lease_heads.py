@@ -33,7 +33,7 @@ def train_command(lease, kind: str, out: Path, minutes: float) -> list[str]:
         overrides.append("head.block_size=16")  # the published block: the GPU default drafts all 15
     if lease.smoke:
         overrides += ["train.max_steps=2", "train.micro_batch_size=1", 'train.mixed_precision="no"',
-                      "data.eval_rows=2", "data.max_length=64"]
+                      "data.eval_rows=2", "data.max_length=64", "train.eval_decode_tokens=8"]
     else:
         overrides += ["train.max_steps=1000000", "train.micro_batch_size=16", 'train.mixed_precision="bf16"']
     return [*accelerate_launch(not lease.cuda), str(REPO / "train" / "train_head.py"),

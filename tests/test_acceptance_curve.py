@@ -19,7 +19,8 @@ def test_the_curve_trains_measures_and_writes_its_table(tiny_files, tmp_path):  
     for kind, head in (("eagle3", {"kind": "eagle3", "ttt_steps": 2}), ("dflash", {"kind": "dflash"})):
         configs[kind] = tmp_path / f"{kind}.yaml"
         configs[kind].write_text(yaml.safe_dump({"head": head, "data": data, "train": {
-            "micro_batch_size": 4, "lr": 3e-3, "log_every": 1}}))
+            "micro_batch_size": 4, "lr": 3e-3, "log_every": 1,
+            "eval_decode_rows": 2, "eval_decode_tokens": 8}}))  # decode tau at each run's end, on a tiny share
     recipes = {"eagle3": (str(configs["eagle3"]), []),
                "dflash-new": (str(configs["dflash"]), ["head.block_size=5", "head.num_layers=1",  # the CPU chain of 4
                                                         "train.loss=dpace"])}  # its on-policy stage trains with its own loss
@@ -148,7 +149,8 @@ def test_the_dspark_recipe_loads_and_both_supervised_only_recipes_train_one_row_
     recipes = {}
     for name, head in (("peagle", {"kind": "eagle3"}), ("dspark", {"kind": "dflash"})):
         path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump({"head": head, "data": data, "train": {"micro_batch_size": 4, "lr": 3e-3}}))
+        path.write_text(yaml.safe_dump({"head": head, "data": data, "train": {
+            "micro_batch_size": 4, "lr": 3e-3, "eval_decode_rows": 2, "eval_decode_tokens": 8}}))
         recipes[name] = (str(path), acceptance_curve.RECIPES[name][1])  # the recipe's own overrides
     args = acceptance_curve.parse_args([
         "--budgets", "2", "--recipes", "peagle,dspark", "--target", str(tiny_files["target"]), "--phase", "train",

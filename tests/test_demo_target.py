@@ -128,7 +128,13 @@ def _load_script():
     return module
 
 
-def test_script_makes_assistant_sharing_the_tokenizer(micro, tmp_path):
+def test_script_makes_assistant_sharing_the_tokenizer(micro, tmp_path, monkeypatch):
+    import draftsmith.data.demo_lm as demo_lm
+
+    # MICRO's corpus slice and held-out tokens (the whole corpus: ~13 s of tokenizing and scoring here); the
+    # preset's model, the script's path and the shared tokenizer are what this test is about
+    monkeypatch.setitem(demo_lm.SIZES, "assistant", dataclasses.replace(
+        SIZES["assistant"], max_corpus_chars=MICRO["max_corpus_chars"], eval_tokens=MICRO["eval_tokens"]))
     out = _load_script().main(["--out", str(tmp_path / "assistant"), "--size", "assistant",
                                  "--tokenizer", str(micro), "--max-steps", "3"])
     assert out == tmp_path / "assistant"

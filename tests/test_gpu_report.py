@@ -1,4 +1,5 @@
-"""scripts/gpu_report.py --smoke end to end on CPU: regenerate, train (a real accelerate launch), benchmark,
+"""scripts/gpu_report.py --smoke end to end on CPU: regenerate, train (the launch command it builds, run in this
+process; the lease tests below launch it for real), benchmark,
 report; then a second run reuses every cached phase."""
 from __future__ import annotations
 
@@ -33,13 +34,42 @@ def inputs(tmp_path_factory):
     return root
 
 
-def test_smoke_runs_every_phase_and_resumes(inputs, capsys):
+def train_in_process(monkeypatch) -> list[list[str]]:
+    """``gpu_report.train_head``'s ``accelerate launch train/train_head.py ...`` run as ``train_head.cli`` in this
+    process (its cwd and log file as the launch's): the command it builds is checked, the launch itself is
+    test_lease_smoke_trains_and_decodes_both_heads_on_cpu's (two real launches of the same
+    ``accelerate_launch`` prefix and script). Saves a process's imports (~10 s). The commands run are returned."""
+    import contextlib
+    import subprocess
+
+    from draftsmith.scripts import gpu_report
+    from draftsmith.train.train_head import cli
+
+    launched, real_run, prefix = [], subprocess.run, gpu_report.accelerate_launch(True)
+
+    def run(cmd, *args, **kwargs):
+        if list(cmd[:len(prefix)]) != prefix or cmd[len(prefix)] != str(REPO / "train" / "train_head.py"):
+            return real_run(cmd, *args, **kwargs)
+        launched.append(list(cmd))
+        with monkeypatch.context() as mp, contextlib.redirect_stdout(kwargs["stdout"]), \
+                contextlib.redirect_stderr(kwargs["stdout"]):
+            mp.chdir(kwargs["cwd"])
+            code = cli(list(cmd[len(prefix) + 1:]))
+        return subprocess.CompletedProcess(cmd, code)
+
+    monkeypatch.setattr(gpu_report.subprocess, "run", run)
+    return launched
+
+
+def test_smoke_runs_every_phase_and_resumes(inputs, capsys, monkeypatch):
+    launched = train_in_process(monkeypatch)
     work, out = inputs / "work", inputs / "report"
     argv = ["--real", "--smoke", "--budget-min", "5", "--target", str(inputs / "target"), "--data", str(inputs / "rows.json"),
             "--train-data", str(inputs / "rows.json"),
             "--prompts", str(inputs / "prompts.jsonl"), "--work", str(work), "--out", str(out), "--device", "cpu",
             "--config", "configs/demo.yaml"]
     result = main(argv)
+    assert len(launched) == 1 and "--config" in launched[0]  # the one training, launched as on the device
     status = json.loads((work / "status.json").read_text())
     assert list(status["done"]) == ["assets", "regenerate", "train-eagle3", "bench"]
     assert status["done"]["regenerate"]["rows"] == 4  # plan(smoke).conversations
@@ -64,6 +94,7 @@ def test_smoke_runs_every_phase_and_resumes(inputs, capsys):
 
     capsys.readouterr()
     main(argv)  # every phase cached: nothing regenerated or trained again
+    assert len(launched) == 1
     printed = capsys.readouterr().out
     for name in ("assets", "regenerate", "train-eagle3", "bench"):
         assert f"gpu_report: {name} cached" in printed

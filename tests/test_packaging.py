@@ -79,6 +79,7 @@ def test_a_wheel_install_trains_the_demo_head_and_decodes_with_it_outside_the_cl
         assert probe.returncode == 1 and f"No module named '{bare}'" in probe.stderr, (bare, probe.stderr)
 
     train = run("train", "train.max_steps=2", "train.warmup_steps=0", "train.eval_every=0", "data.eval_rows=4",
+                "train.eval_decode_rows=2", "train.eval_decode_tokens=8",  # decode tau at the end, on a tiny share
                 "data.self_distill.rows=8", "data.self_distill.max_new_tokens=32", "data.max_length=64",
                 "output_dir=runs/head")
     assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-4000:]
