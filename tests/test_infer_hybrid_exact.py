@@ -1,9 +1,11 @@
 """Exact against the target's own decode: a verify computes what ``generate``'s one-token steps compute, on
 every family (Jamba's and Zamba's Mamba-1 and Zamba2's Mamba-2 only with their mixers run per token,
 infer/one_token.py); ``draftsmith check-target`` says so in one line and flags a target whose verify
-disagrees; the generator says it when it meets an untested stateful family; 300 tokens stay exact."""
+disagrees; the generator says it when it meets an untested stateful family; 300 tokens stay exact, with the
+per-token Gated DeltaNet rule engaged where the family has such layers."""
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -16,9 +18,9 @@ import draftsmith.infer.one_token as one_token
 import draftsmith.infer.recurrent as recurrent
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.decode_check import decode_gap, probe_ids
-from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
+from draftsmith.infer.delta_rule import PER_TOKEN, per_token_modules, per_token_rule
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.recurrent import LinearAttentionLayer
+from draftsmith.infer.recurrent import LAYER_KINDS, LinearAttentionLayer
 from draftsmith.scripts import check_target
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
@@ -38,13 +40,29 @@ def test_the_verify_computes_the_one_token_decode(arch):
     assert raw.exact == (arch not in DIFFERS) and raw.max_diff > DIFFERS.get(arch, 0), (arch, raw)
 
 
+def _counted(fn, into: list):
+    @functools.wraps(fn)
+    def counted(query, *args, **kwargs):
+        into.append(query.shape[1])
+        return fn(query, *args, **kwargs)
+    return counted
+
+
 @pytest.mark.parametrize("arch", FAMILIES)
-def test_three_hundred_tokens_stay_exact(arch):
-    """A rollback at every step (3 of 4 drafts right) over 300 tokens."""
+def test_three_hundred_tokens_stay_exact(arch, monkeypatch):
+    """A rollback at every step (3 of 4 drafts right) over 300 tokens; the per-token Gated DeltaNet rule
+    (infer/delta_rule.py) engaged on multi-token verifies exactly where the family has Gated DeltaNet layers:
+    counted (this was test_infer_delta_rule.py's per-family test, which decoded every family again with
+    n-grams and a head, as test_infer_hybrid.py's per-family tests do with the routing on)."""
     target = hybrid_target(arch)
     ids = hybrid_prompt(random.Random(arch), 8)
     ref = hf(target, ids, 300)
+    routed = []
+    for module in per_token_modules(target):
+        if hasattr(module, PER_TOKEN):  # a Gated DeltaNet modeling module (not a Mamba-2 one, nor a mixer)
+            monkeypatch.setattr(module, PER_TOKEN, _counted(getattr(module, PER_TOKEN), routed))
     assert torch.equal(SpeculativeGenerator(target, Oracle(ref)).generate(ids, max_new_tokens=300), ref), arch
+    assert (LAYER_KINDS[arch] == "Gated DeltaNet") == any(n > 1 for n in routed), (arch, routed[:20])
 
 
 def test_mixers_run_per_token_only_inside_the_context():
