@@ -161,7 +161,8 @@ def test_a_trained_domino_is_lossless_and_learns():
     torch.manual_seed(0)
     head = build_head("dflash", model, variant="domino", block_size=5, num_layers=2, gru_hidden_dim=16, emb_dim=16)
     losses = []
-    head = fit_dflash(model, seqs, head, 150, "head.variant=domino", losses=losses)
+    # 16 rows a step (fit_dflash's default 4 left mean τ 1.524 against the 1.5 asserted; 16: 1.591)
+    head = fit_dflash(model, seqs, head, 150, "head.variant=domino", losses=losses, rows=16)
     assert sum(losses[-10:]) / 10 < 0.5 * losses[0], (losses[0], losses[-10:])
     gen = SpeculativeGenerator(model, head, tree=Chain(5))
     assert mean_tau_of_identical_decodes(model, gen, VOCAB) > 1.5
