@@ -56,6 +56,9 @@ def test_demo_configs_share_data_and_budget(name, kind):
         assert cfg.head.init_from_target is True and cfg.head.draft_vocab_size == 1024
         # the recipe docs/objectives.md measured at this budget ("The ablation at the demo budget")
         assert (cfg.head.ttt_steps, cfg.head.norm_output, cfg.train.eval_depth) == (3, True, None)
+        # speculators' optimizer and schedule ("speculators' optimizer" there)
+        assert (cfg.train.betas, cfg.train.weight_decay, cfg.train.warmup_steps, cfg.train.decay,
+                cfg.train.max_grad_norm) == ((0.9, 0.999), 0.01, 3, "linear", 1.0)
         assert (cfg.data.self_distill.rows, cfg.train.max_steps) == (768, 300)
         assert cfg.data.self_distill.prompt_tokens + cfg.data.self_distill.max_new_tokens == cfg.data.max_length
     else:
