@@ -60,8 +60,10 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
 # stage's CE rollout would not train its Markov and confidence heads, and DeepSpec has no such stage), and
 # Domino (the stage would not train its GRU correction); no +opd/+sup rows
 SUPERVISED_ONLY = {"peagle", "dspark", "domino"}
-# The stage has its own loss (train.loss=ce is required: it overrides a D-PACE recipe's loss)
-ON_POLICY = ["train.stage=on-policy", "train.loss=ce", "train.warmup_steps=5", "train.anchors_per_document=8"]
+# The stage has its own loss (train.loss=ce is required: it overrides a D-PACE recipe's loss), on the target's law
+# (train.labels=soft: it overrides the EAGLE-3 demo recipe's top-1 labels, which the stage refuses)
+ON_POLICY = ["train.stage=on-policy", "train.loss=ce", "train.labels=soft", "train.warmup_steps=5",
+             "train.anchors_per_document=8"]
 # The stage continues a head whose schedule ended at lr 0: restarting it at the recipe's lr undid the head
 # (a 300-step DFlash fell from simulated tau 3.94 to 1.97 within 75 steps at 3e-3, EAGLE-3 from 5.87 to 5.60 at
 # 1e-3, acc_k at step 10 already 0.14 against 0.58); it runs at this fraction of the recipe's lr. Most of
@@ -71,7 +73,7 @@ ON_POLICY = ["train.stage=on-policy", "train.loss=ce", "train.warmup_steps=5", "
 ON_POLICY_LR_FRACTION = {"eagle3": 0.01, "dflash": 0.1}
 # The stage's supervised control: ON_POLICY without the rollout (the same loss, warm-up and, for DFlash, anchors;
 # EAGLE-3's supervised loss reads every position, its anchors only root the stage's chains)
-CONTROL = {"eagle3": ["train.loss=ce", "train.warmup_steps=5"],
+CONTROL = {"eagle3": ["train.loss=ce", "train.labels=soft", "train.warmup_steps=5"],
            "dflash": [o for o in ON_POLICY if o != "train.stage=on-policy"]}
 
 

@@ -59,6 +59,7 @@ def test_demo_configs_share_data_and_budget(name, kind):
         # speculators' optimizer and schedule ("speculators' optimizer" there)
         assert (cfg.train.betas, cfg.train.weight_decay, cfg.train.warmup_steps, cfg.train.decay,
                 cfg.train.max_grad_norm) == ((0.9, 0.999), 0.01, 3, "linear", 1.0)
+        assert cfg.train.labels == "top1"  # greedy verification's event ("Top-1 labels" there)
         assert (cfg.data.self_distill.rows, cfg.train.max_steps) == (768, 300)
         assert cfg.data.self_distill.prompt_tokens + cfg.data.self_distill.max_new_tokens == cfg.data.max_length
     else:

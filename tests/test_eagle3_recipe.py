@@ -1,30 +1,32 @@
-"""Two settings of speculators' EAGLE-3 recipe, each off by default (issue 45's ablation): positions whose target
-top-1 is outside the draft vocabulary trained too (``train.mask_out_of_vocab=false``) and the lm_head kept
-where it starts (``train.freeze_lm_head=true``)."""
+"""Settings of the EAGLE-3 recipe off by default (issue 45's ablation): two of speculators' (positions whose target
+top-1 is outside the draft vocabulary trained too, ``train.mask_out_of_vocab=false``; the lm_head kept where it
+starts, ``train.freeze_lm_head=true``) and the demo recipe's top-1 labels (``train.labels=top1``)."""
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from support.targets import make_tiny_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from transformers import AutoModelForCausalLM
 
 from draftsmith.heads import build_head
-from draftsmith.train.config import load_config
+from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.losses import soft_ce, step_slices
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.run import setup
 from draftsmith.train.unroll import unroll
 
 
-def _step_losses(mask_out_of_vocab: bool):
+def _step_losses(mask_out_of_vocab: bool, *overrides: str):
     """(objective output, features, head) of a 2-step EAGLE-3 head whose 12-token draft vocabulary leaves out
     most of the target's top-1s."""
     target = make_tiny_target("llama", initializer_range=0.3)
     torch.manual_seed(0)
     head = build_head("eagle3", target, draft_vocab_size=12)
     head.set_draft_vocab(list(range(3, 15)))
-    cfg = load_config(None, ["head.kind=eagle3", "head.ttt_steps=2", f"train.mask_out_of_vocab={mask_out_of_vocab}"])
+    cfg = load_config(None, ["head.kind=eagle3", "head.ttt_steps=2", f"train.mask_out_of_vocab={mask_out_of_vocab}",
+                                *overrides])
     objective = objective_class("eagle3")(head, cfg)
     ids = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
     ids[:, ::2] = torch.arange(3, 11)  # some of the target's top-1s fall inside the draft vocabulary
@@ -63,3 +65,30 @@ def test_a_frozen_lm_head_stays_the_targets_rows_while_the_rest_trains(tiny_file
         assert torch.equal(head.lm_head.weight.detach().cpu(), rows) == frozen
     assert not runs[True].lm_head.weight.requires_grad and runs[False].lm_head.weight.requires_grad
     assert all(p.requires_grad for name, p in runs[True].named_parameters() if not name.startswith("lm_head."))
+
+
+def test_top1_labels_train_hard_ce_on_the_targets_top1_and_soft_labels_its_law():
+    soft, features, head = _step_losses(True)
+    top1, _, _ = _step_losses(True, "train.labels=top1")
+    in_vocab, loss_mask = features.targets.in_vocab, features.loss_mask.bool()
+    with torch.no_grad():
+        step_logits = [head.compute_logits(out) for out in unroll(head, head.project(features.hidden), features.embeds, 2)]
+    for k in range(2):
+        pos, tgt, label = step_slices(16, k)
+        trained = loss_mask[:, label] & in_vocab[:, tgt]
+        logits = step_logits[k][:, pos][trained].float()
+        probs = features.targets.probs[:, tgt][trained]
+        # the target's own top-1 (a target id) as its draft id: the positions trained hold it inside the vocabulary
+        labels = head.draft_to_target(probs.argmax(-1))
+        assert torch.equal(labels, features.targets.top1[:, tgt][trained])
+        assert float(top1.step_losses[k]) == pytest.approx(float(F.cross_entropy(logits, probs.argmax(-1))), rel=1e-5)
+        assert float(soft.step_losses[k]) == pytest.approx(float(soft_ce(logits, probs).mean()), rel=1e-5)
+        assert abs(float(top1.step_losses[k]) - float(soft.step_losses[k])) > 1e-3  # 0.02 on step 0 here
+        assert int(top1.count[k]) == int(soft.count[k]) == int(trained.sum())
+
+
+def test_top1_labels_are_refused_where_no_loss_reads_them():
+    with pytest.raises(ConfigError, match="train.labels=top1 trains the supervised stage"):
+        load_config(None, ["head.kind=eagle3", "train.labels=top1", "train.stage=on-policy", "train.init_from=runs/x"])
+    with pytest.raises(ConfigError, match="train.labels applies only to head.kind=eagle3"):
+        load_config(None, ["head.kind=dflash", "train.labels=top1"])

@@ -185,6 +185,8 @@ def _setting(setting: str) -> tuple[str, str]:
         assert value in typing.get_args(hint), f"{setting}: {value!r} is not a value of {key}"
         return setting, setting
     default = {f.name: f.default for f in dataclasses.fields(cls)}[name]
+    if typing.get_origin(hint) is typing.Literal:  # a choice: its first value other than the default
+        return f"{key}={next(v for v in typing.get_args(hint) if v != default)}", key
     sample = {bool: str(not default).lower(), int: "2", float: "0.5"}  # a bool: the other value than its default
     kind = next(t for t in (bool, int, float) if t is hint or t in typing.get_args(hint))
     return f"{key}={sample[kind]}", key

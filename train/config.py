@@ -29,7 +29,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
     Override values are parsed as YAML scalars/flow values (``lr=3e-5``, ``head.aux_layer_ids=[1,2,3]``,
     ``data.eval=null``). ``default_file``: ``path`` is the default config the user did not choose, so
-    its head keys that the final ``head.kind`` does not read are dropped (one line in ``notes``)
+    its head and kind-specific train keys that the final ``head.kind`` does not read are dropped (one line in ``notes``)
     instead of refused; keys the user sets are always checked.
     """
     raw: dict[str, Any] = {}
@@ -71,7 +71,8 @@ def json_copy(tree: Any) -> Any:
 
 
 def _drop_inapplicable(raw: dict, from_file: dict) -> list[str]:
-    """Remove head keys that came from the file unchanged and that the final head kind does not read."""
+    """Remove head keys, and train keys some kinds' objectives declare (``train.labels``), that came from the
+    file unchanged and that the final head kind does not read."""
     head, file_head = raw.get("head"), from_file.get("head")
     if not isinstance(head, dict) or not isinstance(file_head, dict):
         return []
@@ -84,6 +85,12 @@ def _drop_inapplicable(raw: dict, from_file: dict) -> list[str]:
         if kind not in kinds and name in file_head and head.get(name) == file_head[name] and head[name] is not None:
             del head[name]
             dropped.append(f"head.{name} ({'/'.join(kinds)} only)")
+    train, file_train = raw.get("train"), from_file.get("train")
+    for name in list(train) if isinstance(train, dict) and isinstance(file_train, dict) else []:
+        kinds = kinds_reading_setting(f"train.{name}")
+        if kinds and kind not in kinds and name in file_train and train[name] == file_train[name]:
+            del train[name]
+            dropped.append(f"train.{name} ({'/'.join(kinds)} only)")
     return dropped
 
 

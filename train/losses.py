@@ -59,6 +59,13 @@ def restrict_to_draft_vocab(target_logits: Tensor, t2d: Tensor | None) -> DraftT
     return DraftTargets(probs, top1, t2d[top1])
 
 
+def top1_labels(probs: Tensor) -> Tensor:
+    """The one-hot law (..., V) on each row's most probable entry of ``probs`` (..., V): soft CE against it is
+    hard CE on the target's top-1 (``train.labels=top1``). Over a reduced draft vocabulary it is the top-1 there,
+    the target's own wherever that lies inside (the positions trained by default)."""
+    return F.one_hot(probs.argmax(-1), probs.shape[-1]).to(probs.dtype)
+
+
 def soft_ce(logits: Tensor, probs: Tensor) -> Tensor:
     """Cross-entropy of ``logits`` (..., V) against a distribution ``probs`` (..., V) -> (...)."""
     shape = logits.shape[:-1]

@@ -159,6 +159,10 @@ class OptimConfig:
         "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-3*rate) (medusa: both against the "
         "target's distribution); dpace = soft CE weighted per draft position by D-PACE's detached weights (eagle3, "
         "dflash; docs/objectives.md)", "ce")
+    labels: Literal["soft", "top1"] = _doc(
+        "eagle3 only: what each draft step learns: soft = the target's law over the draft vocabulary (what sampled "
+        "verification accepts); top1 = its top-1 there, one-hot (hard CE: what greedy verification accepts; "
+        "configs/demo.yaml, docs/objectives.md); the supervised stage only", "soft")
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(

@@ -1,5 +1,5 @@
 """EAGLE-3: training-time test over the target's fused aux features; soft labels from the target's
-distribution restricted to the draft vocabulary; optional init from the target's output layer. P-EAGLE
+distribution restricted to the draft vocabulary, or its top-1 there (``train.labels``); optional init from the target's output layer. P-EAGLE
 (``head.variant=peagle``): its depths in one forward over COD-sampled rollouts (``train.objectives.peagle``)."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from draftsmith.train.examples import collate
 from draftsmith.train.features import Features
 from draftsmith.train.anchors import draw_anchors
 from draftsmith.train.losses import (DraftTargets, LossOutput, decayed_sum, dpace_weights, restrict_to_draft_vocab, soft_ce,
-                          ttt_step_loss, ttt_step_view, weighted_mean)
+                          top1_labels, ttt_step_loss, ttt_step_view, weighted_mean)
 
 from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
 from draftsmith.train.objectives.peagle import Rollouts, cod_rollouts, parallel_top1, peagle_losses
@@ -36,7 +36,7 @@ class Eagle3Features(Features):
 
 class Eagle3Objective(Objective):
     reads = ("head.ttt_steps", "head.init_from_target", "train.loss=dpace", "train.stage=on-policy",
-             "train.mask_out_of_vocab", "train.freeze_lm_head")
+             "train.mask_out_of_vocab", "train.freeze_lm_head", "train.labels")
 
     @classmethod
     def configure(cls, cfg: TrainConfig) -> None:
@@ -48,13 +48,16 @@ class Eagle3Objective(Objective):
             raise ConfigError(f"head.variant=peagle trains its depths in one forward: train.loss=dpace and "
                               f"train.stage=on-policy (TTT chains) do not apply (train.loss={cfg.train.loss}, "
                               f"train.stage={cfg.train.stage})")
+        if cfg.train.labels == "top1" and cfg.train.stage == "on-policy":
+            raise ConfigError("train.labels=top1 trains the supervised stage; the on-policy stage learns the target's "
+                              "law after the drafted prefix (forward and reverse KL): set train.labels=soft with it")
 
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
         self.ttt_steps = cfg.head.ttt_steps
         self.loss, self.alpha = cfg.train.loss, cfg.train.dpace_alpha
         self.anchors, self.spacing = cfg.train.anchors_per_document, cfg.train.anchor_spacing
-        self.mask_out_of_vocab = cfg.train.mask_out_of_vocab
+        self.mask_out_of_vocab, self.labels = cfg.train.mask_out_of_vocab, cfg.train.labels
 
     @staticmethod
     def aux_layer_ids(head: nn.Module) -> tuple[int, ...]:
@@ -75,6 +78,8 @@ class Eagle3Objective(Objective):
             return self.on_policy_forward(f)
         if not self.mask_out_of_vocab:  # every position trains, on the target's law renormalised over the draft vocab
             f = dataclasses.replace(f, targets=f.targets._replace(in_vocab=torch.ones_like(f.targets.in_vocab)))
+        if self.labels == "top1":  # the law's top-1 over the draft vocabulary, one-hot: greedy verification's event
+            f = dataclasses.replace(f, targets=f.targets._replace(probs=top1_labels(f.targets.probs)))
         if self.head.config.is_peagle:
             rollouts = f.rollouts if f.rollouts is not None else self.draw_rollouts(f, 0)
             steps = peagle_losses(self.head, f, rollouts, self.loss)
