@@ -1,6 +1,7 @@
 """EAGLE-3: training-time test over the target's fused aux features; soft labels from the target's
-distribution restricted to the draft vocabulary, or its top-1 there (``train.labels``); optional init from the target's output layer. P-EAGLE
-(``head.variant=peagle``): its depths in one forward over COD-sampled rollouts (``train.objectives.peagle``)."""
+distribution restricted to the draft vocabulary, or its top-1 there (``train.labels``); optional init from the
+target's output layer. P-EAGLE (``head.variant=peagle``): its depths in one forward over COD-sampled rollouts
+(``train.objectives.peagle``)."""
 from __future__ import annotations
 
 import dataclasses
