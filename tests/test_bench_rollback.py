@@ -11,7 +11,7 @@ from support.targets import make_tiny_target
 from support.hybrids import make_tiny_hybrid
 
 from draftsmith.data.tokenizer import train_tokenizer
-from draftsmith.infer.recurrent import LinearAttentionLayer
+from draftsmith.target.recurrent import LinearAttentionLayer
 from draftsmith.scripts.bench_rollback import cli, main, parse_args
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")

@@ -1,4 +1,4 @@
-"""transformers' cache keyword (infer.cache_keywords): the decode path runs with either call convention,
+"""transformers' cache keyword (target.cache_keywords): the decode path runs with either call convention,
 ``cache=`` (5.24 on) and ``past_key_values=`` (5.17), with the same greedy output as the target's own
 generate; with the installed one, none of our calls raises transformers' deprecation warning."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ from draftsmith.infer.drafters import DynamicTree, make_drafter
 from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
 from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 
 VOCAB = 96
 NEW_NAME = "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)}  # transformers >= 5.24

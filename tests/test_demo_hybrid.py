@@ -14,8 +14,8 @@ from draftsmith.data.demo import demo_target_dir, demo_target_path, ensure_demo_
 from draftsmith.data.demo_lm import SIZES, SUMMARY_FILE, LMSettings, settings_for
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.recurrent import is_hybrid, layer_types
-from draftsmith.infer.state_memory import state_memory
+from draftsmith.target.recurrent import is_hybrid, layer_types
+from draftsmith.target.state_memory import state_memory
 
 # 4 layers (3 Gated DeltaNet + full attention in the 4th), small dims, a slice of the corpus: seconds on CPU.
 MICRO = dict(vocab_size=512, hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=128,

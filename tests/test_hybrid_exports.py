@@ -12,7 +12,7 @@ from support.formats import L, sglang_states, trtllm_states, vllm_states
 
 from draftsmith.heads import build_head, default_aux_layer_ids
 from draftsmith.heads.formats import FORMATS, export_head
-from draftsmith.infer.recurrent import layer_types
+from draftsmith.target.recurrent import layer_types
 
 NAME = "org/tiny-qwen3.5"
 

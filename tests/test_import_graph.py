@@ -2,7 +2,7 @@
 nor two parts of ``infer/`` (a subfolder, ``infer/drafters/`` or ``infer/bench/``, counts as one part):
 ``infer/drafters/`` reads the shared steps beside it (tree, cache, target), which never read a drafter.
 
-Order, lowest first: data < heads < infer < train < scripts. Every import counts, including the
+Order, lowest first: data < heads < target < infer < train < scripts. Every import counts, including the
 lazy ones inside functions: a back-edge hidden in a function body still makes the layering a fiction
 and still closes a circle at run time.
 """
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("data", "heads", "infer", "train", "scripts")
+from support.house import LAYERS, REPO as ROOT
 
 
 def python_files() -> list[Path]:
@@ -142,7 +141,7 @@ def by_part(edges: dict[Path, set[Path]], folder: str = "infer") -> dict[Path, s
 
 def test_no_folder_imports_a_folder_above_it():
     arrows = upward_arrows(graph())
-    assert not arrows, "imports that climb the house (data < heads < infer < train < scripts):\n" + "\n".join(arrows)
+    assert not arrows, "imports that climb the house (data < heads < target < infer < train < scripts):\n" + "\n".join(arrows)
 
 
 def test_no_import_circle_spans_two_files():
@@ -164,7 +163,7 @@ def test_the_checks_can_fail():
     assert circles(edges) == [sorted([a, b])]
     assert upward_arrows({a: {c}, c: {a}}) == [f"{a.relative_to(ROOT)} -> {c.relative_to(ROOT)}"]
     # a drafter reading a shared step that reads another drafter: no two-file circle, a circle of parts
-    ngram, target, eagle = (ROOT / "infer" / name for name in ("drafters/ngram.py", "target.py", "drafters/eagle.py"))
+    ngram, target, eagle = (ROOT / "infer" / name for name in ("drafters/ngram.py", "cache.py", "drafters/eagle.py"))
     edges = {ngram: {target}, target: {eagle}, eagle: set()}
     assert circles(edges) == []
     assert circles(by_part(edges)) == [sorted([ROOT / "infer" / "drafters", target])]

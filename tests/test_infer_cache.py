@@ -10,7 +10,7 @@ from transformers.cache_utils import DynamicCache
 
 from draftsmith.heads.layers import HeadCache
 from draftsmith.infer.cache import crop_dynamic
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 from draftsmith.infer.tree import tree_attention_mask, tree_from_parents
 
 

@@ -21,7 +21,8 @@ from support.classic import (  # noqa: F401  (fixture)
 
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters.adaptive import AdaptiveLength
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter, early_exit_view
+from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
+from draftsmith.target.views import early_exit_view
 from draftsmith.infer.drafters.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.ngram import NgramDrafter, find_continuations, prefix_tree
 

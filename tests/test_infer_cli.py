@@ -107,7 +107,7 @@ def test_cli_defaults_to_the_target_the_head_was_made_for(saved, tmp_path, capsy
 
 
 def test_threads_are_chosen_by_measurement_and_printed(monkeypatch):
-    import draftsmith.infer.threads as threads
+    import draftsmith.target.threads as threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
@@ -341,7 +341,7 @@ def test_cli_defaults_fit_a_dflash_head_of_block_size_4(saved, tmp_path, capsys)
 def test_training_probes_threads_with_its_micro_batch_size(monkeypatch):
     """Training's thread probe is as tall as a micro-batch's tokens (capped): a decode-sized probe measured 1 and 2
     threads within 3% on an idle 2-core machine and kept 1, and the demo training took 6.5 minutes instead of 4."""
-    import draftsmith.infer.threads as threads
+    import draftsmith.target.threads as threads
     from draftsmith.train import run
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -1,4 +1,4 @@
-"""A hybrid's short verifies run transformers' per-token Gated DeltaNet rule (infer.delta_rule, docs/hybrid.md):
+"""A hybrid's short verifies run transformers' per-token Gated DeltaNet rule (target.delta_rule, docs/hybrid.md):
 the routing engages on the verify and the replay, never on the prefill or outside the generator; it restores
 the module's own function on exit and on an exception; it does nothing where the rule is not transformers'
 torch reference (flash-linear-attention, a hub kernel's forward, a model off the CPU); greedy output stays
@@ -18,11 +18,11 @@ from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
 
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer import delta_rule
-from draftsmith.infer.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, SCAN, per_token_modules, per_token_rule
+from draftsmith.target.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, SCAN, per_token_modules, per_token_rule
 from draftsmith.infer.drafters import chain_draft, root_only
-from draftsmith.infer.cache_keywords import cache_kwargs, returned_cache
+from draftsmith.target.cache_keywords import cache_kwargs, returned_cache
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.recurrent import LinearAttentionLayer
+from draftsmith.target.recurrent import LinearAttentionLayer
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 

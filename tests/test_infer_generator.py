@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerFast, TextStreamer
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
 from draftsmith.infer.drafters import default_branching_tree, default_tree
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 
 
 KINDS = ("medusa", "eagle", "eagle3")

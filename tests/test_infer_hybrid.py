@@ -24,7 +24,7 @@ from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
 from draftsmith.infer.drafters.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.lookup_first import LookupFirst
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.recurrent import LinearAttentionLayer
+from draftsmith.target.recurrent import LinearAttentionLayer
 from draftsmith.infer.rollback import NoRollback, Replay
 
 # transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)
@@ -227,7 +227,7 @@ def test_a_draft_lms_cache_restores_exactly(arch):
     logits of a fresh forward over the same text."""
     from transformers import DynamicCache
 
-    from draftsmith.infer.recurrent import cache_checkpoint, restore_cache
+    from draftsmith.target.recurrent import cache_checkpoint, restore_cache
 
     model = hybrid_target(arch)
     ids = hybrid_prompt(random.Random(4), 12)

@@ -1,6 +1,6 @@
 """Exact against the target's own decode: a verify computes what ``generate``'s one-token steps compute, on
 every family (Jamba's and Zamba's Mamba-1 and Zamba2's Mamba-2 only with their mixers run per token,
-infer/one_token.py); ``draftsmith check-target`` says so in one line and flags a target whose verify
+target/one_token.py); ``draftsmith check-target`` says so in one line and flags a target whose verify
 disagrees; the generator says it when it meets an untested stateful family; 300 tokens stay exact, with the
 per-token Gated DeltaNet rule engaged where the family has such layers."""
 from __future__ import annotations
@@ -13,14 +13,14 @@ import torch
 from support.hybrids import HYBRIDS
 from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
 
-import draftsmith.infer.decode_check as decode_check
-import draftsmith.infer.one_token as one_token
-import draftsmith.infer.recurrent as recurrent
+import draftsmith.target.decode_check as decode_check
+import draftsmith.target.one_token as one_token
+import draftsmith.target.recurrent as recurrent
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.decode_check import decode_gap, probe_ids
-from draftsmith.infer.delta_rule import PER_TOKEN, per_token_modules, per_token_rule
+from draftsmith.target.decode_check import decode_gap, probe_ids
+from draftsmith.target.delta_rule import PER_TOKEN, per_token_modules, per_token_rule
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.recurrent import LAYER_KINDS, LinearAttentionLayer
+from draftsmith.target.recurrent import LAYER_KINDS, LinearAttentionLayer
 from draftsmith.scripts import check_target
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
@@ -51,7 +51,7 @@ def _counted(fn, into: list):
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_three_hundred_tokens_stay_exact(arch, monkeypatch):
     """A rollback at every step (3 of 4 drafts right) over 300 tokens; the per-token Gated DeltaNet rule
-    (infer/delta_rule.py) engaged on multi-token verifies exactly where the family has Gated DeltaNet layers:
+    (target/delta_rule.py) engaged on multi-token verifies exactly where the family has Gated DeltaNet layers:
     counted (this was test_infer_delta_rule.py's per-family test, which decoded every family again with
     n-grams and a head, as test_infer_hybrid.py's per-family tests do with the routing on)."""
     target = hybrid_target(arch)

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.rollback import Merged, Replay
-from draftsmith.infer.recurrent import LinearAttentionLayer, LinearStates, _is_linear, _states
+from draftsmith.target.recurrent import LinearAttentionLayer, LinearStates, _is_linear, _states
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 

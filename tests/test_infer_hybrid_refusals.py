@@ -1,7 +1,7 @@
 """Stateful models draftsmith cannot decode losslessly are refused in one line naming the architecture and its
 layer kind, never a traceback: at ``SpeculativeGenerator``, at ``from_pretrained`` and ``scripts/benchmark.py``
 before the weights load, and at training setup. transformers 5.24's stateful families outside
-``infer.recurrent.LAYER_KINDS`` (tests/support/hybrids.py holds the supported ones): MiniMax (lightning attention, its
+``target.recurrent.LAYER_KINDS`` (tests/support/hybrids.py holds the supported ones): MiniMax (lightning attention, its
 own MiniMaxCache), RecurrentGemma (RG-LRU blocks keeping their state on the module), and the attention-free
 Mamba, Mamba-2, Falcon-Mamba, RWKV and xLSTM; a stateful family the table does not know is refused alike.
 RecurrentGemma's refusal is needed: let through, its speculative output differs from its own ``generate``."""
@@ -21,7 +21,7 @@ from draftsmith.data.cli import run
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.recurrent import LAYER_KINDS, REFUSED_KINDS, LinearAttentionLayer, check_supported, is_hybrid
+from draftsmith.target.recurrent import LAYER_KINDS, REFUSED_KINDS, LinearAttentionLayer, check_supported, is_hybrid
 from draftsmith.scripts.benchmark import main as benchmark_main
 from draftsmith.train.run import setup
 

@@ -19,7 +19,7 @@ from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_draft, root_only
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.recurrent import LinearAttentionLayer, LinearStates
+from draftsmith.target.recurrent import LinearAttentionLayer, LinearStates
 from draftsmith.infer.rollback import MAX_PENDING, Merged
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")

@@ -18,7 +18,7 @@ from draftsmith.infer.cache import StaticHeadCache, StaticKVCache
 from draftsmith.infer.drafters import Drafter, default_branching_tree, default_tree, make_drafter
 from draftsmith.infer.generator import default_compile
 from draftsmith.infer.masked_forward import masked_forward, verify_mask
-from draftsmith.infer.target import TargetOutput, target_forward
+from draftsmith.target.model import TargetOutput, target_forward
 from draftsmith.infer.tree import pad_tree, tree_attention_mask, tree_from_parents
 
 

@@ -1,11 +1,11 @@
-"""infer.target: feature capture matches HF output_hidden_states on stock models."""
+"""target.model: feature capture matches HF output_hidden_states on stock models."""
 from __future__ import annotations
 
 import pytest
 import torch
 from support.targets import make_tiny_target
 
-from draftsmith.infer.target import decoder_layers, target_forward, loaded_target_identity
+from draftsmith.target.model import decoder_layers, target_forward, loaded_target_identity
 
 
 def test_matches_output_hidden_states(arch):

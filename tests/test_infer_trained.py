@@ -15,7 +15,7 @@ from support.targets import make_successor_target
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters import default_branching_tree
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 
 VOCAB = 96
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from support.targets import make_tiny_target
 
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 from draftsmith.infer.tree import (
     MEDUSA_DEFAULT_CHOICES,
     Candidates,

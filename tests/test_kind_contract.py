@@ -24,7 +24,7 @@ from draftsmith.heads.card import model_card
 from draftsmith.heads.formats import FORMATS, export_head, validate_export
 from draftsmith.infer.drafters import drafter_class
 from draftsmith.infer.drafters.base import Drafter, HeadDrafter
-from draftsmith.infer.target import TargetOutput, target_forward
+from draftsmith.target.model import TargetOutput, target_forward
 from draftsmith.heads.auto import config_options
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.objectives import Objective, objective_class

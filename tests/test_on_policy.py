@@ -11,7 +11,7 @@ from support.targets import make_tiny_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 from draftsmith.train.config import load_config
 from draftsmith.train.run import setup
 from draftsmith.train.objectives import objective_class

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("data", "heads", "infer", "train", "scripts")
+from support.house import LAYERS as FOLDERS, REPO as ROOT
 
 
 def listed_packages() -> set[str]:

@@ -12,7 +12,7 @@ from support.hybrids import HYBRIDS, make_tiny_hybrid
 
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.state_memory import state_memory
+from draftsmith.target.state_memory import state_memory
 from draftsmith.scripts.plan import main
 from draftsmith.train.config import load_config
 from draftsmith.train.cost import format_plan, make_plan, target_config

@@ -84,7 +84,7 @@ def test_sharded_target_trains_like_a_whole_one(launched, kind):
 def test_the_unsharded_parts_move_without_touching_the_layers():
     from support.targets import make_tiny_target
 
-    from draftsmith.infer.target import decoder_layers
+    from draftsmith.target.model import decoder_layers
     from draftsmith.train.target_sharding import _move_unsharded
 
     target = make_tiny_target("llama", tie_word_embeddings=True)

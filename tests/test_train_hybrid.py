@@ -14,7 +14,7 @@ from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.heads import AutoHead
 from draftsmith.heads.eagle3 import default_aux_layer_ids
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.recurrent import LinearAttentionLayer
+from draftsmith.target.recurrent import LinearAttentionLayer
 from draftsmith.scripts.dump_features import main as dump_main
 from draftsmith.train.run import setup
 from transformers import AutoModelForCausalLM

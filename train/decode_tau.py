@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.infer.drafters import Drafter, Sampling, adaptive_chain, make_drafter
-from draftsmith.infer.recurrent import is_hybrid
-from draftsmith.infer.target import target_forward
+from draftsmith.target.recurrent import is_hybrid
+from draftsmith.target.model import target_forward
 
 GREEDY = Sampling()
 

@@ -14,7 +14,7 @@ from draftsmith.infer.drafters.adaptive import AdaptiveLength
 from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
 from draftsmith.infer.drafters.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 from draftsmith.infer.tree import tree_from_parents
 
 

@@ -1,6 +1,6 @@
 """Tiny hybrid targets (recurrent or convolution layers beside attention) built in-process from
 transformers' own configs: every hybrid family transformers 5.24 can build tiny on CPU and draftsmith
-supports (infer.recurrent.LAYER_KINDS; the refused ones are in tests/test_infer_hybrid_refusals.py)."""
+supports (target.recurrent.LAYER_KINDS; the refused ones are in tests/test_infer_hybrid_refusals.py)."""
 from __future__ import annotations
 
 import torch

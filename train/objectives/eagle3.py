@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.target import TargetOutput
+from draftsmith.target.model import TargetOutput
 from draftsmith.train.settings import DEFAULT_TTT_STEPS, ConfigError, TrainConfig
 from draftsmith.train.draft_vocab import build_draft_vocab
 from draftsmith.train.examples import collate

@@ -6,7 +6,7 @@ an attention model the two differ by fp32 rounding; a recurrent layer may run an
 several tokens than over one (docs/hybrid.md: Jamba's Mamba-1 ignores its state, Bamba's Mamba-2 differs
 by 0.1 logits). ``decode_gap`` runs both through transformers' own cache (``DynamicCache``) on a short
 input: the cached forward of the last ``steps`` tokens, as a verify runs it (inside the routes the
-generator enters: ``infer.delta_rule.per_token_rule``), against ``steps`` one-token forwards.
+generator enters: ``target.delta_rule.per_token_rule``), against ``steps`` one-token forwards.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
 
-from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
-from draftsmith.infer.recurrent import LAYER_KINDS, REFUSED_KINDS, check_supported, is_hybrid, model_type, unsupported
+from draftsmith.target.delta_rule import per_token_modules, per_token_rule
+from draftsmith.target.recurrent import LAYER_KINDS, REFUSED_KINDS, check_supported, is_hybrid, model_type, unsupported
 
 # The largest logit difference read as rounding: relative to the largest logit (fp32; measured in
 # docs/hybrid.md: up to 8e-6 of it for fp32 rounding on tests/support/hybrids.py, 9e-5..2 where the function differs).
@@ -96,7 +96,7 @@ _UNTESTED: dict[str, str] = {}  # model_type -> the refusal of an untested state
 
 
 def check_family(model: nn.Module) -> None:
-    """``infer.recurrent.check_supported`` for a target the generator meets: a stateful family outside
+    """``target.recurrent.check_supported`` for a target the generator meets: a stateful family outside
     ``LAYER_KINDS`` is refused with what ``draftsmith check-target`` says of it (its verify against one-token
     steps), checked the first time a process meets the family."""
     try:

@@ -13,7 +13,7 @@ tokens with a state (a verify) runs another function than over one token (a deco
   short convs do, and keep their multi-token path (one chunked scan is cheaper than N mixer calls).
 
 ``one_token_steps(mixers)`` is a context the generator enters around each verify and replay forward
-(through ``infer.delta_rule.per_token_rule``, whose routes ``per_token_modules`` lists these mixers with the
+(through ``target.delta_rule.per_token_rule``, whose routes ``per_token_modules`` lists these mixers with the
 Gated DeltaNet modules): inside it, each mixer's forward over T > 1 tokens with a state in the cache runs
 as T calls of the mixer's own forward over one token each (its one-token branch: ``causal_conv1d_update``
 and the selective state update, exactly what a decode step runs), their outputs concatenated. Only the
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from draftsmith.infer.recurrent import model_type
+from draftsmith.target.recurrent import model_type
 
 # Families whose multi-token cached forward is not their one-token decode (measured in docs/hybrid.md;
 # tests/test_infer_hybrid_exact.py checks every family against this list)

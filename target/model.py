@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache
 
-from draftsmith.infer.cache_keywords import cache_kwargs, returned_cache
+from draftsmith.target.cache_keywords import cache_kwargs, returned_cache
 
 
 

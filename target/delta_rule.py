@@ -37,7 +37,7 @@ from types import ModuleType
 
 from torch import nn
 
-from draftsmith.infer.one_token import one_token_mixers, one_token_steps
+from draftsmith.target.one_token import one_token_mixers, one_token_steps
 
 CHUNKED = "torch_chunk_gated_delta_rule"  # transformers' name in every Gated DeltaNet modeling file (5.17 and 5.24)
 PER_TOKEN = "torch_recurrent_gated_delta_rule"
@@ -65,7 +65,7 @@ def per_token_modules(model: nn.Module) -> tuple:
     """What a verify of ``model`` routes (empty: nothing): the modeling modules whose Gated DeltaNet or Mamba-2
     layers run transformers' torch reference of their rules, through their class's own ``forward``, on the CPU;
     and the mixers of the families whose multi-token path is not their one-token decode, which run per token
-    on every device (``infer.one_token``)."""
+    on every device (``target.one_token``)."""
     return _rule_modules(model) + one_token_mixers(model)
 
 
@@ -141,7 +141,7 @@ def per_token_rule(routes: tuple, max_tokens: int = PER_TOKEN_MAX):
     """Inside: the modeling modules in ``routes`` run their chunked Gated DeltaNet rule's stateful calls of at
     most ``max_tokens`` tokens with the per-token rule, and their Mamba-2 scan's stateful calls shorter than a
     chunk in one chunk of their length; the mixers in it run stateful calls one token at a time
-    (``infer.one_token``). On exit each has its own function back (when no other context holds it)."""
+    (``target.one_token``). On exit each has its own function back (when no other context holds it)."""
     modules = tuple(r for r in routes if isinstance(r, ModuleType))
     with one_token_steps(tuple(r for r in routes if isinstance(r, nn.Module))), _swapped(modules, max_tokens):
         yield

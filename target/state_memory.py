@@ -1,6 +1,6 @@
 """How many bytes a hybrid target's recurrent and convolution states take per sequence, from its config.
 
-Every recurrent layer (``infer.recurrent``) keeps, per sequence, a causal-conv window and (except short
+Every recurrent layer (``target.recurrent``) keeps, per sequence, a causal-conv window and (except short
 conv) a recurrent matrix; their size does not grow with the context, unlike attention KV. Speculative
 decoding keeps one more copy of all of them per step: the checkpoint it restores when a verify accepts
 fewer tokens than it ran (``LinearStates.checkpoint``). Shapes, as transformers' layers store them:
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftsmith.infer.recurrent import RECURRENT_LAYER_TYPES, is_hybrid, layer_kind, layer_types
+from draftsmith.target.recurrent import RECURRENT_LAYER_TYPES, is_hybrid, layer_kind, layer_types
 
 RECURRENT_STATE_BYTES = 4  # fp32 recurrent matrices, in any model dtype
 
@@ -33,7 +33,7 @@ RECURRENT_STATE_BYTES = 4  # fp32 recurrent matrices, in any model dtype
 class StateShape:
     """One recurrent layer's per-sequence state: element counts and how they were computed."""
 
-    kind: str  # infer.recurrent.LAYER_KINDS' values: "Gated DeltaNet", "Mamba-2", "Mamba-1", "short conv", ...
+    kind: str  # target.recurrent.LAYER_KINDS' values: "Gated DeltaNet", "Mamba-2", "Mamba-1", "short conv", ...
     conv: int  # elements of the conv window
     recurrent: int  # elements of the recurrent matrix (0: none)
     formula: str
@@ -54,7 +54,7 @@ def _get(config, *names: str) -> int:
 
 def layer_state(config) -> StateShape:
     """The state shape shared by every recurrent layer of ``config`` (a text config), by its family's layer
-    kind (``infer.recurrent.layer_kind``: one line for a family draftsmith does not support) and its own keys."""
+    kind (``target.recurrent.layer_kind``: one line for a family draftsmith does not support) and its own keys."""
     c, kind = config, layer_kind(config)
     if kind == "Gated DeltaNet":
         kh, vh = _get(c, "linear_num_key_heads"), _get(c, "linear_num_value_heads")
