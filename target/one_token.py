@@ -34,7 +34,7 @@ from torch import nn
 from draftsmith.target.recurrent import model_type
 
 # Families whose multi-token cached forward is not their one-token decode (measured in docs/hybrid.md;
-# tests/test_infer_hybrid_exact.py checks every family against this list)
+# tests/target/test_hybrid_exact.py checks every family against this list)
 ONE_TOKEN_FAMILIES = ("jamba", "zamba", "zamba2")
 _CACHE_CALLS = frozenset({"get_conv_state", "update_conv_state", "get_recurrent_state", "update_recurrent_state"})
 

@@ -94,7 +94,7 @@ class LayerSkipDrafter(LMDrafter):
 
     def __init__(self, target: nn.Module, k: int | None = None, tree: Chain | None = None,
                  confidence: float | None = None) -> None:
-        if model_type(target) == "zamba":  # measured: tests/test_infer_hybrid.py
+        if model_type(target) == "zamba":  # measured: tests/infer/test_infer_hybrid.py
             raise ValueError("ZambaForCausalLM (zamba): layer skip is refused: its drafts through the shared first "
                              "layers leave the output different from the target's own generate (not found why yet)")
         found = calibrated_layers(target) if k is None else None
