@@ -127,7 +127,7 @@ class SpeculativeGenerator:
             targets (``self.rollback`` is then a no-op).
         per_token: a hybrid's short verify and replay forwards run its Gated DeltaNet layers with transformers'
             per-token rule where ``target.delta_rule`` finds it applies (``per_token_modules``); False = the
-            chunked rule everywhere (what ``scripts/bench_rollback.py --rules chunked`` times).
+            chunked rule everywhere (what ``lab/bench_rollback.py --rules chunked`` times).
     """
 
     def __init__(

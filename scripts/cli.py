@@ -8,8 +8,6 @@
     draftsmith check-target TARGET                     # scripts/check_target.py
     draftsmith bench --target DIR --heads DIR ...      # scripts/benchmark.py
     draftsmith bench-scale --shape llama3.1-8b         # scripts/bench_scale.py
-    draftsmith gpu-report --real --budget-min 25       # scripts/gpu_report.py (several GPU calls)
-    draftsmith gpu-lease --dry-run                     # scripts/gpu_lease.py (the one-call GPU proof)
     draftsmith regenerate --target T --data D --out OUT.jsonl
     draftsmith push --head DIR --repo-id USER/NAME
     draftsmith make-demo --size tiny
@@ -39,8 +37,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                      "whether speculative decoding can be exact on a target (its verify against its one-token decode)"),
     "bench": ("draftsmith.scripts.benchmark", "main", "every decoding method on one target, against the bound"),
     "bench-scale": ("draftsmith.scripts.bench_scale", "main", "decoding speed at real model shapes (random weights)"),
-    "gpu-report": ("draftsmith.scripts.gpu_report", "main", "the real-model experiment (--real; several GPU calls): regenerate, train, benchmark"),
-    "gpu-lease": ("draftsmith.scripts.gpu_lease", "main", "the GPU proof in one leased call (9 min, 64 MiB); --dry-run checks the plan"),
     "regenerate": ("draftsmith.scripts.regenerate", "main", "self-distilled training data: the target rewrites the answers"),
     "push": ("draftsmith.scripts.push_to_hub", "cli", "publish a head (or an engine export) on the Hugging Face Hub"),
     "make-demo": ("draftsmith.scripts.make_demo_target", "main", "build (or reuse) the offline demo target"),

@@ -65,23 +65,23 @@ def test_checks_name_the_value():
 
 
 @pytest.mark.parametrize("script, argv, message", [
-    ("bench_scale", ["--sizes", "0,-1"], "argument --sizes: comma-separated whole numbers >= 1 expected, got '0,-1'"),
-    ("bench_scale", ["--num-prompts", "0"], "argument --num-prompts: a whole number >= 1 expected, got '0'"),
-    ("bench_scale", ["--threads", "0"], "argument --threads: a whole number >= 1 expected"),
-    ("benchmark", ["--target", "t", "--batch-sizes", "4,0"], "argument --batch-sizes: comma-separated whole"),
-    ("benchmark", ["--target", "t", "--tree-sizes", "8,x"], "argument --tree-sizes: comma-separated whole"),
-    ("benchmark", ["--target", "t", "--max-new-tokens", "2.5"], "argument --max-new-tokens: a whole number >= 1"),
-    ("benchmark", ["--target", "t", "--warmup", "-1"], "argument --warmup: a whole number >= 0 expected"),
-    ("bench_rollback", ["--rollback", "merged,undo"],
+    ("scripts.bench_scale", ["--sizes", "0,-1"], "argument --sizes: comma-separated whole numbers >= 1 expected, got '0,-1'"),
+    ("scripts.bench_scale", ["--num-prompts", "0"], "argument --num-prompts: a whole number >= 1 expected, got '0'"),
+    ("scripts.bench_scale", ["--threads", "0"], "argument --threads: a whole number >= 1 expected"),
+    ("scripts.benchmark", ["--target", "t", "--batch-sizes", "4,0"], "argument --batch-sizes: comma-separated whole"),
+    ("scripts.benchmark", ["--target", "t", "--tree-sizes", "8,x"], "argument --tree-sizes: comma-separated whole"),
+    ("scripts.benchmark", ["--target", "t", "--max-new-tokens", "2.5"], "argument --max-new-tokens: a whole number >= 1"),
+    ("scripts.benchmark", ["--target", "t", "--warmup", "-1"], "argument --warmup: a whole number >= 0 expected"),
+    ("lab.bench_rollback", ["--rollback", "merged,undo"],
      "argument --rollback: comma-separated names of merged, replay expected, got 'merged,undo'"),
-    ("gpu_report", ["--kinds", ","], "argument --kinds: comma-separated names of eagle3, eagle, medusa expected"),
+    ("lab.gpu_report", ["--kinds", ","], "argument --kinds: comma-separated names of eagle3, eagle, medusa expected"),
 ])
 def test_benchmark_clis_refuse_bad_counts(script, argv, message, capsys):
     """Counts and names are checked as they are parsed (0 and negative sizes ran, or failed minutes later)."""
     import importlib
 
     with pytest.raises(SystemExit) as stop:
-        importlib.import_module(f"draftsmith.scripts.{script}").parse_args(argv)
+        importlib.import_module(f"draftsmith.{script}").parse_args(argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -102,8 +102,10 @@ class _Parsed(BaseException):
 
 # scripts.launch parses nothing itself: accelerate's parser takes its options, the training config the rest
 ENTRY_POINTS = [*({module for module, _, _ in __import__("draftsmith.scripts.cli").scripts.cli.COMMANDS.values()} - {"draftsmith.scripts.launch"}),
-                "draftsmith.scripts.bench_data_pipeline", "draftsmith.scripts.bench_features", "draftsmith.scripts.plot_runs",
-                "draftsmith.scripts.calibrate_layer_skip"]
+                "draftsmith.scripts.plot_runs", "draftsmith.scripts.calibrate_layer_skip",
+                # lab/: our own harnesses, run from a clone
+                "draftsmith.lab.bench_data_pipeline", "draftsmith.lab.bench_features", "draftsmith.lab.bench_rollback",
+                "draftsmith.lab.gpu_report", "draftsmith.lab.gpu_lease", "draftsmith.lab.acceptance_curve"]
 
 
 def _parser_of(module_name: str, monkeypatch):

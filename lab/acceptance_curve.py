@@ -1,6 +1,6 @@
 """Acceptance against training budget: simulated τ, real τ and ``--compare`` speedup per recipe and step count.
 
-    python scripts/acceptance_curve.py [--budgets 300,1200,4800]
+    python lab/acceptance_curve.py [--budgets 300,1200,4800]
         [--recipes eagle3,dflash-old,dflash-new,dflash-dpace,peagle,dspark]
         [--on-policy-steps N] [--target demo:tiny] [--prompt "class Queue:"] [--max-new-tokens 96] [--rounds 3]
         [--runs runs/acceptance-curve] [--out docs/acceptance-curve] [--phase all|train|measure] [--set key=value ...]
@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from draftsmith.data.base.checks import cli_count
 
 ROOT = Path(__file__).resolve().parents[1]
 # The demo's self-distilled data (configs/demo.yaml): the target continues 768 stdlib chunks greedily, once, cached
@@ -81,12 +83,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budgets", default="300,1200,4800", help="comma-separated training steps")
     p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
-    p.add_argument("--on-policy-steps", type=int, default=None,
+    p.add_argument("--on-policy-steps", type=cli_count(0), default=None,
                    help="steps of the on-policy stage after each head (default: a quarter of its budget; 0 = none)")
     p.add_argument("--target", default="demo:tiny")
     p.add_argument("--prompt", default="class Queue:")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=cli_count(), default=96)
+    p.add_argument("--rounds", type=cli_count(), default=3)
     p.add_argument("--runs", type=Path, default=Path("runs/acceptance-curve"))
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "acceptance-curve")
     p.add_argument("--phase", choices=("all", "train", "measure"), default="all",
@@ -103,10 +105,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [r for r in args.recipes if r not in RECIPES]
     if unknown:
         p.error(f"--recipes: unknown {unknown[0]!r}; expected some of {', '.join(RECIPES)}")
-    if args.on_policy_steps is not None and args.on_policy_steps < 0:
-        p.error(f"--on-policy-steps must be >= 0, got {args.on_policy_steps}")
-    if args.rounds < 1 or args.max_new_tokens < 1:
-        p.error("--rounds and --max-new-tokens must be >= 1")
     return args
 
 
@@ -229,7 +227,7 @@ def run_curve(args: argparse.Namespace, recipes: dict[str, tuple[str, list[str]]
 
 
 def write_table(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
-    command = "python scripts/acceptance_curve.py " + " ".join(
+    command = "python lab/acceptance_curve.py " + " ".join(
         [f"--budgets {','.join(map(str, args.budgets))}", f"--recipes {','.join(args.recipes)}",
          *([f"--on-policy-steps {args.on_policy_steps}"] if args.on_policy_steps is not None else []),
          f"--target {args.target}", *([f"--set {' '.join(args.overrides)}"] if args.overrides else [])])

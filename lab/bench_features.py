@@ -1,6 +1,6 @@
 """What one micro-batch's ``Features`` cost: the target's forward (online) against stored features.
 
-    python scripts/bench_features.py --config configs/demo.yaml --stores DIR [DIR ...] [--batches 60] [key=value ...]
+    python lab/bench_features.py --config configs/demo.yaml --stores DIR [DIR ...] [--batches 60] [key=value ...]
 
 Each store is a ``scripts/dump_features.py`` folder for the same config. The same random micro-batches
 (``train.micro_batch_size`` rows) go through every source in turn, so a busy machine slows them alike;
