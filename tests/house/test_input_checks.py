@@ -85,8 +85,7 @@ def test_benchmark_clis_refuse_bad_counts(script, argv, message, capsys):
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, value", [("--depth", "0"), ("--branch", "0"), ("--total-tokens", "1"),
-                                         ("--max-new-tokens", "0")])
+@pytest.mark.parametrize("flag, value", [("--matches", "0"), ("--max-new-tokens", "0")])
 def test_generate_cli_refuses_zero_instead_of_defaulting(flag, value, capsys):
     from draftsmith.infer.cli import parse_args
 
