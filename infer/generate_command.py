@@ -1,10 +1,10 @@
 """Generate with a draft head from the command line.
 
-    python -m draftsmith.infer.cli --head H [--target T] --prompt "def fib(n):" [--chat]
+    python -m draftsmith.infer.generate_command --head H [--target T] --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
         [--tree default|tree|chainN|dynD-K-N|medusaN] [--adaptive] [--lookup-first]
         [--compile] [--compare [--rounds R]]
-    python -m draftsmith.infer.cli --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
+    python -m draftsmith.infer.generate_command --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
         | head:DIR[+lookup-first] [--tree chainN] [--matches K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
@@ -25,7 +25,7 @@ layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed 
 ``--tree chainD`` fixes it). ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.lookup_first``).
 ``--drafter head:DIR[+lookup-first]`` is ``--head DIR [--lookup-first]``; every spec is parsed by
-``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/calibrate_speculation.py``) is followed, as
+``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/speculation_plan.py``) is followed, as
 ``SpeculativeGenerator.from_pretrained`` follows it.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from typing import TYPE_CHECKING
 
 from draftsmith.data.base.checks import cli_count, cli_real
-from draftsmith.data.cli import prog, run
+from draftsmith.data.entry_point import prog, run
 from draftsmith.infer.drafter_spec import DrafterSpec, parse_drafter
 from draftsmith.infer.tree_shape import parse_tree_shape
 
@@ -55,7 +55,7 @@ OLD_SHAPE_FLAGS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=prog("python -m draftsmith.infer.cli"), description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog("python -m draftsmith.infer.generate_command"), description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
     p.add_argument("--head", help="draft head: directory or HF id")
     p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), lm:DIR+ngram "

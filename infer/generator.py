@@ -216,7 +216,7 @@ class SpeculativeGenerator:
             head = head_path(target)  # a drafter built for the loaded target
         else:
             if isinstance(head_path, (str, os.PathLike)) and "plan" not in kwargs:
-                kwargs["plan"] = find_plan(head_path)  # scripts/calibrate_speculation.py's, when there is one
+                kwargs["plan"] = find_plan(head_path)  # scripts/speculation_plan.py's, when there is one
             head = (head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)).eval()
         try:
             tokenizer = load_target_tokenizer(target_path)

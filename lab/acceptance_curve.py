@@ -12,7 +12,7 @@ continues it as much without the rollout as ``<recipe>+sup``: its supervised con
 warm-up and anchors; ``CONTROL``), so the stage's gain is read against the same steps spent supervised
 (``SUPERVISED_ONLY`` recipes, P-EAGLE's and DSpark's, have neither).
 Each head is measured three ways: the held-out simulated τ of training's evaluation, and one greedy decode
-of ``--prompt`` against the target's own ``generate`` (``infer.cli``'s ``--compare``: ``--rounds``
+of ``--prompt`` against the target's own ``generate`` (``infer.generate_command``'s ``--compare``: ``--rounds``
 rounds alternating, the same process): its τ (tokens per target forward) and its speedup. Writes
 results.json (after every head: a long run keeps what it measured), curve.md and curve.png to ``--out``.
 ``--set`` overrides go to every training run (after the recipe's). Heads go to ``--runs``.
@@ -117,10 +117,10 @@ def train(config: str, overrides: list[str]):
 
 
 def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, rounds: int) -> dict:
-    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m draftsmith.infer.cli --compare`` measures them."""
+    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m draftsmith.infer.generate_command --compare`` measures them."""
     import torch
 
-    from draftsmith.infer.cli import compare_rounds, encode
+    from draftsmith.infer.generate_command import compare_rounds, encode
     from draftsmith.infer.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator.from_pretrained(target, str(head_dir), device="cpu")
@@ -275,6 +275,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

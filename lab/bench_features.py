@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.data.base.checks import cli_count
-from draftsmith.data.cli import run
+from draftsmith.data.entry_point import run
 from draftsmith.data.targets import resolve_target
 from draftsmith.target.threads import choose_threads
 from draftsmith.train.config import load_config

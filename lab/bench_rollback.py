@@ -51,7 +51,7 @@ import time
 
 from draftsmith.data.base.checks import cli_choices, cli_count, cli_counts
 from draftsmith.data.base.paths import claim_report_file, json_with_keys
-from draftsmith.data.cli import run
+from draftsmith.data.entry_point import run
 
 MODES = ("merged", "replay")
 RULES = ("per-token", "chunked")  # short verifies on the per-token Gated DeltaNet rule (the generator's), or not

@@ -174,6 +174,6 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run
+    from draftsmith.data.entry_point import run
 
     sys.exit(run(lambda argv: main(argv, STARTED)))

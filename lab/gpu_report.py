@@ -356,6 +356,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run
+    from draftsmith.data.entry_point import run
 
     sys.exit(run(main))

@@ -23,7 +23,7 @@ import torch
 
 from draftsmith.data.base.device import default_device, sync
 from draftsmith.data.base.paths import claim_report_dir
-from draftsmith.data.cli import one_line
+from draftsmith.data.entry_point import one_line
 from draftsmith.lab.lease_heads import heads, summary
 
 REPO = Path(__file__).resolve().parents[1]

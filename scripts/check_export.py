@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.data.base.checks import cli_count, cli_real
-from draftsmith.data.cli import prog, run
+from draftsmith.data.entry_point import prog, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

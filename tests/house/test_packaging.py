@@ -57,7 +57,7 @@ def test_the_wheel_holds_one_top_level_package_with_what_the_defaults_read(wheel
 def test_no_installed_command_names_a_lease(wheel):
     """The wheel's ``draftsmith`` commands and their one-line descriptions: none is our GPU lease harness
     (``lab/``), and no help text in the installed scripts names a lease budget."""
-    from draftsmith.scripts.cli import COMMANDS, usage
+    from draftsmith.scripts.commands import COMMANDS, usage
 
     assert not [n for n in COMMANDS if "lease" in n or "gpu-report" in n]
     assert not re.search(r"\blease", usage(), re.IGNORECASE)

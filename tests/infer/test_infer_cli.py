@@ -1,4 +1,4 @@
-"""``python -m draftsmith.infer.cli`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
+"""``python -m draftsmith.infer.generate_command`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
 from __future__ import annotations
 
 import re
@@ -11,7 +11,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.cli import main
+from draftsmith.infer.generate_command import main
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
@@ -61,7 +61,7 @@ def test_cli_streams_and_compares(saved, capsys, extra):
 def test_cli_refuses_shapes_a_head_cannot_draft_and_the_old_shape_flags(saved, tmp_path, capsys):
     """Through the entry point: one line and exit code 2 (a SystemExit with a message exited with 1); the old
     ``--depth/--branch/--total-tokens`` each name the ``--tree`` that says the same."""
-    from draftsmith.infer.cli import cli
+    from draftsmith.infer.generate_command import cli
 
     target = make_tiny_target("llama")
     build_head("medusa", target).save_pretrained(tmp_path / "medusa")
@@ -76,7 +76,7 @@ def test_cli_refuses_shapes_a_head_cannot_draft_and_the_old_shape_flags(saved, t
         with pytest.raises(SystemExit) as stop:
             main([*base, old, "3"])
         lines = capsys.readouterr().err.strip().splitlines()
-        assert stop.value.code == 2 and lines[-1].startswith(f"python -m draftsmith.infer.cli: error: {old} is gone") \
+        assert stop.value.code == 2 and lines[-1].startswith(f"python -m draftsmith.infer.generate_command: error: {old} is gone") \
             and new in lines[-1], lines
     with pytest.raises(SystemExit):
         main([*base, "--tree", "chain"])
@@ -293,7 +293,7 @@ def test_cli_follows_the_plan_next_to_the_head_as_the_api_does(saved, tmp_path, 
     {"1": 0} is followed (the generator holds it: no drafting), a damaged plan is one line naming it."""
     import shutil
 
-    from draftsmith.infer.cli import cli
+    from draftsmith.infer.generate_command import cli
     from draftsmith.infer.speculation_plan import SpeculationPlan
 
     made = []

@@ -58,7 +58,7 @@ def test_trees_per_kind_and_device(heads):
 
 def test_the_cli_and_the_benchmark_read_the_same_shapes(capsys):
     """Both parse with parse_tree_shape: a shape one accepts the other accepts, a bad one both refuse alike."""
-    from draftsmith.infer.cli import parse_args as generate_args
+    from draftsmith.infer.generate_command import parse_args as generate_args
     from support.benchmark import load_script
 
     bench = load_script()

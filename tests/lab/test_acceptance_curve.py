@@ -111,7 +111,7 @@ def test_the_revision_is_this_clone_s_head():
 
 
 def test_an_out_folder_holding_another_results_json_is_refused_untouched(tmp_path, capsys):
-    from draftsmith.data.cli import run
+    from draftsmith.data.entry_point import run
 
     out = tmp_path / "out"
     out.mkdir()
