@@ -244,11 +244,11 @@ def _check_head(head: HeadConfig) -> None:
 def _check_head_options(head: HeadConfig) -> None:
     """The kind's head config takes the options: its own checks, as ``heads.build_head`` runs them (the
     target is unknown here, so its vocabulary is taken as unbounded and its layers as unknown)."""
-    from draftsmith.heads.auto import HEAD_CLASSES
+    from draftsmith.heads.auto import head_class
 
     options = head.build_options()
     try:
-        HEAD_CLASSES[head.kind].config_class(**options, vocab_size=_UNBOUNDED_VOCAB)
+        head_class(head.kind, head.variant).config_class(**options, vocab_size=_UNBOUNDED_VOCAB)
     except ValueError as err:  # the parse-time placeholder vocabulary is not the user's: said as the target's
         text = str(err).replace(f"0..{_UNBOUNDED_VOCAB - 1}", "0..vocab_size-1 (the target's)").replace(
             f"vocab_size={_UNBOUNDED_VOCAB}", "the target's vocab_size")

@@ -29,9 +29,10 @@ import torch
 from torch import Tensor
 
 from draftsmith.heads.common import DraftHead
-from draftsmith.heads.dflash import (DFLASH2_ARCHITECTURE, DFLASH2_DEFAULTS, DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead,
+from draftsmith.heads.dflash import (DFLASH2_ARCHITECTURE, DFLASH2_DEFAULTS, DFLASH_ARCHITECTURE, DFlashHead,
                           build_target_layer_ids)
-from draftsmith.heads.domino import DOMINO_ARCHITECTURE, DOMINO_DEFAULTS, DOMINO_PROJECTOR
+from draftsmith.heads.variants.domino import DOMINO_ARCHITECTURE, DOMINO_DEFAULTS, DOMINO_PROJECTOR
+from draftsmith.heads.kinds import head_class
 from draftsmith.heads.formats.public import _resolve_directory, _rope_config_from
 from draftsmith.heads.formats.validation import (
     Artifact,
@@ -229,7 +230,7 @@ def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list
         spec.update(_dflash2_spec(dflash, shape, problems))
     if is_domino_layout(config):
         spec.update(_domino_spec(dflash, shape, problems))
-    if DSPARK_RANK in config:  # a DSpark seen as this layout (heads.formats.dspark, speculators' dspark type)
+    if DSPARK_RANK in config:  # a DSpark seen as this layout (heads.formats.variants.dspark, speculators' dspark type)
         spec.update(dspark_spec(config[DSPARK_RANK], shape, problems))
     problems += tensor_problems(tensors, spec, config.get("torch_dtype"))
     return problems
@@ -263,7 +264,9 @@ def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directo
     problems = _dflash_problems({**config, **_rope_fields(rope)}, tensors)
     if problems:
         raise ValueError(f"{directory} is not a {what} draftsmith can load:\n  - " + "\n  - ".join(problems))
-    head_config = DFlashConfig(
+    variant = _variant_options(config)
+    cls = head_class("dflash", variant.get("variant"))
+    head_config = cls.config_class(
         hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"],
         num_attention_heads=config["num_attention_heads"], num_key_value_heads=config["num_key_value_heads"],
         head_dim=config["head_dim"], hidden_act="silu", rms_norm_eps=config.get("rms_norm_eps", 1e-6),
@@ -272,9 +275,9 @@ def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directo
         block_size=config["block_size"], num_layers=layers,
         aux_layer_ids=[i + 1 for i in dflash["target_layer_ids"]], mask_token_id=dflash["mask_token_id"],
         target_hidden_size=config["hidden_size"], target_num_layers=target_layers, target_vocab_size=config["vocab_size"],
-        **_recorded_target(config), **_variant_options(config),
+        **_recorded_target(config), **variant,
     )
-    head = DFlashHead(head_config)
+    head = cls(head_config)
     head.load_state_dict(tensors, strict=True)  # names and shapes were checked above
     floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
     return head.to(dtype or (floats.pop() if len(floats) == 1 else torch.float32)).eval()

@@ -10,7 +10,7 @@ import importlib
 import torch
 from torch import nn
 
-from draftsmith.infer.drafters.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
 from draftsmith.infer.drafters.base import (
     Chain,
     Draft,

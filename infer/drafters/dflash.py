@@ -13,10 +13,10 @@ selector walks them from the root, scoring each candidate after the token chosen
 candidates (zero elsewhere), which the same chain check keeps lossless. The target verifies it as a chain.
 
 DSpark (``head.markov``): every slot drafts, the root's included (slot k: the token k+1 after the root);
-``infer.drafters.dspark.markov_walk`` adds the Markov bias slot by slot, and the confidence head sets how
+``infer.drafters.variants.dspark.markov_walk`` adds the Markov bias slot by slot, and the confidence head sets how
 many drafts each row keeps (adaptive verification; ``confidence`` is the threshold, 0 = keep all).
 
-Domino (``head.domino``): every slot drafts, as DSpark's; ``infer.drafters.domino.domino_walk`` steps its GRU on
+Domino (``head.domino``): every slot drafts, as DSpark's; ``infer.drafters.variants.domino.domino_walk`` steps its GRU on
 the drafted tokens and adds the correction slot by slot.
 
 A batch's rows share one context cache (``StaticHeadCache`` with a row each): observing and drafting
@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from draftsmith.heads.dspark import DEFAULT_CONFIDENCE_THRESHOLD, confident_lengths
+from draftsmith.heads.variants.dspark import DEFAULT_CONFIDENCE_THRESHOLD, confident_lengths
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.cache import StaticHeadCache, buffer_size
 from draftsmith.infer.compiling import compiled, step_begin
 from draftsmith.infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
                                  root_only, stack_rows)
-from draftsmith.infer.drafters.domino import domino_walk
-from draftsmith.infer.drafters.dspark import markov_walk
+from draftsmith.infer.drafters.variants.domino import domino_walk
+from draftsmith.infer.drafters.variants.dspark import markov_walk
 
 CPU_CHAIN = 4  # on CPU every verified token costs (EAGLE's measured chain sweet spot, docs/benchmarks.md)
 

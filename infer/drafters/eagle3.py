@@ -1,6 +1,6 @@
 """EAGLE-3's drafter: EAGLE's draft loop over the head's fused aux features, drafting in the head's
 own (maybe reduced) vocabulary and mapping draft ids back to target ids. A P-EAGLE head
-(``head.variant=peagle``) gets ``infer.drafters.peagle.PEagleDrafter``: all K drafts from one forward."""
+(``head.variant=peagle``) gets ``infer.drafters.variants.peagle.PEagleDrafter``: all K drafts from one forward."""
 from __future__ import annotations
 
 import importlib
@@ -22,7 +22,7 @@ class Eagle3Drafter(EagleDrafter):
         """The kind's one drafter class builds P-EAGLE's for a P-EAGLE head (its variant, not its kind), found by
         name as every kind's drafter is (``infer.drafters.drafter_class``; peagle.py builds on this module)."""
         if cls is Eagle3Drafter and _is_peagle(head):
-            cls = importlib.import_module("draftsmith.infer.drafters.peagle").DRAFTER
+            cls = importlib.import_module("draftsmith.infer.drafters.variants.peagle").DRAFTER
         return super().__new__(cls)
 
     @staticmethod

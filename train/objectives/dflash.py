@@ -20,11 +20,11 @@ target token is not a candidate carry none. It is summed with the same position 
 the same denominators as the base loss and added with weight ``SELECTOR_ALPHA``.
 
 DSpark (``head.variant=dspark``): every slot of the block drafts (slot k the token a+k+1), corrected by the
-Markov head, and the loss is DeepSpec's (``train.objectives.dspark``) on the same anchors and blocks.
+Markov head, and the loss is DeepSpec's (``train.objectives.variants.dspark``) on the same anchors and blocks.
 
 Domino (``head.variant=domino``): every slot drafts (slot k the token a+k+1), corrected by the GRU over the data's
 tokens a..a+k, and the loss is SpecForge's λ-blend of the corrected and the plain logits' CE
-(``train.objectives.domino``), λ set per step from the run's progress (``at_step``).
+(``train.objectives.variants.domino``), λ set per step from the run's progress (``at_step``).
 """
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ from draftsmith.train.losses import LossOutput, decayed_sum, dpace_weights, soft
 from draftsmith.train.metrics import acceptance_rate
 from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds
 from draftsmith.train.anchors import draw_anchors, segments
-from draftsmith.train.objectives.domino import (LAMBDA_BASE_DECAY_RATIO, LAMBDA_BASE_START, domino_loss,
+from draftsmith.train.objectives.variants.domino import (LAMBDA_BASE_DECAY_RATIO, LAMBDA_BASE_START, domino_loss,
                                                 linear_lambda_base)
-from draftsmith.train.objectives.domino import greedy_slots as domino_slots
-from draftsmith.train.objectives.dspark import dspark_loss, greedy_slots
+from draftsmith.train.objectives.variants.domino import greedy_slots as domino_slots
+from draftsmith.train.objectives.variants.dspark import dspark_loss, greedy_slots
 from draftsmith.train.objectives.eagle3 import Eagle3Features, Eagle3Objective
 from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
 

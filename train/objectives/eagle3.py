@@ -1,7 +1,7 @@
 """EAGLE-3: training-time test over the target's fused aux features; soft labels from the target's
 distribution restricted to the draft vocabulary, or its top-1 there (``train.labels``); optional init from the
 target's output layer. P-EAGLE (``head.variant=peagle``): its depths in one forward over COD-sampled rollouts
-(``train.objectives.peagle``)."""
+(``train.objectives.variants.peagle``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +21,7 @@ from draftsmith.train.losses import (DraftTargets, LossOutput, decayed_sum, dpac
                           top1_labels, ttt_step_loss, ttt_step_view, weighted_mean)
 
 from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
-from draftsmith.train.objectives.peagle import Rollouts, cod_rollouts, parallel_top1, peagle_losses
+from draftsmith.train.objectives.variants.peagle import Rollouts, cod_rollouts, parallel_top1, peagle_losses
 from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
 from draftsmith.train.unroll import unroll
 

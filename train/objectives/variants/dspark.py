@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from draftsmith.heads.dspark import corrected
+from draftsmith.heads.variants.dspark import corrected
 from draftsmith.infer.drafters.base import Sampling
-from draftsmith.infer.drafters.dspark import markov_walk
+from draftsmith.infer.drafters.variants.dspark import markov_walk
 from draftsmith.train.losses import LossOutput, soft_ce
 from draftsmith.train.metrics import acceptance_rate
 

@@ -4,7 +4,7 @@ Slot k's logits get the Markov bias of the token chosen at slot k-1 (the root fo
 is sequential over the block's slots: greedy takes each corrected argmax, sampling draws each slot from
 its corrected law q_k (returned, for the generator's min(1, p/q) chain check). Each slot's confidence
 logit reads the same previous token. Adaptive verification: a row keeps its drafts up to the first slot
-whose sigmoid(confidence) is below the threshold (``heads.dspark.confident_lengths``); the choice
+whose sigmoid(confidence) is below the threshold (``heads.variants.dspark.confident_lengths``); the choice
 depends on the drafts only, never on the target, so the chain check stays lossless.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftsmith.heads.dspark import corrected
+from draftsmith.heads.variants.dspark import corrected
 from draftsmith.infer.drafters.base import Sampling
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftsmith.heads.domino import correction, gru_step
+from draftsmith.heads.variants.domino import correction, gru_step
 from draftsmith.infer.drafters.base import Sampling
 
 

@@ -3,7 +3,7 @@ speculators library's ``PEagleDraftModel``, docs/objectives.md, "P-EAGLE").
 
 Depth 0 is EAGLE-3's first step at every position i (the target's features of token i, the embedding of token
 i+1, RoPE position i) and drafts token i+2. The rollout of anchor i at depth d (1..K-1) is a mask position
-(``heads.peagle.mask_inputs``) at RoPE position i+d drafting token i+2+d: it attends to depth 0 at positions
+(``heads.variants.peagle.mask_inputs``) at RoPE position i+d drafting token i+2+d: it attends to depth 0 at positions
 <= i and to its own rollout's depths 1..d, exactly what the drafter's one forward gives the mask after the
 last accepted token i. Every depth trains on the target's law at its token, as EAGLE-3's step d does
 (``ttt_step_loss``'s soft labels and loss kinds, steps weighted by ``train.loss_decay``).
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.heads.layers import additive_mask
-from draftsmith.heads.peagle import COD_RATIO, COD_RATIO_MIN, mask_inputs
+from draftsmith.heads.variants.peagle import COD_RATIO, COD_RATIO_MIN, mask_inputs
 from draftsmith.train.losses import DraftTargets, LossOutput, acceptance_rate, soft_loss, ttt_step_loss
 from draftsmith.train.unroll import shift_left
 

@@ -4,7 +4,7 @@ on DFlash's blocks and anchors.
 Slot k (0..B-1) of the block at anchor a drafts token a+k+1 (SpecForge's ``shift_label``). The GRU reads the
 target's embeddings of the data's tokens a..a+B-1 from a zero state per block (teacher forcing), s_k the state
 after a..a+k; the corrected logits of slot k are ``lm_head(h_k) + embed_proj([h_k ; s_k])`` from
-``pure_draft_prefix_len`` on, ``lm_head(h_k)`` before (``heads.domino``). With slot weights w_k = exp(-k/gamma)
+``pure_draft_prefix_len`` on, ``lm_head(h_k)`` before (``heads.variants.domino``). With slot weights w_k = exp(-k/gamma)
 on the trained slots (0 elsewhere) and
 
     final = sum w * CE(corrected; p) / (sum w + 1e-6),   base = sum w * CE(lm_head(h); p) / (sum w + 1e-6)
@@ -19,12 +19,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from draftsmith.heads.domino import correction, prefix_states
+from draftsmith.heads.variants.domino import correction, prefix_states
 from draftsmith.infer.drafters.base import Sampling
-from draftsmith.infer.drafters.domino import domino_walk
+from draftsmith.infer.drafters.variants.domino import domino_walk
 from draftsmith.train.losses import LossOutput, soft_ce
 from draftsmith.train.metrics import acceptance_rate
-from draftsmith.train.objectives.dspark import _gather, slot_indices
+from draftsmith.train.objectives.variants.dspark import _gather, slot_indices
 
 # SpecForge's linear_lambda_base defaults (its Qwen3-8B example sets the decay ratio to 1.0)
 LAMBDA_BASE_START, LAMBDA_BASE_DECAY_RATIO = 1.0, 0.5
