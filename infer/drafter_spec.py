@@ -127,7 +127,7 @@ def _draft_lm_drafter(spec: DrafterSpec, target: nn.Module, length: int, max_ngr
 
     from draftsmith.data.targets import resolve_target
     from draftsmith.heads import AutoHead
-    from draftsmith.infer.drafters import Chain, drafter_class, make_drafter
+    from draftsmith.infer.drafters import Chain, head_drafter_class, make_drafter
     from draftsmith.infer.drafters.free.hierarchical import HierarchicalDrafter
     from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
     from draftsmith.infer.drafters.free.ngram import NgramDrafter
@@ -144,7 +144,7 @@ def _draft_lm_drafter(spec: DrafterSpec, target: nn.Module, length: int, max_ngr
         name = spec.guess.removeprefix("head:")
         head = loaded[name] if name in loaded else AutoHead.from_pretrained(name)
         head = head.to(device=target.device, dtype=target.dtype).eval()
-        guesser = make_drafter(head, model, Chain(min(length, drafter_class(head.head_kind).longest_chain(head))))
+        guesser = make_drafter(head, model, Chain(min(length, head_drafter_class(head).longest_chain(head))))
     return HierarchicalDrafter(model, target, guesser, Chain(length))
 
 

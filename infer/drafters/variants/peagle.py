@@ -42,6 +42,11 @@ class PEagleDrafter(Eagle3Drafter):
                              "(the depths it was trained to draft)")
         super().__init__(head, target, tree, confidence)
 
+    @staticmethod
+    def longest_chain(head: nn.Module) -> int:
+        """The depths it was trained to draft (``num_depths``)."""
+        return head.config.num_depths
+
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[PEagleState]:
         cache = StaticHeadCache(buffer_size(max(lengths) + self._explored + 1), rows=len(lengths))
         return [PEagleState(cache, b) for b in range(len(lengths))]
