@@ -102,6 +102,7 @@ class DFlashConfig(EagleConfig):
 
     model_type = "draftsmith_dflash"
     head_kind = "dflash"
+    variants = VARIANTS  # the kind's variants: its own name first
     variant_owners = VARIANT_OPTIONS  # the options only one of the kind's variants takes, and that variant
     variant = "dflash"  # the variant this class builds (an instance keeps it as a field: config.json's ``variant``)
     inline_variants = ("dflash2",)  # variants this class builds too (DSpark's and Domino's have classes of their own)

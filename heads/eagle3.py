@@ -86,6 +86,7 @@ class Eagle3Config(EagleConfig):
 
     model_type = "draftsmith_eagle3"
     head_kind = "eagle3"
+    variants = VARIANTS  # the kind's variants: its own name first
     variant_owners = VARIANT_OPTIONS  # the options only one of the kind's variants takes, and that variant
     variant = "eagle3"  # the variant this class builds (an instance keeps it as a field: config.json's ``variant``)
 

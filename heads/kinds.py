@@ -41,6 +41,12 @@ def kind_variants() -> list[tuple[str, str | None]]:
     return [(kind, None) for kind in HEAD_CLASSES] + list(VARIANT_CLASSES)
 
 
+def kind_of_variant(variant: str) -> str | None:
+    """The kind whose variants (its config's ``variants``) include ``variant``; None when no kind's do."""
+    return next((kind for kind, cls in HEAD_CLASSES.items() if variant in getattr(cls.config_class, "variants", ())),
+                None)
+
+
 def config_options(config_cls: type[PretrainedConfig]) -> list[str]:
     """The options a head config takes (its own ``__init__`` parameters and its bases' below
     ``DraftHeadConfig``): what ``build_head`` and ``head.*`` config keys may set."""
