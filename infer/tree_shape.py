@@ -51,12 +51,12 @@ def build_tree(shape: TreeShape, head, device):
     drafts: ``infer.drafters.make_drafter``). A ValueError in one line when the head's kind cannot draft it."""
     import torch
 
-    from draftsmith.infer.drafters import Chain, DynamicTree, StaticTree, drafter_class
+    from draftsmith.infer.drafters import Chain, DynamicTree, StaticTree, head_drafter_class
     from draftsmith.infer.tree import MEDUSA_DEFAULT_CHOICES
 
     if shape.form == "default":
         return None
-    drafter = drafter_class(head.head_kind)
+    drafter = head_drafter_class(head)  # a variant's own (P-EAGLE drafts chains of its depths)
     if shape.form == "tree":
         tree = drafter.branching_tree(torch.device(device))
         if tree is None:

@@ -11,7 +11,7 @@ the tokenizer) next to our draft-model drafter with the same LM (a chain of 4, a
 same chain with the LM's own drafts guessed by prompt lookup or by ``--assistant-head``; HF
 prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafter (chain, tree of
 3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
-``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.lookup_first``); each head with every
+``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.free.lookup_first``); each head with every
 draft shape in ``--trees`` (``infer.tree_shape``, the language ``draftsmith generate --tree`` reads: default, tree,
 chainN, dynD-K-N, medusaN; by default ``default,tree,chain4``; a shape equal to an earlier one runs once, one the
 head's kind cannot draft is skipped). Per method: median tokens/s over prompts
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation (a directory, "
                    "Hub id or demo:assistant)")
     p.add_argument("--assistant-head", help="a head trained on --assistant: the assistant's drafts guessed by it "
-                   "(draft-lm+head:chain4, infer.drafters.hierarchical)")
+                   "(draft-lm+head:chain4, infer.drafters.free.hierarchical)")
     p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows, or demo:mtbench")
     p.add_argument("--num-prompts", type=cli_count(), default=8)
     p.add_argument("--prompt-tokens", type=cli_count(), default=128, help="prompt length for held-out corpus prompts")

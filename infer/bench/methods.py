@@ -16,7 +16,7 @@ from draftsmith.heads import AutoHead
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from draftsmith.infer.drafter_spec import build_drafter, parse_drafter
-from draftsmith.infer.drafters import TreeOption, drafter_class, fit_chain
+from draftsmith.infer.drafters import TreeOption, fit_chain, head_drafter_class
 from draftsmith.target.recurrent import is_hybrid
 from draftsmith.infer.tree_shape import build_tree, parse_tree_shape
 
@@ -49,7 +49,7 @@ def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:
 def default_draft(head, device: torch.device) -> TreeOption | str:
     """What a generator given no tree drafts with ``head`` on ``device`` ("adaptive": the kind's
     adaptive chain), for telling ``default`` apart from the other ``--trees``."""
-    drafter = drafter_class(head.head_kind)
+    drafter = head_drafter_class(head)
     if drafter.adapts_by_default(device):
         return "adaptive"
     return fit_chain(head, drafter.default_tree(device))
