@@ -18,12 +18,13 @@ from draftsmith.heads.eagle import EagleConfig, EagleHead
 from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.heads.early_exit import EarlyExitConfig, EarlyExitHead
 from draftsmith.heads.medusa import MedusaConfig, MedusaHead
+from draftsmith.heads.mtp import MtpHead
 
 # The one list of head kinds, each under its config's head_kind. A kind is its head (heads/<kind>.py), its
 # training objective (train/objectives/<kind>.py) and its drafter (infer/drafters/<kind>.py), found by name;
 # tests/heads/test_kind_contract.py checks the three against their bases.
 HEAD_CLASSES: dict[str, type[DraftHead]] = {cls.config_class.head_kind: cls for cls in (
-    MedusaHead, EagleHead, Eagle3Head, DFlashHead, EarlyExitHead)}
+    MedusaHead, EagleHead, Eagle3Head, DFlashHead, EarlyExitHead, MtpHead)}
 _BY_MODEL_TYPE = {cls.config_class.model_type: cls for cls in HEAD_CLASSES.values()}
 # The public EAGLE-3 layout (EAGLE authors, SpecForge) is converted on load by heads.formats.
 PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3Speculator", "PEagleSpeculator")
