@@ -109,10 +109,11 @@ def load_native(head: nn.Module, target: nn.Module) -> None:
     prefix = f"model.layers.{config.num_hidden_layers}." if style == "deepseek" else "mtp."
     if not tensors:
         raise ValueError(f"head.init=native: {folder} holds no MTP tensors ({prefix}*), although its config declares "
-                         f"{declared}; the checkpoint was saved without them (transformers drops them at load)")
+                         f"{declared} MTP layer(s); the checkpoint was saved without them (transformers drops them at load)")
     mapping = get_checkpoint_conversion_mapping(config.model_type) or []
     load = LoadStateDictConfig(weight_mapping=mapping, dtype=next(head.parameters()).dtype)
     info, _ = convert_and_load_state_dict_in_model(head, tensors, load)
+    head.__dict__.pop("_weight_conversions", None)  # left by the loader: the head saves in its modules' own form
     missing = sorted(info.missing_keys)
     unexpected = sorted(info.unexpected_keys)
     if missing or unexpected:
