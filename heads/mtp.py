@@ -29,19 +29,10 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from draftsmith.heads.common import DraftHead, DraftHeadConfig, text_config
 from draftsmith.heads.layers import HeadCache, HeadOutput, causal_mask
+from draftsmith.heads.mtp_native import load_native, target_mtp_layers
 
 MTP_STYLES = ("deepseek", "qwen3_next")
 MTP_INITS = ("native", "fresh")
-
-
-def target_mtp_layers(config: PretrainedConfig) -> tuple[str, int]:
-    """(style, MTP layers) a target's text config declares: Qwen3-Next/Qwen3.5's ``mtp_num_hidden_layers``,
-    DeepSeek-V3's ``num_nextn_predict_layers`` (transformers' ``num_mtp_layers``); (deepseek, 0) for none."""
-    qwen = getattr(config, "mtp_num_hidden_layers", None)
-    if qwen:
-        return "qwen3_next", int(qwen)
-    deepseek = getattr(config, "num_nextn_predict_layers", None) or getattr(config, "num_mtp_layers", None)
-    return "deepseek", int(deepseek or 0)
 
 
 class MtpConfig(DraftHeadConfig):
@@ -191,8 +182,6 @@ class MtpHead(DraftHead):
         init = self.config.init or ("native" if declared else "fresh")
         if init == "fresh":
             return
-        from draftsmith.heads.mtp_native import load_native
-
         load_native(self, target)
         self.config.init = "native"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torch import Tensor, nn
+from transformers import PretrainedConfig
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 from transformers.core_model_loading import convert_and_load_state_dict_in_model
 from transformers.modeling_utils import LoadStateDictConfig
@@ -29,6 +30,16 @@ from draftsmith.heads.common import text_config
 _DEEPSEEK_OWN = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "shared_head.norm": "post_norm"}
 _DEEPSEEK_SHARED = ("embed_tokens.", "shared_head.head.")
 _QWEN_OWN = {"pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "fc": "eh_proj", "norm": "post_norm"}
+
+
+def target_mtp_layers(config: PretrainedConfig) -> tuple[str, int]:
+    """(style, MTP layers) a target's text config declares: Qwen3-Next/Qwen3.5's ``mtp_num_hidden_layers``,
+    DeepSeek-V3's ``num_nextn_predict_layers`` (transformers' ``num_mtp_layers``); (deepseek, 0) for none."""
+    qwen = getattr(config, "mtp_num_hidden_layers", None)
+    if qwen:
+        return "qwen3_next", int(qwen)
+    deepseek = getattr(config, "num_nextn_predict_layers", None) or getattr(config, "num_mtp_layers", None)
+    return "deepseek", int(deepseek or 0)
 
 
 def head_name(style: str, num_layers: int, mtp_layers: int, name: str) -> str | None:
@@ -92,8 +103,6 @@ def read_native(folder: Path, style: str, num_layers: int, mtp_layers: int) -> d
 def load_native(head: nn.Module, target: nn.Module) -> None:
     """Fill ``head`` (an ``MtpHead``) with ``target``'s checkpoint MTP tensors; one-line errors for a target that
     declares no MTP layer, a checkpoint that is no local folder, or one whose MTP tensors are missing."""
-    from draftsmith.heads.mtp import target_mtp_layers
-
     config = text_config(target)
     style, declared = target_mtp_layers(config)
     where = getattr(config, "_name_or_path", "") or type(target).__name__
