@@ -133,7 +133,6 @@ class _FamilyCache:
 class MtpHead(DraftHead):
     config_class = MtpConfig
     title = "MTP (multi-token prediction)"
-    reads_formats = ("mtp",)
 
     def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
         n = self.config.num_mtp_layers or 1
