@@ -20,14 +20,14 @@ from support.targets import make_tiny_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
-from draftsmith.heads.domino import prefix_states
+from draftsmith.heads.variants.domino import prefix_states
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters import Sampling
-from draftsmith.infer.drafters.domino import domino_walk
+from draftsmith.infer.drafters.variants.domino import domino_walk
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.objectives.dflash import block_outputs, sequence_context
-from draftsmith.train.objectives.domino import corrected_logits, linear_lambda_base
+from draftsmith.train.objectives.variants.domino import corrected_logits, linear_lambda_base
 
 VOCAB = 96
 SMALL = {"block_size": 4, "num_layers": 1, "gru_hidden_dim": 8, "emb_dim": 8, "variant": "domino"}

@@ -15,13 +15,13 @@ from support.dflash_infer import assert_loads_and_decodes_alike, assert_rows_alo
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
-from draftsmith.heads.dspark import confident_lengths
+from draftsmith.heads.variants.dspark import confident_lengths
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters import Sampling, make_drafter
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.objectives.dflash import block_outputs, sequence_context
-from draftsmith.train.objectives.dspark import CE_ALPHA, CONFIDENCE_ALPHA, L1_ALPHA
+from draftsmith.train.objectives.variants.dspark import CE_ALPHA, CONFIDENCE_ALPHA, L1_ALPHA
 
 VOCAB = 96
 SMALL = {"block_size": 4, "num_layers": 1, "markov_rank": 8, "variant": "dspark"}

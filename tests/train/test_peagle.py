@@ -20,7 +20,7 @@ from draftsmith.infer.bench.batch import left_pad
 from draftsmith.infer.drafters import Sampling, make_drafter
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.objectives import objective_class
-from draftsmith.train.objectives.peagle import all_rollouts, cod_rollouts, parallel_outputs
+from draftsmith.train.objectives.variants.peagle import all_rollouts, cod_rollouts, parallel_outputs
 
 VOCAB = 96
 DEPTHS = 4
