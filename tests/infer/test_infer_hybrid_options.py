@@ -9,13 +9,14 @@ import random
 
 import pytest
 import torch
+from support.hybrids import HYBRIDS
 from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
 from draftsmith.infer.speculation_plan import SpeculationPlan
 from draftsmith.target.delta_rule import per_token_modules
-from draftsmith.target.recurrent import LinearAttentionLayer
+from draftsmith.target.recurrent import LAYER_KINDS, LinearAttentionLayer
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 
@@ -41,13 +42,14 @@ def test_every_option_keeps_greedy_identity(arch):
         assert torch.equal(gen.generate(ids, max_new_tokens=30), ref), (arch, name, options)
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", sorted(HYBRIDS))
 def test_per_token_false_chooses_the_gated_deltanet_rule_only(arch):
+    """On every family: per_token=False routes what per_token=True does, less the Gated DeltaNet modules."""
     target = hybrid_target(arch)
     on, off = (SpeculativeGenerator(target, Oracle(torch.zeros(1, 1)), per_token=p).per_token_modules for p in (True, False))
     kept = [r for r in on if not hasattr(r, "torch_chunk_gated_delta_rule")]
-    assert list(off) == kept and bool(kept) == (arch != "qwen3_5_text"), (arch, on, off)
-    assert on == per_token_modules(target)
+    assert list(off) == kept and bool(kept) == (LAYER_KINDS[arch] in ("Mamba-1", "Mamba-2")), (arch, on, off)
+    assert bool(len(on) - len(off)) == (LAYER_KINDS[arch] == "Gated DeltaNet") and on == per_token_modules(target)
 
 
 def test_options_that_cannot_keep_identity_are_refused_in_one_line():
