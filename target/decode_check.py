@@ -94,6 +94,7 @@ def trajectory_gap(model: nn.Module, prompts: list[Tensor], new_tokens: int = 32
     agree = positions = 0
     for ids in prompts:
         ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens,  # past EOS: the logits compared are the raw ones
                              pad_token_id=pad[0] if isinstance(pad, list) else pad, output_logits=True,
                              return_dict_in_generate=True)
         tokens, want = ref.sequences[:, ids.shape[1]:], torch.stack(ref.logits, 1)[0].float()  # want[i] chose tokens[i]
