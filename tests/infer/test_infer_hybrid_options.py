@@ -46,7 +46,8 @@ def test_every_option_keeps_greedy_identity(arch):
 def test_per_token_false_chooses_the_gated_deltanet_rule_only(arch):
     """On every family: per_token=False routes what per_token=True does, less the Gated DeltaNet modules."""
     target = hybrid_target(arch)
-    on, off = (SpeculativeGenerator(target, Oracle(torch.zeros(1, 1)), per_token=p).per_token_modules for p in (True, False))
+    on, off = (SpeculativeGenerator(target, Oracle(torch.zeros(1, 1)), per_token=p).per_token_modules
+               for p in (True, False))
     kept = [r for r in on if not hasattr(r, "torch_chunk_gated_delta_rule")]
     assert list(off) == kept and bool(kept) == (LAYER_KINDS[arch] in ("Mamba-1", "Mamba-2")), (arch, on, off)
     assert bool(len(on) - len(off)) == (LAYER_KINDS[arch] == "Gated DeltaNet") and on == per_token_modules(target)
@@ -65,6 +66,7 @@ def test_options_that_cannot_keep_identity_are_refused_in_one_line():
         assert "\n" not in str(err.value), options
     with pytest.raises(ValueError, match="a custom drafter ignores `tree`"):
         SpeculativeGenerator(target, Oracle(torch.zeros(1, 1)), tree=Chain(3))
-    with pytest.raises(ValueError, match="chain") as err:  # a head's tree on a hybrid: its layers read a verify as one sequence
+    # a head's tree on a hybrid: its recurrent layers read a verify as one sequence
+    with pytest.raises(ValueError, match="chain") as err:
         SpeculativeGenerator(target, build_head("eagle3", target, aux_layer_ids=[0, 1, 2]), tree=DynamicTree())
     assert "\n" not in str(err.value)
