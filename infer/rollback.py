@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from draftsmith.heads.common import text_config
 from draftsmith.infer.decoding import Decoding, GenerationStats
-from draftsmith.infer.drafters import Draft, Drafter, chain_buffers
+from draftsmith.infer.drafters.base import Draft, Drafter, chain_buffers
 from draftsmith.target.views import shallow_backbone
 from draftsmith.target.cache_keywords import cache_kwargs
 from draftsmith.infer.masked_forward import attention_masks, verify_key_positions, verify_mask
