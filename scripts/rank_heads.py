@@ -19,6 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from draftsmith.data.base.paths import claim_report_file, json_with_keys
+from draftsmith.data.cli import run as run_main
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -34,6 +37,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for run in args.runs:
         if not (run_of(run)[0] / "metrics.jsonl").is_file():
             p.error(f"{run}: no metrics.jsonl (neither a training run's output_dir nor one of its checkpoints)")
+    if args.out is not None:  # before any decoding: a user's file or a folder is refused, never replaced
+        try:
+            claim_report_file(args.out, json_with_keys("rows", "spearman"), "head ranking")
+        except OSError as err:
+            p.error(str(err))
     return args
 
 
@@ -142,5 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["identical"] for r in rows) else 1
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``main`` with a user's mistake (a missing target, a refused --out) as one line and exit code 2."""
+    return run_main(main, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())
