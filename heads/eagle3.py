@@ -25,6 +25,7 @@ from draftsmith.data.base.checks import count
 from draftsmith.heads.common import DraftHead, final_norm_scale
 from draftsmith.heads.eagle import EagleConfig, EagleHead
 from draftsmith.heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
+from draftsmith.heads.mask_token import check_mask_token
 from draftsmith.heads.peagle import DEFAULT_DEPTHS, init_parallel_inputs
 
 
@@ -161,6 +162,13 @@ class Eagle3Head(DraftHead):
     config_class = Eagle3Config
     config_from_target = classmethod(EagleHead.config_from_target.__func__)  # its layer mirrors a target layer
     _no_split_modules = ["Eagle3DecoderLayer"]
+
+    def check_target(self, target) -> None:
+        """The shape checks of every head; P-EAGLE's mask token against the target too (``check_mask_token``, as
+        DFlash's): its export writes the mask embedding into that row of ``embed_tokens``, so EOS must not be it."""
+        super().check_target(target)
+        if self.config.is_peagle:
+            check_mask_token(self.config.mask_token_id, target)
 
     @property
     def title(self) -> str:

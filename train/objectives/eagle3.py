@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from draftsmith.heads.mask_token import check_mask_token
 from draftsmith.infer.target import TargetOutput
 from draftsmith.train.settings import DEFAULT_TTT_STEPS, ConfigError, TrainConfig
 from draftsmith.train.draft_vocab import build_draft_vocab
@@ -182,6 +183,7 @@ class Eagle3Objective(Objective):
             logger.info("draft vocab: %d of %d tokens cover %.1f%% of training targets (%s)",
                         head.config.draft_vocab_size, setup.vocab_size, 100 * report.coverage, report.cache_path)
         if head.config.is_peagle:  # the mask embedding starts as the target's embedding of the mask token
+            check_mask_token(head.config.mask_token_id, setup.target, setup.tokenizer)  # not pad/EOS/BOS (as DFlash)
             with torch.no_grad():
                 row = setup.target.get_input_embeddings().weight[head.config.mask_token_id]
                 head.mask_embedding.copy_(row.to(head.mask_embedding))
