@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from draftsmith.data.base.checks import probability
+from draftsmith.data.base.checks import flag, probability
 from draftsmith.data.base.device import default_device, sync
 from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
 from draftsmith.heads import AutoHead
@@ -164,7 +164,7 @@ class SpeculativeGenerator:
         self.acceptance = acceptance
         self.typical = (probability("typical_threshold", typical_threshold, allow_none=False),
                         probability("typical_alpha", typical_alpha, allow_none=False))
-        self.profile = profile
+        self.profile = flag("profile", profile)
         compile = check_compile(compile)
         self.compile = default_compile(self.device) if compile is None else compile
         self._verify_fn = self._make_verify_fn(self.compile, self.device)
@@ -172,7 +172,7 @@ class SpeculativeGenerator:
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
         # Gated DeltaNet modules whose short verifies and replays run the per-token rule (infer.delta_rule)
-        self.per_token_modules = per_token_modules(target) if hybrid and per_token else ()
+        self.per_token_modules = per_token_modules(target) if flag("per_token", per_token) and hybrid else ()
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
             raise ValueError(f"plan must be a SpeculationPlan, the path of one or None, got {type(plan).__name__}")

@@ -96,6 +96,21 @@ def test_generate_cli_refuses_zero_instead_of_defaulting(flag, value, capsys):
     assert f"argument {flag}: a whole number >=" in capsys.readouterr().err
 
 
+def test_generate_cli_notes_top_p_and_top_k_unused_at_temperature_0(capsys):
+    """`generate --temperature 0 --top-p 0.5 --top-k 3` took both without a word (greedy decoding reads neither)."""
+    from draftsmith.infer.cli import parse_args
+
+    parse_args(["--head", "h", "--prompt", "p", "--temperature", "0", "--top-p", "0.5", "--top-k", "3"])
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: --top-p 0.5 and --top-k 3 shape sampling only; --temperature 0 decodes greedily (set --temperature "
+        "> 0 to sample)"]
+    parse_args(["--head", "h", "--prompt", "p", "--top-k", "3"])
+    assert capsys.readouterr().err.startswith("warning: --top-k 3 shape sampling only")
+    for quiet in (["--temperature", "0.7", "--top-p", "0.5", "--top-k", "3"], []):
+        parse_args(["--head", "h", "--prompt", "p", *quiet])
+        assert capsys.readouterr().err == ""
+
+
 class _Parsed(BaseException):
     """Raised instead of parsing: carries the parser an entry point built."""
 
@@ -286,6 +301,11 @@ def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
     (lambda t, h: SpeculativeGenerator(t, h, compile=5), "compile must be True, False, None or a torch.compile backend"),
     (lambda t, h: SpeculativeGenerator(t, h, compile="inductr"), "compile='inductr' is not a torch.compile backend"),
     (lambda t, h: SpeculativeGenerator(t, h, plan=5), "plan must be a SpeculationPlan, the path of one or None, got int"),
+    (lambda t, h: SpeculativeGenerator(t, h, per_token="no"), "per_token must be True or False, got 'no'"),
+    (lambda t, h: SpeculativeGenerator(t, h, profile=1), "profile must be True or False, got 1"),
+    (lambda t, h: SpeculativeGenerator(t, h).generate(torch.tensor([[1, 2]]), max_new_tokens=2,
+                                                      attention_mask=torch.tensor([[0.5, 1.0]])),
+     r"attention_mask must hold 0 \(pad\) and 1 \(token\) only, got 0.5"),
     (lambda t, h: SpeculativeGenerator(t, h).generate(torch.tensor([[1, 2]]), max_new_tokens=2, eos_token_id=-1),
      r"eos_token_id must be a token id or a list of them in \[0, \d+\), got -1"),
     (lambda t, h: SpeculativeGenerator(t, h).generate(torch.tensor([[1, 2]]), max_new_tokens=2, eos_token_id="</s>"),
