@@ -322,3 +322,28 @@ def test_generator_heads_and_trees_refuse_bad_values_where_they_enter(target, ma
     vocabulary, an eos id no token has) or failed later with a message naming nothing."""
     with pytest.raises(ValueError, match=message):
         make(target, build_head("eagle3", target))
+
+
+def test_a_prompts_file_cut_mid_line_names_that_line(tmp_path):
+    """drift and speculation-plan read --prompts through load_prompts; a file cut inside its second row was
+    "Expecting ',' delimiter: line 1 column 14" (json's count inside the one line it was given)."""
+    import argparse
+
+    from draftsmith.infer.bench.prompts import load_prompts
+    from draftsmith.scripts import calibrate_speculation, drift
+
+    class Tokenizer:
+        def __call__(self, text):
+            return {"input_ids": [ord(c) for c in text]}
+
+    assert drift.load_prompts is load_prompts is calibrate_speculation.load_prompts
+    path = tmp_path / "prompts.jsonl"
+    args = argparse.Namespace(prompts=str(path), num_prompts=8)
+    path.write_text('{"prompt": "ab"}\n\n{"prompt": "c')
+    with pytest.raises(ValueError, match=rf"^{path}:3: invalid JSON at column 12: Unterminated string"):
+        load_prompts(args, Tokenizer())
+    path.write_text('{"prompt": "ab"}\n["c"]\n')
+    with pytest.raises(ValueError, match=rf"^{path}:2: a prompt row is a JSON object .*, got list"):
+        load_prompts(args, Tokenizer())
+    path.write_text('{"prompt": "ab"}\n{"prompt": "c"}\n')
+    assert load_prompts(args, Tokenizer()) == [[97, 98], [99]]
