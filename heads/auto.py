@@ -21,7 +21,7 @@ from draftsmith.heads.medusa import MedusaConfig, MedusaHead
 
 # The one list of head kinds, each under its config's head_kind. A kind is its head (heads/<kind>.py), its
 # training objective (train/objectives/<kind>.py) and its drafter (infer/drafters/<kind>.py), found by name;
-# tests/test_kind_contract.py checks the three against their bases.
+# tests/heads/test_kind_contract.py checks the three against their bases.
 HEAD_CLASSES: dict[str, type[DraftHead]] = {cls.config_class.head_kind: cls for cls in (
     MedusaHead, EagleHead, Eagle3Head, DFlashHead, EarlyExitHead)}
 _BY_MODEL_TYPE = {cls.config_class.model_type: cls for cls in HEAD_CLASSES.values()}

@@ -19,7 +19,7 @@ import torch
 from draftsmith.data.base.checks import cli_count
 from draftsmith.data.cli import run
 from draftsmith.data.targets import resolve_target
-from draftsmith.infer.threads import choose_threads
+from draftsmith.target.threads import choose_threads
 from draftsmith.train.config import load_config
 from draftsmith.train.examples import IndexedRows, collate
 from draftsmith.train.feature_source import FeatureSource

@@ -38,7 +38,7 @@ accept, compact, emit; on a hybrid target "rollback": the recurrent states' rest
 accepted tokens, with the checkpoint copy inside "draft"). ``--train-throughput`` adds head-training tokens/s against the target's
 forward-only tokens/s. Writes results.json, results.md and PNG plots to --out.
 
-A hybrid target (``infer.recurrent``: Gated DeltaNet, Mamba, short-conv layers, e.g. demo:tiny-hybrid)
+A hybrid target (``target.recurrent``: Gated DeltaNet, Mamba, short-conv layers, e.g. demo:tiny-hybrid)
 runs every method that drafts chains; HF's assisted generation and prompt lookup (transformers refuses
 stateful models) and trees are skipped, each named with its reason under the table.
 """
@@ -131,11 +131,11 @@ def main(argv: list[str] | None = None) -> dict:
     from draftsmith.infer.bench.profile import profile_heads
     from draftsmith.infer.bench.report import summarise, write_report
     from draftsmith.infer.bench.timing import ForwardCounter, hardware
-    from draftsmith.infer.recurrent import check_supported
-    from draftsmith.infer.threads import choose_threads
+    from draftsmith.target.recurrent import check_supported
+    from draftsmith.target.threads import choose_threads
 
     device = default_device(args.device)
-    if device.type == "cpu":  # the one thread policy (infer.threads): --threads, OMP_NUM_THREADS or a probe
+    if device.type == "cpu":  # the one thread policy (target.threads): --threads, OMP_NUM_THREADS or a probe
         print(choose_threads(args.threads), file=sys.stderr, flush=True)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)

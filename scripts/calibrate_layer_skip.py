@@ -25,8 +25,8 @@ from draftsmith.data.targets import resolve_target
 from draftsmith.infer.bench.calibrate_layer_skip import calibrate_layer_skip, calibration_markdown
 from draftsmith.infer.bench.prompts import load_prompts
 from draftsmith.infer.drafters.layer_skip import calibration_path
-from draftsmith.infer.target import decoder_layers
-from draftsmith.infer.threads import choose_threads
+from draftsmith.target.model import decoder_layers
+from draftsmith.target.threads import choose_threads
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=cli_count(), default=64)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    p.add_argument("--threads", type=cli_count(), default=None, help="torch CPU threads (default: infer.threads' policy)")
+    p.add_argument("--threads", type=cli_count(), default=None, help="torch CPU threads (default: target.threads' policy)")
     args = p.parse_args(argv)
     try:
         args.layers = [int(k) for k in args.layers.split(",") if k.strip()]

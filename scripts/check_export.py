@@ -116,7 +116,7 @@ def _without_library(head, fmt: str, export: Path, target_path, valid: bool) -> 
     from transformers import AutoConfig
 
     print(f"no consumer library for '{fmt}' runs here: the keys its engines read are tabled in "
-          "docs/export-keys.md (tests/test_export_keys.py checks we write them)")
+          "docs/export-keys.md (tests/heads/test_export_keys.py checks we write them)")
     ok = _print_head_differences(head, fmt, export, AutoConfig.from_pretrained(target_path)) and valid
     print("export: ok" if ok else "export: MISMATCH")
     return 0 if ok else 1

@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     from draftsmith.data.features import bytes_per_token, open_store
     from draftsmith.data.targets import resolve_target
     from draftsmith.heads import build_head
-    from draftsmith.infer.target import target_forward
-    from draftsmith.infer.threads import choose_threads
+    from draftsmith.target.model import target_forward
+    from draftsmith.target.threads import choose_threads
     from draftsmith.train.examples import collate, data_sources, load_examples
     from draftsmith.train.feature_source import feature_fingerprint, row_states
     from draftsmith.train.objectives import objective_class

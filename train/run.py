@@ -28,9 +28,9 @@ from transformers import get_scheduler
 from draftsmith.data.base.checks import at_most
 from draftsmith.data.targets import load_target, load_target_tokenizer, resolve_target
 from draftsmith.heads import build_head
-from draftsmith.infer.recurrent import check_supported
-from draftsmith.infer.target import decoder_layers, loaded_target_identity
-from draftsmith.infer.threads import choose_threads
+from draftsmith.target.recurrent import check_supported
+from draftsmith.target.model import decoder_layers, loaded_target_identity
+from draftsmith.target.threads import choose_threads
 from draftsmith.train.launcher import threads_are_launcher_default
 from draftsmith.train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
 from draftsmith.train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
@@ -95,7 +95,7 @@ PROBE_ROWS_CAP = 1024
 
 
 def _choose_cpu_threads(tokens: int) -> None:
-    """The one thread policy (``infer.threads``) for CPU training, also under ``accelerate launch``: its default
+    """The one thread policy (``target.threads``) for CPU training, also under ``accelerate launch``: its default
     of 1 thread per process is measured against every core when one process has them all; a count the user
     set (``OMP_NUM_THREADS``, ``--num_cpu_threads_per_process N``) is kept. Several processes keep theirs."""
     if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true"):

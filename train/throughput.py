@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from draftsmith.data.base.device import sync
 from draftsmith.data.targets import resolve_target
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.examples import collate
 from draftsmith.train.run import prepare_run

@@ -18,7 +18,7 @@ from draftsmith.infer.bench.tree_spec import TREE_SPEC
 from draftsmith.infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from draftsmith.infer.drafter_spec import build_drafter, parse_drafter
 from draftsmith.infer.drafters import TreeOption, drafter_class, fit_chain
-from draftsmith.infer.recurrent import is_hybrid
+from draftsmith.target.recurrent import is_hybrid
 from draftsmith.infer.tree import MEDUSA_DEFAULT_CHOICES
 
 

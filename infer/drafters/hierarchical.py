@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from draftsmith.infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
 from draftsmith.infer.drafters.lm_drafter import LMDrafter, LMState
 from draftsmith.infer.drafters.ngram import NgramDrafter, find_continuations
-from draftsmith.infer.cache_keywords import cache_kwargs
-from draftsmith.infer.target import target_forward
+from draftsmith.target.cache_keywords import cache_kwargs
+from draftsmith.target.model import target_forward
 
 GREEDY = Sampling()
 

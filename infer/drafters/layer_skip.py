@@ -1,7 +1,7 @@
 """Self-speculation by layer skip (training-free): the target's own first ``k`` decoder layers, its
 final norm and its lm_head draft a chain, so no second model sits in memory.
 
-``early_exit_view(target, k)`` is a view of the target that stops after layer ``k``: a shallow copy
+``early_exit_view(target, k)`` (target/views.py) is a view of the target that stops after layer ``k``: a shallow copy
 whose module tree holds the target's own layer objects (nothing is copied or trained). A draft model
 is anything ``LMDrafter`` drafts with, so ``LayerSkipDrafter`` is an ``LMDrafter`` over that view, with
 its own KV cache of the first ``k`` layers. Verification stays the full target's, so decoding is as
@@ -13,7 +13,6 @@ draft token costs k/L of a target forward on CPU): ``scripts/calibrate_layer_ski
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from dataclasses import dataclass
@@ -23,16 +22,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from draftsmith.data.base.checks import count
 from draftsmith.data.base.paths import cache_root
 from draftsmith.heads.common import final_norm_name
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.masked_forward import attention_masks
-from draftsmith.infer.recurrent import model_type
+from draftsmith.target.recurrent import model_type
 from draftsmith.infer.drafters.base import Chain, Draft, Sampling, chain_buffers
 from draftsmith.infer.drafters.lm_drafter import LMDrafter, LMState
-from draftsmith.infer.cache_keywords import cache_kwargs
-from draftsmith.infer.target import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
+from draftsmith.target.cache_keywords import cache_kwargs
+from draftsmith.target.model import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
+from draftsmith.target.views import early_exit_view, late_view, shallow_backbone
 
 CALIBRATION_DIR = "layer-skip"  # under the cache root: one JSON per (target, device type, dtype)
 
@@ -74,77 +73,6 @@ def calibrated_layers(target: nn.Module) -> int | None:
     return k
 
 
-def early_exit_view(target: nn.Module, k: int) -> nn.Module:
-    """The target stopped after its first ``k`` decoder layers (then its final norm and lm_head).
-
-    The view shares every parameter with ``target`` (a change to one is a change to both) and has its
-    own config saying ``num_hidden_layers=k`` (and the first ``k`` ``layer_types``)."""
-    model = causal_lm_of(target)
-    stack = _first_layers(target, k)
-    view = copy.copy(model)
-    view._modules = dict(model._modules)
-    setattr(view, model.base_model_prefix, stack)
-    view.config = stack.config
-    return view
-
-
-def shallow_backbone(target: nn.Module, k: int) -> nn.Module:
-    """The target's decoder stack stopped after its first ``k`` layers, without the final norm: its
-    ``last_hidden_state`` is HF ``hidden_states[k]`` of the full target (what an early-exit head reads)."""
-    stack = _first_layers(target, k)
-    setattr(stack, final_norm_name(stack) or "norm", nn.Identity())
-    return stack
-
-
-def late_view(target: nn.Module, k: int) -> nn.Module:
-    """The target from its layer ``k`` on: a view like ``early_exit_view`` whose backbone runs layers
-    ``k``.. (each keeps its own layer index, so it reads and writes its own layer of a cache) on
-    ``inputs_embeds`` = the residual stream entering layer ``k``, then the final norm and lm_head."""
-    model = causal_lm_of(target)
-    view = copy.copy(model)
-    view._modules = dict(model._modules)
-    stack = _layers(target, k, len(decoder_layers(target)))
-    setattr(view, model.base_model_prefix, stack)
-    view.config = stack.config
-    return view
-
-
-def _first_layers(target: nn.Module, k: int) -> nn.Module:
-    """A shallow copy of the target's backbone over its first ``k`` layers (its own module table and
-    config; the layer objects are the target's)."""
-    count("layer-skip layers", k)
-    if k >= len(decoder_layers(target)):
-        raise ValueError(f"layer skip drafts with fewer than the target's {len(decoder_layers(target))} layers; got k={k}")
-    return _layers(target, 0, k)
-
-
-# config fields with one entry per layer that a backbone's forward reads by its layers' positions
-PER_LAYER = ("layer_types", "layers_block_type")
-
-
-def _layers(target: nn.Module, start: int, stop: int) -> nn.Module:
-    """A shallow copy of the target's backbone over its layers [start, stop) (its own module table and
-    config saying ``num_hidden_layers = stop - start``; the layer objects are the target's)."""
-    backbone = backbone_of(target)
-    config = copy.deepcopy(causal_lm_of(target).config)
-    # per-layer lists, read before the count changes (some configs derive them from it)
-    lists = {name: list(getattr(config, name)) for name in PER_LAYER if isinstance(getattr(config, name, None), list)}
-    config.num_hidden_layers = stop - start
-    derived = {}
-    for name, values in lists.items():
-        try:
-            setattr(config, name, values[start:stop])
-        except AttributeError:  # Jamba, Bamba, Falcon-H1: a read-only property of other fields
-            derived[getattr(config, "attribute_map", {}).get(name, name)] = values[start:stop]
-    if derived:  # this copy's own subclass holds the cut lists in place of the properties
-        config.__class__ = type(type(config).__name__, (type(config),), derived)
-    stack = copy.copy(backbone)
-    stack._modules = dict(backbone._modules)  # its own module table: the target's keeps all layers
-    stack.layers = nn.ModuleList(list(decoder_layers(target))[start:stop])
-    stack.config = config
-    return stack
-
-
 @dataclass
 class LayerSkipState(LMState):
     row: int = 0  # this row's index in the target's cache (a batch's rows)
@@ -166,7 +94,7 @@ class LayerSkipDrafter(LMDrafter):
 
     def __init__(self, target: nn.Module, k: int | None = None, tree: Chain | None = None,
                  confidence: float | None = None) -> None:
-        if model_type(target) == "zamba":  # measured: tests/test_infer_hybrid.py
+        if model_type(target) == "zamba":  # measured: tests/infer/test_infer_hybrid.py
             raise ValueError("ZambaForCausalLM (zamba): layer skip is refused: its drafts through the shared first "
                              "layers leave the output different from the target's own generate (not found why yet)")
         found = calibrated_layers(target) if k is None else None

@@ -18,8 +18,8 @@ from transformers.cache_utils import DynamicCache
 from draftsmith.data.base.checks import probability
 from draftsmith.infer.cache import crop_dynamic
 from draftsmith.infer.drafters.base import Chain, Draft, Drafter, Sampling, chain_draft, root_only
-from draftsmith.infer.cache_keywords import cache_kwargs
-from draftsmith.infer.recurrent import cache_checkpoint, check_supported, is_hybrid, restore_cache
+from draftsmith.target.cache_keywords import cache_kwargs
+from draftsmith.target.recurrent import cache_checkpoint, check_supported, is_hybrid, restore_cache
 
 
 def check_same_tokenizer(draft: nn.Module, target: nn.Module) -> None:
@@ -39,7 +39,7 @@ class LMState:
     seq: Tensor | None = None  # (L,) every emitted token, prompt first; seq[-1] is the root
     cache: DynamicCache = field(default_factory=DynamicCache)
     cached: Tensor | None = None  # (C,) the tokens whose KV the cache holds
-    # a hybrid draft model's cache as it was before this step's drafts (infer.recurrent.cache_checkpoint),
+    # a hybrid draft model's cache as it was before this step's drafts (target.recurrent.cache_checkpoint),
     # and how many cached tokens it held then: recurrent states roll back to it, never by cropping
     checkpoint: tuple | None = None
     mark: int = 0
@@ -61,12 +61,12 @@ class LMDrafter(Drafter):
         if not isinstance(self.option, Chain):
             raise TypeError(f"a draft model drafts a Chain, not {type(self.option).__name__}")
         if self.checks_draft_model:
-            check_supported(model)  # a Mamba / MiniMax draft LM, or a hybrid without attention: one line (infer.recurrent)
+            check_supported(model)  # a Mamba / MiniMax draft LM, or a hybrid without attention: one line (target.recurrent)
         self.model = model.eval()
         self.confidence = probability("LMDrafter confidence", confidence)
         self.max_nodes = self.option.length + 1  # the most nodes a draft has, root included
         # a hybrid draft model keeps recurrent states: its cache is transformers' hybrid one, rolled back
-        # by checkpoint and replay (infer.recurrent)
+        # by checkpoint and replay (target.recurrent)
         self.hybrid = is_hybrid(model.config)
 
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[LMState]:

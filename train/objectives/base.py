@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.target import TargetOutput, causal_lm_of, target_forward
+from draftsmith.target.model import TargetOutput, causal_lm_of, target_forward
 from draftsmith.train.settings import DEFAULT_TTT_STEPS, TrainConfig
 from draftsmith.train.features import Features
 from draftsmith.train.losses import LossOutput

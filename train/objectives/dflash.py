@@ -38,7 +38,7 @@ from draftsmith.heads.dflash import DEFAULT_BLOCK_SIZE
 from draftsmith.heads.mask_token import check_mask_token  # noqa: F401  (tests import it here)
 from draftsmith.infer.drafters.base import Sampling
 from draftsmith.infer.drafters.dflash import select_path
-from draftsmith.infer.target import TargetOutput
+from draftsmith.target.model import TargetOutput
 from draftsmith.train.settings import ConfigError, OptimConfig, TrainConfig
 from draftsmith.train.features import Features
 from draftsmith.train.losses import LossOutput, decayed_sum, dpace_weights, soft_ce, soft_loss, weighted_mean

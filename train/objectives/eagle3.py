@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.heads.mask_token import check_mask_token
-from draftsmith.infer.target import TargetOutput
+from draftsmith.target.model import TargetOutput
 from draftsmith.train.settings import DEFAULT_TTT_STEPS, ConfigError, TrainConfig
 from draftsmith.train.draft_vocab import build_draft_vocab
 from draftsmith.train.examples import collate
