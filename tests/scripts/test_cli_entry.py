@@ -148,7 +148,7 @@ def test_every_commands_help_answers_before_torch_loads(name, tmp_path):
     assert done.stderr.strip().splitlines()[-1] == "loaded: False False", done.stderr
     if name == "train":  # the values of configs/demo.yaml, the kinds by name
         assert "output_dir = runs/demo-tiny-eagle3" in done.stdout and "train.max_steps = 300" in done.stdout
-        assert "medusa | eagle | eagle3 | dflash | early-exit" in done.stdout
+        assert "medusa | eagle | eagle3 | dflash | early-exit | mtp" in done.stdout
 
 
 def test_the_light_name_lists_are_the_real_ones():
@@ -156,7 +156,7 @@ def test_the_light_name_lists_are_the_real_ones():
     from draftsmith.data.base.names import DEMO_SIZES, EXPORT_FORMATS, FEATURE_DTYPES, HEAD_KINDS
     from draftsmith.data.demo_lm import SIZES
     from draftsmith.data.features import DTYPES
-    from draftsmith.heads.auto import HEAD_CLASSES
+    from draftsmith.heads.kinds import HEAD_CLASSES
     from draftsmith.heads.formats import FORMATS
 
     assert HEAD_KINDS == tuple(HEAD_CLASSES)

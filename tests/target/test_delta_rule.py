@@ -17,11 +17,11 @@ from support.hybrids import make_tiny_hybrid
 from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
 
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer import delta_rule
+from draftsmith.target import delta_rule
 from draftsmith.target.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, SCAN, per_token_modules, per_token_rule
 from draftsmith.infer.drafters import chain_draft, root_only
 from draftsmith.target.cache_keywords import cache_kwargs, returned_cache
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LinearAttentionLayer
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")

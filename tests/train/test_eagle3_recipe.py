@@ -27,7 +27,7 @@ def _step_losses(mask_out_of_vocab: bool, *overrides: str):
     head.set_draft_vocab(list(range(3, 15)))
     cfg = load_config(None, ["head.kind=eagle3", "head.ttt_steps=2", f"train.mask_out_of_vocab={mask_out_of_vocab}",
                                 *overrides])
-    objective = objective_class("eagle3")(head, cfg)
+    objective = objective_class("eagle3", head.config.variant)(head, cfg)
     ids = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
     ids[:, ::2] = torch.arange(3, 11)  # some of the target's top-1s fall inside the draft vocabulary
     loss_mask = torch.ones_like(ids)
