@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from draftsmith.data.base.paths import claim_report_file, json_with_keys
-from draftsmith.data.cli import run as run_main
+from draftsmith.data.entry_point import run as run_main
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -168,6 +168,10 @@ class OptimConfig:
         "eagle3 only: what each draft step learns: soft = the target's law over the draft vocabulary (what sampled "
         "verification accepts); top1 = its top-1 there, one-hot (hard CE: what greedy verification accepts; "
         "configs/demo.yaml, docs/objectives.md); the supervised stage only", "soft")
+    top1_share: float | None = _doc(
+        "eagle3, train.labels=soft only: the share of the target's top-1 (one-hot) mixed into each step's soft label, "
+        "in (0, 1): CE against it is that share of hard CE plus the rest of soft CE, one label for greedy and "
+        "sampled verification (null = the law alone)", None)
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(

@@ -1,9 +1,9 @@
 """What rolling back a hybrid target's recurrent states costs, per rollback (docs/hybrid.md).
 
-    python scripts/bench_rollback.py --target demo:tiny-hybrid [--heads HEAD_DIR ...] [--rollback merged,replay]
+    python lab/bench_rollback.py --target demo:tiny-hybrid [--heads HEAD_DIR ...] [--rollback merged,replay]
         [--prompts 4] [--max-new-tokens 128] [--threads 1] [--rules per-token,chunked]
         [--reference-target demo:tiny [--reference-heads HEAD_DIR ...]] [--out FILE.json]
-    python scripts/bench_rollback.py --oracle 4/1,4/3,8/3,8/6 --target random:gated-deltanet,random:mamba2 \
+    python lab/bench_rollback.py --oracle 4/1,4/3,8/3,8/6 --target random:gated-deltanet,random:mamba2 \
         --reference-target random:attention --threads 1 [--out FILE.json]
 
 Two measurements on one target, in one process:
@@ -51,7 +51,7 @@ import time
 
 from draftsmith.data.base.checks import cli_choices, cli_count, cli_counts
 from draftsmith.data.base.paths import claim_report_file, json_with_keys
-from draftsmith.data.cli import run
+from draftsmith.data.entry_point import run
 
 MODES = ("merged", "replay")
 RULES = ("per-token", "chunked")  # short verifies on the per-token Gated DeltaNet rule (the generator's), or not
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftsmith.target.threads import choose_threads
 
     print(choose_threads(args.threads), file=sys.stderr, flush=True)
-    command = " ".join(["python scripts/bench_rollback.py", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python lab/bench_rollback.py", *(sys.argv[1:] if argv is None else argv)])
     result = oracle_bench(args, command) if args.oracle else rollback_bench(args, command)
     result["threads"] = torch.get_num_threads()
     print(json.dumps(result, indent=2))
