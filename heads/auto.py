@@ -38,14 +38,13 @@ def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options:
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for a {kind} head; allowed: {sorted(allowed)}")
     try:
-        shape = head_cls.config_from_target(target)
-    except AttributeError as err:  # a Mamba, RWKV, ... config: no attention shape to mirror
+        head = head_cls(head_cls.config_class(**{**head_cls.config_from_target(target), **options}))
+    except AttributeError as err:  # a Mamba, RWKV, ... config: no attention shape to mirror (or to build MTP layers of)
         config = getattr(target, "config", target)
         name = (getattr(config, "architectures", None) or [type(target).__name__])[0]
-        raise ValueError(f"cannot build a {kind} head for {name} ({getattr(config, 'model_type', '?')}): its config has "
-                         f"no {getattr(err, 'name', None) or err} (draft heads are built for decoder-only targets with "
-                         "attention layers; docs/hybrid.md lists the hybrids)") from None
-    head = head_cls(head_cls.config_class(**{**shape, **options}))
+        raise ValueError(f"cannot build a {kind} head for {name} ({getattr(config, 'model_type', '?')}): {err} (draft "
+                         "heads are built for decoder-only targets with attention layers; docs/hybrid.md lists the "
+                         "hybrids)") from None
     if isinstance(target, PreTrainedModel):
         head.init_from_target_model(target)
     return head

@@ -289,7 +289,7 @@ def test_lease_docs_give_the_one_call_and_the_wheels_the_dry_run_counts():
 def test_lease_dry_run_plans_only_the_phases_asked_for(capsys, tmp_path):
     """`--dry-run --phases probe` planned all six phases, and with --budget-s 100 failed on the ones it was
     told not to run; `--phases ,` was taken (and ran nothing)."""
-    from draftsmith.scripts.gpu_lease import RATES, estimates, load_rates
+    from draftsmith.lab.gpu_lease import RATES, estimates, load_rates
 
     probe = estimates(load_rates(RATES))["probe"]
     assert lease_main(["--dry-run", "--phases", "probe", "--budget-s", "100", "--wheels", str(tmp_path / "none")]) == 0

@@ -156,8 +156,8 @@ def test_a_refused_family_is_one_line_at_build_head_and_the_target_drafters(arch
     Medusa head, which mirrors no layer, may still be built; the generator refuses its target)."""
     from draftsmith.heads.auto import build_head
     from draftsmith.heads.kinds import HEAD_CLASSES
-    from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-    from draftsmith.infer.drafters.lm_drafter import LMDrafter
+    from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
+    from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
 
     name, kind, _ = REFUSED[arch]
     model = _tiny(arch)
