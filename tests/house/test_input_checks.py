@@ -97,7 +97,7 @@ def test_generate_cli_refuses_zero_instead_of_defaulting(flag, value, capsys):
 
 def test_generate_cli_notes_top_p_and_top_k_unused_at_temperature_0(capsys):
     """`generate --temperature 0 --top-p 0.5 --top-k 3` took both without a word (greedy decoding reads neither)."""
-    from draftsmith.infer.cli import parse_args
+    from draftsmith.infer.generate_command import parse_args
 
     parse_args(["--head", "h", "--prompt", "p", "--temperature", "0", "--top-p", "0.5", "--top-k", "3"])
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -331,13 +331,13 @@ def test_a_prompts_file_cut_mid_line_names_that_line(tmp_path):
     import argparse
 
     from draftsmith.infer.bench.prompts import load_prompts
-    from draftsmith.scripts import calibrate_speculation, drift
+    from draftsmith.scripts import drift, speculation_plan
 
     class Tokenizer:
         def __call__(self, text):
             return {"input_ids": [ord(c) for c in text]}
 
-    assert drift.load_prompts is load_prompts is calibrate_speculation.load_prompts
+    assert drift.load_prompts is load_prompts is speculation_plan.load_prompts
     path = tmp_path / "prompts.jsonl"
     args = argparse.Namespace(prompts=str(path), num_prompts=8)
     path.write_text('{"prompt": "ab"}\n\n{"prompt": "c')
