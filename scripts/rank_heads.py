@@ -21,7 +21,7 @@ from pathlib import Path
 
 from draftsmith.data.base.checks import cli_count
 from draftsmith.data.base.paths import claim_report_file, json_with_keys
-from draftsmith.data.entry_point import run as run_main
+from draftsmith.data.entry_point import run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,11 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for run in args.runs:
         if not (run_of(run)[0] / "metrics.jsonl").is_file():
             p.error(f"{run}: no metrics.jsonl (neither a training run's output_dir nor one of its checkpoints)")
-    if args.out is not None:  # before any decoding: a user's file or a folder is refused, never replaced
-        try:
-            claim_report_file(args.out, json_with_keys("rows", "spearman"), "head ranking")
-        except OSError as err:
-            p.error(str(err))
+    if args.out is not None:  # before any decoding: a user's file or a folder is refused (one line), never replaced
+        claim_report_file(args.out, json_with_keys("rows", "spearman"), "head ranking")
     return args
 
 
@@ -149,10 +146,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["identical"] for r in rows) else 1
 
 
-def cli(argv: list[str] | None = None) -> int:
-    """``main`` with a user's mistake (a missing target, a refused --out) as one line and exit code 2."""
-    return run_main(main, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())
+if __name__ == "__main__":  # a user's mistake (a missing target, a refused --out): one line, exit code 2
+    sys.exit(run(main))
