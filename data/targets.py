@@ -137,7 +137,14 @@ def load_target(target: str, role: str = "target", **kwargs: Any):
     with hub_errors(base_path):
         base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
     check_adapter_layers(adapter, base.config.num_hidden_layers)
-    model = PeftModel.from_pretrained(base, str(adapter), is_trainable=False).merge_and_unload()
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter), is_trainable=False).merge_and_unload()
+    except Exception as err:  # noqa: BLE001 - peft's size mismatches, safetensors' cut file: name the file and base
+        if isinstance(err, MemoryError):
+            raise
+        reason = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())[:300]
+        raise ValueError(f"{adapter / ADAPTER_WEIGHTS}: cannot be loaded on its base {base_name} (an adapter made for "
+                         f"another base, or a cut file): {type(err).__name__}: {reason}") from None
     model.config._name_or_path = str(target)
     setattr(model.config, ADAPTER_BASE_KEY, base_name)
     return model

@@ -37,7 +37,14 @@ def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options:
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for a {kind} head; allowed: {sorted(allowed)}")
-    head = head_cls(head_cls.config_class(**{**head_cls.config_from_target(target), **options}))
+    try:
+        head = head_cls(head_cls.config_class(**{**head_cls.config_from_target(target), **options}))
+    except AttributeError as err:  # a Mamba, RWKV, ... config: no attention shape to mirror (or to build MTP layers of)
+        config = getattr(target, "config", target)
+        name = (getattr(config, "architectures", None) or [type(target).__name__])[0]
+        raise ValueError(f"cannot build a {kind} head for {name} ({getattr(config, 'model_type', '?')}): {err} (draft "
+                         "heads are built for decoder-only targets with attention layers; docs/hybrid.md lists the "
+                         "hybrids)") from None
     if isinstance(target, PreTrainedModel):
         head.init_from_target_model(target)
     return head

@@ -172,6 +172,14 @@ class DraftHeadConfig(PretrainedConfig):
         return {f"target_{k}": v for k, v in target_identity(target).items()}
 
 
+def _named(entry) -> str:
+    """A loading-info key as one name: a mismatched one, ``(name, file shape, config shape)``, with both shapes."""
+    if isinstance(entry, (tuple, list)) and len(entry) == 3:
+        name, found, wanted = entry
+        return f"{name} (file {tuple(found)}, config {tuple(wanted)})"
+    return str(entry)
+
+
 class DraftHead(PreTrainedModel):
     """Behaviour shared by all heads. Subclasses set ``config_class`` and build their modules."""
 
@@ -212,6 +220,7 @@ class DraftHead(PreTrainedModel):
             raise ValueError(f"{path_or_repo}: holds only pickled weights ({', '.join(p.name for p in local.glob('*.bin'))}); "
                              "draftsmith heads load from safetensors only (no pickle is ever unpickled)")
         kwargs.setdefault("use_safetensors", True)
+        kwargs.setdefault("ignore_mismatched_sizes", True)  # a tensor of another shape: named below, not raised by its table
         if "config" not in kwargs:  # read first, so that a value the config refuses names the file
             hub = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "local_files_only", "force_download",
                                           "subfolder") if k in kwargs}
@@ -225,7 +234,7 @@ class DraftHead(PreTrainedModel):
             if str(path_or_repo) in str(err):
                 raise
             raise ValueError(f"{path_or_repo}: {err}") from None
-        problems = {what: sorted(info.get(key) or ()) for what, key in
+        problems = {what: sorted(map(_named, info.get(key) or ())) for what, key in
                     (("missing", "missing_keys"), ("not declared by its config", "unexpected_keys"),
                      ("of another shape", "mismatched_keys"))}
         problems = {what: names for what, names in problems.items() if names}

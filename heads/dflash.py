@@ -31,6 +31,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from draftsmith.heads.common import DraftHead, check_variant, refuse_variant_options
 from draftsmith.heads.eagle import EagleConfig, layer_kwargs_from_target
 from draftsmith.heads.layers import MLP, RMSNorm, Rotary, rotate_half
+from draftsmith.heads.mask_token import check_mask_token
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's published drafters; heads.formats.dflash writes and reads it
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters (z-lab *-DFlash-b16) and SpecForge's default
@@ -434,28 +435,3 @@ def sglang_dflash_lines(served: str, serve_dir: str, export_step, what: str) -> 
             f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DFLASH "
             f"--speculative-draft-model-path {serve_dir}", "```", ""]
 
-
-def check_mask_token(mask_id: int, target, tokenizer=None) -> None:
-    """Refuse (ValueError, one line naming the id) a mask token that is not an existing, ordinary row of the
-    target's embedding: outside it, past the tokenizer's ids (an untrained padding row), or an alias of the
-    pad, EOS or BOS token (whose embedding already means something; NeMo Automodel#2461, ModelOpt#1621).
-    ``target``: the model, or its config (its ``vocab_size`` rows). Training checks it (``prepare_head``), and so
-    does every load beside a target (``DFlashHead.check_target``)."""
-    embeddings = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
-    rows = embeddings.weight.shape[0] if embeddings is not None else target.vocab_size
-    if not 0 <= mask_id < rows:
-        raise ValueError(f"head.mask_token_id={mask_id} is not a row of the target's embedding (0..{rows - 1})")
-    if tokenizer is not None and mask_id >= len(tokenizer):
-        raise ValueError(f"head.mask_token_id={mask_id} is past the tokenizer's {len(tokenizer)} ids: an untrained "
-                         "padding row of the embedding; pick an id the target was trained on")
-    special: dict[int, str] = {}
-    sources = [getattr(target, "config", target), getattr(target, "generation_config", None), tokenizer]
-    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        for source in sources:
-            ids = getattr(source, name, None) if source is not None else None
-            for i in ids if isinstance(ids, (list, tuple)) else [ids]:
-                if isinstance(i, int):
-                    special.setdefault(i, name.removesuffix("_id"))
-    if mask_id in special:
-        raise ValueError(f"head.mask_token_id={mask_id} is the target's {special[mask_id]}: the mask must not alias "
-                         "pad/EOS/BOS; set head.mask_token_id to a reserved or rare ordinary token")

@@ -47,9 +47,10 @@ def batch_mask(input_ids: Tensor, attention_mask: Tensor | None, streamer: Any, 
     if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
         raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}")
+    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):  # sync; before .long() turns 0.5 into a pad
+        odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)][0].item()
+        raise ValueError(f"attention_mask must hold 0 (pad) and 1 (token) only, got {odd!r}")
     mask = attention_mask.to(device).long()
-    if bool(((mask != 0) & (mask != 1)).any()):  # sync
-        raise ValueError("attention_mask must hold 0 (pad) and 1 (token) only")
     if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask[:, -1] == 0).any()):  # sync
         raise ValueError("attention_mask is not left-padded: pad every row on the left "
                          "(tokenizer.padding_side='left'), its last column holding a real token")

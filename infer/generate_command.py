@@ -106,6 +106,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--lookup-first puts prompt lookup before a head: pass --head (--drafter ngram is lookup alone)")
     if args.drafter is not None and args.target is None:
         p.error("--drafter needs --target")
+    unused = [f"{name} {value:g}" for name, value, off in (("--top-p", args.top_p, 1.0), ("--top-k", args.top_k, 0))
+              if value != off]
+    if args.temperature == 0 and unused:
+        print(f"warning: {' and '.join(unused)} shape sampling only; --temperature 0 decodes greedily (set "
+              "--temperature > 0 to sample)", file=sys.stderr)
     return args
 
 

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from draftsmith.data.base.checks import probability
+from draftsmith.data.base.checks import flag, probability
 from draftsmith.data.base.device import default_device, sync
 from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
 from draftsmith.heads import AutoHead
@@ -165,15 +165,14 @@ class SpeculativeGenerator:
         self.acceptance = acceptance
         self.typical = (probability("typical_threshold", typical_threshold, allow_none=False),
                         probability("typical_alpha", typical_alpha, allow_none=False))
-        self.profile = profile
+        self.profile = flag("profile", profile)
         compile = check_compile(compile)
         self.compile = default_compile(self.device) if compile is None else compile
         self._verify_fn = self._make_verify_fn(self.compile, self.device)
         self.drafter.compile_with(self.compile)  # the same switch for the draft step
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
-        if not isinstance(per_token, bool):
-            raise ValueError(f"per_token must be True or False, got {per_token!r}")
+        per_token = flag("per_token", per_token)
         # what a hybrid's verify and replay forwards route (target.delta_rule): the Gated DeltaNet rule (per_token),
         # and whatever keeps them equal to the target's own decode (always)
         self.per_token_modules = per_token_modules(target, gated_delta_rule=per_token) if hybrid else ()

@@ -119,11 +119,12 @@ def dry_run(args, rates: dict) -> int:
         print(f"  {size / MIB:8.2f} MiB  {name}")
     total = repo_bytes + wheel_bytes
     print(f"carry total {total / MIB:.2f} MiB of {limit / MIB:.0f} MiB")
-    plan = estimates(rates)
+    plan = {phase: seconds for phase, seconds in estimates(rates).items() if phase in args.phases}  # --phases only
     for phase, seconds in plan.items():
         print(f"  {phase:<20} {seconds:6.1f} s  ({', '.join(f'{n} x{c:g}' for n, c in PHASES[phase].items())})")
     for name, entry in rates["rates"].items():
-        print(f"    {name:<28} {entry['value']:>6g}  {entry['source'][:100]}")
+        if any(name in PHASES[phase] for phase in plan):
+            print(f"    {name:<28} {entry['value']:>6g}  {entry['source'][:100]}")
     budget = min(args.budget_s, rates["budget_s"])
     print(f"plan total {sum(plan.values()):.1f} s of {budget:.0f} s")
     failures = []
@@ -151,10 +152,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wheels", type=Path, default=REPO / ".whl", help="the carried wheel folder (counted by --dry-run)")
     p.add_argument("--root", type=Path, default=REPO, help="the repository that travels (counted by --dry-run)")
     args = p.parse_args(argv)
+    args.raw_phases = args.phases
     args.phases = [name.strip() for name in args.phases.split(",") if name.strip()]
     unknown = [name for name in args.phases if name not in PHASES]
     if unknown:
         p.error(f"--phases: unknown {', '.join(unknown)}; of {', '.join(PHASES)}")
+    if not args.phases:
+        p.error(f"--phases {args.raw_phases!r} names no phase; of {', '.join(PHASES)}")
+    twice = sorted({name for name in args.phases if args.phases.count(name) > 1})
+    if twice:
+        p.error(f"--phases names {', '.join(twice)} twice")
     if not args.dry_run and args.out is None:
         p.error("--out is needed (the output folder), or --dry-run")
     return args

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from draftsmith.data.base.checks import cli_choices, cli_real
-from draftsmith.data.base.paths import claim_report_dir
+from draftsmith.data.base.paths import check_report_dir, claim_report_dir
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("eagle3", "eagle", "medusa")
@@ -322,8 +322,10 @@ def main(argv: list[str] | None = None) -> dict:
     """Run (or continue) every phase; returns the report written to ``--out``."""
     args = parse_args(argv)
     pl = plan(args.budget_min, len(args.kinds), args.smoke)
-    claim_report_dir(args.out)  # both folders are checked before any phase runs
-    claim_report_dir(args.work)
+    check_report_dir(args.out)  # both folders are checked before either is made or any phase runs
+    check_report_dir(args.work, "--work")
+    claim_report_dir(args.out)
+    claim_report_dir(args.work, "--work")
     (args.work / "plan.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                      "plan": asdict(pl)}, indent=1))
     status = Status(args.work / "status.json")

@@ -18,6 +18,7 @@ mismatch, 2 on a usage error. The venv goes to ``$DRAFTSMITH_VENVS/speculators-0
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -50,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
                          "are not compared)")
     if not (args.export / "config.json").is_file():
         raise FileNotFoundError(f"{args.export}/config.json: no such file; is {args.export} an export?")
+    if args.python is not None and not (args.python.is_file() and os.access(args.python, os.X_OK)):
+        raise ValueError(f"--python {args.python}: not an executable file (give a Python interpreter that imports "
+                         "speculators, or leave it out for the venv)")
     # torch, transformers and the heads load only now: an argument mistake above is one line in a second
-    from draftsmith.data.targets import load_target, resolve_target
+    from draftsmith.data.targets import load_target, load_target_config, resolve_target
     from draftsmith.heads import AutoHead
     from draftsmith.heads.formats import PROVENANCE_KEY, validate_export
     from draftsmith.heads.formats.parity import speculators_python
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         valid = False
     head = AutoHead.from_pretrained(args.head).float().eval()
     target_path = resolve_target(args.target)
+    check_pair(head, config, args, load_target_config(target_path))
     if fmt != "speculators":
         return _without_library(head, fmt, args.export, target_path, valid)
     python = args.python or speculators_python(create=args.install)
@@ -86,6 +91,23 @@ def main(argv: list[str] | None = None) -> int:
     same = _print_head_differences(head, fmt, args.export, target)
     print("parity: ok" if ok and valid and same else "parity: MISMATCH")
     return 0 if ok and valid and same else 1
+
+
+def check_pair(head, config: dict, args: argparse.Namespace, target_config) -> None:
+    """Refuse (one line) a ``--head`` of another kind than the export's, or one built for another target than
+    ``--target`` (their drafts cannot be compared: the check would end in an IndexError or torch.cat's error)."""
+    from draftsmith.heads.formats import FORMATS, PROVENANCE_KEY
+
+    provenance = config.get(PROVENANCE_KEY) or {}
+    fmt = "vllm" if provenance.get("format") == "vllm+sglang" else provenance.get("format")
+    kinds = [provenance["head_kind"]] if provenance.get("head_kind") else list(FORMATS[fmt].kinds) if fmt in FORMATS else []
+    if kinds and head.head_kind not in kinds:
+        raise ValueError(f"{args.export} is the export of a head of kind {' or '.join(kinds)}, --head {args.head} one of "
+                         f"kind {head.head_kind}: give the head the export was written from")
+    try:
+        head.check_target(target_config)
+    except ValueError as err:
+        raise ValueError(f"--head {args.head}: {err}") from None
 
 
 def _without_library(head, fmt: str, export: Path, target_path, valid: bool) -> int:

@@ -33,8 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="serving format")
     parser.add_argument("--out", required=True, type=Path, help="output directory (must be empty or absent)")
     parser.add_argument("--target", help="target path, Hub id or demo:<size>: checked against the head, fills "
-                        "missing facts (--to speculators with an EAGLE-3 head writes its embedding: default there "
-                        "the head's own target, as generate defaults to it)")
+                        "missing facts (--to speculators with an EAGLE-3 head writes its embedding, --to dspark its "
+                        "embedding and lm_head: default there the head's own target, as generate defaults to it)")
     parser.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: as saved)")
     parser.add_argument("--num-speculative-tokens", type=cli_count(), default=3,
                         help="speculators format: proposal length vLLM uses by default")
@@ -54,17 +54,17 @@ def main(argv: list[str] | None = None) -> Path:
 
     from draftsmith.data.targets import load_target, load_target_config, resolve_target
     from draftsmith.heads import AutoHead
-    from draftsmith.heads.formats import export_head
+    from draftsmith.heads.formats import export_head, needs_target_weights
 
     head = AutoHead.from_pretrained(args.head)
     target = None
-    # speculators EAGLE-3 exports carry the target's input embedding: its weights are read, not only its config
-    weights = args.to == "speculators" and head.head_kind == "eagle3"
+    # speculators EAGLE-3 and dspark exports carry target tensors: its weights are read, not only its config
+    weights = needs_target_weights(head, args.to)
     if weights and not args.target:
         args.target = head.config.target_name_or_path
         if not args.target:
-            raise ValueError(f"{args.head} records no target (target_name_or_path) and --to speculators writes the "
-                             "target's embedding: pass --target")
+            raise ValueError(f"{args.head} records no target (target_name_or_path) and --to {args.to} writes the "
+                             "target's weights: pass --target")
         print(f"target: {args.target} (the head's own; --target overrides)", file=sys.stderr)
     if args.target:
         target_path = resolve_target(args.target)

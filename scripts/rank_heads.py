@@ -19,21 +19,25 @@ import sys
 import tempfile
 from pathlib import Path
 
+from draftsmith.data.base.checks import cli_count
+from draftsmith.data.base.paths import claim_report_file, json_with_keys
+from draftsmith.data.entry_point import run
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="training output_dirs (head + metrics.jsonl)")
     p.add_argument("--target", default="demo:tiny")
-    p.add_argument("--prompts", type=int, default=24)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--prompts", type=cli_count(), default=24)
+    p.add_argument("--max-new-tokens", type=cli_count(), default=128)
+    p.add_argument("--prompt-tokens", type=cli_count(), default=32)
     p.add_argument("--out", type=Path, default=None, help="write the rows and correlations as JSON here")
     args = p.parse_args(argv)
-    if min(args.prompts, args.max_new_tokens, args.prompt_tokens) < 1:
-        p.error("--prompts, --max-new-tokens and --prompt-tokens must be >= 1")
     for run in args.runs:
         if not (run_of(run)[0] / "metrics.jsonl").is_file():
             p.error(f"{run}: no metrics.jsonl (neither a training run's output_dir nor one of its checkpoints)")
+    if args.out is not None:  # before any decoding: a user's file or a folder is refused (one line), never replaced
+        claim_report_file(args.out, json_with_keys("rows", "spearman"), "head ranking")
     return args
 
 
@@ -142,5 +146,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["identical"] for r in rows) else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a user's mistake (a missing target, a refused --out): one line, exit code 2
+    sys.exit(run(main))

@@ -24,8 +24,9 @@ def parse_args(argv: list[str] | None = None, default_config: str | Path | None 
     pre.add_argument("--config", default=default_config)
     chosen, _ = pre.parse_known_args(argv)
     if {"-h", "--help"} & set(argv if argv is not None else sys.argv[1:]):
-        try:  # --help shows the values this run would start from (the head kinds load the heads: torch)
-            effective, where = load_config(chosen.config), f"values of {chosen.config} and the built-in defaults"
+        try:  # --help shows the values this run would start from (read, not checked: the checks load torch)
+            effective = load_config(chosen.config, check=False)
+            where = f"values of {chosen.config} and the built-in defaults"
         except ConfigError:
             effective, where = None, "built-in defaults"
         parser.epilog = f"keys ({where}):\n" + help_text(effective)

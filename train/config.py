@@ -18,19 +18,21 @@ from typing import Any, Literal
 
 import yaml
 
+from draftsmith.data.base.names import HEAD_KINDS
 from draftsmith.train.settings import ConfigError, HeadConfig, TrainConfig, plain
 
 # ---------------------------------------------------------------- parsing
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
-                default_file: bool = False, notes: list[str] | None = None) -> TrainConfig:
+                default_file: bool = False, notes: list[str] | None = None, check: bool = True) -> TrainConfig:
     """A ``TrainConfig`` from a YAML file (optional) plus dotted ``key=value`` overrides.
 
     Override values are parsed as YAML scalars/flow values (``lr=3e-5``, ``head.aux_layer_ids=[1,2,3]``,
     ``data.eval=null``). ``default_file``: ``path`` is the default config the user did not choose, so
     its head and kind-specific train keys that the final ``head.kind`` does not read are dropped (one line in ``notes``)
-    instead of refused; keys the user sets are always checked.
+    instead of refused; keys the user sets are always checked. ``check=False``: the keys and their types only, not
+    the checks that load the head classes (torch): ``--help``'s values, shown in a second.
     """
     raw: dict[str, Any] = {}
     if path is not None:
@@ -60,7 +62,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         dropped, reader = _drop_inapplicable(raw, from_file)
         if dropped and notes is not None:
             notes.append(f"{path}: ignoring {', '.join(dropped)}: not read by {reader}")
-    return from_dict(raw)
+    if check:
+        return from_dict(raw)
+    cfg = _build(TrainConfig, raw, prefix="")
+    cfg.output_dir = cfg.output_dir or default_output_dir(cfg)
+    return cfg
 
 
 def json_copy(tree: Any) -> Any:
@@ -398,7 +404,7 @@ def _validate(cfg: TrainConfig) -> None:
     _check_kind_settings(cfg)
     _check_head_options(head)
     if cfg.output_dir is None:
-        cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
+        cfg.output_dir = default_output_dir(cfg)
     from draftsmith.train.objectives import objective_class  # torch: after the checks that need none
 
     objective_class(head.kind, head.variant).configure(cfg)  # last: it may rely on every check above
@@ -437,6 +443,11 @@ def _validate_backbone(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.heads_coefficient must be > 0, got {opt.heads_coefficient}")
 
 
+def default_output_dir(cfg: TrainConfig) -> str:
+    """``runs/<target slug>-<head kind>``: where a run writes when ``output_dir`` is null."""
+    return str(Path("runs") / f"{target_slug(cfg.target)}-{cfg.head.kind}")
+
+
 def target_slug(target: str) -> str:
     """A short file-name-safe name for a target (``meta-llama/Llama-3.1-8B`` -> ``Llama-3.1-8B``)."""
     name = target.replace(":", "-").rstrip("/").split("/")[-1]
@@ -462,7 +473,7 @@ def help_text(cfg: TrainConfig | None = None) -> str:
             lines.append(f"  {prefix}{f.name} = {shown}")
             text = f.metadata.get("help", "")
             if cls is HeadConfig and f.name == "kind":
-                text += f": {' | '.join(head_kinds())}"
+                text += f": {' | '.join(HEAD_KINDS)}"
             lines.append(f"      {text}")
 
     walk(TrainConfig, cfg, "")

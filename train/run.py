@@ -41,7 +41,7 @@ from draftsmith.train.feature_source import FeatureSource
 from draftsmith.train.fit import fit
 from draftsmith.train.metrics_log import MetricsLog
 from draftsmith.train.objectives import HeadSetup, objective_class
-from draftsmith.train.output_dir import check_output_dir
+from draftsmith.train.output_dir import check_output_dir, hold_output_dir
 from draftsmith.train.resume import TrainState, mark_run, resume, resume_settings
 from draftsmith.train.run_card import run_card
 from draftsmith.train.target_sharding import shard_target
@@ -84,7 +84,8 @@ def setup(cfg: TrainConfig) -> TrainResult:
     logger.setLevel(logging.INFO if accelerator.is_main_process else logging.WARNING)
     _check_launch(accelerator)
     try:
-        return main(accelerator, cfg, target_path)
+        with hold_output_dir(cfg, accelerator.is_main_process):  # one run at a time in output_dir
+            return main(accelerator, cfg, target_path)
     finally:
         accelerator.end_training()
 

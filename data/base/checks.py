@@ -16,6 +16,13 @@ def count(name: str, value: object, least: int = 1) -> int:
     return int(value)
 
 
+def flag(name: str, value: object) -> bool:
+    """``value`` as a bool: True or False only (the string "no" is truthy, 0 and 1 are counts)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def probability(name: str, value: object, *, allow_none: bool = True) -> float | None:
     """``value`` as a float in (0, 1] (None passes when ``allow_none``)."""
     if value is None and allow_none:

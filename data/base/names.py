@@ -42,6 +42,9 @@ def public_target_name(name_or_path: str | None) -> str | None:
 # Set on the config of a PEFT adapter target once merged (data.targets.load_target): the base model's name.
 ADAPTER_BASE_KEY = "adapter_base_name_or_path"
 
+# The head kinds by name, for what must answer without loading torch (``draftsmith train --help``); the head
+# classes themselves are heads.kinds.HEAD_CLASSES, whose keys tests/test_cli_entry.py holds equal to these
+HEAD_KINDS = ("medusa", "eagle", "eagle3", "dflash", "early-exit", "mtp")
 HEAD_MODEL_TYPE_PREFIX = "draftsmith_"  # every draftsmith head's config.json model_type starts with it
 
 

@@ -48,20 +48,27 @@ def share_readable(path: str | os.PathLike) -> None:
 REPORT_MARKER = ".draftsmith-report"  # written first into every report folder (benchmarks, GPU report)
 
 
-def claim_report_dir(out: str | os.PathLike) -> Path:
+def claim_report_dir(out: str | os.PathLike, option: str = "--out") -> Path:
     """Make ``out`` a folder a report may write into and return it: absent or empty (then marked as
     ours), or ours already (``REPORT_MARKER``; folders from before the marker by a results.json that
-    holds benchmark ``rows``). A file or a folder of someone else's files is refused by name: a
-    report rewrites results.json, results.md and plots, and must not replace files it did not write."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file; name a folder for the report")
-    if out.is_dir() and any(out.iterdir()) and not _is_report_dir(out):
-        names = sorted(p.name for p in out.iterdir())
-        raise FileExistsError(f"--out {out} holds files no draftsmith report wrote ({', '.join(names[:5])}"
-                              f"{', ...' if len(names) > 5 else ''}); name a new or empty folder")
+    holds benchmark ``rows``). A file or a folder of someone else's files is refused by name (and by the
+    ``option`` that gave it): a report rewrites results.json, results.md and plots, and must not replace files
+    it did not write."""
+    out = check_report_dir(out, option)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_MARKER).write_text("a draftsmith report: its results.json, results.md and plots are rewritten\n")
+    return out
+
+
+def check_report_dir(out: str | os.PathLike, option: str = "--out") -> Path:
+    """``out`` if ``claim_report_dir`` would take it (nothing made yet), else FileExistsError naming ``option``."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{option} {out} is a file; name a folder")
+    if out.is_dir() and any(out.iterdir()) and not _is_report_dir(out):
+        names = sorted(p.name for p in out.iterdir())
+        raise FileExistsError(f"{option} {out} holds files no draftsmith report wrote ({', '.join(names[:5])}"
+                              f"{', ...' if len(names) > 5 else ''}); name a new or empty folder")
     return out
 
 

@@ -79,7 +79,7 @@ __all__ = [
     "EAGLE3_ARCHITECTURE", "ENGINE_AUX_LAYERS", "FORMATS", "FORMAT_VERSION", "Format", "HF_CONVENTION",
     "PROVENANCE_KEY", "SPECULATORS_LAYER_PREFIX", "Artifact", "aux_layer_ids_from_config", "draft_vocab_problems",
     "export_head", "import_eagle3", "validate_artifact", "validate_export", "DFLASH_ARCHITECTURE", "import_dflash",
-    "import_speculators_dflash", "import_dspark",
+    "import_speculators_dflash", "import_dspark", "needs_target_weights",
 ]
 
 
@@ -92,6 +92,7 @@ class Format:
     build: Callable[[DraftHead, dict[str, Any], dict[str, Any]], Artifact]
     problems: Callable[[dict[str, Any], dict[str, Tensor]], list[str]]
     weights_file: str = "model.safetensors"
+    target_weights: tuple[str, ...] = ()  # the head kinds whose export carries target tensors (needs the model)
 
 
 def _flat_eagle3_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[str]:
@@ -101,13 +102,20 @@ def _flat_eagle3_problems(config: dict[str, Any], tensors: dict[str, Tensor]) ->
 FORMATS: dict[str, Format] = {
     "vllm": Format(("eagle3",), _eagle3_artifact, _flat_eagle3_problems),
     "sglang": Format(("eagle3",), _sglang_eagle3_artifact, _flat_eagle3_problems),
-    "speculators": Format(("eagle3", "dflash"), _speculators_artifact, speculators_problems),
+    "speculators": Format(("eagle3", "dflash"), _speculators_artifact, speculators_problems,
+                          target_weights=("eagle3",)),  # EAGLE-3: the target's embed_tokens
     "eagle-vllm": Format(("eagle",), _eagle_artifact, _eagle_problems),
     "medusa-vllm": Format(("medusa",), _medusa_vllm_artifact, _medusa_vllm_problems),
     "medusa-tgi": Format(("medusa",), _medusa_tgi_artifact, _medusa_tgi_problems, "medusa_lm_head.safetensors"),
     "dflash": Format(("dflash",), _dflash_artifact, _dflash_problems),
-    "dspark": Format(("dflash",), _dspark_artifact, _dspark_problems),  # DSpark heads (head.variant=dspark) only
+    "dspark": Format(("dflash",), _dspark_artifact, _dspark_problems,  # DSpark heads (head.variant=dspark) only
+                     target_weights=("dflash",)),  # the target's embed_tokens and lm_head
 }
+
+
+def needs_target_weights(head: DraftHead, fmt: str) -> bool:
+    """Whether exporting ``head`` as ``fmt`` copies target tensors (``target=`` must be the model, not its config)."""
+    return head.head_kind in _format(fmt).target_weights
 
 
 EXPORT_MARKER = ".draftsmith-export"  # written first into every export: --overwrite may replace only such a folder

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.heads.mask_token import check_mask_token
 
 PEAGLE_ARCHITECTURE = "PEagleSpeculator"  # the speculators library's architectures entry for peagle
 DEFAULT_DEPTHS = 8  # speculators' num_depths default (its trainer's and proposal's speculative_tokens)
@@ -87,6 +88,12 @@ class PEagleHead(Eagle3Head):
 
     config_class = PEagleConfig
     title = "P-EAGLE"
+
+    def check_target(self, target) -> None:
+        """The shape checks of every head, then the mask token against the target (``check_mask_token``, as
+        DFlash's): the export writes the mask embedding into that row of ``embed_tokens``, so EOS must not be it."""
+        super().check_target(target)
+        check_mask_token(self.config.mask_token_id, target)
 
     def _variant_input_lines(self) -> list[str]:
         cfg = self.config

@@ -21,7 +21,7 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
         for line_no, line in enumerate(Path(args.prompts).read_text().splitlines(), 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            row = _row(args.prompts, line_no, line)
             if "messages" in row:
                 ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)
                 ids = ids["input_ids"] if isinstance(ids, Mapping) else ids  # a BatchEncoding is no dict
@@ -37,3 +37,16 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
     if not prompts:
         raise ValueError("no prompts: the prompt file is empty or no held-out chunk is long enough")
     return prompts[: args.num_prompts]
+
+
+def _row(path: str, line_no: int, line: str) -> dict:
+    """Line ``line_no`` of the prompts file as a JSON object; a cut or broken line is named by its own number
+    (``json.loads`` of one line reports "line 1" whatever line it is)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{line_no}: invalid JSON at column {err.colno}: {err.msg} (a file cut mid-line?)") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}:{line_no}: a prompt row is a JSON object with 'prompt' or 'messages', got "
+                         f"{type(row).__name__}")
+    return row

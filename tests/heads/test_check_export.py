@@ -313,3 +313,44 @@ def test_one_library_process_answers_every_request_and_survives_an_error(tmp_pat
     assert pids[0] == pids[1]
     with pytest.raises(RuntimeError, match=r"could not load .*/c: .*--serve"):
         parity.run_speculators(Path("/bin/ls"), tmp_path / "c", "org/tiny", inputs)
+
+
+
+@pytest.fixture(scope="module")
+def mismatched(tmp_path_factory, verifiers):
+    """An EAGLE-3 head's vllm and speculators exports; a Medusa, a DFlash head and a smaller target beside them."""
+    root = tmp_path_factory.mktemp("mismatched")
+    target = verifiers["llama"]
+    torch.manual_seed(0)
+    vllm, vllm_head = _engine_export(root, target, "eagle3", "vllm")
+    spec, spec_head = export(root, perturb(build_head("eagle3", target)), target)
+    make_tiny_target("llama", num_layers=4, seed=3).save_pretrained(root / "small")
+    build_head("medusa", target).save_pretrained(root / "medusa")
+    build_head("dflash", target, block_size=4, mask_token_id=90).save_pretrained(root / "dflash")
+    (root / "data.json").write_text("{}")
+    return {"vllm": vllm, "vllm-head": vllm_head, "spec": spec, "spec-head": spec_head, "small": root / "small",
+            "medusa": root / "medusa", "dflash": root / "dflash", "data": root / "data.json",
+            "llama": Path(target.config._name_or_path)}
+
+
+@pytest.mark.parametrize("export_dir, head, target, extra, message", [
+    ("vllm", "medusa", "llama", [], "{vllm} is the export of a head of kind eagle3, --head {medusa} one of kind medusa"),
+    ("spec", "medusa", "llama", [], "of kind eagle3, --head {medusa} one of kind medusa"),
+    ("spec", "dflash", "llama", [], "one of kind dflash: give the head the export was written from"),
+    ("vllm", "vllm-head", "small", [], "--head {vllm-head}: this eagle3 head was made for target"),
+    ("spec", "spec-head", "small", [], "num_layers=8 (head) vs num_layers=4 (target)"),
+    ("spec", "spec-head", "llama", ["--python", "data"], "--python {data}: not an executable file"),
+])
+def test_a_head_of_another_kind_or_target_and_a_data_file_as_python_are_one_line(mismatched, capsys, export_dir, head,
+                                                                                target, extra, message):
+    """A Medusa head against an EAGLE-3 export ended in AttributeError ('MedusaConfig' object has no attribute
+    'is_peagle'), a DFlash head in torch.cat's "expected a non-empty list", a head of another target in an
+    IndexError, --python a data file in "[Errno 13] Permission denied"."""
+    paths = {name: str(path) for name, path in mismatched.items()}
+    argv = [paths[export_dir], "--head", paths[head], "--target", paths[target], *[paths.get(a, a) for a in extra]]
+    assert check_cli(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    want = message
+    for name, path in paths.items():
+        want = want.replace("{" + name + "}", path)
+    assert len(err) == 1 and err[0].startswith("error: ") and want in err[0], err

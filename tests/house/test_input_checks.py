@@ -95,6 +95,21 @@ def test_generate_cli_refuses_zero_instead_of_defaulting(flag, value, capsys):
     assert f"argument {flag}: a whole number >=" in capsys.readouterr().err
 
 
+def test_generate_cli_notes_top_p_and_top_k_unused_at_temperature_0(capsys):
+    """`generate --temperature 0 --top-p 0.5 --top-k 3` took both without a word (greedy decoding reads neither)."""
+    from draftsmith.infer.generate_command import parse_args
+
+    parse_args(["--head", "h", "--prompt", "p", "--temperature", "0", "--top-p", "0.5", "--top-k", "3"])
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: --top-p 0.5 and --top-k 3 shape sampling only; --temperature 0 decodes greedily (set --temperature "
+        "> 0 to sample)"]
+    parse_args(["--head", "h", "--prompt", "p", "--top-k", "3"])
+    assert capsys.readouterr().err.startswith("warning: --top-k 3 shape sampling only")
+    for quiet in (["--temperature", "0.7", "--top-p", "0.5", "--top-k", "3"], []):
+        parse_args(["--head", "h", "--prompt", "p", *quiet])
+        assert capsys.readouterr().err == ""
+
+
 class _Parsed(BaseException):
     """Raised instead of parsing: carries the parser an entry point built."""
 
@@ -287,6 +302,11 @@ def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
     (lambda t, h: SpeculativeGenerator(t, h, compile=5), "compile must be True, False, None or a torch.compile backend"),
     (lambda t, h: SpeculativeGenerator(t, h, compile="inductr"), "compile='inductr' is not a torch.compile backend"),
     (lambda t, h: SpeculativeGenerator(t, h, plan=5), "plan must be a SpeculationPlan, the path of one or None, got int"),
+    (lambda t, h: SpeculativeGenerator(t, h, per_token="no"), "per_token must be True or False, got 'no'"),
+    (lambda t, h: SpeculativeGenerator(t, h, profile=1), "profile must be True or False, got 1"),
+    (lambda t, h: SpeculativeGenerator(t, h).generate(torch.tensor([[1, 2]]), max_new_tokens=2,
+                                                      attention_mask=torch.tensor([[0.5, 1.0]])),
+     r"attention_mask must hold 0 \(pad\) and 1 \(token\) only, got 0.5"),
     (lambda t, h: SpeculativeGenerator(t, h).generate(torch.tensor([[1, 2]]), max_new_tokens=2, eos_token_id=-1),
      r"eos_token_id must be a token id or a list of them in \[0, \d+\), got -1"),
     (lambda t, h: SpeculativeGenerator(t, h).generate(torch.tensor([[1, 2]]), max_new_tokens=2, eos_token_id="</s>"),
@@ -303,3 +323,28 @@ def test_generator_heads_and_trees_refuse_bad_values_where_they_enter(target, ma
     vocabulary, an eos id no token has) or failed later with a message naming nothing."""
     with pytest.raises(ValueError, match=message):
         make(target, build_head("eagle3", target))
+
+
+def test_a_prompts_file_cut_mid_line_names_that_line(tmp_path):
+    """drift and speculation-plan read --prompts through load_prompts; a file cut inside its second row was
+    "Expecting ',' delimiter: line 1 column 14" (json's count inside the one line it was given)."""
+    import argparse
+
+    from draftsmith.infer.bench.prompts import load_prompts
+    from draftsmith.scripts import drift, speculation_plan
+
+    class Tokenizer:
+        def __call__(self, text):
+            return {"input_ids": [ord(c) for c in text]}
+
+    assert drift.load_prompts is load_prompts is speculation_plan.load_prompts
+    path = tmp_path / "prompts.jsonl"
+    args = argparse.Namespace(prompts=str(path), num_prompts=8)
+    path.write_text('{"prompt": "ab"}\n\n{"prompt": "c')
+    with pytest.raises(ValueError, match=rf"^{path}:3: invalid JSON at column 12: Unterminated string"):
+        load_prompts(args, Tokenizer())
+    path.write_text('{"prompt": "ab"}\n["c"]\n')
+    with pytest.raises(ValueError, match=rf"^{path}:2: a prompt row is a JSON object .*, got list"):
+        load_prompts(args, Tokenizer())
+    path.write_text('{"prompt": "ab"}\n{"prompt": "c"}\n')
+    assert load_prompts(args, Tokenizer()) == [[97, 98], [99]]

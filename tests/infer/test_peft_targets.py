@@ -93,6 +93,29 @@ def test_adapter_without_base_name_is_refused(tmp_path):
         load_target(str(adapter_dir))
 
 
+def test_an_adapter_for_another_base_or_cut_in_half_names_its_file(tmp_path):
+    """Both ended in peft's or safetensors' traceback (a state_dict size mismatch; "incomplete metadata, file not
+    fully covered") naming no file: one line now, the adapter's weights file and its base."""
+    import shutil
+
+    adapter, _ = save_adapter(make_tiny_target("llama"), tmp_path / "a")
+    other, _ = save_adapter(make_tiny_target("llama", hidden_size=48), tmp_path / "b")
+    config = json.loads((other / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "a" / "base")  # says base a; its weights are b's shape
+    (other / "adapter_config.json").write_text(json.dumps(config))
+    cut = tmp_path / "cut"
+    shutil.copytree(adapter, cut)
+    weights = cut / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    for directory, reason in ((other, "RuntimeError: Error(s) in loading state_dict for PeftModel:; size mismatch"),
+                              (cut, "SafetensorError: ")):
+        with pytest.raises(ValueError) as err:
+            load_target(str(directory))
+        message = str(err.value)
+        assert message.startswith(f"{directory / 'adapter_model.safetensors'}: cannot be loaded on its base "
+                                  f"{tmp_path / 'a' / 'base'}") and reason in message and "\n" not in message
+
+
 def test_training_on_an_adapter_target_names_base_and_adapter(tiny_files, tmp_path):
     base = load_target(str(tiny_files["target"]))
     adapter_dir, _ = save_adapter(base, tmp_path / "peft", scale=0.05)

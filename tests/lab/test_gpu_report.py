@@ -284,3 +284,20 @@ def test_lease_docs_give_the_one_call_and_the_wheels_the_dry_run_counts():
     wheels = [name for name in json.loads(RATES.read_text())["wheels"] if name.endswith(".whl")]
     assert sorted(d.split("==")[0].replace("-", "_") + "-" + d.split("==")[1] for d in download) == sorted(
         "-".join(w.split("-")[:2]) for w in wheels)
+
+
+def test_lease_dry_run_plans_only_the_phases_asked_for(capsys, tmp_path):
+    """`--dry-run --phases probe` planned all six phases, and with --budget-s 100 failed on the ones it was
+    told not to run; `--phases ,` was taken (and ran nothing)."""
+    from draftsmith.lab.gpu_lease import RATES, estimates, load_rates
+
+    probe = estimates(load_rates(RATES))["probe"]
+    assert lease_main(["--dry-run", "--phases", "probe", "--budget-s", "100", "--wheels", str(tmp_path / "none")]) == 0
+    printed = capsys.readouterr().out
+    assert f"plan total {probe:.1f} s of 100 s" in printed and "FAIL" not in printed
+    assert "  probe " in printed and "shape-llama3.1-8b" not in printed and "build_8b_s" not in printed
+    for phases, message in ((",", "--phases ',' names no phase"), (" ", "names no phase"),
+                            ("probe,batch,probe", "--phases names probe twice")):
+        with pytest.raises(SystemExit):
+            lease_main(["--dry-run", "--phases", phases])
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]

@@ -176,3 +176,22 @@ def test_a_relative_path_under_an_existing_folder_is_a_path(tmp_path, monkeypatc
         AutoHead.from_pretrained("runs/demo-tiny-eagle3")
     with pytest.raises(FileNotFoundError, match="no such directory"):
         resolve_target("runs/some-model")
+
+
+def test_export_dspark_reads_the_target_it_is_given(dirs, tmp_path, capsys):
+    """`export --head DSPARK --to dspark --target T` said "pass target= the target model (--target)" although
+    --target was given: only speculators EAGLE-3 exports loaded the target's weights."""
+    from safetensors.torch import load_file
+
+    from draftsmith.data.targets import load_target
+
+    target = load_target(str(dirs / "target"))
+    torch.manual_seed(0)
+    build_head("dflash", target, variant="dspark", block_size=4, num_layers=1, markov_rank=8).save_pretrained(
+        tmp_path / "dspark")
+    out = tmp_path / "out"
+    assert _script("export").cli(["--head", str(tmp_path / "dspark"), "--to", "dspark", "--out", str(out),
+                                  "--target", str(dirs / "target")]) == 0, capsys.readouterr().err
+    tensors = load_file(out / "model.safetensors")
+    assert torch.equal(tensors["embed_tokens.weight"], target.get_input_embeddings().weight.detach())
+    assert torch.equal(tensors["lm_head.weight"], target.get_output_embeddings().weight.detach())

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
+from support.house import REPO
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
+from draftsmith.data.entry_point import run
 from draftsmith.scripts.rank_heads import main, parse_args, ranks, spearman
 from draftsmith.train.run import setup
 
@@ -27,6 +31,39 @@ def test_a_folder_without_metrics_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args([str(tmp_path)])
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def _fake_run(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "tau": 1.0}\n')
+    return run_dir
+
+
+def test_a_users_file_or_a_folder_as_out_is_refused_before_any_work(tmp_path, capsys):
+    """--out of a user's file was replaced (exit 0), a folder ended in IsADirectoryError after every decode."""
+    run_dir, theirs = _fake_run(tmp_path), tmp_path / "user.json"
+    theirs.write_text('{"mine": 1}')
+    for out, message in [(theirs, "exists and is not a head ranking draftsmith wrote"),
+                         (tmp_path, "is a folder; name a file")]:
+        with pytest.raises(OSError, match=message):
+            parse_args([str(run_dir), "--out", str(out)])
+        assert run(main, [str(run_dir), "--out", str(out)]) == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert theirs.read_text() == '{"mine": 1}'
+    ours = tmp_path / "rank.json"  # a ranking draftsmith wrote is rewritten
+    ours.write_text('{"rows": [], "spearman": {}}')
+    assert parse_args([str(run_dir), "--out", str(ours)]).out == ours
+
+
+def test_a_missing_target_is_one_line_from_the_command_line(tmp_path):
+    """The script's own entry point (python scripts/rank_heads.py) ended in FileNotFoundError's traceback."""
+    run_dir = _fake_run(tmp_path)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "rank_heads.py"), str(run_dir), "--target",
+                           str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [f"error: target {tmp_path / 'nope'}: no such directory"]
+    assert run(main, [str(run_dir), "--target", str(tmp_path / "nope")]) == 2
 
 
 def test_real_tau_of_a_run_and_its_checkpoint(tiny_files, tmp_path):

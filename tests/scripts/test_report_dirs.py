@@ -63,3 +63,17 @@ def test_scripts_refuse_the_folder_before_any_work(tmp_path, script, args):
     assert len(lines) == 1 and "holds files no draftsmith report wrote (results.md)" in lines[0], proc.stderr
     assert [p.name for p in mine.iterdir()] == ["results.md"] and (mine / "results.md").read_text() == "my numbers\n"
     assert not (tmp_path / "work").exists()
+
+
+def test_gpu_report_names_work_when_work_is_the_users_folder(tmp_path):
+    """--work of a user's folder was refused as "--out ... holds files", and --out had been made by then."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    proc = subprocess.run([sys.executable, str(REPO / "lab" / "gpu_report.py"), "--real", "--smoke", "--work",
+                           str(mine), "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --work {mine} holds files no draftsmith report wrote (notes.txt); name a new or empty folder"]
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and not (tmp_path / "out").exists()

@@ -147,3 +147,25 @@ def test_a_tree_drafter_on_a_hybrid_is_refused_up_front():
             SpeculativeGenerator(target, drafter)
     SpeculativeGenerator(target, NgramDrafter(branches=1))
     SpeculativeGenerator(make_tiny_target("llama"), NgramDrafter(branches=3))  # attention only: trees verify
+
+
+@pytest.mark.parametrize("arch", sorted(REFUSED))
+def test_a_refused_family_is_one_line_at_build_head_and_the_target_drafters(arch):
+    """LayerSkipDrafter and LMDrafter took a Mamba (RWKV, ...) target without a word, and build_head ended in
+    AttributeError ("'MambaConfig' object has no attribute 'num_attention_heads'"): each is one line now (a
+    Medusa head, which mirrors no layer, may still be built; the generator refuses its target)."""
+    from draftsmith.heads.auto import build_head
+    from draftsmith.heads.kinds import HEAD_CLASSES
+    from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
+    from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+
+    name, kind, _ = REFUSED[arch]
+    model = _tiny(arch)
+    for make in (lambda: LayerSkipDrafter(model, 1), lambda: LMDrafter(make_tiny_target("llama"), model)):
+        with pytest.raises(ValueError, match=rf"^{name} \({arch}\): its {kind} layers are not supported"):
+            make()
+    for head_kind in HEAD_CLASSES:
+        try:
+            build_head(head_kind, model)
+        except ValueError as err:  # one line: "cannot build a eagle3 head for MambaForCausalLM (mamba): ..."
+            assert "\n" not in str(err), err

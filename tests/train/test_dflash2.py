@@ -289,3 +289,20 @@ def test_bad_dflash2_options_are_one_line():
     cfg.train.stage = "on-policy"  # (parse time also wants train.init_from: the objective's check is the one here)
     with pytest.raises(ValueError, match="on-policy does not train DFlash2's selector"):
         objective_class("dflash", head.config.variant)(head, cfg)
+
+
+
+def test_a_selector_of_another_shape_is_one_line_naming_both_shapes(tmp_path):
+    """A DFlash2 head whose config names another selector rank than its weights ended in transformers' load report
+    and "You set `ignore_mismatched_sizes` to `False`, thus raising an error" (a RuntimeError, no shapes)."""
+    target = make_tiny_target("qwen3", num_layers=8)
+    build_head("dflash", target, variant="dflash2", mask_token_id=90, **SMALL).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["selector_rank"] = 16
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        AutoHead.from_pretrained(tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path}: the head's weights do not match its config.json (of another shape: ")
+    assert "candidate_selector.hidden_projection.weight (file (8, 32), config (16, 32))" in message
+    assert "\n" not in message

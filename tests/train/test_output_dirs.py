@@ -3,7 +3,12 @@ someone's folder, a target's folder or a file is refused, even with overwrite_ou
 nothing in it changes."""
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +16,7 @@ from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixtu
 
 from draftsmith.train.checkpoint import CHECKPOINTS, RUN_MARKER
 from draftsmith.train.config import ConfigError
+from draftsmith.train.output_dir import RUN_LOCK
 from draftsmith.train.run import setup
 
 FAST = ["head.kind=medusa", "train.max_steps=2", "train.save_every=2", "train.eval_every=0", "data.eval=null",
@@ -62,3 +68,54 @@ def test_a_run_marks_its_folder_and_overwrite_replaces_only_that(tiny_files, tmp
     empty = tmp_path / "empty"
     empty.mkdir()
     assert setup(tiny_config(tiny_files, empty, *FAST)).steps == 2  # an empty folder is fine
+
+
+HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.write(fd, f"pid {os.getpid()} on here\\n".encode())
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_and_writes_nothing(tiny_files, tmp_path):
+    """Two runs into one output_dir at once both exited 0 and one's metrics.jsonl was gone: the second is
+    refused, naming the folder and the first's pid (here another process holding the run lock)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out / RUN_LOCK)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = snapshot(out)
+        with pytest.raises(ConfigError, match=rf"output_dir={out} is in use by another training run "
+                                              rf"\(pid {holder.pid} on here holds"):
+            setup(tiny_config(tiny_files, out, *FAST))
+        assert snapshot(out) == before
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert setup(tiny_config(tiny_files, out, *FAST)).steps == 2  # released: the folder (its lock file only) is free
+
+
+def test_the_run_holds_its_lock_while_it_writes(tiny_files, tmp_path, monkeypatch):
+    import draftsmith.train.run as run
+
+    out, seen = tmp_path / "run", []
+    real_main = run.main
+
+    def main(*args):
+        fd = os.open(out / RUN_LOCK, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(os.pread(fd, 100, 0).decode())
+        finally:
+            os.close(fd)
+        return real_main(*args)
+
+    monkeypatch.setattr(run, "main", main)
+    setup(tiny_config(tiny_files, out, *FAST))
+    assert seen == [f"pid {os.getpid()} on {socket.gethostname()}\n"]

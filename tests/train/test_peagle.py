@@ -12,6 +12,7 @@ from support.dflash_infer import hf_greedy
 from support.formats import perturb
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 from support.targets import make_successor_target, make_tiny_target
+from support.train_fixtures import tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.formats import export_head, validate_export
@@ -193,3 +194,33 @@ def test_bad_p_eagle_options_are_one_line():
         make_drafter(head, target, DynamicTree(depth=3, top_k=2, total_tokens=6))
     with pytest.raises(ValueError, match="a chain of 5 exceeds this P-EAGLE head's num_depths=4"):
         make_drafter(head, target, Chain(5))
+
+
+@pytest.mark.parametrize("mask_id, name", [(2, "eos_token"), (0, "pad_token")])
+def test_a_mask_token_that_aliases_eos_or_pad_is_refused_as_dflash_refuses_it(tmp_path, mask_id, name):
+    """A P-EAGLE head with head.mask_token_id = EOS trained and exported without a word, and its export wrote the
+    mask embedding over EOS's row of embed_tokens. DFlash's check (heads.mask_token) now guards both heads
+    wherever the head meets its target: the generator, an export, a training run."""
+    target = make_tiny_target("llama", num_layers=8)  # pad 0, bos 1, eos 2
+    _head(target, mask_token_id=mask_id).save_pretrained(tmp_path / "head")
+    head = AutoHead.from_pretrained(tmp_path / "head")
+    message = rf"head.mask_token_id={mask_id} is the target's {name}"
+    with pytest.raises(ValueError, match=message):
+        SpeculativeGenerator(target, head)
+    with pytest.raises(ValueError, match=message):
+        export_head(head, tmp_path / "spec", "speculators", target=target, verifier="org/tiny")
+    assert not (tmp_path / "spec").exists()
+    SpeculativeGenerator(target, _head(target, mask_token_id=50))  # an ordinary row
+
+
+def test_a_run_refuses_a_p_eagle_mask_token_that_aliases_eos(tiny_files, tmp_path):  # noqa: F811
+    from support.train_fixtures import tiny_config
+    from transformers import AutoTokenizer
+
+    from draftsmith.train.run import setup
+
+    eos = AutoTokenizer.from_pretrained(tiny_files["target"]).eos_token_id
+    with pytest.raises(ValueError, match=rf"head.mask_token_id={eos} is the target's eos_token"):
+        setup(tiny_config(tiny_files, tmp_path / "run", "head.kind=eagle3", "head.variant=peagle",
+                          f"head.mask_token_id={eos}", "train.max_steps=1"))
+    assert not (tmp_path / "run" / "model.safetensors").exists()

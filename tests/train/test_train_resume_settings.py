@@ -12,6 +12,7 @@ from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixtu
 
 from draftsmith.train.checkpoint import CHECKPOINTS, COMPLETE
 from draftsmith.train.config import ConfigError
+from draftsmith.train.output_dir import RUN_LOCK
 from draftsmith.train.run import setup
 from draftsmith.train.resume import RESUME_FIXED, RunComplete, latest_checkpoint
 
@@ -20,8 +21,9 @@ FAST = ["head.kind=medusa", "train.save_every=2", "train.eval_every=0", "data.ev
 
 
 def snapshot(root: Path) -> dict:
+    """Every file's bytes and mtime but the run lock's (each run writes its pid there: not a result)."""
     return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
-            for p in sorted(root.rglob("*"))}
+            for p in sorted(root.rglob("*")) if p.name != RUN_LOCK}
 
 
 def cut_run(tiny_files, out: Path, *extra: str) -> None:

@@ -36,7 +36,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from draftsmith.heads.dflash import DEFAULT_BLOCK_SIZE, check_mask_token  # noqa: F401  (tests import it here)
+from draftsmith.heads.dflash import DEFAULT_BLOCK_SIZE
+from draftsmith.heads.mask_token import check_mask_token  # noqa: F401  (tests import it here)
 from draftsmith.infer.drafters.base import Sampling
 from draftsmith.infer.drafters.dflash import select_path
 from draftsmith.target.model import TargetOutput

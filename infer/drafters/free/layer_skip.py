@@ -26,7 +26,7 @@ from draftsmith.data.base.paths import cache_root
 from draftsmith.heads.common import final_norm_name
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.masked_forward import attention_masks
-from draftsmith.target.recurrent import model_type
+from draftsmith.target.recurrent import check_supported, model_type
 from draftsmith.infer.drafters.base import Chain, Draft, Sampling, chain_buffers
 from draftsmith.infer.drafters.free.lm_drafter import LMDrafter, LMState
 from draftsmith.target.cache_keywords import cache_kwargs
@@ -94,6 +94,7 @@ class LayerSkipDrafter(LMDrafter):
 
     def __init__(self, target: nn.Module, k: int | None = None, tree: Chain | None = None,
                  confidence: float | None = None) -> None:
+        check_supported(target)  # a Mamba, RWKV, ... target: refused in one line, as the generator refuses it
         if model_type(target) == "zamba":  # measured: tests/infer/test_infer_hybrid.py
             raise ValueError("ZambaForCausalLM (zamba): layer skip is refused: its drafts through the shared first "
                              "layers leave the output different from the target's own generate (not found why yet)")

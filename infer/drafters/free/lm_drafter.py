@@ -56,12 +56,13 @@ class LMDrafter(Drafter):
 
     def __init__(self, model: nn.Module, target: nn.Module, tree: Chain | None = None,
                  confidence: float | None = None) -> None:
+        check_supported(target)  # a family the generator refuses is refused here too, first (target.recurrent)
+        if self.checks_draft_model:
+            check_supported(model)  # a Mamba / MiniMax draft LM, or a hybrid without attention: one line (target.recurrent)
         check_same_tokenizer(model, target)
         self.option = tree or Chain(4)
         if not isinstance(self.option, Chain):
             raise TypeError(f"a draft model drafts a Chain, not {type(self.option).__name__}")
-        if self.checks_draft_model:
-            check_supported(model)  # a Mamba / MiniMax draft LM, or a hybrid without attention: one line (target.recurrent)
         self.model = model.eval()
         self.confidence = probability("LMDrafter confidence", confidence)
         self.max_nodes = self.option.length + 1  # the most nodes a draft has, root included

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.heads.layers import additive_mask
+from draftsmith.heads.mask_token import check_mask_token
 from draftsmith.heads.variants.peagle import COD_RATIO, COD_RATIO_MIN, mask_inputs
 from draftsmith.target.model import TargetOutput
 from draftsmith.train.features import Features
@@ -173,7 +174,9 @@ class PEagleObjective(Eagle3Objective):
 
     @staticmethod
     def start_variant_inputs(head: nn.Module, setup: HeadSetup) -> None:
-        """The mask embedding starts as the target's embedding of the mask token."""
+        """The mask token checked against the target (not pad/EOS/BOS: ``check_mask_token``, as DFlash's); the mask
+        embedding starts as the target's embedding of it."""
+        check_mask_token(head.config.mask_token_id, setup.target, setup.tokenizer)
         with torch.no_grad():
             row = setup.target.get_input_embeddings().weight[head.config.mask_token_id]
             head.mask_embedding.copy_(row.to(head.mask_embedding))
