@@ -11,7 +11,9 @@ import random
 import pytest
 import torch
 from support.hybrids import HYBRIDS
-from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
+from support.infer_hybrid import hybrid_prompt, hybrid_target
+from support.oracle import Oracle
+from support.reference import hf_greedy
 
 import draftsmith.target.decode_check as decode_check
 import draftsmith.target.one_token as one_token
@@ -56,7 +58,7 @@ def test_three_hundred_tokens_stay_exact(arch, monkeypatch):
     n-grams and a head, as test_infer_hybrid.py's per-family tests do with the routing on)."""
     target = hybrid_target(arch)
     ids = hybrid_prompt(random.Random(arch), 8)
-    ref = hf(target, ids, 300)
+    ref = hf_greedy(target, ids, 300)
     routed = []
     for module in per_token_modules(target):
         if hasattr(module, PER_TOKEN):  # a Gated DeltaNet modeling module (not a Mamba-2 one, nor a mixer)
@@ -84,7 +86,7 @@ def _no_routing(monkeypatch):
 def test_jamba_without_the_fix_differs_from_generate(monkeypatch):
     target = hybrid_target("jamba")
     ids = hybrid_prompt(random.Random(1), 12)
-    ref = hf(target, ids, 24)
+    ref = hf_greedy(target, ids, 24)
     assert torch.equal(SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, max_new_tokens=24), ref)
     _no_routing(monkeypatch)
     assert not torch.equal(SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, max_new_tokens=24), ref)
