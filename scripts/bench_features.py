@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     accelerator = Accelerator()
     print(choose_threads(), file=sys.stderr)
     built = prepare_run(accelerator, cfg, resolve_target(cfg.target))
-    objective = objective_class(cfg.head.kind)
+    objective = objective_class(cfg.head.kind, cfg.head.variant)
     aux_ids = objective.aux_layer_ids(built.head)
     sources = {"online": FeatureSource()}
     for path in args.stores:

@@ -298,7 +298,7 @@ def rollback_bench(args, command: str) -> dict:
     """Measurements 1-3 (the module's doc): the rollbacks next to plain decoding, t(N), t(P, D)."""
     from draftsmith.data.targets import load_target_tokenizer, resolve_target
     from draftsmith.heads import AutoHead
-    from draftsmith.infer.drafters.ngram import NgramDrafter
+    from draftsmith.infer.drafters.free.ngram import NgramDrafter
 
     target = load_model(args.target, hybrid=True)
     drafters = {"ngram": NgramDrafter}  # a fresh drafter per generator: no state shared between methods

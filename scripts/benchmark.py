@@ -11,7 +11,7 @@ the tokenizer) next to our draft-model drafter with the same LM (a chain of 4, a
 same chain with the LM's own drafts guessed by prompt lookup or by ``--assistant-head``; HF
 prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafter (chain, tree of
 3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
-``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.lookup_first``); each head with every
+``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.free.lookup_first``); each head with every
 tree in ``--trees`` (by default ``default,tree,chain4``; a tree equal to an earlier one is run once):
 ``default`` (what ``python -m draftsmith.infer.cli`` and a generator given no tree draft: on CPU an EAGLE
 head's adaptive chain), ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation (a directory, "
                    "Hub id or demo:assistant)")
     p.add_argument("--assistant-head", help="a head trained on --assistant: the assistant's drafts guessed by it "
-                   "(draft-lm+head:chain4, infer.drafters.hierarchical)")
+                   "(draft-lm+head:chain4, infer.drafters.free.hierarchical)")
     p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows, or demo:mtbench")
     p.add_argument("--num-prompts", type=cli_count(), default=8)
     p.add_argument("--prompt-tokens", type=cli_count(), default=128, help="prompt length for held-out corpus prompts")

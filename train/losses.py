@@ -66,6 +66,12 @@ def top1_labels(probs: Tensor) -> Tensor:
     return F.one_hot(probs.argmax(-1), probs.shape[-1]).to(probs.dtype)
 
 
+def mixed_labels(probs: Tensor, share: float) -> Tensor:
+    """``share`` x ``probs`` + (1 - share) x its one-hot top-1 (``train.labels=mix``): soft CE against it is
+    ``share`` x soft CE + (1 - share) x hard CE on the top-1, one label for sampled and greedy verification."""
+    return share * probs + (1 - share) * top1_labels(probs)
+
+
 def soft_ce(logits: Tensor, probs: Tensor) -> Tensor:
     """Cross-entropy of ``logits`` (..., V) against a distribution ``probs`` (..., V) -> (...)."""
     shape = logits.shape[:-1]

@@ -163,7 +163,7 @@ def test_the_checks_can_fail():
     assert circles(edges) == [sorted([a, b])]
     assert upward_arrows({a: {c}, c: {a}}) == [f"{a.relative_to(ROOT)} -> {c.relative_to(ROOT)}"]
     # a drafter reading a shared step that reads another drafter: no two-file circle, a circle of parts
-    ngram, target, eagle = (ROOT / "infer" / name for name in ("drafters/ngram.py", "cache.py", "drafters/eagle.py"))
+    ngram, target, eagle = (ROOT / "infer" / name for name in ("drafters/free/ngram.py", "cache.py", "drafters/eagle.py"))
     edges = {ngram: {target}, target: {eagle}, eagle: set()}
     assert circles(edges) == []
     assert circles(by_part(edges)) == [sorted([ROOT / "infer" / "drafters", target])]

@@ -14,9 +14,9 @@ from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.formats import export_head
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters import Chain, DynamicTree, StaticTree, make_drafter
-from draftsmith.infer.drafters.adaptive import AdaptiveLength
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.train.config import ConfigError, load_config
 
 

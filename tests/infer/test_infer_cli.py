@@ -185,7 +185,7 @@ def test_cli_early_exit_head_and_calibrated_layer_skip(saved, capsys, monkeypatc
     --drafter layer-skip says which k it took: half the layers, then the calibrated one."""
     from transformers import AutoModelForCausalLM
 
-    from draftsmith.infer.drafters.layer_skip import calibration_path
+    from draftsmith.infer.drafters.free.layer_skip import calibration_path
 
     target = AutoModelForCausalLM.from_pretrained(saved / "target")
     torch.manual_seed(0)

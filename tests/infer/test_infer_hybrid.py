@@ -21,11 +21,11 @@ from support.reference import hf_greedy
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
 from draftsmith.infer.drafters import make_drafter
-from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.drafters.lookup_first import LookupFirst
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.hierarchical import HierarchicalDrafter
+from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.free.lookup_first import LookupFirst
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LinearAttentionLayer
 from draftsmith.infer.rollback import NoRollback, Replay
 

@@ -19,7 +19,7 @@ from support.reference import hf_greedy
 
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LinearAttentionLayer, LinearStates
 from draftsmith.infer.rollback import MAX_PENDING, Merged
 

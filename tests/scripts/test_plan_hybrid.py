@@ -10,7 +10,7 @@ from support.targets import make_tiny_target
 from support.hybrids import HYBRIDS, make_tiny_hybrid
 
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.state_memory import state_memory
 from draftsmith.scripts.plan import main
 from draftsmith.train.config import load_config

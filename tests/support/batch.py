@@ -11,10 +11,10 @@ from support.reference import hf_greedy
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, StaticTree
 from draftsmith.infer.drafters import make_drafter
-from draftsmith.infer.drafters.adaptive import AdaptiveLength
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.model import target_forward
 
 

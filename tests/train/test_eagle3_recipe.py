@@ -27,7 +27,7 @@ def _step_losses(mask_out_of_vocab: bool, *overrides: str):
     head.set_draft_vocab(list(range(3, 15)))
     cfg = load_config(None, ["head.kind=eagle3", "head.ttt_steps=2", f"train.mask_out_of_vocab={mask_out_of_vocab}",
                                 *overrides])
-    objective = objective_class("eagle3")(head, cfg)
+    objective = objective_class("eagle3", head.config.variant)(head, cfg)
     ids = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
     ids[:, ::2] = torch.arange(3, 11)  # some of the target's top-1s fall inside the draft vocabulary
     loss_mask = torch.ones_like(ids)
@@ -85,6 +85,32 @@ def test_top1_labels_train_hard_ce_on_the_targets_top1_and_soft_labels_its_law()
         assert float(soft.step_losses[k]) == pytest.approx(float(soft_ce(logits, probs).mean()), rel=1e-5)
         assert abs(float(top1.step_losses[k]) - float(soft.step_losses[k])) > 1e-3  # 0.02 on step 0 here
         assert int(top1.count[k]) == int(soft.count[k]) == int(trained.sum())
+
+
+def test_mixed_labels_train_the_same_mix_of_hard_and_soft_ce():
+    """train.labels=mix with share w: each step's loss is w x soft CE + (1 - w) x hard CE on the top-1, over the same
+    positions (w = 0.25 here, the default 0.5 with the setting unset)."""
+    soft, features, head = _step_losses(True)
+    top1, _, _ = _step_losses(True, "train.labels=top1")
+    mixed, _, _ = _step_losses(True, "train.labels=mix", "train.label_mix=0.25")
+    half, _, _ = _step_losses(True, "train.labels=mix")
+    for k in range(2):
+        assert float(mixed.step_losses[k]) == pytest.approx(
+            0.25 * float(soft.step_losses[k]) + 0.75 * float(top1.step_losses[k]), rel=1e-5)
+        assert float(half.step_losses[k]) == pytest.approx(
+            0.5 * float(soft.step_losses[k]) + 0.5 * float(top1.step_losses[k]), rel=1e-5)
+        assert int(mixed.count[k]) == int(soft.count[k])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.labels=mix", "train.label_mix=1"], r"train.label_mix=1.0: the law's share is in \(0, 1\)"),
+    (["train.labels=mix", "train.label_mix=0"], r"train.label_mix=0.0: the law's share is in \(0, 1\)"),
+    (["train.labels=top1", "train.label_mix=0.3"], "train.label_mix=0.3 applies only to train.labels=mix"),
+    (["train.labels=mix", "train.stage=on-policy", "train.init_from=runs/x"], "train.labels=mix trains the supervised"),
+])
+def test_a_label_mix_outside_its_range_or_its_setting_is_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["head.kind=eagle3", *overrides])
 
 
 def test_top1_labels_are_refused_where_no_loss_reads_them():

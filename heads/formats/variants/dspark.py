@@ -21,7 +21,7 @@ from torch import Tensor
 
 from draftsmith.heads.common import DraftHead
 from draftsmith.heads.dflash import DFLASH_ARCHITECTURE, DFlashHead
-from draftsmith.heads.dspark import DSPARK_ARCHITECTURE
+from draftsmith.heads.variants.dspark import DSPARK_ARCHITECTURE
 from draftsmith.heads.formats.dflash import (DSPARK_RANK, _dflash_problems, head_from_layout, qwen3_layers_config,
                                              read_checkpoint)
 from draftsmith.heads.formats.parity import CHECKED_AGAINST

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.infer.drafters.base import Chain, Draft, HeadDrafter, Sampling, chain_draft, root_only
-from draftsmith.infer.drafters.lm_drafter import LMDrafter, LMState
-from draftsmith.infer.drafters.ngram import NgramDrafter, find_continuations
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter, LMState
+from draftsmith.infer.drafters.free.ngram import NgramDrafter, find_continuations
 from draftsmith.target.cache_keywords import cache_kwargs
 from draftsmith.target.model import target_forward
 

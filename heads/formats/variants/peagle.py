@@ -22,7 +22,7 @@ from typing import Any
 from torch import Tensor
 
 from draftsmith.heads.formats.validation import PROVENANCE_KEY, Artifact, expect, expect_tensor
-from draftsmith.heads.peagle import PEAGLE_ARCHITECTURE
+from draftsmith.heads.variants.peagle import PEAGLE_ARCHITECTURE
 
 MASK_HIDDEN = "mask_hidden"
 EMBED_TOKENS = "embed_tokens.weight"

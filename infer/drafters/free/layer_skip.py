@@ -28,7 +28,7 @@ from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.masked_forward import attention_masks
 from draftsmith.target.recurrent import model_type
 from draftsmith.infer.drafters.base import Chain, Draft, Sampling, chain_buffers
-from draftsmith.infer.drafters.lm_drafter import LMDrafter, LMState
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter, LMState
 from draftsmith.target.cache_keywords import cache_kwargs
 from draftsmith.target.model import backbone_of, causal_lm_of, decoder_layers, loaded_target_identity
 from draftsmith.target.views import early_exit_view, late_view, shallow_backbone

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from draftsmith.heads.dflash import DFlashConfig, DFlashHead
+
 DSPARK_ARCHITECTURE = "Qwen3DSparkModel"  # DeepSpec's checkpoints; SGLang's and vLLM's DSpark readers take it
 DEFAULT_MARKOV_RANK = 256  # DeepSpec's Qwen3-4B config, speculators' default
 # Adaptive verification's default threshold on sigmoid(confidence): a row verifies its drafts up to the first
@@ -81,3 +83,43 @@ def confident_lengths(confidence: Tensor, threshold: float) -> Tensor:
     below = confidence.sigmoid() < threshold
     return torch.where(below.any(-1), below.float().argmax(-1), torch.full_like(below[:, 0], confidence.shape[1],
                                                                                 dtype=torch.long))
+
+
+class DSparkConfig(DFlashConfig):
+    """DSpark's config: DFlash's fields, ``variant="dspark"``, and ``markov_rank`` (None: 256)."""
+
+    variant = "dspark"
+    is_dspark = True
+    first_draft_slot = 0  # slot k drafts the token k+1 after the root (the root's slot drafts too)
+
+    def __init__(self, **kwargs):  # its own: transformers makes a config class without one a dataclass
+        super().__init__(**kwargs)
+
+    def _set_variant_options(self, given: dict) -> None:
+        self.markov_rank = int(DEFAULT_MARKOV_RANK if given["markov_rank"] is None else given["markov_rank"])
+        if self.markov_rank < 1:
+            raise ValueError(f"markov_rank={self.markov_rank} must be at least 1 (DSpark's Markov head)")
+
+
+class DSparkHead(DFlashHead):
+    """The DFlash head with DSpark's Markov and confidence heads."""
+
+    config_class = DSparkConfig
+    title = "DSpark"
+
+    def _variant_input_lines(self) -> list[str]:
+        cfg = self.config
+        return [f"- DSpark: every slot drafts the token after it (the root's slot too: {cfg.block_size} drafts); "
+                f"a rank-{cfg.markov_rank} Markov bias from the previous token and a confidence head that sets "
+                "how many drafts each row verifies"]
+
+    def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        return ["vLLM (speculators flavour, `speculators_model_type: dspark`):", "", *export_step("speculators"),
+                "```bash", f"vllm serve {serve_dir}", "```", "",
+                "SGLang (DeepSpec's `Qwen3DSparkModel` layout):", "", *export_step("dspark"), "```bash",
+                f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DSPARK "
+                f"--speculative-draft-model-path {serve_dir}", "```", ""]
+
+    def _add_variant_modules(self, config: DFlashConfig) -> None:
+        self.markov_head = MarkovHead(config.vocab_size, config.markov_rank)
+        self.confidence_head = ConfidenceHead(config.hidden_size + config.markov_rank)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from draftsmith.heads.dflash import DFlashConfig, DFlashHead, sglang_dflash_lines
+
 DOMINO_ARCHITECTURE = "DominoDraftModel"  # SpecForge's checkpoints; SGLang's and vLLM's Domino readers take it
 DOMINO_PROJECTOR = "domino"  # dflash_config.projector_type (SGLang also accepts "causal_v5")
 # SpecForge's configs/qwen3-8b-domino.json: the engines' defaults (docs/dflash.md)
@@ -53,3 +55,47 @@ def correction(proj: nn.Sequential, hidden: Tensor, state: Tensor) -> Tensor:
     """(..., V) float32: ``embed_proj([hidden ; state])`` of slot outputs hidden (..., H) and GRU states (..., G)."""
     features = torch.cat([hidden, state.to(hidden.dtype)], dim=-1)
     return proj(features.to(proj[0].weight.dtype)).float()
+
+
+class DominoConfig(DFlashConfig):
+    """Domino's config: DFlash's fields, ``variant="domino"``, and ``gru_hidden_dim``, ``emb_dim``,
+    ``pure_draft_prefix_len`` (None: ``DOMINO_DEFAULTS``)."""
+
+    variant = "domino"
+    is_domino = True
+    first_draft_slot = 0  # slot k drafts the token k+1 after the root (SpecForge's shift_label)
+
+    def __init__(self, **kwargs):  # its own: transformers makes a config class without one a dataclass
+        super().__init__(**kwargs)
+
+    def _set_variant_options(self, given: dict) -> None:
+        for key in DOMINO_DEFAULTS:
+            setattr(self, key, int(DOMINO_DEFAULTS[key] if given[key] is None else given[key]))
+        if self.gru_hidden_dim < 1 or self.emb_dim < 1:
+            raise ValueError(f"gru_hidden_dim={self.gru_hidden_dim} and emb_dim={self.emb_dim} must be at least 1 "
+                             "(Domino's GRU and correction)")
+        if not 0 <= self.pure_draft_prefix_len < self.block_size:
+            raise ValueError(f"pure_draft_prefix_len={self.pure_draft_prefix_len} must lie in 0..block_size - 1 = "
+                             f"{self.block_size - 1}: Domino corrects at least one slot")
+
+
+class DominoHead(DFlashHead):
+    """The DFlash head with Domino's GRU correction."""
+
+    config_class = DominoConfig
+    title = "Domino"
+    domino = True
+
+    def _variant_input_lines(self) -> list[str]:
+        cfg = self.config
+        return [f"- Domino: every slot drafts the token after it ({cfg.block_size} drafts); from slot "
+                f"{cfg.pure_draft_prefix_len} on, a correction from a {cfg.gru_hidden_dim}-wide GRU over the tokens "
+                f"before the slot (rank-{cfg.emb_dim} projection) is added to its logits"]
+
+    def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        return sglang_dflash_lines(served, serve_dir, export_step,
+                                   "dflash_config.projector_type domino selects the GRU correction; CUDA, greedy")
+
+    def _add_variant_modules(self, config: DFlashConfig) -> None:
+        self.prefix_gru = prefix_gru(config.hidden_size, config.gru_hidden_dim)
+        self.embed_proj = embed_proj(config.hidden_size, config.gru_hidden_dim, config.emb_dim, config.vocab_size)

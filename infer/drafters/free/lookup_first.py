@@ -22,7 +22,7 @@ from torch import Tensor
 
 from draftsmith.data.base.checks import count
 from draftsmith.infer.drafters.base import Draft, Drafter, Sampling
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 
 
 @dataclass

@@ -20,27 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from draftsmith.heads.dspark import corrected
+from draftsmith.heads.variants.dspark import corrected
 from draftsmith.infer.drafters.base import Sampling
-from draftsmith.infer.drafters.dspark import markov_walk
+from draftsmith.infer.drafters.variants.dspark import markov_walk
+from draftsmith.train.features import Features
 from draftsmith.train.losses import LossOutput, soft_ce
 from draftsmith.train.metrics import acceptance_rate
+from draftsmith.train.objectives.dflash import DFlashObjective, block_labels, gather_slots, slot_indices
 
 # DeepSpec's config/dspark/dspark_qwen3_4b_online.py
 CE_ALPHA, L1_ALPHA, CONFIDENCE_ALPHA = 0.1, 0.9, 1.0
-
-
-def slot_indices(anchors: Tensor, block_size: int, seq_len: int) -> Tensor:
-    """(B, N, bs) the position a+k whose next token slot k drafts (clamped into the row)."""
-    return (anchors[..., None] + torch.arange(block_size, device=anchors.device)).clamp(max=seq_len - 1)
-
-
-def _gather(values: Tensor, at: Tensor) -> Tensor:
-    """values (B, T, ...) at positions at (B, N, bs) -> (B, N, bs, ...)."""
-    flat = at.flatten(1)
-    if values.dim() == 2:
-        return values.gather(1, flat).view(at.shape)
-    return values.gather(1, flat[..., None].expand(-1, -1, values.shape[-1])).view(*at.shape, -1)
 
 
 def dspark_loss(head: nn.Module, lm_head: nn.Module, features, out: Tensor, trained: Tensor,
@@ -49,8 +38,8 @@ def dspark_loss(head: nn.Module, lm_head: nn.Module, features, out: Tensor, trai
     (B, N, bs) the slots with a training label; slot k weighted ``decay ** k``."""
     f, bs = features, out.shape[2]
     at = slot_indices(f.anchors, bs, f.input_ids.shape[1])
-    slots = corrected(head.markov_head, head.confidence_head, out, lm_head(out).float(), _gather(f.input_ids, at))
-    probs = _gather(f.targets.probs, at)  # (B, N, bs, V)
+    slots = corrected(head.markov_head, head.confidence_head, out, lm_head(out).float(), gather_slots(f.input_ids, at))
+    probs = gather_slots(f.targets.probs, at)  # (B, N, bs, V)
     weights = trained.float() * decay ** torch.arange(bs, device=out.device, dtype=torch.float32)
     total = weights.sum().clamp(min=1e-6)
     ce = soft_ce(slots.logits, probs)  # (B, N, bs)
@@ -62,7 +51,7 @@ def dspark_loss(head: nn.Module, lm_head: nn.Module, features, out: Tensor, trai
             + CONFIDENCE_ALPHA * (bce * weights).sum()) / total
     mask = trained.float()
     count = mask.sum((0, 1))
-    correct = ((slots.logits.argmax(-1) == _gather(f.top1, at)).float() * mask).sum((0, 1))
+    correct = ((slots.logits.argmax(-1) == gather_slots(f.top1, at)).float() * mask).sum((0, 1))
     step_losses = ((ce.detach() * mask).sum((0, 1)) / count.clamp(min=1))
     return LossOutput(loss, step_losses, correct, count, (accept * mask).sum((0, 1)))
 
@@ -73,3 +62,22 @@ def greedy_slots(head: nn.Module, lm_head: nn.Module, out: Tensor, roots: Tensor
     batch, chunk, depth, _ = out.shape
     tokens, _, _ = markov_walk(head, out.flatten(0, 1), lm_head(out).float().flatten(0, 1), roots.flatten(), Sampling())
     return tokens.view(batch, chunk, depth)
+
+
+class DSparkObjective(DFlashObjective):
+    """DFlash's objective on DSpark's slots: every slot drafts (slot k the token a+k+1), DeepSpec's loss."""
+
+    untrained_on_policy = "DSpark's Markov and confidence heads"
+    own_loss = "DeepSpec's CE + L1 + confidence loss"
+
+    def block_loss(self, f: Features, out: Tensor, lm_head: nn.Module) -> LossOutput:
+        trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, self.head.config.block_size + 1,
+                               f.document_ids)[..., 1:]  # slot k's label is a+k+1
+        return dspark_loss(self.head, lm_head, f, out, trained, self.decay)
+
+    @staticmethod
+    def greedy_block(head: nn.Module, features: Features, out: Tensor, roots: Tensor, lm_head: nn.Module) -> Tensor:
+        return greedy_slots(head, lm_head, out, roots)
+
+
+OBJECTIVE = DSparkObjective

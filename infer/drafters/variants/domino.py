@@ -1,4 +1,4 @@
-"""Domino's walk over a drafted block (``head.variant=domino``; the block pass is DFlash's drafter's).
+"""Domino's drafter (``head.variant=domino``): DFlash's, walking the block with the GRU correction.
 
 The GRU starts from a zero state on the root's embedding; slot k (from ``pure_draft_prefix_len`` on) adds
 ``embed_proj([h_k ; s_k])`` to its lm_head logits, s_k the state after the root and the tokens drafted at
@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftsmith.heads.domino import correction, gru_step
+from draftsmith.heads.variants.domino import correction, gru_step
 from draftsmith.infer.drafters.base import Sampling
+from draftsmith.infer.drafters.dflash import DFlashDrafter, DFlashState
 
 
 def domino_walk(head: nn.Module, embed: nn.Module, hidden: torch.Tensor, logits: torch.Tensor, root: torch.Tensor,
@@ -38,3 +39,14 @@ def domino_walk(head: nn.Module, embed: nn.Module, hidden: torch.Tensor, logits:
         if k + 1 < logits.shape[1]:
             state = gru_step(head.prefix_gru, embed(token), state)
     return torch.stack(tokens, 1), (torch.stack(laws, 1) if laws else None)
+
+
+class DominoDrafter(DFlashDrafter):
+    """DFlash's block pass, then the GRU stepped on the drafts, the correction added slot by slot."""
+
+    def _walk(self, hidden: torch.Tensor, logits: torch.Tensor, roots: torch.Tensor, sampling: Sampling,
+              states: list[DFlashState], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+        return (*domino_walk(self.head, self.embed, hidden, logits, roots, sampling), lengths)
+
+
+DRAFTER = DominoDrafter

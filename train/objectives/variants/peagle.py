@@ -3,7 +3,7 @@ speculators library's ``PEagleDraftModel``, docs/objectives.md, "P-EAGLE").
 
 Depth 0 is EAGLE-3's first step at every position i (the target's features of token i, the embedding of token
 i+1, RoPE position i) and drafts token i+2. The rollout of anchor i at depth d (1..K-1) is a mask position
-(``heads.peagle.mask_inputs``) at RoPE position i+d drafting token i+2+d: it attends to depth 0 at positions
+(``heads.variants.peagle.mask_inputs``) at RoPE position i+d drafting token i+2+d: it attends to depth 0 at positions
 <= i and to its own rollout's depths 1..d, exactly what the drafter's one forward gives the mask after the
 last accepted token i. Every depth trains on the target's law at its token, as EAGLE-3's step d does
 (``ttt_step_loss``'s soft labels and loss kinds, steps weighted by ``train.loss_decay``).
@@ -15,12 +15,20 @@ sequence under the mask above (speculators' ``create_peagle_mask_mod``), with ro
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from draftsmith.heads.layers import additive_mask
-from draftsmith.heads.peagle import COD_RATIO, COD_RATIO_MIN, mask_inputs
-from draftsmith.train.losses import DraftTargets, LossOutput, acceptance_rate, soft_loss, ttt_step_loss
+from draftsmith.heads.variants.peagle import COD_RATIO, COD_RATIO_MIN, mask_inputs
+from draftsmith.target.model import TargetOutput
+from draftsmith.train.features import Features
+from draftsmith.train.losses import DraftTargets, LossOutput, acceptance_rate, decayed_sum, soft_loss, ttt_step_loss
+from draftsmith.train.objectives.base import HeadSetup
+from draftsmith.train.objectives.eagle3 import Eagle3Features, Eagle3Objective
+from draftsmith.train.settings import ConfigError, TrainConfig
 from draftsmith.train.unroll import shift_left
 
 Rollouts = list[tuple[Tensor, Tensor]]  # per depth 1.. : anchors (B, n_d) long, valid (B, n_d) bool
@@ -118,3 +126,61 @@ def parallel_top1(head: nn.Module, features, depth: int) -> Tensor:
     f = features
     outs = parallel_outputs(head, f.hidden, f.embeds, all_rollouts(f.loss_mask, depth))
     return torch.stack([head.draft_to_target(head.compute_logits(out).argmax(-1)) for out in outs])
+
+
+@dataclass(kw_only=True)
+class PEagleFeatures(Eagle3Features):
+    rollouts: Rollouts | None = None  # this step's COD-sampled rollouts (``perturb``); None = drawn at seed 0
+
+
+class PEagleObjective(Eagle3Objective):
+    """EAGLE-3's objective with P-EAGLE's depths trained in one forward over COD-sampled rollouts."""
+
+    @classmethod
+    def configure(cls, cfg: TrainConfig) -> None:
+        if cfg.train.loss == "dpace" or cfg.train.stage == "on-policy":
+            raise ConfigError(f"head.variant=peagle trains its depths in one forward: train.loss=dpace and "
+                              f"train.stage=on-policy (TTT chains) do not apply (train.loss={cfg.train.loss}, "
+                              f"train.stage={cfg.train.stage})")
+        super().configure(cfg)
+
+    @staticmethod
+    @torch.no_grad()
+    def from_states(target: nn.Module, batch: dict, states: TargetOutput, head: nn.Module,
+                    need_top1: bool = False) -> Features:
+        features = Eagle3Objective.from_states(target, batch, states, head, need_top1)
+        return PEagleFeatures(**{f.name: getattr(features, f.name) for f in dataclasses.fields(features)})
+
+    def supervised_forward(self, f: Features) -> LossOutput:
+        rollouts = getattr(f, "rollouts", None)
+        steps = peagle_losses(self.head, f, rollouts if rollouts is not None else self.draw_rollouts(f, 0), self.loss)
+        return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
+                          *(torch.cat([getattr(s, n) for s in steps]) for n in ("step_losses", "correct", "count",
+                                                                                 "accept")))
+
+    def perturb(self, features: Features, cfg: TrainConfig, seed: int) -> None:
+        """This step's COD rollouts, drawn from ``seed``."""
+        features.rollouts = self.draw_rollouts(features, seed)
+
+    def draw_rollouts(self, features: Features, seed: int) -> Rollouts:
+        generator = torch.Generator(features.loss_mask.device).manual_seed(seed)
+        return cod_rollouts(features.loss_mask, self.head.config.num_depths, generator)
+
+    @staticmethod
+    @torch.no_grad()
+    def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
+        return parallel_top1(head, features, depth)
+
+    @staticmethod
+    def start_variant_inputs(head: nn.Module, setup: HeadSetup) -> None:
+        """The mask embedding starts as the target's embedding of the mask token."""
+        with torch.no_grad():
+            row = setup.target.get_input_embeddings().weight[head.config.mask_token_id]
+            head.mask_embedding.copy_(row.to(head.mask_embedding))
+
+    @staticmethod
+    def eval_depth(head: nn.Module, cfg: TrainConfig) -> int:
+        return cfg.train.eval_depth or head.config.num_depths
+
+
+OBJECTIVE = PEagleObjective

@@ -1,8 +1,8 @@
-"""P-EAGLE's drafter (``head.variant=peagle`` on EAGLE-3; ``heads.peagle``): a chain of K drafts from ONE head
+"""P-EAGLE's drafter (``head.variant=peagle`` on EAGLE-3; ``heads.variants.peagle``): a chain of K drafts from ONE head
 forward per step, as vLLM's parallel drafting runs it.
 
 Observing a row only records its newly accepted (feature, next token) pairs. Drafting runs one batched head
-forward over every row's pending pairs followed by K-1 mask positions (``heads.peagle.mask_inputs``): the output
+forward over every row's pending pairs followed by K-1 mask positions (``heads.variants.peagle.mask_inputs``): the output
 at the row's last accepted position drafts token 1, the output at mask position d drafts token d+1. The pending
 entries stay in the head cache; the masks' entries are dropped right after (the next step's accepted tokens take
 their slots). Greedy takes each position's argmax; sampling draws each position from its own law q_d (returned
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from draftsmith.heads.peagle import mask_inputs
+from draftsmith.heads.variants.peagle import mask_inputs
 from draftsmith.infer.cache import StaticHeadCache, buffer_size
 from draftsmith.infer.drafters.base import Chain, Draft, Sampling, chain_buffers, draft_by_batch, root_only, stack_rows
 from draftsmith.infer.drafters.eagle import EagleState
@@ -41,6 +41,11 @@ class PEagleDrafter(Eagle3Drafter):
             raise ValueError(f"a chain of {tree.length} exceeds this P-EAGLE head's num_depths={head.config.num_depths} "
                              "(the depths it was trained to draft)")
         super().__init__(head, target, tree, confidence)
+
+    @staticmethod
+    def longest_chain(head: nn.Module) -> int:
+        """The depths it was trained to draft (``num_depths``)."""
+        return head.config.num_depths
 
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[PEagleState]:
         cache = StaticHeadCache(buffer_size(max(lengths) + self._explored + 1), rows=len(lengths))
