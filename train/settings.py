@@ -17,7 +17,6 @@ import yaml
 from draftsmith.data.base.names import DEMO_PREFIX
 
 DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
-DEFAULT_LABEL_MIX = 0.5  # train.labels=mix: the law's share of the label when train.label_mix is unset
 DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
 
 
@@ -165,13 +164,14 @@ class OptimConfig:
         "step; lk-lambda = LK^lambda, w*ce + (1-w)*(1-rate) with w = exp(-3*rate) (medusa: both against the "
         "target's distribution); dpace = soft CE weighted per draft position by D-PACE's detached weights (eagle3, "
         "dflash; docs/objectives.md)", "ce")
-    labels: Literal["soft", "top1", "mix"] = _doc(
+    labels: Literal["soft", "top1"] = _doc(
         "eagle3 only: what each draft step learns: soft = the target's law over the draft vocabulary (what sampled "
         "verification accepts); top1 = its top-1 there, one-hot (hard CE: what greedy verification accepts; "
-        "configs/demo.yaml, docs/objectives.md); mix = train.label_mix x the law + the rest x its top-1 (CE against "
-        "it is the same mix of soft and hard CE); the supervised stage only", "soft")
-    label_mix: float | None = _doc(
-        "train.labels=mix only: the law's share of the label, in (0, 1) (null = 0.5)", None)
+        "configs/demo.yaml, docs/objectives.md); the supervised stage only", "soft")
+    top1_share: float | None = _doc(
+        "eagle3, train.labels=soft only: the share of the target's top-1 (one-hot) mixed into each step's soft label, "
+        "in (0, 1): CE against it is that share of hard CE plus the rest of soft CE, one label for greedy and "
+        "sampled verification (null = the law alone)", None)
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(

@@ -87,28 +87,24 @@ def test_top1_labels_train_hard_ce_on_the_targets_top1_and_soft_labels_its_law()
         assert int(top1.count[k]) == int(soft.count[k]) == int(trained.sum())
 
 
-def test_mixed_labels_train_the_same_mix_of_hard_and_soft_ce():
-    """train.labels=mix with share w: each step's loss is w x soft CE + (1 - w) x hard CE on the top-1, over the same
-    positions (w = 0.25 here, the default 0.5 with the setting unset)."""
-    soft, features, head = _step_losses(True)
+def test_a_top1_share_trains_the_same_mix_of_hard_and_soft_ce():
+    """train.top1_share=w: each step's loss is w x hard CE on the top-1 + (1 - w) x soft CE, over the same positions."""
+    soft, _, _ = _step_losses(True)
     top1, _, _ = _step_losses(True, "train.labels=top1")
-    mixed, _, _ = _step_losses(True, "train.labels=mix", "train.label_mix=0.25")
-    half, _, _ = _step_losses(True, "train.labels=mix")
+    mixed, _, _ = _step_losses(True, "train.top1_share=0.75")
     for k in range(2):
         assert float(mixed.step_losses[k]) == pytest.approx(
             0.25 * float(soft.step_losses[k]) + 0.75 * float(top1.step_losses[k]), rel=1e-5)
-        assert float(half.step_losses[k]) == pytest.approx(
-            0.5 * float(soft.step_losses[k]) + 0.5 * float(top1.step_losses[k]), rel=1e-5)
         assert int(mixed.count[k]) == int(soft.count[k])
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["train.labels=mix", "train.label_mix=1"], r"train.label_mix=1.0: the law's share is in \(0, 1\)"),
-    (["train.labels=mix", "train.label_mix=0"], r"train.label_mix=0.0: the law's share is in \(0, 1\)"),
-    (["train.labels=top1", "train.label_mix=0.3"], "train.label_mix=0.3 applies only to train.labels=mix"),
-    (["train.labels=mix", "train.stage=on-policy", "train.init_from=runs/x"], "train.labels=mix trains the supervised"),
+    (["train.top1_share=1"], r"train.top1_share=1.0: the top-1's share is in \(0, 1\)"),
+    (["train.top1_share=0"], r"train.top1_share=0.0: the top-1's share is in \(0, 1\)"),
+    (["train.labels=top1", "train.top1_share=0.3"], "train.top1_share=0.3 mixes the top-1 into soft labels"),
+    (["train.top1_share=0.3", "train.stage=on-policy", "train.init_from=runs/x"], "train.top1_share=0.3 trains the"),
 ])
-def test_a_label_mix_outside_its_range_or_its_setting_is_one_line(overrides, message):
+def test_a_top1_share_outside_its_range_or_with_top1_labels_is_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["head.kind=eagle3", *overrides])
 

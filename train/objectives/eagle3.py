@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.target.model import TargetOutput
-from draftsmith.train.settings import DEFAULT_LABEL_MIX, DEFAULT_TTT_STEPS, ConfigError, TrainConfig
+from draftsmith.train.settings import DEFAULT_TTT_STEPS, ConfigError, TrainConfig
 from draftsmith.train.draft_vocab import build_draft_vocab
 from draftsmith.train.examples import collate
 from draftsmith.train.features import Features
@@ -36,7 +36,7 @@ class Eagle3Features(Features):
 
 class Eagle3Objective(Objective):
     reads = ("head.ttt_steps", "head.init_from_target", "train.loss=dpace", "train.stage=on-policy",
-             "train.mask_out_of_vocab", "train.freeze_lm_head", "train.labels", "train.label_mix")
+             "train.mask_out_of_vocab", "train.freeze_lm_head", "train.labels", "train.top1_share")
 
     @classmethod
     def configure(cls, cfg: TrainConfig) -> None:
@@ -44,18 +44,17 @@ class Eagle3Objective(Objective):
             cfg.head.ttt_steps = DEFAULT_TTT_STEPS
         if cfg.head.init_from_target is None:
             cfg.head.init_from_target = True
-        if cfg.train.labels != "soft" and cfg.train.stage == "on-policy":
-            raise ConfigError(f"train.labels={cfg.train.labels} trains the supervised stage; the on-policy stage learns "
-                              "the target's law after the drafted prefix (forward and reverse KL): set train.labels=soft "
-                              "with it")
-        if cfg.train.label_mix is not None and cfg.train.labels != "mix":
-            raise ConfigError(f"train.label_mix={cfg.train.label_mix} applies only to train.labels=mix "
-                              f"(train.labels={cfg.train.labels})")
-        if cfg.train.labels == "mix":
-            cfg.train.label_mix = DEFAULT_LABEL_MIX if cfg.train.label_mix is None else cfg.train.label_mix
-            if not 0 < cfg.train.label_mix < 1:
-                raise ConfigError(f"train.label_mix={cfg.train.label_mix}: the law's share is in (0, 1) (0 is "
-                                  "train.labels=top1, 1 is train.labels=soft)")
+        mixed = cfg.train.labels == "top1" or cfg.train.top1_share is not None
+        if mixed and cfg.train.stage == "on-policy":
+            setting = "train.labels=top1" if cfg.train.labels == "top1" else f"train.top1_share={cfg.train.top1_share}"
+            raise ConfigError(f"{setting} trains the supervised stage; the on-policy stage learns the target's law "
+                              "after the drafted prefix (forward and reverse KL): leave train.labels=soft alone with it")
+        if cfg.train.top1_share is not None and cfg.train.labels == "top1":
+            raise ConfigError(f"train.top1_share={cfg.train.top1_share} mixes the top-1 into soft labels; "
+                              "train.labels=top1 is the top-1 alone")
+        if cfg.train.top1_share is not None and not 0 < cfg.train.top1_share < 1:
+            raise ConfigError(f"train.top1_share={cfg.train.top1_share}: the top-1's share is in (0, 1) (1 is "
+                              "train.labels=top1)")
 
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
@@ -63,7 +62,7 @@ class Eagle3Objective(Objective):
         self.loss, self.alpha = cfg.train.loss, cfg.train.dpace_alpha
         self.anchors, self.spacing = cfg.train.anchors_per_document, cfg.train.anchor_spacing
         self.mask_out_of_vocab, self.labels = cfg.train.mask_out_of_vocab, cfg.train.labels
-        self.label_mix = cfg.train.label_mix
+        self.top1_share = cfg.train.top1_share
 
     @staticmethod
     def aux_layer_ids(head: nn.Module) -> tuple[int, ...]:
@@ -86,8 +85,8 @@ class Eagle3Objective(Objective):
             f = dataclasses.replace(f, targets=f.targets._replace(in_vocab=torch.ones_like(f.targets.in_vocab)))
         if self.labels == "top1":  # the law's top-1 over the draft vocabulary, one-hot: greedy verification's event
             f = dataclasses.replace(f, targets=f.targets._replace(probs=top1_labels(f.targets.probs)))
-        elif self.labels == "mix":  # the law and its top-1, for sampled and greedy verification alike
-            f = dataclasses.replace(f, targets=f.targets._replace(probs=mixed_labels(f.targets.probs, self.label_mix)))
+        elif self.top1_share is not None:  # the law and its top-1, for greedy and sampled verification alike
+            f = dataclasses.replace(f, targets=f.targets._replace(probs=mixed_labels(f.targets.probs, self.top1_share)))
         return self.supervised_forward(f)
 
     def supervised_forward(self, f: Features) -> LossOutput:
