@@ -1,6 +1,6 @@
 """CPU seconds per test file and per test, for finding what the suite spends (docs/testing.md): with
 ``DRAFTSMITH_TEST_CPU=out.json`` set, each pytest process (each xdist worker) writes
-``out.json`` (``out.<worker>.json`` under xdist) with user+sys seconds of the process and of the subprocesses
+``out.json`` (``out.<worker>.json`` under xdist; rewritten after each file) with user+sys seconds of the process and of the subprocesses
 it waited for, per file and per test (a file's module fixtures count in its first and last tests). Wall
 seconds on a shared box say little; CPU seconds do not depend on what else runs. Off when unset."""
 from __future__ import annotations
@@ -36,9 +36,15 @@ def pytest_runtest_protocol(item, nextitem):
         row[key] += value
     row["tests"] += 1
     _TESTS[item.nodeid] = spent[0] + spent[1]
+    if nextitem is None or nextitem.location[0] != item.location[0]:
+        _write()  # after every file: a run stopped part-way (a timeout) still leaves what it measured
 
 
 def pytest_sessionfinish(session):
+    _write()
+
+
+def _write() -> None:
     out = os.environ.get(_ENV)
     if not out or not _FILES:
         return
