@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.cpu_profile import pytest_runtest_protocol, pytest_sessionfinish  # noqa: F401 (hooks: DRAFTSMITH_TEST_CPU)
 from support.targets import ARCHES, has_cuda, make_tiny_target
 
 

@@ -9,6 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from support.reference import hf_greedy
+
 from draftsmith.data.base.names import public_target_name
 from draftsmith.data.demo import demo_target_dir, demo_target_path, ensure_demo_target, fingerprint
 from draftsmith.data.demo_lm import SIZES, SUMMARY_FILE, LMSettings, settings_for
@@ -55,8 +57,7 @@ def test_micro_hybrid_decodes_losslessly_with_ngrams(micro):
     text = "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"
     ids = tok(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        want = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
-                               eos_token_id=None, pad_token_id=tok.pad_token_id)
+        want = hf_greedy(target, ids, 40, pad=tok.pad_token_id)
         got = SpeculativeGenerator(target, NgramDrafter()).generate(ids, max_new_tokens=40)
     assert torch.equal(got, want)
 

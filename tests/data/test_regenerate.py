@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 from support.targets import make_tiny_target
+from support.reference import hf_greedy
 from fixtures.chat_tokenizers import make_chat_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -66,7 +67,7 @@ def reference_answers(target_dir, messages_so_far, max_new_tokens):
     model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     ids = tok(tok.apply_chat_template(messages_so_far, tokenize=False, add_generation_prompt=True),
               add_special_tokens=False, return_tensors="pt")["input_ids"]
-    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    out = hf_greedy(model, ids, max_new_tokens)[0, ids.shape[1]:].tolist()
     eos = model.generation_config.eos_token_id
     return tok.decode(out[: out.index(eos)] if eos in out else out, skip_special_tokens=True)
 
@@ -126,8 +127,7 @@ def reference_continuation(target_dir, text, prompt_tokens, max_new_tokens):
     tok = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     ids = tok(text, add_special_tokens=False)["input_ids"][:prompt_tokens]
-    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=0)[0, len(ids):].tolist()
+    out = hf_greedy(model, torch.tensor([ids]), max_new_tokens)[0, len(ids):].tolist()
     eos = model.generation_config.eos_token_id
     return tok.decode(ids + (out[: out.index(eos)] if eos in out else out), skip_special_tokens=True)
 

@@ -12,6 +12,7 @@ import torch
 from support.targets import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.reference import hf_greedy
 
 from draftsmith.data.regenerate import HFEngine, Settings
 from draftsmith.data import self_distill
@@ -44,7 +45,7 @@ def read(path):
 
 def greedy_continuation(model, tokenizer, text, prompt_tokens, new_tokens):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:prompt_tokens]
-    out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    out = hf_greedy(model, torch.tensor([ids]), new_tokens)
     new = out[0, len(ids):].tolist()
     eos = model.generation_config.eos_token_id
     return tokenizer.decode(ids + (new[: new.index(eos)] if eos in new else new), skip_special_tokens=True)

@@ -11,6 +11,7 @@ import torch
 from support.targets import make_tiny_target
 from support.formats import perturb
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.reference import hf_greedy
 
 from safetensors.torch import load_file, save_file
 
@@ -129,7 +130,7 @@ def test_eagle31_generation_is_lossless(arch):
     torch.manual_seed(1)
     head = perturb(build_head("eagle3", model, fc_norm=True, norm_output=True))
     prompt = torch.randint(3, 96, (1, 9))
-    expected = model.generate(prompt, do_sample=False, max_new_tokens=24, eos_token_id=None, pad_token_id=0)
+    expected = hf_greedy(model, prompt, 24)
     for tree in (Chain(4), DynamicTree(depth=3, top_k=2, total_tokens=6)):
         out = SpeculativeGenerator(model, head, tree=tree).generate(prompt, max_new_tokens=24)
         assert torch.equal(out, expected), tree

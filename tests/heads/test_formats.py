@@ -16,6 +16,7 @@ from transformers import LlamaConfig
 
 from support.targets import make_tiny_target
 from support.formats import H, INTER, L, V, perturb, sglang_states, trtllm_states, vllm_states
+from support.reference import hf_greedy
 from draftsmith.heads import AutoHead, Eagle3Head, build_head, default_aux_layer_ids
 from draftsmith.heads.formats import (
     EXPORT_MARKER,
@@ -476,7 +477,7 @@ def test_round_trip_decodes_identically(tmp_path, target, eagle3_reduced):
         gen.drafter.propose_rows = recording
         runs.append((gen.generate(prompt, max_new_tokens=8), drafts))
     with torch.no_grad():
-        greedy = target.generate(prompt, max_new_tokens=8, do_sample=False)
+        greedy = hf_greedy(target, prompt, 8)
     (out_a, drafts_a), (out_b, drafts_b) = runs
     assert torch.equal(out_a, out_b) and torch.equal(out_a.flatten()[-8:], greedy.flatten()[-8:])
     assert len(drafts_a) == len(drafts_b) > 0 and len(drafts_a[0]) == 8  # a full tree

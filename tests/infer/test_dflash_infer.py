@@ -10,6 +10,7 @@ import torch
 from support.targets import ARCHES, make_successor_target, make_tiny_target
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 from support.dflash_infer import fit_dflash
+from support.reference import hf_greedy
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
@@ -18,10 +19,6 @@ from draftsmith.train.config import load_config
 from draftsmith.train.objectives import objective_class
 
 VOCAB = 96
-
-
-def _hf_greedy(model, ids, max_new, eos=None):
-    return model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
 
 
 # aot_eager traces the DFlash drafter's path, which is the kind's, not the family's (the eager cases run
@@ -40,12 +37,12 @@ def test_random_head_greedy_matches_hf(arch, compile):
     for tree, prompt_len, max_new in cases:
         gen = SpeculativeGenerator(target, head, tree=tree, compile=compile)
         ids = torch.tensor([[rng.randrange(3, VOCAB) for _ in range(prompt_len)]])
-        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(target, ids, max_new)), tree
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf_greedy(target, ids, max_new)), tree
         assert gen.last_stats.new_tokens == max_new
-    ref = _hf_greedy(target, ids, 20)
+    ref = hf_greedy(target, ids, 20)
     eos = int(ref[0, ids.shape[1] + 7])
     gen = SpeculativeGenerator(target, head, tree=Chain(3), compile=compile)
-    assert torch.equal(gen.generate(ids, max_new_tokens=20, eos_token_id=eos), _hf_greedy(target, ids, 20, eos=eos))
+    assert torch.equal(gen.generate(ids, max_new_tokens=20, eos_token_id=eos), hf_greedy(target, ids, 20, eos=eos))
 
 
 def test_context_cache_grows_incrementally():
@@ -88,7 +85,7 @@ def test_the_defaults_fit_a_short_block():
     gen = SpeculativeGenerator(target, head)
     assert gen.drafter.option == Chain(3)
     ids = torch.tensor([[5, 6, 7, 8]])
-    assert torch.equal(gen.generate(ids, max_new_tokens=9), _hf_greedy(target, ids, 9))
+    assert torch.equal(gen.generate(ids, max_new_tokens=9), hf_greedy(target, ids, 9))
 
 
 def test_save_reload_drafts_the_same(tmp_path):
@@ -115,8 +112,7 @@ def successor_target():
     with torch.no_grad():
         torch.manual_seed(0)
         prompts = torch.randint(3, VOCAB, (128, 4))
-        seqs = model.generate(prompts, do_sample=False, max_new_tokens=28, pad_token_id=0,
-                              attention_mask=torch.ones_like(prompts))
+        seqs = hf_greedy(model, prompts, 28)
     return model, seqs
 
 
@@ -128,12 +124,12 @@ def test_trained_head_is_lossless_with_long_runs(successor_target):
     taus = []
     for i, ids in enumerate(torch.randint(3, VOCAB, (3, 5), generator=torch.Generator().manual_seed(1))):
         ids, max_new = ids[None], 20 + 5 * i
-        ref = _hf_greedy(model, ids, max_new)
+        ref = hf_greedy(model, ids, max_new)
         assert torch.equal(gen.generate(ids, max_new_tokens=max_new), ref)
         taus.append(gen.last_stats.tau)
         eos = int(ref[0, 5 + max_new // 2])  # EOS inside what are now long accepted runs
         assert torch.equal(gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos),
-                           _hf_greedy(model, ids, max_new, eos=eos))
+                           hf_greedy(model, ids, max_new, eos=eos))
         assert torch.equal(gen.generate(ids, max_new_tokens=1), ref[:, :6])
     assert sum(taus) / len(taus) > 1.5, taus
 

@@ -13,11 +13,11 @@ from support.classic import (  # noqa: F401  (fixture)
     ARCHES3,
     VOCAB,
     classic_target,
-    hf,
     repetitive_prompt,
     small_pair,
     small_pair_of,
 )
+from support.reference import hf_greedy
 
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
@@ -60,7 +60,7 @@ def test_greedy_matches_hf(arch, compile):
     rng = random.Random(arch)
     # the same prompts and HF references for every drafter (HF decoded 27 references a case, now 3)
     cases = [(repetitive_prompt(rng, prompt_len), max_new) for prompt_len, max_new in ((1, 1), (12, 30), (20, 7))]
-    cases = [(ids, max_new, hf(target, ids, max_new)) for ids, max_new in cases]
+    cases = [(ids, max_new, hf_greedy(target, ids, max_new)) for ids, max_new in cases]
     padded = set()  # the drafters some of whose drafts stopped short of the budget
     for name, drafter in _drafters(arch, target, TRACED_N if compile else None).items():
         gen = SpeculativeGenerator(target, drafter, compile=compile)
@@ -80,9 +80,9 @@ def test_greedy_matches_hf(arch, compile):
 def test_eos_stops_like_hf(arch, compile):
     target = classic_target(arch)
     ids = repetitive_prompt(random.Random(1), 10)
-    plain = hf(target, ids, 24)[0, 10:]
+    plain = hf_greedy(target, ids, 24)[0, 10:]
     eos = int(plain[9])  # a token HF emits: generation must stop at its first occurrence
-    ref = hf(target, ids, 24, eos=eos)
+    ref = hf_greedy(target, ids, 24, eos=eos)
     for name, drafter in _drafters(arch, target, TRACED_N if compile else None).items():
         out = SpeculativeGenerator(target, drafter, compile=compile).generate(ids, max_new_tokens=24, eos_token_id=eos)
         assert torch.equal(out, ref), name
@@ -109,9 +109,9 @@ def test_ngram_drafter_accepts_drafts():
     target says again (random tiny targets repeat little: tau stays low, but above 1)."""
     target = classic_target("qwen2")
     prompt = repetitive_prompt(random.Random(4), 10)
-    ids = torch.cat([hf(target, prompt, 40), prompt], dim=1)
+    ids = torch.cat([hf_greedy(target, prompt, 40), prompt], dim=1)
     gen = SpeculativeGenerator(target, NgramDrafter())
-    assert torch.equal(gen.generate(ids, max_new_tokens=40), hf(target, ids, 40))
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), hf_greedy(target, ids, 40))
     assert gen.last_stats.tau > 1.2, gen.last_stats.tau
 
 
@@ -126,7 +126,7 @@ def test_adaptive_length_follows_acceptance():
             return super().propose_rows(states, roots, sampling, max_depths)
 
     gen = SpeculativeGenerator(target, Spy(LMDrafter(classic_target("llama"), target, Chain(16)), initial=2, maximum=10))
-    assert torch.equal(gen.generate(ids, max_new_tokens=40), hf(target, ids, 40))
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), hf_greedy(target, ids, 40))
     assert seen[:5] == [2, 4, 6, 8, 10]  # a perfect drafter: +2 per step up to the cap
     seen.clear()
     other = classic_target("llama", seed=5, num_layers=1)
@@ -184,7 +184,7 @@ def test_eagle_chain_confidence_stop():
     torch.manual_seed(0)
     head = build_head("eagle3", target)
     ids = repetitive_prompt(random.Random(5), 9)
-    ref = hf(target, ids, 20)
+    ref = hf_greedy(target, ids, 20)
     drafts = []
     for confidence in (None, 1.0):  # 1.0: no draft after the first (a random head: p < 1) is confident enough
         drafter = make_drafter(head, target, Chain(4), confidence=confidence)
@@ -257,7 +257,7 @@ def test_eagle_heads_adapt_their_chain_by_default_on_cpu():
     for kind in ("eagle", "eagle3"):
         gen = SpeculativeGenerator(target, build_head(kind, target))
         assert isinstance(gen.drafter, AdaptiveLength) and (gen.drafter.initial, gen.drafter.maximum) == (4, 16)
-        assert torch.equal(gen.generate(ids, max_new_tokens=24), hf(target, ids, 24))
+        assert torch.equal(gen.generate(ids, max_new_tokens=24), hf_greedy(target, ids, 24))
         fixed = SpeculativeGenerator(target, build_head(kind, target), tree=Chain(4)).drafter
         assert isinstance(fixed, HeadDrafter) and fixed.option == Chain(4)
     medusa = SpeculativeGenerator(target, build_head("medusa", target)).drafter

@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 from support.targets import make_tiny_target
+from support.reference import hf_greedy
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -17,6 +18,9 @@ CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
 )
+# --compare with one timed round: the streamed decode, the warm-up and the round are three decodes of one generator,
+# each checked against the target's own; the alternation of R rounds is test_compare_alternates_timed_rounds' claim
+COMPARE = ["--compare", "--rounds", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def test_from_pretrained_matches_vanilla(saved):
     gen = SpeculativeGenerator.from_pretrained(str(saved / "target"), str(saved / "head"), device="cpu")
     assert gen.tokenizer is not None and gen.head.head_kind == "eagle3"
     ids = torch.tensor([[7, 8, 9, 10]])
-    ref = gen.target.generate(ids, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    ref = hf_greedy(gen.target, ids, 20)
     assert torch.equal(gen.generate(ids, max_new_tokens=20), ref)
 
 
@@ -49,7 +53,7 @@ def test_from_pretrained_matches_vanilla(saved):
 def test_cli_streams_and_compares(saved, capsys, extra):
     code = main([
         "--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
-        "--max-new-tokens", "16", "--compare", "--device", "cpu", *extra,
+        "--max-new-tokens", "16", *COMPARE, "--device", "cpu", *extra,
     ])
     captured = capsys.readouterr()
     assert code == 0
@@ -88,7 +92,7 @@ def test_cli_defaults_to_the_target_the_head_was_made_for(saved, tmp_path, capsy
 
     loaded = AutoModelForCausalLM.from_pretrained(saved / "target")  # name_or_path = the directory
     build_head("eagle3", loaded).save_pretrained(tmp_path / "head")
-    code = main(["--head", str(tmp_path / "head"), "--prompt", "w7 w8", "--max-new-tokens", "8", "--compare",
+    code = main(["--head", str(tmp_path / "head"), "--prompt", "w7 w8", "--max-new-tokens", "8", *COMPARE,
                  "--device", "cpu"])
     assert code == 0 and "outputs identical: yes" in capsys.readouterr().err
     with pytest.raises(ValueError, match="records no target"):  # built from an in-memory model
@@ -131,7 +135,7 @@ def test_cli_classic_drafters(saved, capsys, extra):
     make_tiny_target("llama", num_layers=2, seed=4).save_pretrained(saved / "draft-lm")
     extra = [e.replace("LM", f"lm:{saved / 'draft-lm'}").replace("HEAD", str(saved / "head")) for e in extra]
     code = main(["--target", str(saved / "target"), "--prompt", "w7 w8 w9 w7 w8", "--max-new-tokens", "16",
-                 "--compare", "--device", "cpu", *extra])
+                 *COMPARE, "--device", "cpu", *extra])
     assert code == 0
     assert "outputs identical: yes" in capsys.readouterr().err
 
@@ -145,7 +149,7 @@ def test_cli_draft_lm_with_its_head(saved, capsys, kind):
     torch.manual_seed(0)
     build_head(kind, draft_lm).save_pretrained(saved / f"{kind}-of-draft-lm")
     base = ["--target", str(saved / "target"), "--prompt", "w7 w8 w9 w7 w8", "--max-new-tokens", "16", "--device", "cpu"]
-    assert main([*base, "--drafter", f"lm:{saved / 'draft-lm'}+head:{saved / f'{kind}-of-draft-lm'}", "--compare"]) == 0
+    assert main([*base, "--drafter", f"lm:{saved / 'draft-lm'}+head:{saved / f'{kind}-of-draft-lm'}", *COMPARE]) == 0
     err = capsys.readouterr().err
     assert "outputs identical: yes" in err and "draft LM drafter + its head" in err
     with pytest.raises(ValueError, match="the inner level needs a head trained on the draft LM"):
@@ -176,7 +180,7 @@ def test_cli_early_exit_head_and_calibrated_layer_skip(saved, capsys, monkeypatc
     torch.manual_seed(0)
     build_head("early-exit", target, exit_layer=2).save_pretrained(saved / "early-exit")
     base = ["--target", str(saved / "target"), "--prompt", "w7 w8 w9 w7 w8", "--max-new-tokens", "12", "--device", "cpu"]
-    assert main([*base, "--head", str(saved / "early-exit"), "--compare"]) == 0
+    assert main([*base, "--head", str(saved / "early-exit"), *COMPARE]) == 0
     assert "outputs identical: yes" in capsys.readouterr().err
     with pytest.raises(ValueError, match="early-exit heads draft chains only"):
         main([*base, "--head", str(saved / "early-exit"), "--tree", "tree"])
@@ -186,7 +190,7 @@ def test_cli_early_exit_head_and_calibrated_layer_skip(saved, capsys, monkeypatc
     path = calibration_path(target)
     path.parent.mkdir(parents=True)
     path.write_text('{"best_layers": 5}')
-    assert main([*base, "--drafter", "layer-skip", "--compare"]) == 0
+    assert main([*base, "--drafter", "layer-skip", *COMPARE]) == 0
     err = capsys.readouterr().err
     assert "layer skip: k=5 (calibrated)" in err and "outputs identical: yes" in err
 
@@ -320,7 +324,7 @@ def test_cli_defaults_fit_a_dflash_head_of_block_size_4(saved, tmp_path, capsys)
     target = AutoModelForCausalLM.from_pretrained(saved / "target")
     build_head("dflash", target, block_size=4).save_pretrained(tmp_path / "head")
     argv = ["--target", str(saved / "target"), "--head", str(tmp_path / "head"), "--prompt", "w7 w8", "--max-new-tokens",
-            "6", "--device", "cpu", "--compare"]
+            "6", "--device", "cpu", *COMPARE]
     for flags in ([], ["--tree", "default"]):  # the CPU default chain of 4, cut to the head's 3
         assert main(argv + flags) == 0 and "outputs identical: yes" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"its chains: at most 3 drafts"):  # a length the user asked for is never cut

@@ -12,8 +12,9 @@ import random
 import pytest
 import torch
 from support.targets import ARCHES, make_tiny_target
-from support.train_fixtures import TreeOracle
-from support.generator import SMALL, VOCAB, hf_greedy as _hf_greedy, hf_greedy_once
+from support.oracle import Oracle
+from support.generator import SMALL, VOCAB
+from support.reference import hf_greedy
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast, TextStreamer
 
@@ -55,7 +56,7 @@ def test_greedy_matches_hf_random_heads(target64, kind):
     for tree, prompt_len, max_new in cases:
         gen = SpeculativeGenerator(target64, head, tree=tree)
         ids = _prompt(rng, prompt_len)
-        ref = hf_greedy_once(target64, ids, max_new)
+        ref = hf_greedy(target64, ids, max_new, once=True)
         out = gen.generate(ids, max_new_tokens=max_new)
         assert torch.equal(out, ref), (tree, prompt_len, max_new)
         stats = gen.last_stats
@@ -66,10 +67,10 @@ def test_greedy_matches_hf_random_heads(target64, kind):
         accepted += stats.new_tokens - 1 - stats.steps
     # EOS: stop at the first occurrence of a token the reference emits mid-way.
     ids = _prompt(rng, 7)
-    ref = hf_greedy_once(target64, ids, 30)
+    ref = hf_greedy(target64, ids, 30, once=True)
     eos = int(ref[0, 7 + 12])
     gen = SpeculativeGenerator(target64, head, tree=SMALL[kind])
-    assert torch.equal(gen.generate(ids, max_new_tokens=30, eos_token_id=eos), hf_greedy_once(target64, ids, 30, eos=eos))
+    assert torch.equal(gen.generate(ids, max_new_tokens=30, eos_token_id=eos), hf_greedy(target64, ids, 30, eos=eos, once=True))
     accepted += gen.last_stats.new_tokens - 1 - gen.last_stats.steps
     assert accepted > 0  # the verify accepted drafts: the bonus token and the cache after them were checked
 
@@ -83,7 +84,7 @@ def test_greedy_fp32(arch):
         gen = SpeculativeGenerator(model, build_head(kind, model), tree=SMALL[kind])
         for prompt_len, max_new in [(3, 30), (12, 21)]:
             ids = _prompt(rng, prompt_len)
-            assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(model, ids, max_new))
+            assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf_greedy(model, ids, max_new))
 
 
 def test_greedy_default_init_and_eager_attention():
@@ -95,7 +96,7 @@ def test_greedy_default_init_and_eager_attention():
             torch.manual_seed(1)
             gen = SpeculativeGenerator(model, build_head(kind, model), tree=SMALL[kind])
             ids = _prompt(rng, 6)
-            assert torch.equal(gen.generate(ids, max_new_tokens=24), _hf_greedy(model, ids, 24))
+            assert torch.equal(gen.generate(ids, max_new_tokens=24), hf_greedy(model, ids, 24))
 
 
 def test_eagle3_reduced_draft_vocab_maps_to_target_ids():
@@ -115,7 +116,7 @@ def test_eagle3_reduced_draft_vocab_maps_to_target_ids():
 
     gen.drafter.propose_rows = recording
     ids = _prompt(random.Random(0), 5)
-    assert torch.equal(gen.generate(ids, max_new_tokens=20), _hf_greedy(model, ids, 20))
+    assert torch.equal(gen.generate(ids, max_new_tokens=20), hf_greedy(model, ids, 20))
     drafted = torch.cat(proposed)
     assert drafted.numel() > 0 and torch.isin(drafted, vocab_ids).all()
 
@@ -130,13 +131,13 @@ def test_oracle_long_runs_eos_and_budget(arch):
     for case in range(4):
         prompt_len, max_new = rng.randrange(1, 12), rng.randrange(8, 60)
         ids = _prompt(rng, prompt_len)
-        ref = _hf_greedy(model, ids, max_new)
+        ref = hf_greedy(model, ids, max_new)
         with torch.no_grad():
             feats = target_forward(model, ref).final_hidden[0]
         eos = int(ref[0, prompt_len + rng.randrange(max_new)]) if case % 2 else None
-        expected = _hf_greedy(model, ids, max_new, eos=eos)
-        oracle = TreeOracle({tuple(ids[0].tolist()): (ref[0], feats)}, depth=rng.randrange(3, 9), seed=case,
-                               wrong_rate=0.15)
+        expected = hf_greedy(model, ids, max_new, eos=eos)
+        oracle = Oracle([ref[0]], features=[feats], shape="tree", depth=rng.randrange(3, 9), seed=case,
+                        wrong_rate=0.15)
         gen = SpeculativeGenerator(model, oracle)
         out = gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos)
         assert torch.equal(out, expected), (case, eos)
@@ -162,12 +163,12 @@ class RecordingStreamer:
 def test_streamer_gets_prompt_then_every_accepted_run():
     model = _target("llama")
     ids = _prompt(random.Random(2), 4)
-    ref = _hf_greedy(model, ids, 40)
+    ref = hf_greedy(model, ids, 40)
     with torch.no_grad():
         feats = target_forward(model, ref).final_hidden[0]
     streamer = RecordingStreamer()
-    gen = SpeculativeGenerator(model, TreeOracle({tuple(ids[0].tolist()): (ref[0], feats)}, depth=5, seed=0,
-                                                    wrong_rate=0.0))
+    gen = SpeculativeGenerator(model, Oracle([ref[0]], features=[feats], shape="tree", depth=5, seed=0,
+                                                wrong_rate=0.0))
     out = gen.generate(ids, max_new_tokens=40, streamer=streamer)
     assert torch.equal(streamer.puts[0], ids) and streamer.ended == 1
     assert torch.equal(torch.cat([p.flatten() for p in streamer.puts[1:]]), out[0, 4:])

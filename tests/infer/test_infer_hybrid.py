@@ -14,7 +14,9 @@ import torch
 from support.targets import make_tiny_target
 from support.hybrids import HYBRIDS, make_tiny_hybrid
 from support.sampling import PROMPT, VOCAB as SAMPLING_VOCAB, joint_pvalue, sample_triples
-from support.infer_hybrid import MAIN, VOCAB, Oracle, hf, hybrid_prompt, hybrid_target, left_padded, perturbed
+from support.infer_hybrid import MAIN, VOCAB, hybrid_prompt, hybrid_target, left_padded, perturbed
+from support.oracle import Oracle
+from support.reference import hf_greedy
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
@@ -71,7 +73,7 @@ def _main_case(arch: str) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, int
     target = hybrid_target(arch)
     rng = random.Random(arch)
     prompts = [(hybrid_prompt(rng, 14), 16), (hybrid_prompt(rng, 1), 6)]
-    return target, [(ids, n, hf(target, ids, n)) for ids, n in prompts]
+    return target, [(ids, n, hf_greedy(target, ids, n)) for ids, n in prompts]
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
@@ -98,20 +100,20 @@ def test_every_drafter_is_lossless_on_every_other_family(arch):
     target = hybrid_target(arch)
     rng = random.Random(arch)
     ids = hybrid_prompt(rng, 14)
-    ref = hf(target, ids, 12)
+    ref = hf_greedy(target, ids, 12)
     for name, drafter in [*_drafters(arch, target).items(), ("ngram-replay", NgramDrafter(length=5))]:
         gen = SpeculativeGenerator(target, drafter, rollback="replay" if name == "ngram-replay" else None)
         assert torch.equal(gen.generate(ids, max_new_tokens=12), ref), (arch, name)
         assert gen.last_stats.steps >= 3, (arch, name, gen.last_stats.steps)
     ids = hybrid_prompt(rng, 5)
-    ref = hf(target, ids, 16)
+    ref = hf_greedy(target, ids, 16)
     head = perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))
     for drafter, rollback in ((NgramDrafter(length=5), "merged"), (NgramDrafter(length=5), "replay"), (head, None)):
         out = SpeculativeGenerator(target, drafter, rollback=rollback).generate(ids, max_new_tokens=16)
         assert torch.equal(out, ref), (arch, ids.shape[1], type(drafter).__name__, rollback)
     rows = [hybrid_prompt(rng, n)[0] for n in (11, 4, 8)]
-    eos = int(hf(target, rows[1][None], 16)[0, rows[1].numel() + 5])  # row 1 stops at its 6th new token
-    alone = [hf(target, r[None], 16, eos=eos)[0, r.numel():] for r in rows]
+    eos = int(hf_greedy(target, rows[1][None], 16)[0, rows[1].numel() + 5])  # row 1 stops at its 6th new token
+    alone = [hf_greedy(target, r[None], 16, eos=eos)[0, r.numel():] for r in rows]
     ids, mask = left_padded(rows)
     out = SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, attention_mask=mask, max_new_tokens=16,
                                                                          eos_token_id=eos, pad_token_id=0)
@@ -124,8 +126,8 @@ def _eos_rows(arch: str) -> tuple[list[torch.Tensor], int, list[torch.Tensor]]:
     target = hybrid_target(arch)
     rng = random.Random(1)
     rows = [hybrid_prompt(rng, n)[0] for n in (15, 6, 11)]
-    eos = int(hf(target, rows[1][None], 24)[0, rows[1].numel() + 5])  # row 1 stops at its 6th new token
-    return rows, eos, [hf(target, r[None], 24, eos=eos)[0, r.numel():] for r in rows]
+    eos = int(hf_greedy(target, rows[1][None], 24)[0, rows[1].numel() + 5])  # row 1 stops at its 6th new token
+    return rows, eos, [hf_greedy(target, r[None], 24, eos=eos)[0, r.numel():] for r in rows]
 
 
 @pytest.mark.parametrize("compile", [False, "eager"])  # "eager": drafts padded to the budget, one shape
@@ -154,7 +156,7 @@ def test_prompt_one_longer_than_the_draft(arch):
     """The case engines got wrong (garbage when the prompt length is the draft length + 1)."""
     target = hybrid_target(arch)
     ids = hybrid_prompt(random.Random(5), 5)  # a chain of 4 drafts + 1
-    ref = hf(target, ids, 20)
+    ref = hf_greedy(target, ids, 20)
     gen = SpeculativeGenerator(target, LMDrafter(hybrid_target(arch, seed=7), target, Chain(4)))
     assert torch.equal(gen.generate(ids, max_new_tokens=20), ref)
 
@@ -165,7 +167,7 @@ def test_a_thousand_tokens_stay_exact():
     (3 of 4 drafts) and a rollback at every step."""
     target = hybrid_target("qwen3_5_text", sharpen=4.0)
     ids = hybrid_prompt(random.Random(9), 10)
-    ref = hf(target, ids, 1000)
+    ref = hf_greedy(target, ids, 1000)
     gen = SpeculativeGenerator(target, Oracle(ref))
     assert torch.equal(gen.generate(ids, max_new_tokens=1000), ref)
     assert gen.last_stats.pending_tokens + gen.last_stats.replayed_tokens >= 3 * (gen.last_stats.steps - 1) > 600
@@ -175,7 +177,7 @@ def test_a_state_restored_one_position_off_is_caught(monkeypatch):
     """Planted bug: the replay runs one accepted token too few; the identity check fails."""
     target = hybrid_target("qwen3_5_text")
     ids = hybrid_prompt(random.Random(2), 14)
-    ref = hf(target, ids, 40)
+    ref = hf_greedy(target, ids, 40)
     assert torch.equal(SpeculativeGenerator(target, Oracle(ref), rollback="replay").generate(ids, max_new_tokens=40), ref)
     replay = Replay.replay
 
@@ -193,9 +195,9 @@ def test_trees_are_refused_and_a_leaking_sibling_is_caught():
     hybrid in one line; verifying one anyway (the refusal and rollback planted away) breaks the identity."""
     target = hybrid_target("qwen3_5_text")
     ids = hybrid_prompt(random.Random(3), 14)
-    ref = hf(target, ids, 30)
+    ref = hf_greedy(target, ids, 30)
     with pytest.raises(ValueError, match="hybrid.*chains"):
-        SpeculativeGenerator(target, Oracle(ref, tree=True)).generate(ids, max_new_tokens=30)
+        SpeculativeGenerator(target, Oracle(ref, shape="fork")).generate(ids, max_new_tokens=30)
     with pytest.raises(ValueError, match="Qwen3_5ForCausalLM is a hybrid.*not a DynamicTree"):
         SpeculativeGenerator(target, build_head("eagle3", target, aux_layer_ids=[0, 1, 2]), tree=DynamicTree())
 
@@ -204,7 +206,7 @@ def test_trees_are_refused_and_a_leaking_sibling_is_caught():
             super().__init__(*a, **k)
             self.rollback = Rollback()  # no chain check, no rollback: the tree verified as one sequence
 
-    assert not torch.equal(Leaky(target, Oracle(ref, tree=True)).generate(ids, max_new_tokens=30), ref)
+    assert not torch.equal(Leaky(target, Oracle(ref, shape="fork")).generate(ids, max_new_tokens=30), ref)
 
 
 def test_layer_skip_is_refused_on_zamba():

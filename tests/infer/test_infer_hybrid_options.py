@@ -10,7 +10,9 @@ import random
 import pytest
 import torch
 from support.hybrids import HYBRIDS
-from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
+from support.infer_hybrid import hybrid_prompt, hybrid_target
+from support.oracle import Oracle
+from support.reference import hf_greedy
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
@@ -35,7 +37,7 @@ def test_every_option_keeps_greedy_identity(arch):
     (``tree``: a head's chain on a hybrid is tests/infer/test_infer_hybrid.py's; a custom drafter's is refused.)"""
     target = hybrid_target(arch)
     ids = hybrid_prompt(random.Random(f"options-{arch}"), 10)
-    ref = hf(target, ids, 30)
+    ref = hf_greedy(target, ids, 30)
     runs = [(name, dict(o, per_token=p)) for name, o in ROUTING.items() for p in (True, False)]
     for name, options in runs + list(OTHERS.items()):
         gen = SpeculativeGenerator(target, Oracle(ref), **options)

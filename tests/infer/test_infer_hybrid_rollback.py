@@ -13,11 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from support.infer_hybrid import MAIN, VOCAB, hf, hybrid_prompt, hybrid_target, left_padded, perturbed
+from support.infer_hybrid import MAIN, hybrid_prompt, hybrid_target, left_padded, perturbed
+from support.oracle import Oracle
+from support.reference import hf_greedy
 
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_draft, root_only
 from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LinearAttentionLayer, LinearStates
 from draftsmith.infer.rollback import MAX_PENDING, Merged
@@ -27,42 +28,9 @@ pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid tar
 MODES = ("merged", "replay")
 
 
-class RowOracle(Drafter):
-    """Stub drafter knowing each row's greedy text (its prompt, then the target's own continuation): a chain
-    of ``good`` right tokens then a wrong one, so every step accepts ``good`` drafts of ``good + 1`` (a
-    partial accept at every step, the same count in every row while each has enough left)."""
-
-    aux_layer_ids = ()
-
-    def __init__(self, refs: list[torch.Tensor], good: int = 3) -> None:
-        self.refs, self.good = refs, good  # refs[i] (L_i,) prompt + continuation, no pads
-        self.max_nodes = good + 2
-
-    def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[dict]:
-        states = []
-        for prompt in prompts:  # (1, P_b), no pads
-            ref = next(r for r in self.refs if torch.equal(r[: prompt.shape[1]], prompt[0]))
-            states.append({"ref": ref, "seq": prompt[0, :1]})
-        return states
-
-    def observe_rows(self, states: list[dict], features: list[torch.Tensor], next_tokens: list[torch.Tensor]) -> None:
-        for state, tokens in zip(states, next_tokens):
-            state["seq"] = torch.cat([state["seq"], tokens[0]])
-
-    def propose_rows(self, states: list[dict], roots: list[torch.Tensor], sampling: Sampling,
-                     max_depths: list[int]) -> list[Draft]:
-        drafts = []
-        for state, root, max_depth in zip(states, roots, max_depths):
-            n = state["seq"].numel()
-            right = state["ref"][n: n + min(self.good + 1, max_depth)]
-            drafts.append(root_only(root) if right.numel() < 2
-                          else chain_draft([root, *right[:-1], (right[-1] + 1) % VOCAB], []))
-        return drafts
-
-
 def _alone(target, rows: list[torch.Tensor], max_new: int, eos: int | None = None) -> list[torch.Tensor]:
     """Each row's own greedy text (prompt + continuation, cut after EOS)."""
-    return [hf(target, r[None], max_new, eos=eos)[0] for r in rows]
+    return [hf_greedy(target, r[None], max_new, eos=eos)[0] for r in rows]
 
 
 def _mid_batch_eos(continuations: list[torch.Tensor]) -> int | None:
@@ -86,7 +54,7 @@ def _one_row_refs(arch: str) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
     after the long prompt (were 60): 10 steps, the pending tokens still reach the cap and are replayed (asserted);
     the no-rollback plant fails every case at either length."""
     target, rng = hybrid_target(arch), random.Random(arch)
-    return [(ids, n, hf(target, ids, n)) for ids, n in ((hybrid_prompt(rng, 14), 40), (hybrid_prompt(rng, 5), 30))]
+    return [(ids, n, hf_greedy(target, ids, n)) for ids, n in ((hybrid_prompt(rng, 14), 40), (hybrid_prompt(rng, 5), 30))]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -96,7 +64,7 @@ def test_one_row_is_lossless_under_both_rollbacks(arch, mode):
     a head; the prompt one longer than the oracle's draft (4 nodes: prompt 5)."""
     target = hybrid_target(arch)
     for ids, n, ref in _one_row_refs(arch):
-        gen = SpeculativeGenerator(target, RowOracle([ref[0]]), rollback=mode)
+        gen = SpeculativeGenerator(target, Oracle([ref[0]], right=3), rollback=mode)
         assert torch.equal(gen.generate(ids, max_new_tokens=n), ref), ids.shape[1]
         stats = gen.last_stats
         if mode == "merged":  # the merged path ran: pending tokens re-verified, replays only past the cap
@@ -132,12 +100,12 @@ def test_left_padded_batch_is_each_row_alone(arch, mode):
     assert [a.numel() - r.numel() for r, a in zip(rows, alone)][1] < 24 <= min(a.numel() - r.numel()
                                                                                 for r, a in zip(rows[::2], alone[::2]))
     ids, mask = left_padded(rows)
-    drafters = (RowOracle(alone), NgramDrafter(length=4), perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2])))
+    drafters = (Oracle(alone, right=3), NgramDrafter(length=4), perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2])))
     for drafter in drafters:
         gen = SpeculativeGenerator(target, drafter, rollback=mode)
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=eos, pad_token_id=0)
         _check_left_padded(out, ids.shape[1], rows, alone)
-        if mode == "merged" and isinstance(drafter, RowOracle):
+        if mode == "merged" and isinstance(drafter, Oracle):
             assert gen.last_stats.pending_tokens > 0
 
 
@@ -147,8 +115,8 @@ def test_the_steps_driven_by_hand_and_a_reused_generator_equal_generate():
     target = hybrid_target("qwen3_5_text")
     rng = random.Random(4)
     first, second = hybrid_prompt(rng, 9), hybrid_prompt(rng, 12)
-    refs = [hf(target, ids, 30) for ids in (first, second)]
-    gen = SpeculativeGenerator(target, RowOracle([r[0] for r in refs]))
+    refs = [hf_greedy(target, ids, 30) for ids in (first, second)]
+    gen = SpeculativeGenerator(target, Oracle([r[0] for r in refs], right=3))
     assert gen.rollback.rule == "merged"
     dec = gen.start(first, max_new_tokens=30)
     pending = 0
@@ -180,7 +148,7 @@ def _oracle_runs(arch: str, rollback: str = "merged") -> Iterator[tuple[torch.Te
     prompts 3-5."""
     target = hybrid_target(arch)
     for ids, ref in _oracle_refs(arch):
-        gen = SpeculativeGenerator(target, RowOracle([ref[0]]), rollback=rollback)
+        gen = SpeculativeGenerator(target, Oracle([ref[0]], right=3), rollback=rollback)
         yield gen.generate(ids, max_new_tokens=48), ref, gen
 
 
@@ -189,7 +157,7 @@ def _oracle_refs(arch: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The three prompts of ``_oracle_runs`` and the target's own 48 tokens after each, once per family."""
     target = hybrid_target(arch)
     prompts = [hybrid_prompt(random.Random(seed), 14) for seed in ((3, 4, 5) if arch == "nemotron_h" else (2, 3, 4))]
-    return [(ids, hf(target, ids, 48)) for ids in prompts]
+    return [(ids, hf_greedy(target, ids, 48)) for ids in prompts]
 
 
 def _all_equal(runs, pending: bool = False) -> bool:
@@ -244,8 +212,8 @@ def test_pending_tokens_pile_up_to_the_cap_then_a_replay_flushes_them():
     most ``MAX_PENDING``, and the step that would pass it replays them instead."""
     target = hybrid_target("lfm2")
     ids = hybrid_prompt(random.Random(2), 14)
-    ref = hf(target, ids, 64)
-    gen = SpeculativeGenerator(target, RowOracle([ref[0]]))
+    ref = hf_greedy(target, ids, 64)
+    gen = SpeculativeGenerator(target, Oracle([ref[0]], right=3))
     dec = gen.start(ids, max_new_tokens=64)
     carried = []
     while not dec.finished:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from support.mtp_targets import STYLES, make_mtp_target, reference_chain
+from support.reference import hf_greedy
 from support.sampling import PROMPT, exact_law, joint_pvalue, sample_triples
 
 from draftsmith.heads import build_head
@@ -66,7 +67,7 @@ def test_greedy_output_is_the_targets_own(mtp_target, tree):
         with pytest.raises(ValueError, match="is a hybrid .* drafts must be chains"):
             SpeculativeGenerator(model, head, tree=tree)
         return
-    want = model.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    want = hf_greedy(model, prompt, 20)
     gen = SpeculativeGenerator(model, head, tree=tree)
     assert torch.equal(gen.generate(prompt, max_new_tokens=20), want)
 
@@ -81,7 +82,7 @@ def test_greedy_batch_rows_are_each_rows_own(mtp_target):
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     out = SpeculativeGenerator(model, head, tree=Chain(3)).generate(ids, attention_mask=mask, max_new_tokens=12)
     for b, row in enumerate(rows):
-        want = model.generate(torch.tensor([row]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0, len(row):]
+        want = hf_greedy(model, torch.tensor([row]), 12)[0, len(row):]
         assert torch.equal(out[b, width:], want), b
 
 
@@ -92,7 +93,7 @@ def _tuned(t, prompts: torch.Tensor, steps: int = 30):
     head = build_head("mtp", model)
     cls = objective_class("mtp")
     objective = cls(head, load_config(None, ["head.kind=mtp"]))
-    text = model.generate(prompts, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    text = hf_greedy(model, prompts, 24)
     features = cls.features(model, {"input_ids": text, "loss_mask": torch.ones_like(text)}, head)
     optimizer = torch.optim.AdamW(objective.param_groups(), lr=3e-3)
     losses = []
@@ -112,7 +113,7 @@ def test_a_tuned_block_is_accepted_and_stays_lossless(mtp_target):
     prompts = torch.tensor([[1, 5, 3, 6], [1, 2, 6, 3], [1, 7, 4, 4], [1, 3, 3, 5]])
     head, first, last = _tuned(mtp_target, prompts)
     assert last < 0.7 * first, (first, last)
-    want = model.generate(prompts[:2], max_new_tokens=20, do_sample=False, pad_token_id=0)
+    want = hf_greedy(model, prompts[:2], 20)
     for tree in (Chain(4),) if _hybrid(model) else (Chain(4), DynamicTree(depth=4, top_k=2, total_tokens=8)):
         gen = SpeculativeGenerator(model, head, tree=tree)
         assert torch.equal(gen.generate(prompts[:2], max_new_tokens=20), want), tree

@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 from support.targets import make_tiny_target
+from support.reference import hf_greedy
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, SpeculativeGenerator
@@ -25,8 +26,7 @@ def _target():
 
 
 def _alone(model, prompt, max_new):
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new, pad_token_id=0)
-    return out[0, len(prompt):]
+    return hf_greedy(model, torch.tensor([prompt]), max_new)[0, len(prompt):]
 
 
 def test_plan_lookup_and_choice():

@@ -12,7 +12,8 @@ import pytest
 import torch
 from support import classic
 from support.targets import record_drafts
-from support.classic import ARCHES3, classic_target, hf, repetitive_prompt
+from support.classic import ARCHES3, classic_target, repetitive_prompt
+from support.reference import hf_greedy
 from support.sampling import exact_law, joint_pvalue, sample_triples
 
 from draftsmith.heads import build_head
@@ -80,7 +81,7 @@ def test_greedy_matches_hf(arch, compile):
     rng = random.Random(arch)
     # the same prompts and HF references for every drafter (HF decoded 24 references a case, now 3)
     cases = [(repetitive_prompt(rng, prompt_len), max_new) for prompt_len, max_new in ((1, 1), (12, 30), (20, 7))]
-    cases = [(ids, max_new, hf(target, ids, max_new)) for ids, max_new in cases]
+    cases = [(ids, max_new, hf_greedy(target, ids, max_new)) for ids, max_new in cases]
     padded = set()  # the drafters some of whose drafts stopped short of the budget
     for name, drafter in _drafters(arch, target, 5 if compile else None).items():
         gen = SpeculativeGenerator(target, drafter, compile=compile)
@@ -99,8 +100,8 @@ def test_greedy_matches_hf(arch, compile):
 def test_eos_stops_like_hf(arch):
     target = classic_target(arch)
     ids = repetitive_prompt(random.Random(1), 10)
-    eos = int(hf(target, ids, 24)[0, 10 + 9])  # a token HF emits: generation must stop at its first occurrence
-    ref = hf(target, ids, 24, eos=eos)
+    eos = int(hf_greedy(target, ids, 24)[0, 10 + 9])  # a token HF emits: generation must stop at its first occurrence
+    ref = hf_greedy(target, ids, 24, eos=eos)
     for name, drafter in _drafters(arch, target).items():
         assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=24, eos_token_id=eos),
                            ref), name
@@ -138,7 +139,7 @@ def test_layer_skip_shares_its_kv_with_the_verify(arch):
     every layer writes (sharing off: the drafter's own cache), and both outputs are the target's own."""
     k, max_new = 2, 30
     ids = repetitive_prompt(random.Random(8), 12)
-    ref = hf(classic_target(arch), ids, max_new)
+    ref = hf_greedy(classic_target(arch), ids, max_new)
     caches = {}
     for mode in ("shared", "own"):
         target = classic_target(arch)
@@ -175,7 +176,7 @@ def test_layer_skip_kv_written_elsewhere_changes_the_output():
     for _ in range(4):
         ids = repetitive_prompt(rng, 12)
         wrong += not torch.equal(SpeculativeGenerator(target, SlotOffByOne(target, 2, Chain(4))).generate(
-            ids, max_new_tokens=30), hf(target, ids, 30))
+            ids, max_new_tokens=30), hf_greedy(target, ids, 30))
     assert wrong >= 1, wrong
 
 
@@ -216,7 +217,7 @@ def test_hierarchical_drafts_what_the_draft_lm_drafts_with_fewer_forwards():
     for name, drafter in (("plain", LMDrafter(draft_lm, target, Chain(6))),
                           ("hier", HierarchicalDrafter(draft_lm, target, NgramDrafter(length=6), Chain(6)))):
         drafts = record_drafts(drafter)
-        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=30), hf(target, ids, 30))
+        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=30), hf_greedy(target, ids, 30))
         runs[name] = [d.tokens.tolist() for d in drafts]
     assert runs["hier"] == runs["plain"]
     forwards = {}
@@ -224,7 +225,7 @@ def test_hierarchical_drafts_what_the_draft_lm_drafts_with_fewer_forwards():
         stub = CycleLM(target, period=3)
         drafter = cls(stub, target, tree=Chain(12))
         drafts = record_drafts(drafter)
-        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20), hf(target, ids, 20))
+        assert torch.equal(SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=20), hf_greedy(target, ids, 20))
         forwards[name] = (stub.forwards, [d.tokens.tolist() for d in drafts])
     assert forwards["hier"][1] == forwards["plain"][1]
     assert forwards["hier"][0] < 0.8 * forwards["plain"][0], forwards  # 99 against 150 when written
@@ -256,7 +257,7 @@ def test_inner_head_is_cut_back_with_the_draft_lm(kind):
     target = classic_target("llama").double()
     draft_lm = classic_target("llama", seed=5, num_layers=4).double()
     ids = repetitive_prompt(random.Random(2), 12)
-    ref = hf(target, ids, 40)
+    ref = hf_greedy(target, ids, 40)
     logs = {}
     for name in ("rewind", "no-rewind"):
         inner = _draft_lm_head(kind, draft_lm)

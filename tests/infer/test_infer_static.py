@@ -8,8 +8,9 @@ import random
 import pytest
 import torch
 from support.targets import ARCHES, has_cuda, make_tiny_target
-from support.generator import SMALL, VOCAB, hf_greedy as _hf_greedy, hf_greedy_once
-from support.train_fixtures import TreeOracle
+from support.generator import SMALL, VOCAB
+from support.reference import hf_greedy
+from support.oracle import Oracle
 from transformers.cache_utils import DynamicCache
 
 from draftsmith.heads import build_head
@@ -84,36 +85,23 @@ def test_static_greedy_matches_hf(target32, kind, compile):
         gen = SpeculativeGenerator(target32, head, tree=tree, compile=compile)
         ids = _prompt(rng, prompt_len)
         out = gen.generate(ids, max_new_tokens=max_new)
-        assert torch.equal(out, hf_greedy_once(target32, ids, max_new)), (tree, prompt_len, max_new)
+        assert torch.equal(out, hf_greedy(target32, ids, max_new, once=True)), (tree, prompt_len, max_new)
         stats = gen.last_stats
         assert stats.new_tokens == max_new and stats.target_forwards == stats.steps + 1
         assert stats.steps >= 3 or max_new < 12, stats
         accepted += stats.new_tokens - 1 - stats.steps
         # a second call reuses the buffer (and the compiled graph) and is still exact
         ids = _prompt(rng, prompt_len + 2)
-        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf_greedy_once(target32, ids, max_new))
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf_greedy(target32, ids, max_new, once=True))
         accepted += gen.last_stats.new_tokens - 1 - gen.last_stats.steps
     ids = _prompt(rng, 6)
-    ref = hf_greedy_once(target32, ids, 30)
+    ref = hf_greedy(target32, ids, 30, once=True)
     eos = int(ref[0, 6 + 11])  # EOS mid-way
     gen = SpeculativeGenerator(target32, head, tree=SMALL[kind], compile=compile)
     assert torch.equal(gen.generate(ids, max_new_tokens=30, eos_token_id=eos),
-                       hf_greedy_once(target32, ids, 30, eos=eos))
+                       hf_greedy(target32, ids, 30, eos=eos, once=True))
     accepted += gen.last_stats.new_tokens - 1 - gen.last_stats.steps
     assert accepted > 0  # the verify accepted drafts: the bonus token and compaction after them were checked
-
-
-class BoundedOracle(TreeOracle):
-    """The oracle of test_infer_generator with the tree budget a static cache needs: a level d
-    holds at most 2d + 1 nodes (the true token, two siblings, one child per earlier decoy)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.max_nodes = self.budget(self.depth)
-
-    @staticmethod
-    def budget(depth: int) -> int:
-        return 1 + depth**2 + 2 * depth
 
 
 @pytest.mark.parametrize(("arch", "compile"), [(arch, False) for arch in ARCHES] + [("qwen3", "aot_eager")])
@@ -125,17 +113,17 @@ def test_static_long_accepted_runs_compact_in_place(arch, compile):
     for case in range(3):
         prompt_len, max_new = rng.randrange(1, 12), rng.randrange(20, 60)
         ids = _prompt(rng, prompt_len)
-        ref = _hf_greedy(model, ids, max_new)
+        ref = hf_greedy(model, ids, max_new)
         with torch.no_grad():
             feats = target_forward(model, ref).final_hidden[0]
         eos = int(ref[0, prompt_len + rng.randrange(max_new)]) if case == 1 else None
-        oracle = BoundedOracle({tuple(ids[0].tolist()): (ref[0], feats)}, depth=rng.randrange(3, 8), seed=case,
-                               wrong_rate=0.15)
-        if compile:  # the deepest oracle's budget for every case: one shape, one trace (were 3, one per depth)
-            oracle.max_nodes = BoundedOracle.budget(7)
+        depth = rng.randrange(3, 8)
+        # the budget a static cache needs; compiled: the deepest oracle's for every case (one shape, one trace)
+        oracle = Oracle([ref[0]], features=[feats], shape="tree", depth=depth, seed=case, wrong_rate=0.15,
+                        max_nodes=Oracle.tree_budget(7 if compile else depth))
         gen = SpeculativeGenerator(model, oracle, compile=compile)
         out = gen.generate(ids, max_new_tokens=max_new, eos_token_id=eos)
-        assert torch.equal(out, ref if eos is None else _hf_greedy(model, ids, max_new, eos=eos)), (case, eos)
+        assert torch.equal(out, ref if eos is None else hf_greedy(model, ids, max_new, eos=eos)), (case, eos)
         if out.shape[1] - prompt_len > 20:
             assert gen.last_stats.tau > 2.0, gen.last_stats
 
@@ -282,7 +270,7 @@ def test_inductor_compiled_step_is_exact():
     rng = random.Random(5)
     for prompt_len, max_new in [(6, 24), (9, 31)]:
         ids = _prompt(rng, prompt_len)
-        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(model, ids, max_new))
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf_greedy(model, ids, max_new))
     assert gen.last_stats.compile_time == 0.0  # compiled once, in the first call
 
 
@@ -298,4 +286,4 @@ def test_cuda_graph_step_is_exact(kind):
     rng = random.Random(kind)
     for prompt_len, max_new in [(6, 24), (9, 40), (3, 1)]:
         ids = _prompt(rng, prompt_len).cuda()
-        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), _hf_greedy(model, ids, max_new))
+        assert torch.equal(gen.generate(ids, max_new_tokens=max_new), hf_greedy(model, ids, max_new))

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from support.targets import make_successor_target
+from support.reference import hf_greedy
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, SpeculativeGenerator
@@ -26,8 +27,7 @@ def target_and_data():
     with torch.no_grad():
         torch.manual_seed(0)
         prompts = torch.randint(3, VOCAB, (256, 4))
-        seqs = model.generate(prompts, do_sample=False, max_new_tokens=40, pad_token_id=0,
-                              attention_mask=torch.ones_like(prompts))
+        seqs = hf_greedy(model, prompts, 40)
         out = target_forward(model, seqs, aux_layer_ids=(2, 3, 3))
     return model, seqs, out.final_hidden, out.aux_hidden
 
@@ -82,9 +82,9 @@ def references(target_and_data):
     cases = []
     for i, ids in enumerate(torch.randint(3, VOCAB, (4, 5), generator=torch.Generator().manual_seed(1))):
         ids, max_new = ids[None], 25 + 7 * i
-        ref = model.generate(ids, do_sample=False, max_new_tokens=max_new, pad_token_id=0)
+        ref = hf_greedy(model, ids, max_new)
         eos = int(ref[0, 5 + max_new // 2])
-        expected = model.generate(ids, do_sample=False, max_new_tokens=max_new, pad_token_id=0, eos_token_id=eos)
+        expected = hf_greedy(model, ids, max_new, eos)
         cases.append((ids, max_new, ref, eos, expected))
     return cases
 

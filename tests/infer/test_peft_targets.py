@@ -14,6 +14,7 @@ from support.targets import make_tiny_target
 from support.sampling import VOCAB, exact_law, joint_pvalue, sample_triples
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from support.peft_targets import save_adapter
+from support.reference import hf_greedy
 
 from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
 from draftsmith.heads import AutoHead, build_head
@@ -29,7 +30,7 @@ ADAPTED_ARCHES = ("llama", "qwen2", "mistral")
 def test_adapter_target_decodes_as_the_merged_model(tmp_path, arch):
     base = make_tiny_target(arch)
     base.generation_config.eos_token_id = None
-    base_out = base.generate(torch.tensor([[1, 7, 3, 9]]), max_new_tokens=24, do_sample=False)
+    base_out = hf_greedy(base, torch.tensor([[1, 7, 3, 9]]), 24)
     adapter_dir, reference = save_adapter(base, tmp_path)
 
     merged = load_target(resolve_target(str(adapter_dir)))
@@ -46,7 +47,7 @@ def test_adapter_target_decodes_as_the_merged_model(tmp_path, arch):
     gen.target.generation_config.eos_token_id = None
     prompt = torch.tensor([[1, 7, 3, 9]])
     out = gen.generate(prompt, max_new_tokens=24)
-    want = merged.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    want = hf_greedy(merged, prompt, 24)
     assert torch.equal(out, want)
     assert not torch.equal(want, base_out), "the adapter did not change the base's greedy output"
     assert head.config.target_name_or_path == str(adapter_dir)

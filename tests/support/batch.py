@@ -5,17 +5,17 @@ import random
 
 import torch
 from support.targets import make_tiny_target
-from support.train_fixtures import TreeOracle
+from support.oracle import Oracle
+from support.reference import hf_greedy
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, StaticTree
-from draftsmith.infer.drafters import Draft, make_drafter
+from draftsmith.infer.drafters import make_drafter
 from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
 from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
 from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.model import target_forward
-from draftsmith.infer.tree import tree_from_parents
 
 
 VOCAB = 96
@@ -44,9 +44,7 @@ def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def batch_alone(model, prompt: list[int], max_new: int, eos=None) -> torch.Tensor:
     """The row's new tokens from HF's greedy generate of that row alone."""
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new, eos_token_id=eos,
-                         pad_token_id=PAD)
-    return out[0, len(prompt):]
+    return hf_greedy(model, torch.tensor([prompt]), max_new, eos, pad=PAD)[0, len(prompt):]
 
 
 def expected(model, prompts, max_new, eos=None) -> torch.Tensor:
@@ -59,41 +57,12 @@ def expected(model, prompts, max_new, eos=None) -> torch.Tensor:
     return torch.cat([ids, new], dim=1)
 
 
-class RowOracle(TreeOracle):
-    """test_infer_generator's oracle (each row checked against its reference) drafting a random depth per
-    step, decoy siblings without subtrees: rows of a batch draft and accept different lengths."""
-
-    def __init__(self, references: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]], depth: int,
-                 seed: int, wrong_rate: float = 0.15):
-        super().__init__(references, depth, seed, wrong_rate)
-        self.max_nodes = 1 + 3 * depth
-
-    def _propose(self, state: dict, root: torch.Tensor, max_depth: int) -> Draft:
-        seq, pos = state["seq"], state["pos"]
-        assert int(root) == int(seq[pos])
-        levels = min(self.rng.randrange(1, self.depth + 1), max_depth, seq.numel() - pos - 1)
-        parents, tokens, main = [-1], [int(root)], 0
-        for d in range(1, levels + 1):
-            truth = int(seq[pos + d])
-            token = (truth + 1) % VOCAB if self.rng.random() < self.wrong_rate else truth
-            level = [(main, token, True)] + [(main, (truth + k) % VOCAB, False) for k in range(2, 2 + self.rng.randrange(3))]
-            self.rng.shuffle(level)
-            for parent, tok, on_path in level:
-                parents.append(parent)
-                tokens.append(tok)
-                if on_path:
-                    main = len(tokens) - 1
-        return Draft(torch.tensor(tokens), tree_from_parents(parents))
-
-
-def oracle(model, prompts, max_new, depth, seed) -> RowOracle:
-    references = {}
-    for p in prompts:
-        full = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=max_new, pad_token_id=PAD)
-        with torch.no_grad():
-            features = target_forward(model, full).final_hidden[0]
-        references[tuple(p)] = (full[0], features)
-    return RowOracle(references, depth, seed)
+def oracle(model, prompts, max_new, depth, seed) -> Oracle:
+    """The ragged oracle over each prompt's own greedy text, its features checked."""
+    refs = [hf_greedy(model, torch.tensor([p]), max_new, pad=PAD)[0] for p in prompts]
+    with torch.no_grad():
+        features = [target_forward(model, ref[None]).final_hidden[0] for ref in refs]
+    return Oracle(refs, features=features, shape="ragged", depth=depth, seed=seed)
 
 
 DRAFTERS = {

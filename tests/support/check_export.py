@@ -10,15 +10,20 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from draftsmith.heads.formats import export_head
-from draftsmith.heads.formats.parity import speculators_python, venv_dir
+from draftsmith.heads.formats.parity import SPECULATORS_VERSION, speculators_python, venv_dir
 from draftsmith.scripts.check_export import cli as check_cli
 
 
 @functools.cache
 def _venv_python(venv: Path) -> Path:
-    """``speculators_python()`` of the venv at ``venv`` (``venv_dir()``, the cache key), probed once per session:
-    its probe imports speculators in a fresh venv process (~10 s), and every library test asked it again
-    (FileNotFoundError is not cached: a missing venv is asked again, and skips again)."""
+    """The venv's python when it holds speculators at our version (its ``dist-info``), else
+    ``speculators_python()``'s probe, which says why not (FileNotFoundError is not cached: a missing venv is asked
+    again, and skips again). The probe imports speculators in a fresh venv process (~10 s of CPU), and the
+    first library check imports it again in the process it keeps (``run_speculators``), which fails loudly if
+    the import does: one import per session, not two."""
+    python = venv / "bin" / "python"
+    if python.is_file() and any(venv.glob(f"lib/python*/site-packages/speculators-{SPECULATORS_VERSION}.dist-info")):
+        return python
     return speculators_python(create=False)
 
 

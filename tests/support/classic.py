@@ -19,12 +19,6 @@ def classic_target(arch: str, seed: int = 0, **kw):
     return model
 
 
-def hf(model, ids, max_new, eos=None):
-    # An explicit all-ones mask: otherwise HF masks context tokens equal to the pad id.
-    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
-                          eos_token_id=eos, pad_token_id=0)
-
-
 def repetitive_prompt(rng: random.Random, length: int) -> torch.Tensor:
     motif = [rng.randrange(3, VOCAB) for _ in range(5)]
     return torch.tensor([[1] + [motif[i % 5] if rng.random() < 0.8 else rng.randrange(3, VOCAB)

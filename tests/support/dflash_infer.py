@@ -5,6 +5,7 @@ import dataclasses
 import random
 
 import torch
+from support.reference import hf_greedy
 
 from draftsmith.train.config import load_config
 from draftsmith.train.losses import DraftTargets
@@ -49,12 +50,6 @@ def fit_dflash(model, seqs, head, steps: int, *overrides: str, losses: list | No
         loss.backward()
         opt.step()
     return head.eval()
-
-
-def hf_greedy(model, ids, max_new, eos=None):
-    """The target's own greedy ``generate`` of ``ids`` (B, P), unpadded."""
-    return model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0,
-                          attention_mask=torch.ones_like(ids))
 
 
 def mean_tau_of_identical_decodes(model, gen, vocab: int) -> float:

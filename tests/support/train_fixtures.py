@@ -1,6 +1,5 @@
 """Shared pieces of the training tests (no tests here): a tiny target with its own tokenizer,
-text data as .jsonl, and a config builder. Import the fixture into a test module to use it. And ``TreeOracle``, the
-generator tests' drafter that knows each row's reference continuation."""
+text data as .jsonl, and a config builder. Import the fixture into a test module to use it."""
 from __future__ import annotations
 
 import json
@@ -14,8 +13,6 @@ import torch
 from support.targets import make_tiny_target
 
 from draftsmith.data.tokenizer import train_tokenizer
-from draftsmith.infer.drafters import Draft, Drafter, Sampling
-from draftsmith.infer.tree import tree_from_parents
 from draftsmith.train.config import TrainConfig, load_config
 
 MAX_LENGTH = 48
@@ -74,59 +71,3 @@ def tiny_config(files: dict[str, Path], out: Path, *overrides: str) -> TrainConf
         "train.eval_decode_rows=2", "train.eval_decode_tokens=8",
     ]
     return load_config(None, base + list(overrides))
-
-
-class TreeOracle(Drafter):
-    """Drafts a tree around each row's reference continuation: the true token at each depth (sometimes
-    replaced by a wrong one), shuffled among decoy siblings that carry decoy subtrees. ``references`` maps a
-    prompt's tokens to its reference: (prompt + greedy continuation (L,), the true final hidden states
-    along it (L, H)), which every forward the generator reports is checked against. (``infer.bench.oracle``'s
-    ``OracleDrafter`` is the benchmarks': a chain or fixed tree, no checks.)"""
-
-    aux_layer_ids = ()
-
-    def __init__(self, references: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]], depth: int,
-                 seed: int, wrong_rate: float, vocab: int = 96):
-        self.references, self.depth, self.rng, self.wrong_rate = references, depth, random.Random(seed), wrong_rate
-        self.vocab = vocab
-
-    def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[dict]:
-        return [dict(zip(("seq", "features"), self.references[tuple(p[0].tolist())]), pos=0) for p in prompts]
-
-    def observe_rows(self, states: list[dict], features: list[torch.Tensor], next_tokens: list[torch.Tensor]) -> None:
-        for state, feats, tokens in zip(states, features, next_tokens):
-            self._observe(state, feats, tokens)
-
-    def propose_rows(self, states: list[dict], roots: list[torch.Tensor], sampling: Sampling,
-                     max_depths: list[int]) -> list[Draft]:
-        return [self._propose(s, r, d) for s, r, d in zip(states, roots, max_depths)]
-
-    def _observe(self, state: dict, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        start, count = state["pos"], next_tokens.shape[1]
-        assert torch.equal(next_tokens[0], state["seq"][start + 1 : start + 1 + count])
-        tol = 1e-8 if features.dtype == torch.float64 else 1e-4
-        torch.testing.assert_close(features[0], state["features"][start : start + count], rtol=tol, atol=tol)
-        state["pos"] += count
-
-    def _propose(self, state: dict, root: torch.Tensor, max_depth: int) -> Draft:
-        seq, pos = state["seq"], state["pos"]
-        assert int(root) == int(seq[pos])
-        levels = min(self.depth, max_depth, seq.numel() - pos - 1)
-        parents, tokens = [-1], [int(root)]
-        main, decoys = 0, []  # node on the true path; decoy nodes of the previous level
-        for d in range(1, levels + 1):
-            truth = int(seq[pos + d])
-            token = (truth + 1) % self.vocab if self.rng.random() < self.wrong_rate else truth
-            level = [(main, token, True)]
-            level += [(main, (truth + k) % self.vocab, False) for k in range(2, 2 + self.rng.randrange(3))]
-            self.rng.shuffle(level)
-            level += [(p, self.rng.randrange(self.vocab), False) for p in decoys]
-            decoys = []
-            for parent, tok, on_path in level:
-                parents.append(parent)
-                tokens.append(tok)
-                if on_path:
-                    main = len(tokens) - 1
-                else:
-                    decoys.append(len(tokens) - 1)
-        return Draft(torch.tensor(tokens), tree_from_parents(parents))

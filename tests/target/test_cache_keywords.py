@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from support.targets import make_tiny_target
+from support.reference import hf_greedy
 from transformers import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils.generic import ModelOutput
@@ -55,8 +56,7 @@ def _decode_all(target) -> dict[str, torch.Tensor]:
 
 def _hf(target) -> torch.Tensor:
     ids = torch.tensor([[1, 5, 9, 5, 9, 5, 9, 12]])
-    return target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
-                           eos_token_id=None, pad_token_id=0)
+    return hf_greedy(target, ids, 12)
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,13 @@ import random
 import pytest
 import torch
 from support.hybrids import make_tiny_hybrid
-from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
+from support.infer_hybrid import hybrid_prompt, hybrid_target
+from support.oracle import Oracle
+from support.reference import hf_greedy
 
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.target import delta_rule
 from draftsmith.target.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, SCAN, per_token_modules, per_token_rule
-from draftsmith.infer.drafters import chain_draft, root_only
 from draftsmith.target.cache_keywords import cache_kwargs, returned_cache
 from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LinearAttentionLayer
@@ -88,9 +89,9 @@ class Spy:
 def test_short_verifies_run_the_per_token_rule_and_nothing_else_does(monkeypatch, arch):
     target = hybrid_target(arch)
     ids = hybrid_prompt(random.Random(5), 14)
-    ref = hf(target, ids, 40)
+    ref = hf_greedy(target, ids, 40)
     module = _module(target)
-    gen = SpeculativeGenerator(target, Oracle(ref, good=4))
+    gen = SpeculativeGenerator(target, Oracle(ref, right=3))
     spy = Spy(monkeypatch, module, gen)  # installed after the generator: its own rules, counted
     chunked = getattr(module, CHUNKED)
     assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)
@@ -112,8 +113,8 @@ def test_per_token_false_keeps_the_chunked_rule_everywhere(monkeypatch):
     replay is routed to the per-token rule, and the text is still the target's own."""
     target = hybrid_target("qwen3_5_text")
     ids = hybrid_prompt(random.Random(5), 14)
-    ref = hf(target, ids, 40)
-    gen = SpeculativeGenerator(target, Oracle(ref, good=4), rollback="replay", per_token=False)
+    ref = hf_greedy(target, ids, 40)
+    gen = SpeculativeGenerator(target, Oracle(ref, right=3), rollback="replay", per_token=False)
     assert gen.per_token_modules == () and SpeculativeGenerator(target, NgramDrafter()).per_token_modules
     spy = Spy(monkeypatch, _module(target), gen)
     assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)
@@ -128,9 +129,9 @@ def test_replays_route_too_and_long_calls_stay_chunked(monkeypatch):
     keeps the chunked rule."""
     target = hybrid_target("qwen3_5_text")
     ids = hybrid_prompt(random.Random(6), 14)
-    ref = hf(target, ids, 40)
+    ref = hf_greedy(target, ids, 40)
     module = _module(target)
-    gen = SpeculativeGenerator(target, Oracle(ref, good=PER_TOKEN_MAX + 2), rollback="replay")
+    gen = SpeculativeGenerator(target, Oracle(ref, right=PER_TOKEN_MAX + 1), rollback="replay")
     spy = Spy(monkeypatch, module, gen)
     assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)
     assert any(phase == "replay" and rule == "per-token" and n > 1 for phase, rule, n, _ in spy.calls)
@@ -214,7 +215,7 @@ def test_short_mamba2_scans_run_in_one_chunk_of_their_length(monkeypatch, arch):
     layer's chunk size; the output stays the target's own."""
     target = hybrid_target(arch)
     ids = hybrid_prompt(random.Random(7), 14)
-    ref = hf(target, ids, 32)
+    ref = hf_greedy(target, ids, 32)
     (module,) = per_token_modules(target)
     calls = []  # (tokens, chunk_size, has state)
     scan = getattr(module, SCAN)
@@ -223,7 +224,7 @@ def test_short_mamba2_scans_run_in_one_chunk_of_their_length(monkeypatch, arch):
         calls.append((hidden_states.shape[1], chunk_size, kwargs.get("initial_states") is not None))
         return scan(hidden_states, dt, A, B, C, chunk_size, *args, **kwargs)
 
-    gen = SpeculativeGenerator(target, Oracle(ref, good=4), rollback="replay")
+    gen = SpeculativeGenerator(target, Oracle(ref, right=3), rollback="replay")
     monkeypatch.setattr(module, SCAN, counted)  # after the generator: transformers' own scan, counted
     assert torch.equal(gen.generate(ids, max_new_tokens=32), ref)
     chunk = target.config.get_text_config().mamba_chunk_size if hasattr(target.config, "mamba_chunk_size") else \
@@ -235,28 +236,19 @@ def test_short_mamba2_scans_run_in_one_chunk_of_their_length(monkeypatch, arch):
 
 # ------------------------------------------------------------------------------------- planted bugs
 
-class AllRight(Oracle):
-    """Drafts ``good`` right tokens after the root: every step accepts all, so the verify's own final states are
-    kept (a partial accept restores the checkpoint and never reads them)."""
-
-    def _propose(self, state, root, max_depth: int):
-        right = state["ref"][state["seq"].numel(): state["seq"].numel() + min(self.good, max_depth)]
-        return root_only(root) if right.numel() < 1 else chain_draft([root, *right], [])
-
-
 @functools.cache
 def _long_refs(seeds=(2, 3, 4), max_new: int = 48) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     """(prompt, the long-memory target's own text) per seed, once per process (the planted router acts inside
     the generator only, never on ``generate``)."""
     target = _long_memory()
-    return tuple((ids, hf(target, ids, max_new)) for ids in (hybrid_prompt(random.Random(s), 14) for s in seeds))
+    return tuple((ids, hf_greedy(target, ids, max_new)) for ids in (hybrid_prompt(random.Random(s), 14) for s in seeds))
 
 
 def _runs(target):
     """(output, the target's own) for each prompt, with a partial accept at every step and with none, each decoded
     when asked for (``all`` stops at the first run that differs: a planted bug is caught there)."""
     for ids, ref in _long_refs():
-        for drafter in (Oracle(ref, good=4), AllRight(ref, good=4)):
+        for drafter in (Oracle(ref, right=3), Oracle(ref, right=4, wrong=False)):
             yield SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=ref.shape[1] - ids.shape[1]), ref
 
 
@@ -299,8 +291,8 @@ def test_a_short_scan_that_loses_the_state_is_caught(monkeypatch):
     """Planted bug: the short Mamba-2 scan drops the layer's state (every verify starts from zeros)."""
     target = hybrid_target("nemotron_h")
     ids = hybrid_prompt(random.Random(7), 14)  # no near-tie (seed 8 has one: margin 5e-6)
-    ref = hf(target, ids, 32)
-    assert torch.equal(SpeculativeGenerator(target, Oracle(ref, good=4)).generate(ids, max_new_tokens=32), ref)
+    ref = hf_greedy(target, ids, 32)
+    assert torch.equal(SpeculativeGenerator(target, Oracle(ref, right=3)).generate(ids, max_new_tokens=32), ref)
     short_scan = delta_rule._short_scan
 
     def planted(chunked):
@@ -311,4 +303,4 @@ def test_a_short_scan_that_loses_the_state_is_caught(monkeypatch):
         return stateless
 
     monkeypatch.setattr(delta_rule, "_short_scan", planted)
-    assert not torch.equal(SpeculativeGenerator(target, Oracle(ref, good=4)).generate(ids, max_new_tokens=32), ref)
+    assert not torch.equal(SpeculativeGenerator(target, Oracle(ref, right=3)).generate(ids, max_new_tokens=32), ref)

@@ -13,7 +13,9 @@ import random
 import pytest
 import torch
 from support.hybrids import HYBRIDS, make_tiny_hybrid
-from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
+from support.infer_hybrid import hybrid_prompt, hybrid_target
+from support.oracle import Oracle
+from support.reference import hf_greedy
 
 import draftsmith.target.decode_check as decode_check
 import draftsmith.target.delta_rule as delta_rule
@@ -91,7 +93,7 @@ def test_three_hundred_tokens_stay_exact(arch, monkeypatch):
     every stateful Mamba-2 scan without the dt clamp (on Nemotron-H and Zamba2, whose mixers clamp)."""
     target = hybrid_target(arch)
     ids = hybrid_prompt(random.Random(arch), 8)
-    ref = hf(target, ids, 300)
+    ref = hf_greedy(target, ids, 300)
     routed, stepped, scans = [], [], []
     for module in per_token_modules(target):
         if hasattr(module, PER_TOKEN):  # a Gated DeltaNet modeling module (not a Mamba-2 one, nor a mixer)
@@ -120,7 +122,7 @@ def test_mamba2_families_decode_like_generate(arch):
     near-tie needed settling in float64 here. With the clamp kept, Nemotron-H differed on 3 of the 20 rows."""
     target = hybrid_target(arch)
     ids = _twenty_prompts()
-    ref = hf(target, ids, 30)
+    ref = hf_greedy(target, ids, 30)
     for drafter in (Oracle(ref), NgramDrafter(length=4)):
         out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=30)
         assert [row for row in range(20) if not torch.equal(out[row], ref[row])] == [], (arch, type(drafter).__name__)
@@ -133,7 +135,7 @@ def test_a_clamping_mixer_runs_per_token_where_its_scan_is_not_routed(monkeypatc
     target = hybrid_target("nemotron_h")
     assert per_token_modules(target) == one_token.clamped_mixers(target) and len(one_token.clamped_mixers(target)) == 2
     ids = _twenty_prompts()
-    ref = hf(target, ids, 30)
+    ref = hf_greedy(target, ids, 30)
     out = SpeculativeGenerator(target, Oracle(ref)).generate(ids, max_new_tokens=30)
     assert [row for row in range(20) if not torch.equal(out[row], ref[row])] == []
 
@@ -157,7 +159,7 @@ def _no_routing(monkeypatch):
 def test_jamba_without_the_fix_differs_from_generate(monkeypatch):
     target = hybrid_target("jamba")
     ids = hybrid_prompt(random.Random(1), 12)
-    ref = hf(target, ids, 24)
+    ref = hf_greedy(target, ids, 24)
     assert torch.equal(SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, max_new_tokens=24), ref)
     _no_routing(monkeypatch)
     assert not torch.equal(SpeculativeGenerator(target, NgramDrafter(length=4)).generate(ids, max_new_tokens=24), ref)

@@ -15,6 +15,7 @@ import torch
 from support.targets import make_tiny_target
 from support.hybrids import make_tiny_hybrid
 from support.train_fixtures import tiny_config
+from support.reference import hf_greedy
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from draftsmith.data.entry_point import run
@@ -112,7 +113,7 @@ def test_recurrent_gemma_let_through_is_not_lossless(monkeypatch):
     monkeypatch.setitem(LAYER_KINDS, "recurrent_gemma", "RG-LRU recurrent block")
     rng = random.Random(0)
     ids = torch.tensor([[1] + [rng.randrange(3, 96) for _ in range(11)]])
-    ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32, pad_token_id=0)
+    ref = hf_greedy(model, ids, 32)
     assert not torch.equal(SpeculativeGenerator(model, NgramDrafter(length=5)).generate(ids, max_new_tokens=32), ref)
 
 

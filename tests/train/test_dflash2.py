@@ -11,8 +11,9 @@ import random
 import pytest
 import torch
 from support.targets import ARCHES, make_tiny_target
-from support.dflash_infer import fit_dflash, hf_greedy, mean_tau_of_identical_decodes, successor_training_data
+from support.dflash_infer import fit_dflash, mean_tau_of_identical_decodes, successor_training_data
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
+from support.reference import hf_greedy
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.dflash import CandidateSelector, DynamicConv

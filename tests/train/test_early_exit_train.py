@@ -7,6 +7,7 @@ import torch
 from support.targets import make_tiny_target
 from support import train_fixtures
 from support.train_fixtures import tiny_config
+from support.reference import hf_greedy
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.infer import Chain, SpeculativeGenerator
@@ -64,6 +65,5 @@ def test_early_exit_trains_saves_and_reloads(tiny_files, tmp_path):
     assert loaded.self_attn.o_proj.weight.abs().sum() > 0  # trained off its layer-skip start
     gen = SpeculativeGenerator.from_pretrained(tiny_files["target"], result.output_dir, device="cpu")
     ids = torch.tensor([[1, 7, 8, 9, 10, 7, 8]])
-    ref = gen.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16,
-                              pad_token_id=0)
+    ref = hf_greedy(gen.target, ids, 16)
     assert torch.equal(gen.generate(ids, max_new_tokens=16), ref)

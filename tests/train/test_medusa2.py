@@ -9,6 +9,7 @@ import pytest
 import torch
 from support.targets import has_cuda
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
+from support.reference import hf_greedy
 
 from draftsmith.data.targets import load_target
 from draftsmith.heads import AutoHead
@@ -49,7 +50,7 @@ def test_medusa2_saves_a_merged_target_that_decodes_losslessly(tiny_files, tmp_p
     gen = SpeculativeGenerator.from_pretrained(head.config.target_name_or_path, str(out), device="cpu", threads=1,
                                                tree=StaticTree(((0,), (1,), (0, 0))))
     prompt = ids[:, :8]
-    want = merged.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    want = hf_greedy(merged, prompt, 24)
     gen.target.generation_config.eos_token_id = None
     assert torch.equal(gen.generate(prompt, max_new_tokens=24), want)
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from support.dflash_infer import hf_greedy
+from support.reference import hf_greedy
 from support.formats import perturb
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 from support.targets import make_successor_target, make_tiny_target

@@ -9,6 +9,7 @@ import torch
 from support.hybrids import make_tiny_hybrid
 from support.features import QUICK, config_file, losses
 from support.train_fixtures import tiny_config
+from support.reference import hf_greedy
 
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.heads import AutoHead
@@ -51,7 +52,7 @@ def test_every_kind_trains_on_a_hybrid_and_decodes_losslessly(hybrid_files, tmp_
     target.generation_config.eos_token_id = None
     head = AutoHead.from_pretrained(result.output_dir).float().eval()
     ids = torch.randint(5, 300, (1, 12), generator=torch.Generator().manual_seed(0))
-    ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24, pad_token_id=0)
+    ref = hf_greedy(target, ids, 24)
     assert torch.equal(SpeculativeGenerator(target, head).generate(ids, max_new_tokens=24), ref)
 
 
