@@ -11,7 +11,7 @@ import torch
 from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_draft, root_only
 from draftsmith.infer.tree import tree_from_parents
 
-SHAPES = ("chain", "fork", "tree", "ragged")
+SHAPES = ("chain", "late", "fork", "tree", "ragged")
 
 
 class Oracle(Drafter):
@@ -21,6 +21,8 @@ class Oracle(Drafter):
     ``shape``:
     - ``"chain"``: ``right`` right tokens, then (``wrong=True``) one wrong token, so every step accepts exactly
       ``right`` drafts (a partial accept at every step), or all of them with ``wrong=False``;
+    - ``"late"``: a chain of one wrong token, then the ``right`` true tokens after it: acceptance is a leading run,
+      so every step accepts none of them (counting matches per position would accept ``right``);
     - ``"fork"``: wrong then right: the root's two children, a wrong sibling first, then the right token
       and its right child;
     - ``"tree"``: random trees of ``depth`` levels (``seed``): the true token at each level (replaced by a wrong
@@ -46,7 +48,7 @@ class Oracle(Drafter):
         self.features = None if features is None else list(features)
         self.shape, self.right, self.wrong, self.depth = shape, right, wrong, depth
         self.rng, self.wrong_rate, self.vocab = random.Random(seed), wrong_rate, vocab
-        sizes = {"chain": 1 + right + wrong, "fork": 4, "tree": None, "ragged": 1 + 3 * depth}
+        sizes = {"chain": 1 + right + wrong, "late": 2 + right, "fork": 4, "tree": None, "ragged": 1 + 3 * depth}
         self.max_nodes = sizes[shape] if max_nodes is None else max_nodes
 
     @staticmethod
@@ -85,6 +87,9 @@ class Oracle(Drafter):
             if not self.wrong:
                 return root_only(root) if take.numel() < 1 else chain_draft([root, *take], [])
             return root_only(root) if take.numel() < 2 else chain_draft([root, *take[:-1], (take[-1] + 1) % self.vocab], [])
+        if self.shape == "late":  # root -> wrong -> the true tokens after it
+            take = seq[pos + 1 : pos + 1 + min(self.right + 1, max_depth)]
+            return root_only(root) if take.numel() < 2 else chain_draft([root, (take[0] + 1) % self.vocab, *take[1:]], [])
         if self.shape == "fork":  # root -> wrong sibling, root -> right[0] -> right[1]
             right = seq[pos + 1 : pos + 1 + min(3, max_depth)]
             if right.numel() < 2:

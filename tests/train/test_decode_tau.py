@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import Tensor
+from support.oracle import Oracle
 from support.targets import make_tiny_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
@@ -111,6 +112,22 @@ def test_decode_tau_is_the_generators_tau_for_every_kind(kind):
     drafter = dt.default_drafter(head, target)
     assert dt.not_decodable(drafter) is None
     assert _decode_counts(target, drafter, prompts) == _generator_counts(target, head, prompts)
+
+
+def test_a_wrong_draft_before_right_ones_accepts_none_as_the_generator():
+    """Acceptance is a leading run: chains of a wrong draft and then the true tokens accept nothing, in decode tau as
+    in the generator (tau 1.0); counting the drafts that match per position would accept the true ones."""
+    target = _target()
+    prompts = _prompts(3)
+    refs = [row.sequence[0] for row in dt.greedy_continuations(target, prompts, NEW_TOKENS)]
+    counts = _decode_counts(target, Oracle(refs, shape="late", right=3), prompts)
+    generator = SpeculativeGenerator(target, Oracle(refs, shape="late", right=3))
+    theirs = []
+    for prompt in prompts:
+        generator.generate(prompt, max_new_tokens=NEW_TOKENS)
+        theirs.append((generator.last_stats.steps, generator.last_stats.step_tokens))
+    assert counts == theirs
+    assert _tau(counts) == 1.0
 
 
 def test_decode_tau_of_a_dynamic_tree_is_the_generators():

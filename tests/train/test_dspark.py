@@ -16,9 +16,10 @@ from support.sampling import exact_law, joint_pvalue, sample_triples, small_targ
 from support.reference import hf_greedy
 
 from draftsmith.heads import build_head
-from draftsmith.heads.variants.dspark import confident_lengths
+from draftsmith.heads.variants.dspark import confident_lengths, corrected
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters import Sampling, make_drafter
+from draftsmith.infer.drafters.variants.dspark import markov_walk
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.objectives.dflash import block_outputs, sequence_context
@@ -89,6 +90,32 @@ def test_the_markov_bias_changes_the_walk():
     with torch.no_grad():
         head.markov_head.markov_w2.weight.zero_()
     assert any(not torch.equal(a, b) for a, b in zip(moved, _drafts(target, head, 0.0)))
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_walk_is_the_training_formula_on_its_own_drafts(greedy):
+    """Slot by slot, the drafter's Markov walk is the training formula (``dspark_loss``'s ``corrected`` over each slot's
+    previous token) with the root and the slots drafted before it as those tokens: each draft (greedy) or law
+    (sampled) and each confidence logit. A walk that reads the root as every slot's previous token fails here."""
+    target = make_tiny_target("llama", initializer_range=0.3)
+    torch.manual_seed(0)
+    head = _moved(build_head("dflash", target, **SMALL))
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(3, 4, target.config.hidden_size, generator=gen)
+    logits, root = torch.randn(3, 4, VOCAB, generator=gen), torch.tensor([5, 17, 40])
+    sampling = Sampling() if greedy else Sampling(temperature=1.0)
+    with torch.no_grad():
+        tokens, laws, confidence = markov_walk(head, hidden, logits, root, sampling)
+        previous = torch.cat([root[:, None], tokens[:, :-1]], 1)
+        formula = corrected(head.markov_head, head.confidence_head, hidden, logits, previous)
+        from_root = corrected(head.markov_head, head.confidence_head, hidden, logits, root[:, None].expand(-1, 4))
+    for k in range(4):
+        if greedy:
+            assert torch.equal(tokens[:, k], formula.logits[:, k].argmax(-1)), k
+        else:
+            torch.testing.assert_close(laws[:, k], formula.logits[:, k].softmax(-1))
+        torch.testing.assert_close(confidence[:, k], formula.confidence[:, k])
+    assert not torch.equal(formula.logits[:, 1:].argmax(-1), from_root.logits[:, 1:].argmax(-1))  # the check can fail
 
 
 def test_the_loss_by_hand():

@@ -87,6 +87,24 @@ def test_top1_labels_train_hard_ce_on_the_targets_top1_and_soft_labels_its_law()
         assert int(top1.count[k]) == int(soft.count[k]) == int(trained.sum())
 
 
+def test_top1_labels_without_the_vocab_mask_are_the_top1_inside_the_draft_vocabulary():
+    """train.mask_out_of_vocab=false: every loss-masked position trains, and where the target's top-1 lies outside the
+    draft vocabulary the label is the top-1 of its law there (renormalised over the draft vocabulary), not the
+    target's own top-1 (which has no draft id)."""
+    top1, features, head = _step_losses(False, "train.labels=top1")
+    in_vocab, loss_mask = features.targets.in_vocab, features.loss_mask.bool()
+    with torch.no_grad():
+        step_logits = [head.compute_logits(out) for out in unroll(head, head.project(features.hidden), features.embeds, 2)]
+    for k in range(2):
+        pos, tgt, label = step_slices(16, k)
+        trained = loss_mask[:, label]
+        assert (trained & ~in_vocab[:, tgt]).any()  # positions whose own top-1 the draft vocabulary lacks train too
+        logits = step_logits[k][:, pos][trained].float()
+        probs = features.targets.probs[:, tgt][trained]
+        assert float(top1.step_losses[k]) == pytest.approx(float(F.cross_entropy(logits, probs.argmax(-1))), rel=1e-5)
+        assert int(top1.count[k]) == int(trained.sum())
+
+
 def test_a_top1_share_trains_the_same_mix_of_hard_and_soft_ce():
     """train.top1_share=w: each step's loss is w x hard CE on the top-1 + (1 - w) x soft CE, over the same positions."""
     soft, _, _ = _step_losses(True)
