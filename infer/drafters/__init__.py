@@ -1,6 +1,7 @@
 """Drafters: ``base`` (what every drafter is), one module per head kind (``<kind>.py``, its class
 named ``DRAFTER``), the lookup from a head to its drafter, and the drafters that are no head kind:
-``adaptive`` (a chain whose length follows the acceptance), ``lm_drafter`` (a small LM), ``layer_skip``
+``adaptive`` (a chain whose length follows the acceptance), ``chooser`` (a chain whose length is chosen for tokens
+per second, 0 allowed), ``lm_drafter`` (a small LM), ``layer_skip``
 (the target's first layers), ``ngram`` (prompt lookup), ``lookup_first`` (prompt lookup, else another
 drafter) and ``hierarchical`` (a draft LM whose own drafts are guessed). Import those from their modules."""
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from draftsmith.infer.drafters.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.chooser import CostAwareLength
 from draftsmith.infer.drafters.base import (
     Chain,
     Draft,
@@ -46,15 +48,15 @@ def default_tree(kind: str, device: torch.device | str) -> TreeOption:
 
 
 def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = None,
-                 confidence: float | None = None) -> HeadDrafter | AdaptiveLength:
+                 confidence: float | None = None) -> HeadDrafter | CostAwareLength:
     """The drafter for a head's kind drafting ``tree``; ``tree=None``: the kind's default on the
-    target's device (``default_tree``, or ``adaptive_chain`` where the kind ``adapts_by_default``:
+    target's device (``default_tree``, or ``chosen_chain`` where the kind ``adapts_by_default``:
     EAGLE heads on CPU); ``confidence``: EAGLE greedy chains stop a level early below this head
     probability."""
     cls = drafter_class(getattr(head, "head_kind", None))
     device = target.get_input_embeddings().weight.device
     if tree is None and cls.adapts_by_default(device):
-        return adaptive_chain(head, target, confidence)
+        return chosen_chain(head, target, confidence)
     return cls(head, target, tree or fit_chain(head, cls.default_tree(device)), confidence)
 
 
@@ -77,6 +79,14 @@ def adaptive_chain(head: nn.Module, target: nn.Module, confidence: float | None 
     return AdaptiveLength(cls(head, target, Chain(longest), confidence), initial=min(4, longest), maximum=longest)
 
 
-__all__ = ["AdaptiveLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling", "StaticTree", "TreeOption",
+def chosen_chain(head: nn.Module, target: nn.Module, confidence: float | None = None) -> CostAwareLength:
+    """The head's chain with each step's length chosen for tokens per second from the rows' acceptance and the
+    measured step costs (``CostAwareLength``: 0 to the longest chain the kind drafts)."""
+    cls = drafter_class(getattr(head, "head_kind", None))
+    longest = cls.longest_chain(head)
+    return CostAwareLength(cls(head, target, Chain(longest), confidence), maximum=longest)
+
+
+__all__ = ["AdaptiveLength", "CostAwareLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling", "StaticTree", "TreeOption",
            "chain_buffers", "chain_draft", "root_only", "drafter_class", "default_branching_tree", "default_tree",
-           "make_drafter", "adaptive_chain", "fit_chain"]
+           "make_drafter", "adaptive_chain", "chosen_chain", "fit_chain"]
