@@ -19,8 +19,9 @@ with the target's own first K layers (self-speculation; ``infer.drafters.layer_s
 layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
 (``infer.drafters.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
 ``--drafter lm:DIR+head:HEAD`` the same with a head trained on the draft LM (``target=DIR``) guessing.
-``--adaptive`` lets the draft length follow the acceptance (what an EAGLE head does by default on CPU;
-``--tree chain --depth D`` fixes it). ``--lookup-first`` drafts by prompt lookup
+``--adaptive`` lets the draft length follow the acceptance (+2 after a full accept, -1 otherwise: HF's heuristic);
+an EAGLE head on CPU by default chooses each step's length for tokens per second from the measured step costs,
+0 allowed (``infer.drafters.chooser``); ``--tree chain --depth D`` fixes it. ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.lookup_first``).
 ``--drafter head:DIR[+lookup-first]`` is ``--head DIR [--lookup-first]``; every spec is parsed by
 ``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/calibrate_speculation.py``) is followed, as
@@ -51,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(its own drafts guessed by prompt lookup), lm:DIR+head:HEAD (guessed by a head trained on the "
                    "draft LM), ngram, layer-skip[:K] (self-speculation: the target's first K layers draft; default the "
                    "calibrated K, else half of them), or head:DIR[+lookup-first] (as --head DIR [--lookup-first])")
-    p.add_argument("--adaptive", action="store_true", help="draft length follows the acceptance (chains)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="draft length follows the acceptance (chains: +2 after a full accept, -1 otherwise)")
     p.add_argument("--lookup-first", action="store_true",
                    help="with --head: prompt lookup drafts when it finds a continuation of 2 or more tokens, the head "
                         "otherwise (the suffix + model hybrid)")
@@ -62,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=cli_real(0, 1, above=True), default=1.0)
     p.add_argument("--top-k", type=cli_count(0), default=0, help="0 = disabled")
     p.add_argument("--tree", choices=("default", "tree", "chain"), default="default",
-                   help="default: the head kind's default for the device (EAGLE on CPU: a chain adapting its length, 4 to 16; "
+                   help="default: the head kind's default for the device (EAGLE on CPU: a chain whose length, 0 to 16, "
+                        "is chosen each step for tokens/s; "
                         "with --depth D a chain of D); "
                         "tree: Medusa's static or an EAGLE dynamic tree; chain: a plain chain of --depth drafts")
     p.add_argument("--depth", type=cli_count(), help="draft levels (EAGLE tree depth or chain length)")
@@ -274,12 +277,17 @@ def compare(gen: SpeculativeGenerator, args: argparse.Namespace, ids: torch.Tens
     return 0 if same or args.temperature > 0 else 1
 
 
+def budgets(counts: dict[int, int]) -> str:
+    """Drafted tokens per step as ``k:steps`` pairs (``GenerationStats.draft_budgets``)."""
+    return " ".join(f"{k}:{n}" for k, n in sorted(counts.items())) or "none"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # before the imports below: a mistake is reported in a second, not after 15-26 s
     import torch
     from transformers import TextStreamer
 
-    from draftsmith.infer.drafters import AdaptiveLength
+    from draftsmith.infer.drafters import AdaptiveLength, CostAwareLength
     from draftsmith.infer.drafters.lookup_first import LookupFirst
 
     gen, label = load_generator(args)
@@ -295,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     s = gen.last_stats
     drafter = gen.drafter.drafter if isinstance(gen.drafter, LookupFirst) else gen.drafter
     adaptive = (", adaptive length" if isinstance(drafter, AdaptiveLength) else "") + \
+        (f", lengths chosen {budgets(s.draft_budgets)}" if isinstance(drafter, CostAwareLength) else "") + \
         (", prompt lookup first" if args.lookup_first else "")
     compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
     print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "

@@ -44,10 +44,13 @@ def cost_key(gen: Any, chooser: CostAwareLength) -> dict:
 
 def prepare_costs(gen: Any, batch: int, sampling: Sampling) -> None:
     """Give ``gen``'s cost-aware drafter the curve of ``batch`` rows in ``sampling``'s mode: kept, read from the
-    cache, or measured and saved. Nothing for another drafter, an injected ``StepCosts``, or during a profile."""
+    cache, or measured and saved. Nothing for another drafter, an injected ``StepCosts``, a plan that drafts nothing
+    at this batch size, or during a profile."""
     drafter = chooser_of(gen.drafter)
     if drafter is None or drafter.forced is not None or isinstance(drafter.costs, StepCosts):
         return
+    if gen.plan is not None and gen.plan.length_for(batch) == 0:
+        return  # no drafting at this batch size (infer.speculation_plan)
     key = cost_key(gen, drafter)
     if drafter.costs is None or drafter.costs.key != key:
         drafter.costs = load_costs(key)
