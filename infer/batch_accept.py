@@ -48,6 +48,10 @@ def accept_rows(logits: Tensor, drafts: list[Draft], live: list[int], sampling: 
         bonus = torch.zeros(bsz, dtype=torch.long, device=device)
         for b in live:
             draft = drafts[b]
+            if draft.tokens.shape[0] == 1 and acceptance == "exact":  # the root alone: its bonus is a draw from p,
+                bonus[b] = torch.multinomial(sampling.probs(logits[b, :1]), 1)[0, 0]  # as tree_sample_accept draws it
+                nodes[b, 0] = 0
+                continue
             accepted = sample_accept(logits[b, : draft.tokens.shape[0]], draft, sampling, acceptance, typical)
             path = accepted.nodes[0]  # (W,) root first, -1 after the accepted nodes
             nodes[b, : path.shape[0]] = path

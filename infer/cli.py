@@ -222,8 +222,8 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
     if not target:
         raise ValueError(f"{args.head} records no target (target_name_or_path); pass --target")
     tree = tree_option(head.head_kind, device, args)
-    if args.depth is None:  # a default chain fits the head (a DFlash head of block_size 4 drafts 3)
-        tree = fit_chain(head, tree)
+    if args.depth is None and tree is not None:  # a default chain fits the head (a DFlash head of block_size 4
+        tree = fit_chain(head, tree)  # drafts 3); None stays the kind's default drafter (fit_chain made it a chain)
     if args.adaptive and tree is not None and not isinstance(tree, Chain):
         raise ValueError("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
     if args.adaptive or args.lookup_first:  # the drafter is built around the loaded head once the target is

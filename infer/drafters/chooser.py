@@ -8,7 +8,8 @@ E(k) = 1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens (the bonus token, then each ac
 ``StepCosts.step_seconds(k)`` seconds (``infer.cost_model``: measured per target, drafter, device, dtype and thread
 count, per batch size and sampling mode); the row drafts the k with the most E(k) / seconds(k), the shorter on a
 tie. A row at 0 learns nothing, so after ``probe_every`` steps at 0 it drafts one level (a probe) to find out
-whether drafting pays again.
+whether drafting pays again; a probe that misses doubles the wait before the next one (up to ``MAX_WAIT`` times
+``probe_every``), an accepted one resets it.
 
 A row at 0 costs what plain decoding costs: its drafter does not observe the accepted tokens then; they wait and
 are observed at once (one head forward) before the row drafts again. Only what is drafted changes: acceptance is
@@ -32,6 +33,7 @@ DECAY = 0.9  # per observation of a depth: about the last ten observations count
 PRIOR = 0.6  # a new row's acceptance at depth 1 before it has drafted
 PRIOR_WEIGHT = 1.0  # the prior counts as this many observations
 PROBE_EVERY = 8  # steps at 0 before a one-level probe
+MAX_WAIT = 8  # the wait after missed probes grows to at most this many times probe_every
 
 
 @dataclass
@@ -42,6 +44,8 @@ class ChooserState:
     pending: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (features, next tokens) not yet observed
     proposed: int = 0  # levels of the last draft (0: none, nothing to learn)
     idle: int = 0  # steps at 0 since the last draft
+    wait: int = PROBE_EVERY  # steps at 0 before the next probe
+    probing: bool = False  # the last draft was a probe
 
 
 def acceptance(hits: list[float], tries: list[float], prior: float, weight: float = PRIOR_WEIGHT) -> list[float]:
@@ -102,7 +106,7 @@ class CostAwareLength(Drafter):
 
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[ChooserState]:
         self._batch = len(prompts)
-        return [ChooserState(inner, [0.0] * self.maximum, [0.0] * self.maximum)
+        return [ChooserState(inner, [0.0] * self.maximum, [0.0] * self.maximum, wait=self.probe_every)
                 for inner in self.drafter.new_rows(prompts, lengths)]
 
     def observe_rows(self, states: list[ChooserState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
@@ -110,6 +114,8 @@ class CostAwareLength(Drafter):
         tokens wait for the row's next draft to be observed."""
         for state, feats, tokens in zip(states, features, next_tokens):
             accepted = tokens.shape[1] - 1
+            if state.probing:  # a miss waits twice as long for the next probe, a hit starts again
+                state.wait = self.probe_every if accepted else min(2 * state.wait, MAX_WAIT * self.probe_every)
             for d in range(min(state.proposed, accepted + 1)):  # depths reached: every accepted one, then a miss
                 state.tries[d] = DECAY * state.tries[d] + 1.0
                 state.hits[d] = DECAY * state.hits[d] + (1.0 if d < accepted else 0.0)
@@ -125,12 +131,13 @@ class CostAwareLength(Drafter):
         return curve
 
     def choose(self, state: ChooserState, curve: StepCosts, max_depth: int) -> int:
-        """This row's draft length for the next step (a probe of 1 after ``probe_every`` steps at 0)."""
+        """This row's draft length for the next step (a probe of 1 after ``state.wait`` steps at 0)."""
         longest = min(max_depth, self.maximum)
         if self.forced is not None:
             return min(self.forced, longest)
         k = best_length(acceptance(state.hits, state.tries, self.prior), curve, longest)
-        if k == 0 and state.idle >= self.probe_every:
+        state.probing = k == 0 and state.idle >= state.wait
+        if state.probing:
             k = min(1, longest)
         state.idle = 0 if k else state.idle + 1
         return k

@@ -80,14 +80,21 @@ def _run(chooser: CostAwareLength, accept, steps: int) -> list[int]:
 
 def test_the_chooser_learns_each_rows_acceptance_online():
     """Every draft accepted: the chain grows to the longest. None accepted: the row stops drafting, probes one
-    level every ``probe_every`` steps, and observes the waiting tokens in one call before it drafts again."""
+    level after ``probe_every`` steps at 0, then after twice as many each time a probe misses, and observes the
+    waiting tokens in one call before it drafts again. A probe accepted starts drafting again."""
     assert _run(CostAwareLength(Recorder(), LONGEST, CHEAP), lambda k: k, 20)[-5:] == [LONGEST] * 5
     inner = Recorder()
-    lengths = _run(CostAwareLength(inner, LONGEST, CHEAP, probe_every=4), lambda k: 0, 40)
+    lengths = _run(CostAwareLength(inner, LONGEST, CHEAP, probe_every=4), lambda k: 0, 60)
     assert lengths[0] > 1  # the prior: a new row drafts
-    tail = lengths[20:]
-    assert set(tail) == {0, 1} and tail.count(1) == 4  # a probe of one level after every 4 steps at 0
-    assert inner.observed[-3:] == [[5]] * 3  # a probe observes at once the last draft's token and 4 waiting ones
+    first = lengths.index(0)
+    assert set(lengths[first:]) == {0, 1}
+    probes = [i for i in range(first, len(lengths)) if lengths[i]]
+    assert [b - a for a, b in zip(probes, probes[1:])] == [9, 17] and probes[0] - first == 4  # waits 4, 8, 16
+    assert inner.observed[-1] == [17]  # the last probe observed at once the last 16 steps' tokens and its own
+    steps = iter(range(1000))
+    lengths = _run(CostAwareLength(Recorder(), LONGEST, CHEAP, probe_every=4), lambda k: k if next(steps) >= 40 else 0,
+                   90)
+    assert lengths[30:40].count(0) >= 8 and lengths[-1] == LONGEST  # text it can predict again: it drafts again
 
 
 def test_a_chooser_without_costs_says_where_they_come_from():
