@@ -31,6 +31,9 @@ def accept_rows(logits: Tensor, drafts: list[Draft], live: list[int], sampling: 
     reads the host per level)."""
     bsz, width = logits.shape[:2]
     device = drafts[0].tokens.device  # the generator's (a sharded target's logits may sit elsewhere)
+    if sampling.greedy and width == 1:  # every row verified its root alone (plain decoding): the argmax is all
+        bonus = logits[:, 0].float().argmax(dim=-1)[:, None].to(device)  # (B, 1), as greedy_accept_rows picks it
+        return torch.zeros_like(bonus), bonus, torch.ones(bsz, dtype=torch.long, device=device)
     if sampling.greedy:
         tokens = torch.stack([nn.functional.pad(d.tokens, (0, width - d.tokens.shape[0])) for d in drafts])  # (B, N)
         depth = max(d.tree.retrieve_indices.shape[1] for d in drafts)

@@ -73,7 +73,8 @@ def best_length(p: list[float], costs: StepCosts, longest: int) -> int:
 def head_identity(drafter: Drafter) -> dict:
     """What a drafter's step costs depend on besides the target: its class and its head's parameter shapes."""
     head = getattr(drafter, "head", None)
-    shapes = [(n, list(p.shape), str(p.dtype)) for n, p in head.named_parameters()] if isinstance(head, nn.Module) else []
+    params = head.named_parameters() if isinstance(head, nn.Module) else []
+    shapes = [(n, list(p.shape), str(p.dtype)) for n, p in params]
     digest = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:12]
     return {"drafter": type(drafter).__name__, "head_shapes": digest}
 
