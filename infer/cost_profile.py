@@ -5,11 +5,12 @@ curve for this batch size and sampling mode gets one, read from the cache under 
 (``cost_key``: the target's identity, device, dtype, thread count and the drafter's head), or measured there
 once and saved. Measuring decodes a fixed random prompt with every row drafting exactly k levels, for each
 profiled k, timing a few steps per k through the generator's own loop (draft, verify, the rest; a hybrid's
-rollback included): about a second on a CPU for the demo target. Torch's random state is the same after it, so a
+rollback included), the k interleaved over a few rounds: a few seconds on a CPU for the demo target. Torch's random state is the same after it, so a
 seeded call samples what it would have without the profile. An injected ``StepCosts`` is never measured.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -23,7 +24,7 @@ from draftsmith.infer.drafters.chooser import CostAwareLength
 from draftsmith.target.model import loaded_target_identity
 
 PROMPT_TOKENS = 48
-WARM_STEPS, TIMED_STEPS = 1, 5
+ROUNDS, WARM_STEPS, TIMED_STEPS = 5, 1, 2
 PROFILED = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # draft lengths timed (up to the drafter's longest, which is too)
 
 
@@ -60,25 +61,42 @@ def prepare_costs(gen: Any, batch: int, sampling: Sampling) -> None:
 
 
 def measure_curve(gen: Any, drafter: CostAwareLength, batch: int, sampling: Sampling) -> StepCosts:
-    """The least seconds of ``TIMED_STEPS`` steps (after ``WARM_STEPS``) drafting exactly k levels per row, per k
-    and phase (``drafter``: ``gen``'s chooser; other work on the machine only adds time: the least is the step's
-    own cost)."""
+    """Seconds per phase of a step drafting exactly k levels per row, per k (``drafter``: ``gen``'s chooser): in each
+    of ``ROUNDS`` rounds every k decodes the fixed prompt, ``WARM_STEPS`` steps, then the least of ``TIMED_STEPS``
+    steps is its time that round (other work on the machine only adds time); the verify's t(k + 1) and the rest are
+    the medians over the rounds, drafting a cost per step plus one per level (``per_level``). The k are interleaved
+    round by round, so a burst of other work slows every k alike, not one of them."""
     lengths = sorted({k for k in PROFILED if k < drafter.maximum} | {drafter.maximum})
     vocab = gen.target.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (batch, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0)).to(gen.device)
     budget = (WARM_STEPS + TIMED_STEPS) * (drafter.maximum + 1) + 2
-    phases: dict[str, list[float]] = {"draft": [], "verify": [], "other": []}
+    rounds: dict[int, list[dict[str, float]]] = {k: [] for k in lengths}
     devices = [gen.device] if gen.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        for k in lengths:
-            drafter.forced = k
-            try:
-                times = _timed_steps(gen, ids, budget, sampling)
-            finally:
-                drafter.forced = None
-            for name in phases:
-                phases[name].append(min(t[name] for t in times))
-    return StepCosts(tuple(lengths), tuple(phases["draft"]), tuple(phases["verify"]), tuple(phases["other"]))
+        for _ in range(ROUNDS):
+            for k in lengths:
+                drafter.forced = k
+                try:
+                    times = _timed_steps(gen, ids, budget, sampling)
+                finally:
+                    drafter.forced = None
+                rounds[k].append(min(times, key=lambda t: sum(t.values())))
+    phases = {name: tuple(statistics.median(r[name] for r in rounds[k]) for k in lengths) for name in ("verify", "other")}
+    draft = per_level([(k, r["draft"]) for k in lengths[1:] for r in rounds[k]])
+    return StepCosts(tuple(lengths), tuple(0.0 if k == 0 else draft(k) for k in lengths), phases["verify"],
+                     phases["other"])
+
+
+def per_level(samples: list[tuple[int, float]]):
+    """Drafting k levels as a cost per step plus a cost per level (one head forward each): the least-squares line
+    through every (k, seconds) sample with k >= 1, neither part below 0. One line from all the samples is steadier
+    than a median per k on a busy machine."""
+    ks, ys = [k for k, _ in samples], [y for _, y in samples]
+    mk, my = statistics.fmean(ks), statistics.fmean(ys)
+    spread = sum((k - mk) ** 2 for k in ks)
+    slope = max(sum((k - mk) * (y - my) for k, y in samples) / spread, 0.0) if spread else 0.0
+    base = max(my - slope * mk, 0.0)
+    return lambda k: base + slope * k
 
 
 def _timed_steps(gen: Any, ids: torch.Tensor, budget: int, sampling: Sampling) -> list[dict[str, float]]:

@@ -122,6 +122,12 @@ def tiny():
     return target, build_head("eagle3", target)
 
 
+def test_drafting_is_fitted_as_a_cost_per_step_and_per_level():
+    line = cost_profile.per_level([(1, 3.0), (2, 4.0), (4, 6.0), (4, 6.0), (16, 18.0)])
+    assert line(0) == pytest.approx(2.0) and line(8) == pytest.approx(10.0)
+    assert cost_profile.per_level([(1, 5.0), (8, 1.0)])(8) == pytest.approx(3.0)  # never cheaper per level: flat
+
+
 def test_the_cpu_default_chooses_and_its_costs_are_measured_once_per_key(tiny, tmp_path, monkeypatch):
     """An EAGLE head's CPU default chooses its lengths; its costs are measured on the first call, read from the
     cache by the next generator, measured again under another key (thread count); the stats show the choices."""
