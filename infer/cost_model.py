@@ -1,5 +1,5 @@
 """What a decode step costs, in seconds, per draft length: measured once per target, drafter, device, dtype and
-thread count, kept in the cache, read by the draft-length chooser (``infer.drafters.chooser``).
+thread count, kept in the cache, read by the draft-length chooser (``infer.drafters.free.chooser``).
 
 A ``StepCosts`` is one curve: for each profiled draft length k (0: plain decoding, the root alone), the seconds
 of a step's drafting (the drafter's observe of the last accepted tokens and its proposal of k levels), of its

@@ -20,7 +20,7 @@ from draftsmith.data.base.device import sync
 from draftsmith.infer.cost_model import StepCosts, curve_name, load_costs
 from draftsmith.infer.decoding import PhaseClock
 from draftsmith.infer.drafters import Sampling
-from draftsmith.infer.drafters.chooser import CostAwareLength
+from draftsmith.infer.drafters.free.chooser import CostAwareLength
 from draftsmith.target.model import loaded_target_identity
 
 PROMPT_TOKENS = 48

@@ -29,7 +29,7 @@ class GenerationStats:
     replayed_tokens: int = 0
     pending_tokens: int = 0
     # drafted tokens per row and step -> how many row-steps drafted that many (0: the root alone, plain decoding;
-    # a drafter choosing its length per step, infer.drafters.chooser, shows its choices here)
+    # a drafter choosing its length per step, infer.drafters.free.chooser, shows its choices here)
     draft_budgets: dict[int, int] = field(default_factory=dict)
     wall_time: float = 0.0  # seconds, compilation included (see compile_time)
     # Seconds spent in verify calls that compiled a new graph (first call per tree budget and

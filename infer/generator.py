@@ -128,7 +128,7 @@ class SpeculativeGenerator:
             targets (``self.rollback`` is then a no-op).
         per_token: a hybrid's short verify and replay forwards run its Gated DeltaNet layers with transformers'
             per-token rule where ``target.delta_rule`` finds it applies (``per_token_modules``); False = the
-            chunked rule everywhere (what ``scripts/bench_rollback.py --rules chunked`` times).
+            chunked rule everywhere (what ``lab/bench_rollback.py --rules chunked`` times).
     """
 
     def __init__(
@@ -217,7 +217,7 @@ class SpeculativeGenerator:
             head = head_path(target)  # a drafter built for the loaded target
         else:
             if isinstance(head_path, (str, os.PathLike)) and "plan" not in kwargs:
-                kwargs["plan"] = find_plan(head_path)  # scripts/calibrate_speculation.py's, when there is one
+                kwargs["plan"] = find_plan(head_path)  # scripts/speculation_plan.py's, when there is one
             head = (head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)).eval()
         try:
             tokenizer = load_target_tokenizer(target_path)

@@ -7,7 +7,7 @@ Decodes held-out demo-corpus prompts (or ``--prompts FILE.jsonl``) greedily with
 layers drafting a chain of ``--depth``, for every k (default: 1 .. L-1), and picks the k with the most
 tokens per second (``infer.bench.calibrate_layer_skip``). The choice goes to the cache
 (``$DRAFTSMITH_CACHE/layer-skip/<target>-<hash>.json``, keyed by the target's identity, device type and
-dtype: ``infer.drafters.layer_skip.calibration_path``); ``python -m draftsmith.infer.cli --drafter layer-skip`` then
+dtype: ``infer.drafters.free.layer_skip.calibration_path``); ``python -m draftsmith.infer.generate_command --drafter layer-skip`` then
 drafts with that k. Running it again overwrites the file; ``layer-skip:K`` still forces a k.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from draftsmith.data.base.device import default_device
 from draftsmith.data.targets import resolve_target
 from draftsmith.infer.bench.calibrate_layer_skip import calibrate_layer_skip, calibration_markdown
 from draftsmith.infer.bench.prompts import load_prompts
-from draftsmith.infer.drafters.layer_skip import calibration_path
+from draftsmith.infer.drafters.free.layer_skip import calibration_path
 from draftsmith.target.model import decoder_layers
 from draftsmith.target.threads import choose_threads
 
@@ -76,6 +76,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from draftsmith.data.base.checks import cli_count
-from draftsmith.data.cli import prog, run
+from draftsmith.data.entry_point import prog, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -13,7 +13,7 @@ from draftsmith.data.base.names import public_target_name
 from draftsmith.data.demo import demo_target_dir, demo_target_path, ensure_demo_target, fingerprint
 from draftsmith.data.demo_lm import SIZES, SUMMARY_FILE, LMSettings, settings_for
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import is_hybrid, layer_types
 from draftsmith.target.state_memory import state_memory
 

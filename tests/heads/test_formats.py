@@ -529,13 +529,14 @@ def test_overwrite_replaces_an_export_but_not_a_training_run(tmp_path, eagle3_re
 
 
 def test_formats_are_one_module_per_engine_family():
-    """Layout: writers and validators per engine family beside one shared validation module."""
+    """Layout: writers and validators per engine family beside one shared validation module; a variant's own
+    layout in variants/."""
     root = REPO / "heads" / "formats"
     assert not (root.parent / "formats.py").exists()
     assert {p.stem for p in root.glob("*.py")} == {"__init__", "validation", "eagle3", "speculators", "eagle",
-                                                   "medusa", "public", "dflash", "dspark", "peagle", "parity",
-                                                   "consumer_speculators"}
-    assert max(len(p.read_text().splitlines()) for p in root.glob("*.py")) < 300
+                                                   "medusa", "public", "dflash", "parity", "consumer_speculators"}
+    assert {p.stem for p in (root / "variants").glob("*.py")} == {"__init__", "dspark", "peagle"}
+    assert max(len(p.read_text().splitlines()) for p in root.rglob("*.py")) < 300
 
 
 @pytest.mark.parametrize("verifier, warning", [

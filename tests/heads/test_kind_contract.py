@@ -18,15 +18,17 @@ import torch
 from support.targets import make_tiny_target
 
 from draftsmith import infer
-from draftsmith.heads import HEAD_CLASSES, build_head
+from draftsmith.heads import HEAD_CLASSES, build_head, variants as head_variants
+from draftsmith.heads.common import DraftHead
+from draftsmith.heads.kinds import VARIANT_CLASSES, head_class, kind_variants
 from draftsmith.heads.card import model_card
 from draftsmith.heads.formats import FORMATS, export_head, validate_export
-from draftsmith.infer.drafters import drafter_class
+from draftsmith.infer.drafters import drafter_class, variants as drafter_variants
 from draftsmith.infer.drafters.base import Drafter, HeadDrafter
 from draftsmith.target.model import TargetOutput, target_forward
 from draftsmith.heads.auto import config_options
 from draftsmith.train.config import ConfigError, load_config
-from draftsmith.train.objectives import Objective, objective_class
+from draftsmith.train.objectives import Objective, objective_class, variants as objective_variants
 from draftsmith.train.settings import TrainConfig
 from support.house import REPO
 
@@ -146,10 +148,44 @@ def target():
     return make_tiny_target("llama", num_layers=6)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_objective_and_drafter_keep_their_bases_signatures(kind):
-    assert drift(Objective, objective_class(kind)) == []
-    assert drift(HeadDrafter, drafter_class(kind)) == []
+@pytest.mark.parametrize("kind, variant", kind_variants(), ids=lambda v: str(v))
+def test_objective_and_drafter_keep_their_bases_signatures(kind, variant):
+    """Every kind's, and every variant's, which subclass their kind's head, config, objective and drafter."""
+    assert drift(Objective, objective_class(kind, variant)) == []
+    assert drift(HeadDrafter, drafter_class(kind, variant)) == []
+    if variant is not None:
+        head = head_class(kind, variant)
+        assert head is not HEAD_CLASSES[kind] and issubclass(head, HEAD_CLASSES[kind])
+        assert issubclass(head.config_class, HEAD_CLASSES[kind].config_class) and head.config_class.variant == variant
+        assert objective_class(kind, variant) is not objective_class(kind)
+        assert issubclass(objective_class(kind, variant), objective_class(kind))
+        assert drafter_class(kind, variant) is not drafter_class(kind)
+        assert issubclass(drafter_class(kind, variant), drafter_class(kind))
+
+
+def _modules(package) -> set[str]:
+    return {m.name for m in pkgutil.iter_modules(package.__path__)}
+
+
+def unregistered_variants() -> list[str]:
+    """What variants/ folders hold that ``heads.kinds.VARIANT_CLASSES`` does not register, and registered variants
+    the contract cases below leave out: every head class in heads/variants/ and every module of the three
+    folders must be a registered variant's."""
+    registered = {variant for _, variant in VARIANT_CLASSES}
+    found = []
+    for name in _modules(head_variants):
+        module = importlib.import_module(f"{head_variants.__name__}.{name}")
+        found += [f"heads.variants.{name}.{obj.__name__}" for obj in vars(module).values()
+                  if isinstance(obj, type) and issubclass(obj, DraftHead) and obj.__module__ == module.__name__
+                  and obj not in VARIANT_CLASSES.values()]
+    for package in (head_variants, objective_variants, drafter_variants):
+        found += [f"{package.__name__}.{name}" for name in sorted(_modules(package) - registered)]
+    return found + [f"case {variant}" for variant in sorted(registered - set(CASES))]
+
+
+def test_every_variant_is_registered_and_checked():
+    assert unregistered_variants() == []
+    assert len(VARIANT_CLASSES) == 3  # the walk above finds P-EAGLE, DSpark and Domino (it checked something)
 
 
 def test_drift_finds_a_changed_signature():
@@ -245,7 +281,9 @@ def test_a_kind_trains_a_step_online_and_from_stored_states(case, target):
         assert load_config(None, [f"head.kind={kind}", key]).head.kind == kind
     torch.manual_seed(0)
     head = build_head(kind, target, **cfg.head.build_options())
-    objective, cls = objective_class(kind)(head, cfg), objective_class(kind)
+    cls = objective_class(kind, cfg.head.variant)
+    objective = cls(head, cfg)
+    assert type(head) is head_class(kind, cfg.head.variant) and type(objective) is cls
     ids = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids, "loss_mask": torch.ones_like(ids)}
     online = cls.features(target, batch, head, need_top1=True)

@@ -10,11 +10,11 @@ from support.targets import make_tiny_target
 from draftsmith.heads import build_head
 from draftsmith.infer.drafter_spec import FORMS, DrafterSpec, build_drafter, parse_drafter
 from draftsmith.infer.drafters import AdaptiveLength, Chain
-from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.drafters.lookup_first import LookupFirst
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.hierarchical import HierarchicalDrafter
+from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.free.lookup_first import LookupFirst
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 
 FORMS_PARSED = {
     "ngram": DrafterSpec("ngram"),

@@ -31,7 +31,7 @@ from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
 from draftsmith.infer.cache import StaticHeadCache
 from draftsmith.infer.drafters import Sampling, make_drafter
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.infer.tree import tree_attention_mask
 
 

@@ -1,4 +1,4 @@
-"""The draft-length chooser (``infer.drafters.chooser``) and the step costs it reads (``infer.cost_model``,
+"""The draft-length chooser (``infer.drafters.free.chooser``) and the step costs it reads (``infer.cost_model``,
 ``infer.cost_profile``). Costs are given here, never timed: the profile's measurement is replaced where it would
 run, except in the one test that checks it leaves torch's random state as it was."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer import cost_profile
 from draftsmith.infer.cost_model import StepCosts, load_costs
 from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_buffers
-from draftsmith.infer.drafters.chooser import CostAwareLength, acceptance, best_length
+from draftsmith.infer.drafters.free.chooser import CostAwareLength, acceptance, best_length
 
 LONGEST = 16
 

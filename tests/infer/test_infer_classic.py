@@ -20,12 +20,12 @@ from support.classic import (  # noqa: F401  (fixture)
 )
 
 from draftsmith.infer import Chain, SpeculativeGenerator
-from draftsmith.infer.drafters.adaptive import AdaptiveLength
-from draftsmith.infer.drafters.chooser import CostAwareLength
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.free.chooser import CostAwareLength
 from draftsmith.target.views import early_exit_view
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.drafters.ngram import NgramDrafter, find_continuations, prefix_tree
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter, find_continuations, prefix_tree
 
 
 def _drafters(arch: str, target, n: int | None = None):

@@ -18,7 +18,7 @@ from support.infer_hybrid import MAIN, VOCAB, hf, hybrid_prompt, hybrid_target, 
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_draft, root_only
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LinearAttentionLayer, LinearStates
 from draftsmith.infer.rollback import MAX_PENDING, Merged
 

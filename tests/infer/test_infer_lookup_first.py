@@ -1,4 +1,4 @@
-"""Prompt lookup first, a head otherwise (infer.drafters.lookup_first.LookupFirst): lossless (greedy identity
+"""Prompt lookup first, a head otherwise (infer.drafters.free.lookup_first.LookupFirst): lossless (greedy identity
 per row, the target's law when sampling), both sources really draft, and the head's deferred observe
 leaves it where observing every step would."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ from support.batch import BATCH_ARCHES, batch_prompts, expected, left_pad, targe
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
 from draftsmith.infer.drafters import Sampling, make_drafter
-from draftsmith.infer.drafters.lookup_first import LookupFirst
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.lookup_first import LookupFirst
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 
 
 def _count_sources(drafter: LookupFirst) -> dict[str, int]:

@@ -18,11 +18,11 @@ from support.sampling import exact_law, joint_pvalue, sample_triples
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters import DynamicTree, Sampling, make_drafter
-from draftsmith.infer.drafters.adaptive import AdaptiveLength
-from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.hierarchical import HierarchicalDrafter
+from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter, calibrated_layers, calibration_path
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 
 small_pair = classic.small_pair  # the fixture: a small target and a different draft LM
 

@@ -11,11 +11,11 @@ from support.train_fixtures import TreeOracle
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, StaticTree
 from draftsmith.infer.drafters import Draft, make_drafter
-from draftsmith.infer.drafters.adaptive import AdaptiveLength
-from draftsmith.infer.drafters.chooser import CostAwareLength
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.chooser import CostAwareLength
+from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.model import target_forward
 from draftsmith.infer.tree import tree_from_parents
 

@@ -1,4 +1,4 @@
-"""Step costs for tests of the draft-length chooser (``infer.drafters.chooser``): given, never timed."""
+"""Step costs for tests of the draft-length chooser (``infer.drafters.free.chooser``): given, never timed."""
 from __future__ import annotations
 
 from draftsmith.infer.cost_model import StepCosts

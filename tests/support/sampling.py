@@ -12,7 +12,7 @@ from support.chooser import CHEAP
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
 from draftsmith.heads import build_head
 from draftsmith.infer.drafters import Draft, Drafter, Sampling, make_drafter
-from draftsmith.infer.drafters.chooser import CostAwareLength
+from draftsmith.infer.drafters.free.chooser import CostAwareLength
 from draftsmith.infer.tree import tree_from_parents
 
 

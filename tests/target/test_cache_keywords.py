@@ -15,11 +15,11 @@ from transformers.utils.generic import ModelOutput
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, SpeculativeGenerator
-from draftsmith.infer import cache_keywords
+from draftsmith.target import cache_keywords
 from draftsmith.infer.drafters import DynamicTree, make_drafter
-from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.hierarchical import HierarchicalDrafter
+from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.model import target_forward
 
 VOCAB = 96

@@ -17,11 +17,11 @@ from support.hybrids import make_tiny_hybrid
 from support.infer_hybrid import Oracle, hf, hybrid_prompt, hybrid_target
 
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer import delta_rule
+from draftsmith.target import delta_rule
 from draftsmith.target.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, SCAN, per_token_modules, per_token_rule
 from draftsmith.infer.drafters import chain_draft, root_only
 from draftsmith.target.cache_keywords import cache_kwargs, returned_cache
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LinearAttentionLayer
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
@@ -108,7 +108,7 @@ def test_short_verifies_run_the_per_token_rule_and_nothing_else_does(monkeypatch
 
 
 def test_per_token_false_keeps_the_chunked_rule_everywhere(monkeypatch):
-    """``per_token=False`` (what ``scripts/bench_rollback.py --rules chunked`` times): no multi-token verify or
+    """``per_token=False`` (what ``lab/bench_rollback.py --rules chunked`` times): no multi-token verify or
     replay is routed to the per-token rule, and the text is still the target's own."""
     target = hybrid_target("qwen3_5_text")
     ids = hybrid_prompt(random.Random(5), 14)

@@ -19,7 +19,7 @@ import draftsmith.target.recurrent as recurrent
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.target.decode_check import decode_gap, probe_ids
 from draftsmith.target.delta_rule import PER_TOKEN, per_token_modules, per_token_rule
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LAYER_KINDS, LinearAttentionLayer
 from draftsmith.scripts import check_target
 

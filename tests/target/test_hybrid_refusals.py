@@ -17,10 +17,10 @@ from support.hybrids import make_tiny_hybrid
 from support.train_fixtures import tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from draftsmith.data.cli import run
+from draftsmith.data.entry_point import run
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.drafters.ngram import NgramDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LAYER_KINDS, REFUSED_KINDS, LinearAttentionLayer, check_supported, is_hybrid
 from draftsmith.scripts.benchmark import main as benchmark_main
 from draftsmith.train.run import setup
@@ -130,7 +130,7 @@ def test_a_hybrid_without_an_attention_layer_is_one_line():
 
 @pytest.mark.parametrize("arch", ["mamba", "minimax"])
 def test_a_refused_family_as_the_draft_lm_is_one_line(arch):
-    from draftsmith.infer.drafters.lm_drafter import LMDrafter
+    from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
 
     target = make_tiny_hybrid("qwen3_5_text")
     with pytest.raises(ValueError, match=f"its {REFUSED[arch][1]} layers are not supported"):
@@ -139,7 +139,7 @@ def test_a_refused_family_as_the_draft_lm_is_one_line(arch):
 
 def test_a_tree_drafter_on_a_hybrid_is_refused_up_front():
     """NgramDrafter(branches=3) decoded one prompt and died on another, the first time two continuations matched."""
-    from draftsmith.infer.drafters.lookup_first import LookupFirst
+    from draftsmith.infer.drafters.free.lookup_first import LookupFirst
 
     target = make_tiny_hybrid("qwen3_5_text")
     for drafter in (NgramDrafter(branches=3), LookupFirst(NgramDrafter(), NgramDrafter(branches=2))):

@@ -20,14 +20,14 @@ from support.targets import make_tiny_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
-from draftsmith.heads.domino import prefix_states
+from draftsmith.heads.variants.domino import prefix_states
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters import Sampling
-from draftsmith.infer.drafters.domino import domino_walk
+from draftsmith.infer.drafters.variants.domino import domino_walk
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.objectives.dflash import block_outputs, sequence_context
-from draftsmith.train.objectives.domino import corrected_logits, linear_lambda_base
+from draftsmith.train.objectives.variants.domino import corrected_logits, linear_lambda_base
 
 VOCAB = 96
 SMALL = {"block_size": 4, "num_layers": 1, "gru_hidden_dim": 8, "emb_dim": 8, "variant": "domino"}
@@ -65,7 +65,7 @@ def test_the_loss_by_hand():
     torch.manual_seed(0)
     head = _moved(build_head("dflash", target, **SMALL), scale=0.1)
     cfg = load_config(None, ["head.kind=dflash", "head.variant=domino", "train.gamma=2"])
-    objective = objective_class("dflash")(head, cfg)
+    objective = objective_class("dflash", head.config.variant)(head, cfg)
     objective.at_step(3, 10)  # 1 - 3/5
     ids = torch.randint(3, VOCAB, (2, 14), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)

@@ -15,13 +15,13 @@ from support.dflash_infer import assert_loads_and_decodes_alike, assert_rows_alo
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
-from draftsmith.heads.dspark import confident_lengths
+from draftsmith.heads.variants.dspark import confident_lengths
 from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.drafters import Sampling, make_drafter
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.objectives.dflash import block_outputs, sequence_context
-from draftsmith.train.objectives.dspark import CE_ALPHA, CONFIDENCE_ALPHA, L1_ALPHA
+from draftsmith.train.objectives.variants.dspark import CE_ALPHA, CONFIDENCE_ALPHA, L1_ALPHA
 
 VOCAB = 96
 SMALL = {"block_size": 4, "num_layers": 1, "markov_rank": 8, "variant": "dspark"}
@@ -97,7 +97,7 @@ def test_the_loss_by_hand():
     torch.manual_seed(0)
     head = _moved(build_head("dflash", target, **SMALL), scale=0.1)
     cfg = load_config(None, ["head.kind=dflash", "head.variant=dspark", "train.gamma=2"])
-    objective = objective_class("dflash")(head, cfg)
+    objective = objective_class("dflash", head.config.variant)(head, cfg)
     ids = torch.randint(3, VOCAB, (2, 14), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0  # a cut run: row 1's blocks stop training at token 8

@@ -20,7 +20,7 @@ from draftsmith.infer.bench.batch import left_pad
 from draftsmith.infer.drafters import Sampling, make_drafter
 from draftsmith.train.config import ConfigError, load_config
 from draftsmith.train.objectives import objective_class
-from draftsmith.train.objectives.peagle import all_rollouts, cod_rollouts, parallel_outputs
+from draftsmith.train.objectives.variants.peagle import all_rollouts, cod_rollouts, parallel_outputs
 
 VOCAB = 96
 DEPTHS = 4
@@ -49,7 +49,7 @@ def _target(hybrid: bool):
 
 def _features(target, head, ids):
     cfg = load_config(None, ["head.kind=eagle3", "head.variant=peagle", f"head.num_depths={DEPTHS}"])
-    objective = objective_class("eagle3")(head, cfg)
+    objective = objective_class("eagle3", head.config.variant)(head, cfg)
     return objective, cfg, objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
 
 

@@ -111,6 +111,48 @@ def test_the_default_config_takes_any_head_kind_and_a_short_run(capsys):
         parse_args(["head.kind=eagle", "head.draft_vocab_size=64"], default_config=DEMO_CONFIG)
 
 
+VARIANTS = ("peagle", "dspark", "domino", "dflash2")  # every variant a kind declares (test below: all of them)
+
+
+def test_the_variants_listed_are_every_variant():
+    from draftsmith.heads.kinds import HEAD_CLASSES, VARIANT_CLASSES
+
+    declared = {v for cls in HEAD_CLASSES.values() for v in getattr(cls.config_class, "variants", ())[1:]}
+    assert declared == set(VARIANTS) and {v for _, v in VARIANT_CLASSES} <= declared
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_default_config_takes_a_variant_and_trains_a_step(variant, capsys):
+    """``train_head.py head.variant=V`` with configs/demo.yaml: the file's keys the variant cannot take (P-EAGLE:
+    EAGLE-3.1's norm_output; another kind's variant: the other kind's keys) are dropped with one line, and a step
+    trains; such a key set by the user is refused."""
+    import torch
+    from support.targets import make_tiny_target
+
+    from draftsmith.heads import build_head
+    from draftsmith.train.args import parse_args
+    from draftsmith.train.objectives import objective_class
+    from draftsmith.train.train_head import DEMO_CONFIG
+
+    small = ["head.block_size=4", "head.num_layers=1"] if variant != "peagle" else ["head.num_depths=3",
+                                                                                "head.draft_vocab_size=64"]
+    cfg = parse_args([f"head.variant={variant}", *small], default_config=DEMO_CONFIG)
+    note = capsys.readouterr().err
+    assert cfg.head.variant == variant and note.count("\n") == 1 and "head.norm_output" in note
+    assert f"not read by head.kind={cfg.head.kind} head.variant={variant}" in note and cfg.head.norm_output is None
+    target = make_tiny_target("llama", num_layers=8)
+    head = build_head(cfg.head.kind, target, **cfg.head.build_options())
+    objective = objective_class(cfg.head.kind, variant)(head, cfg)
+    ids = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(1))
+    features = objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
+    objective.perturb(features, cfg, seed=0)
+    loss = objective(features, target.get_output_embeddings()).loss
+    loss.backward()
+    assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+    with pytest.raises(ConfigError, match="fc_norm"):  # a key the variant cannot take, set by the user: refused
+        parse_args([f"head.variant={variant}", *small, "head.fc_norm=true"], default_config=DEMO_CONFIG)
+
+
 def test_help_shows_the_effective_defaults():
     from draftsmith.train.config import help_text
     from draftsmith.train.train_head import DEMO_CONFIG
