@@ -21,7 +21,7 @@ from pathlib import Path
 from draftsmith.data.base.paths import keyed_cache_file
 
 COSTS_DIR = "step-costs"  # under the cache root: one JSON per key
-VERSION = 4  # of the measurement (2: the k interleaved over rounds; 3: drafting fitted per level; 4: least verify); a record of another version is measured again
+VERSION = 5  # of the measurement (2: the k interleaved over rounds; 3: drafting fitted per level; 5: medians again); a record of another version is measured again
 
 
 @dataclass(frozen=True)
