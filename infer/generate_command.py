@@ -22,8 +22,8 @@ layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed 
 (``infer.drafters.free.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
 ``--drafter lm:DIR+head:HEAD`` the same with a head trained on the draft LM (``target=DIR``) guessing.
 ``--adaptive`` lets the draft length follow the acceptance (+2 after a full accept, -1 otherwise: HF's heuristic);
-an EAGLE head on CPU by default chooses each step's length for tokens per second from the measured step costs,
-0 allowed (``infer.drafters.free.chooser``); ``--tree chainD`` fixes it. ``--lookup-first`` drafts by prompt lookup
+``--choose`` chooses each step's length for tokens per second from the measured step costs, 0 allowed
+(``infer.drafters.free.chooser``); ``--tree chainD`` fixes it. ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.free.lookup_first``).
 ``--drafter head:DIR[+lookup-first]`` is ``--head DIR [--lookup-first]``; every spec is parsed by
 ``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/speculation_plan.py``) is followed, as
@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(its own drafts guessed by prompt lookup), lm:DIR+head:HEAD (guessed by a head trained on the "
                    "draft LM), ngram, layer-skip[:K] (self-speculation: the target's first K layers draft; default the "
                    "calibrated K, else half of them), or head:DIR[+lookup-first] (as --head DIR [--lookup-first])")
+    p.add_argument("--choose", action="store_true",
+                   help="each step's chain length (0 to the head's longest) chosen for tokens/s from the measured step "
+                        "costs (infer.drafters.free.chooser)")
     p.add_argument("--adaptive", action="store_true",
                    help="draft length follows the acceptance (chains: +2 after a full accept, -1 otherwise)")
     p.add_argument("--lookup-first", action="store_true",
@@ -75,9 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=cli_real(0, 1, above=True), default=1.0)
     p.add_argument("--top-k", type=cli_count(0), default=0, help="0 = disabled")
     p.add_argument("--tree", default="default",
-                   help="the draft's shape: default (the head kind's for the device; EAGLE on CPU: a chain whose length, "
-                        "0 to 16, is chosen each step for tokens/s), tree (Medusa's static or an EAGLE dynamic tree), "
-                        "chainN (a chain of N), "
+                   help="the draft's shape: default (the head kind's for the device; EAGLE on CPU: a chain adapting its "
+                        "length, 4 to 16), tree (Medusa's static or an EAGLE dynamic tree), chainN (a chain of N), "
                         "dynD-K-N (EAGLE: depth D, K children per node, N nodes verified) or medusaN")
     p.add_argument("--matches", type=cli_count(), help="--drafter ngram: prompt-lookup matches drafted (default 1)")
     for old in OLD_SHAPE_FLAGS:  # refused below with the --tree that says the same
@@ -197,7 +199,7 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
     from draftsmith.data.base.device import default_device
     from draftsmith.heads import AutoHead
     from draftsmith.infer.drafter_spec import build_drafter
-    from draftsmith.infer.drafters import Chain
+    from draftsmith.infer.drafters import Chain, chosen_chain
     from draftsmith.infer.generator import SpeculativeGenerator
     from draftsmith.infer.speculation_plan import find_plan
     from draftsmith.infer.tree_shape import build_tree
@@ -221,6 +223,10 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
     tree = build_tree(args.shape, head, device)  # None: the kind's default, fitted to the head by the generator
     if args.adaptive and tree is not None and not isinstance(tree, Chain):
         raise ValueError("--adaptive adapts a chain: pass --tree chainN (or default)")
+    if args.choose:  # the head's chain, its length chosen per step, built once the target is loaded
+        if tree is not None or args.adaptive or args.lookup_first:
+            raise ValueError("--choose chooses the chain's length itself: pass no --tree, --adaptive or --lookup-first")
+        head = lambda target, loaded=head: chosen_chain(loaded, target)  # noqa: E731
     if args.adaptive or args.lookup_first:  # the drafter is built around the loaded head once the target is
         wrapped, loaded = DrafterSpec("head", path=args.head, lookup_first=args.lookup_first), {args.head: head}
         head = lambda target, tree=tree: build_drafter(wrapped, target, adaptive=args.adaptive,  # noqa: E731

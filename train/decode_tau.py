@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.drafters import Drafter, Sampling, adaptive_chain, drafter_class, make_drafter
+from draftsmith.infer.drafters import Drafter, Sampling, adaptive_chain, make_drafter
 from draftsmith.target.recurrent import is_hybrid
 from draftsmith.target.model import target_forward
 
@@ -50,13 +50,9 @@ class DecodeSet:
 
 
 def default_drafter(head: nn.Module, target: nn.Module) -> Drafter:
-    """The drafter ``SpeculativeGenerator(target, head)`` drafts with when given no draft shape, eager: the kind's
-    default on the target's device (``make_drafter``), except where that default is a chain whose length follows
-    the acceptance (a hybrid target's; EAGLE heads on CPU, whose generator default chooses each length by measured
-    step costs: a τ that depends on the machine's timing cannot compare checkpoints): the adaptive chain."""
-    device = target.get_input_embeddings().weight.device
-    adapts = is_hybrid(target) or drafter_class(head.head_kind).adapts_by_default(device)
-    drafter = adaptive_chain(head, target) if adapts else make_drafter(head, target)
+    """The drafter ``SpeculativeGenerator(target, head)`` drafts with when given no draft shape: the kind's
+    default on the target's device (``make_drafter``), a hybrid target's adaptive chain, eager."""
+    drafter = adaptive_chain(head, target) if is_hybrid(target) else make_drafter(head, target)
     drafter.compile_with(False)
     return drafter
 

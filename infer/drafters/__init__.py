@@ -59,15 +59,15 @@ def default_tree(kind: str, device: torch.device | str) -> TreeOption:
 
 
 def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = None,
-                 confidence: float | None = None) -> HeadDrafter | CostAwareLength:
+                 confidence: float | None = None) -> HeadDrafter | AdaptiveLength:
     """The drafter for a head's kind drafting ``tree``; ``tree=None``: the kind's default on the
-    target's device (``default_tree``, or ``chosen_chain`` where the kind ``adapts_by_default``:
+    target's device (``default_tree``, or ``adaptive_chain`` where the kind ``adapts_by_default``:
     EAGLE heads on CPU); ``confidence``: EAGLE greedy chains stop a level early below this head
     probability."""
     cls = head_drafter_class(head)
     device = target.get_input_embeddings().weight.device
     if tree is None and cls.adapts_by_default(device):
-        return chosen_chain(head, target, confidence)
+        return adaptive_chain(head, target, confidence)
     return cls(head, target, tree or fit_chain(head, cls.default_tree(device)), confidence)
 
 
@@ -92,7 +92,8 @@ def adaptive_chain(head: nn.Module, target: nn.Module, confidence: float | None 
 
 def chosen_chain(head: nn.Module, target: nn.Module, confidence: float | None = None) -> CostAwareLength:
     """The head's chain with each step's length chosen for tokens per second from the rows' acceptance and the
-    measured step costs (``CostAwareLength``: 0 to the longest chain the kind drafts)."""
+    measured step costs (``CostAwareLength``: 0 to the longest chain the kind drafts). Opt-in (``--choose``): on the
+    busy 2-core box it matched the adaptive chain sampled and lost to it greedy (docs/benchmarks.md)."""
     cls = head_drafter_class(head)
     longest = cls.longest_chain(head)
     return CostAwareLength(cls(head, target, Chain(longest), confidence), maximum=longest)

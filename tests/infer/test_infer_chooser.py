@@ -14,7 +14,7 @@ from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer import cost_profile
 from draftsmith.infer.cost_model import StepCosts, load_costs
-from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_buffers
+from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_buffers, chosen_chain
 from draftsmith.infer.drafters.free.chooser import CostAwareLength, acceptance, best_length
 
 LONGEST = 16
@@ -128,14 +128,14 @@ def test_drafting_is_fitted_as_a_cost_per_step_and_per_level():
     assert cost_profile.per_level([(1, 5.0), (8, 1.0)])(8) == pytest.approx(3.0)  # never cheaper per level: flat
 
 
-def test_the_cpu_default_chooses_and_its_costs_are_measured_once_per_key(tiny, tmp_path, monkeypatch):
-    """An EAGLE head's CPU default chooses its lengths; its costs are measured on the first call, read from the
-    cache by the next generator, measured again under another key (thread count); the stats show the choices."""
+def test_the_chosen_chain_measures_its_costs_once_per_key(tiny, tmp_path, monkeypatch):
+    """An EAGLE head's chosen chain: its costs are measured on the first call, read from the cache by the next
+    generator, measured again under another key (thread count); the stats show the choices."""
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
     measured = []
     monkeypatch.setattr(cost_profile, "measure_curve", lambda gen, d, b, s: measured.append((b, s.greedy)) or CHEAP)
     target, head = tiny
-    gen = SpeculativeGenerator(target, head)
+    gen = SpeculativeGenerator(target, chosen_chain(head, target))
     assert isinstance(gen.drafter, CostAwareLength)
     ids = torch.tensor([[5, 6, 7, 8]])
     ref = target.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
@@ -146,12 +146,12 @@ def test_the_cpu_default_chooses_and_its_costs_are_measured_once_per_key(tiny, t
     assert measured == [(1, True)]
     (path,) = (tmp_path / "step-costs").iterdir()
     assert json.loads(path.read_text())["curves"]["1/greedy"]["lengths"] == list(CHEAP.lengths)
-    SpeculativeGenerator(target, head).generate(ids, max_new_tokens=4, temperature=0.5)
+    SpeculativeGenerator(target, chosen_chain(head, target)).generate(ids, max_new_tokens=4, temperature=0.5)
     assert measured == [(1, True), (1, False)]  # the cached greedy curve read, the sampled one measured
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
-        SpeculativeGenerator(target, head).generate(ids, max_new_tokens=4)
+        SpeculativeGenerator(target, chosen_chain(head, target)).generate(ids, max_new_tokens=4)
     finally:
         torch.set_num_threads(threads)
     assert measured[-1] == (1, True) and len(measured) == 3 and len(list((tmp_path / "step-costs").iterdir())) == 2
@@ -167,7 +167,7 @@ def test_the_profile_leaves_the_seeded_samples_as_they_were(tiny, tmp_path, monk
     ids = torch.tensor([[5, 6, 7, 8]])
     outs = []
     for _ in range(2):  # the first call measures, the second reads what it saved
-        gen = SpeculativeGenerator(target, head)
+        gen = SpeculativeGenerator(target, chosen_chain(head, target))
         torch.manual_seed(3)
         outs.append(gen.generate(ids, max_new_tokens=10, temperature=0.9))
     assert torch.equal(*outs)

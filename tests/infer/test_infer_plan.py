@@ -114,10 +114,10 @@ def test_calibration_measures_every_cell_and_chooses_among_them():
     assert gen.plan is None  # the generator's own plan is left as it was
 
 
-def test_an_off_entry_decodes_with_the_default_chosen_chain(tmp_path):
+def test_an_off_entry_decodes_with_the_default_adaptive_chain(tmp_path):
     """The plan calibrate_speculation.py writes, {"1": 0, "2": 2}, next to an EAGLE-3 head: on CPU the
-    head's default drafter is a wrapper (the chain whose length is chosen per step), whose state an "off" batch
-    never makes (with the adaptive chain it ended in 'NoneType' object has no attribute 'inner')."""
+    head's default drafter is the adaptive chain, whose state an "off" batch never makes (it ended in
+    'NoneType' object has no attribute 'inner')."""
     model = _target()
     model.save_pretrained(tmp_path / "target")
     torch.manual_seed(0)
@@ -125,7 +125,7 @@ def test_an_off_entry_decodes_with_the_default_chosen_chain(tmp_path):
     (tmp_path / "head" / PLAN_FILE).write_text('{"lengths": {"1": 0, "2": 2}}')
     gen = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), str(tmp_path / "head"), device="cpu",
                                                threads=1)
-    assert type(gen.drafter).__name__ == "CostAwareLength"
+    assert type(gen.drafter).__name__ == "AdaptiveLength"
     prompt = [5, 6, 7, 8]
     out = gen.generate(torch.tensor([prompt]), max_new_tokens=10)
     assert torch.equal(out[0, 4:], _alone(model, prompt, 10))

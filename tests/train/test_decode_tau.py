@@ -58,10 +58,8 @@ def _prompts(n: int = 4) -> list[torch.Tensor]:
 
 
 def _generator_counts(target, head, prompts, tree=None) -> list[tuple[int, int]]:
-    """(verification steps, step tokens) of SpeculativeGenerator per prompt, each decoded alone, greedy; given no
-    tree, with decode τ's drafter (the generator's default but for EAGLE on CPU, whose default chooses each
-    length by measured costs: decode τ keeps the adaptive chain there)."""
-    gen = SpeculativeGenerator(target, head if tree is not None else dt.default_drafter(head, target), tree=tree)
+    """(verification steps, step tokens) of SpeculativeGenerator per prompt, each decoded alone, greedy."""
+    gen = SpeculativeGenerator(target, head, tree=tree)
     counts = []
     for prompt in prompts:
         gen.generate(prompt, max_new_tokens=NEW_TOKENS)
