@@ -21,8 +21,8 @@ Two measurements on one target, in one process:
    kernels to hold the state after every position);
    with ``--rules per-token,chunked`` every method and every t(N) runs twice, interleaved: with the generator's
    routing of short verifies to the per-token Gated DeltaNet rule (target.delta_rule, "per-token", what the
-   generator does) and without it (every multi-token forward on the chunked rule, "chunked": the routing
-   off); with ``--reference-target`` (an attention target, e.g. demo:tiny), plain decoding, n-grams and each
+   generator does) and without it (the Gated DeltaNet layers' multi-token forwards on the chunked rule,
+   "chunked"; what exactness needs stays routed: Mamba mixers per token, Mamba-2 scans without the dt clamp); with ``--reference-target`` (an attention target, e.g. demo:tiny), plain decoding, n-grams and each
    ``--reference-heads`` head on it too (each with the generator's defaults), prompt by prompt in turn with
    the hybrid's methods, and its t(N) beside the hybrid's (the same prompt ids: both demo targets share a
    tokenizer): the speedups of both targets under the same load;
@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, target.threads)")
     p.add_argument("--rules", type=cli_choices(RULES), default="per-token",
                    help="comma-separated: per-token (the generator's routing of short verifies, target.delta_rule), "
-                        "chunked (the routing off)")
+                        "chunked (the Gated DeltaNet rule off; exactness routing stays)")
     p.add_argument("--reference-target", help="an attention target decoded (n-grams and --reference-heads) and timed "
                                                "(t(N)) beside the hybrid, in turn")
     p.add_argument("--reference-heads", nargs="*", default=[], help="head directories for --reference-target")
@@ -282,7 +282,7 @@ def time_paths(gen, ids, paths: list[int], depth: int, repeats: int) -> dict:
 def _generator(model, drafter, rule: str = "per-token", **options):
     from draftsmith.infer import SpeculativeGenerator
 
-    # "chunked": the routing off, every multi-token forward runs the chunked rule
+    # "chunked": the Gated DeltaNet rule off (its chunked rule on every multi-token forward); what exactness needs stays
     return SpeculativeGenerator(model, drafter, per_token=rule != "chunked", **options)
 
 

@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "speculation-plan": ("draftsmith.scripts.speculation_plan", "main",
                          "per batch size, the draft length that measures fastest (0 = off); the generator follows it"),
     "dump-features": ("draftsmith.scripts.dump_features", "main", "store the target's hidden states once; train with data.features"),
+    "calibrate-layer-skip": ("draftsmith.scripts.calibrate_layer_skip", "main",
+                             "the layer count k that drafts fastest by layer skip, measured on held-out prompts"),
+    "rank-heads": ("draftsmith.scripts.rank_heads", "main", "trained heads ranked by real τ on held-out prompts, against their training metrics"),
+    "plot-runs": ("draftsmith.scripts.plot_runs", "main", "held-out metrics of training runs, one plot"),
 }
 
 # old name -> the command that does it now

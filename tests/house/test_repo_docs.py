@@ -84,8 +84,8 @@ def test_the_entrance_check_can_fail():
     assert first_screen_problems(readme.replace("draftsmith export --head", "python scripts/export.py --head")) == [
         "missing: draftsmith export --head runs/demo-tiny-eagle3 ",
         "a second invocation style: python scripts/X.py (draftsmith COMMAND is the one)"]
-    assert first_screen_problems(readme.replace("## Set up", "It was 4.5, before `x` raised it.\n\n## Set up")) == [
-        "a history of tau (it belongs in docs/)"]
+    assert "a history of tau (it belongs in docs/)" in first_screen_problems(
+        readme.replace("## Set up", "It was 4.5, before `x` raised it.\n\n## Set up"))
     intro = first.split("\n\n")[1]
     assert first_screen_problems(readme.replace(intro, intro + " A third. A fourth.")) == [
         "the first paragraph has more than two sentences"]

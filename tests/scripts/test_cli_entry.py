@@ -115,6 +115,9 @@ MISTAKES = {
     "drift": ["--head", "h", "--target", "t", "--threshold", "2"],
     "speculation-plan": ["--target", "t", "--head", "h", "--lengths", "x"],
     "dump-features": ["--out", "o", "--dtype", "fp4"],
+    "calibrate-layer-skip": ["--target", "t", "--depth", "0"],
+    "rank-heads": ["r", "--no-such-option"],
+    "plot-runs": ["--runs", "r"],
 }
 # The file each command runs on its own (python FILE ARGS), where it has one.
 FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generate": "infer/generate_command.py",
@@ -124,7 +127,9 @@ FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generat
          "regenerate": "scripts/regenerate.py", "push": "scripts/push_to_hub.py",
          "make-demo": "scripts/make_demo_target.py", "draft-calibration": "scripts/draft_calibration.py",
          "cost": "scripts/cost.py", "drift": "scripts/drift.py", "speculation-plan": "scripts/speculation_plan.py",
-         "dump-features": "scripts/dump_features.py"}
+         "dump-features": "scripts/dump_features.py",
+         "calibrate-layer-skip": "scripts/calibrate_layer_skip.py", "rank-heads": "scripts/rank_heads.py",
+         "plot-runs": "scripts/plot_runs.py"}
 
 
 def test_every_command_has_a_mistake_and_a_file():
