@@ -31,6 +31,9 @@ def accept_rows(logits: Tensor, drafts: list[Draft], live: list[int], sampling: 
     reads the host per level)."""
     bsz, width = logits.shape[:2]
     device = drafts[0].tokens.device  # the generator's (a sharded target's logits may sit elsewhere)
+    if sampling.greedy and width == 1:  # every row verified its root alone (plain decoding): the argmax is all
+        bonus = logits[:, 0].float().argmax(dim=-1)[:, None].to(device)  # (B, 1), as greedy_accept_rows picks it
+        return torch.zeros_like(bonus), bonus, torch.ones(bsz, dtype=torch.long, device=device)
     if sampling.greedy:
         tokens = torch.stack([nn.functional.pad(d.tokens, (0, width - d.tokens.shape[0])) for d in drafts])  # (B, N)
         depth = max(d.tree.retrieve_indices.shape[1] for d in drafts)
@@ -48,6 +51,10 @@ def accept_rows(logits: Tensor, drafts: list[Draft], live: list[int], sampling: 
         bonus = torch.zeros(bsz, dtype=torch.long, device=device)
         for b in live:
             draft = drafts[b]
+            if draft.tokens.shape[0] == 1 and acceptance == "exact":  # the root alone: its bonus is a draw from p,
+                bonus[b] = torch.multinomial(sampling.probs(logits[b, :1]), 1)[0, 0]  # as tree_sample_accept draws it
+                nodes[b, 0] = 0
+                continue
             accepted = sample_accept(logits[b, : draft.tokens.shape[0]], draft, sampling, acceptance, typical)
             path = accepted.nodes[0]  # (W,) root first, -1 after the accepted nodes
             nodes[b, : path.shape[0]] = path

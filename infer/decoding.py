@@ -28,6 +28,9 @@ class GenerationStats:
     replays: int = 0
     replayed_tokens: int = 0
     pending_tokens: int = 0
+    # drafted tokens per row and step -> how many row-steps drafted that many (0: the root alone, plain decoding;
+    # a drafter choosing its length per step, infer.drafters.free.chooser, shows its choices here)
+    draft_budgets: dict[int, int] = field(default_factory=dict)
     wall_time: float = 0.0  # seconds, compilation included (see compile_time)
     # Seconds spent in verify calls that compiled a new graph (first call per tree budget and
     # cache size); included in wall_time. Warm up once to measure decode speed alone.
@@ -36,6 +39,10 @@ class GenerationStats:
     # target "rollback" too), filled only by a generator built with profile=True (it synchronises the device at every
     # phase end, so profiled runs are slower on GPU).
     phase_times: dict[str, float] = field(default_factory=dict)
+
+    def count_budget(self, drafted: int) -> None:
+        """One row-step that drafted ``drafted`` tokens."""
+        self.draft_budgets[drafted] = self.draft_budgets.get(drafted, 0) + 1
 
     @property
     def tau(self) -> float:

@@ -21,8 +21,9 @@ with the target's own first K layers (self-speculation; ``infer.drafters.free.la
 layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
 (``infer.drafters.free.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
 ``--drafter lm:DIR+head:HEAD`` the same with a head trained on the draft LM (``target=DIR``) guessing.
-``--adaptive`` lets the draft length follow the acceptance (what an EAGLE head does by default on CPU;
-``--tree chainD`` fixes it). ``--lookup-first`` drafts by prompt lookup
+``--adaptive`` lets the draft length follow the acceptance (+2 after a full accept, -1 otherwise: HF's heuristic);
+``--choose`` chooses each step's length for tokens per second from the measured step costs, 0 allowed
+(``infer.drafters.free.chooser``); ``--tree chainD`` fixes it. ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.free.lookup_first``).
 ``--drafter head:DIR[+lookup-first]`` is ``--head DIR [--lookup-first]``; every spec is parsed by
 ``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/speculation_plan.py``) is followed, as
@@ -62,7 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(its own drafts guessed by prompt lookup), lm:DIR+head:HEAD (guessed by a head trained on the "
                    "draft LM), ngram, layer-skip[:K] (self-speculation: the target's first K layers draft; default the "
                    "calibrated K, else half of them), or head:DIR[+lookup-first] (as --head DIR [--lookup-first])")
-    p.add_argument("--adaptive", action="store_true", help="draft length follows the acceptance (chains)")
+    p.add_argument("--choose", action="store_true",
+                   help="each step's chain length (0 to the head's longest) chosen for tokens/s from the measured step "
+                        "costs (infer.drafters.free.chooser)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="draft length follows the acceptance (chains: +2 after a full accept, -1 otherwise)")
     p.add_argument("--lookup-first", action="store_true",
                    help="with --head: prompt lookup drafts when it finds a continuation of 2 or more tokens, the head "
                         "otherwise (the suffix + model hybrid)")
@@ -199,7 +204,7 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
     from draftsmith.data.base.device import default_device
     from draftsmith.heads import AutoHead
     from draftsmith.infer.drafter_spec import build_drafter
-    from draftsmith.infer.drafters import Chain
+    from draftsmith.infer.drafters import Chain, chosen_chain
     from draftsmith.infer.generator import SpeculativeGenerator
     from draftsmith.infer.speculation_plan import find_plan
     from draftsmith.infer.tree_shape import build_tree
@@ -223,6 +228,10 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
     tree = build_tree(args.shape, head, device)  # None: the kind's default, fitted to the head by the generator
     if args.adaptive and tree is not None and not isinstance(tree, Chain):
         raise ValueError("--adaptive adapts a chain: pass --tree chainN (or default)")
+    if args.choose:  # the head's chain, its length chosen per step, built once the target is loaded
+        if tree is not None or args.adaptive or args.lookup_first:
+            raise ValueError("--choose chooses the chain's length itself: pass no --tree, --adaptive or --lookup-first")
+        head = lambda target, loaded=head: chosen_chain(loaded, target)  # noqa: E731
     if args.adaptive or args.lookup_first:  # the drafter is built around the loaded head once the target is
         wrapped, loaded = DrafterSpec("head", path=args.head, lookup_first=args.lookup_first), {args.head: head}
         head = lambda target, tree=tree: build_drafter(wrapped, target, adaptive=args.adaptive,  # noqa: E731
@@ -274,12 +283,17 @@ def compare(gen: SpeculativeGenerator, args: argparse.Namespace, ids: torch.Tens
     return 0 if same or args.temperature > 0 else 1
 
 
+def budgets(counts: dict[int, int]) -> str:
+    """Drafted tokens per step as ``k:steps`` pairs (``GenerationStats.draft_budgets``)."""
+    return " ".join(f"{k}:{n}" for k, n in sorted(counts.items())) or "none"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # before the imports below: a mistake is reported in a second, not after 15-26 s
     import torch
     from transformers import TextStreamer
 
-    from draftsmith.infer.drafters import AdaptiveLength
+    from draftsmith.infer.drafters import AdaptiveLength, CostAwareLength
     from draftsmith.infer.drafters.free.lookup_first import LookupFirst
 
     gen, label = load_generator(args)
@@ -295,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     s = gen.last_stats
     drafter = gen.drafter.drafter if isinstance(gen.drafter, LookupFirst) else gen.drafter
     adaptive = (", adaptive length" if isinstance(drafter, AdaptiveLength) else "") + \
+        (f", lengths chosen {budgets(s.draft_budgets)}" if isinstance(drafter, CostAwareLength) else "") + \
         (", prompt lookup first" if args.lookup_first else "")
     compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
     print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "

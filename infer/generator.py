@@ -43,6 +43,7 @@ from draftsmith.infer.batch_accept import accept_rows
 from draftsmith.infer.cache import StaticKVCache, buffer_size
 from draftsmith.infer.call_checks import batch_mask, check_call, eos_ids, pad_id
 from draftsmith.infer.compiling import check_compile, compiled, step_begin
+from draftsmith.infer.cost_profile import prepare_costs
 from draftsmith.target.decode_check import check_family
 from draftsmith.infer.decoding import (DecodeInstruments, DecodeSettings, DecodeState, Decoding, GenerationStats, PhaseClock,
                                        RowState)
@@ -405,6 +406,7 @@ class SpeculativeGenerator:
         turns into ``generate``'s output (arguments as ``generate``'s)."""
         sampling = Sampling(float(temperature), top_k, float(top_p))
         check_call(self.target, input_ids, max_new_tokens, sampling)
+        prepare_costs(self, input_ids.shape[0], sampling)  # a drafter choosing lengths by cost: its step costs
         mask = batch_mask(input_ids, attention_mask, streamer, self.device)
         clock = PhaseClock(self.device, self.profile)
         instruments = DecodeInstruments(GenerationStats(target_forwards=1), clock, time.perf_counter(), streamer)
@@ -484,6 +486,7 @@ class SpeculativeGenerator:
                                              settings.sampling, depths)
         for b, draft in zip(live, proposed):
             drafts[b] = draft
+            dec.stats.count_budget(draft.tokens.shape[0] - 1)
         return drafts
 
     def finish(self, dec: Decoding) -> Tensor:

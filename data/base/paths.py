@@ -21,6 +21,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("DRAFTSMITH_CACHE") or Path.home() / ".cache" / "draftsmith")
 
 
+def keyed_cache_file(folder: str, key: dict) -> Path:
+    """``<cache root>/<folder>/<model name>-<hash of key>.json``: one file per measurement's key (a JSON-able dict
+    naming what the measurement depends on; its ``name_or_path`` names the file), so a measurement under another
+    key (another target, device, dtype, thread count) is another file and is measured again."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(str(key.get("name_or_path") or "target")).name)
+    return cache_root() / folder / f"{name}-{digest}.json"
+
+
 @contextlib.contextmanager
 def cache_lock(lock_file: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive lock on ``lock_file`` (created if missing) for the ``with`` block: another process

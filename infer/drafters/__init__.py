@@ -1,7 +1,8 @@
 """Drafters: ``base`` (what every drafter is), one module per head kind (``<kind>.py``, its class
 named ``DRAFTER``), one per variant with a class of its own in ``variants/`` (``<variant>.py``, a subclass of
 its kind's drafter), the lookup from a head to its drafter, and in ``free/`` the drafters that are no head
-kind: ``adaptive`` (a chain whose length follows the acceptance), ``lm_drafter`` (a small LM), ``layer_skip``
+kind: ``adaptive`` (a chain whose length follows the acceptance), ``chooser`` (a chain whose length is chosen for
+tokens per second, 0 allowed), ``lm_drafter`` (a small LM), ``layer_skip``
 (the target's first layers), ``ngram`` (prompt lookup), ``lookup_first`` (prompt lookup, else another
 drafter) and ``hierarchical`` (a draft LM whose own drafts are guessed). Import those from their modules."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.chooser import CostAwareLength
 from draftsmith.infer.drafters.base import (
     Chain,
     Draft,
@@ -88,6 +90,15 @@ def adaptive_chain(head: nn.Module, target: nn.Module, confidence: float | None 
     return AdaptiveLength(cls(head, target, Chain(longest), confidence), initial=min(4, longest), maximum=longest)
 
 
-__all__ = ["AdaptiveLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling", "StaticTree", "TreeOption",
-           "chain_buffers", "chain_draft", "root_only", "drafter_class", "head_drafter_class", "default_branching_tree", "default_tree",
-           "make_drafter", "adaptive_chain", "fit_chain"]
+def chosen_chain(head: nn.Module, target: nn.Module, confidence: float | None = None) -> CostAwareLength:
+    """The head's chain with each step's length chosen for tokens per second from the rows' acceptance and the
+    measured step costs (``CostAwareLength``: 0 to the longest chain the kind drafts). Opt-in (``--choose``): on the
+    busy 2-core box it matched the adaptive chain sampled and lost to it greedy (docs/benchmarks.md)."""
+    cls = head_drafter_class(head)
+    longest = cls.longest_chain(head)
+    return CostAwareLength(cls(head, target, Chain(longest), confidence), maximum=longest)
+
+
+__all__ = ["AdaptiveLength", "CostAwareLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling",
+           "StaticTree", "TreeOption", "chain_buffers", "chain_draft", "root_only", "drafter_class", "head_drafter_class",
+           "default_branching_tree", "default_tree", "make_drafter", "adaptive_chain", "chosen_chain", "fit_chain"]

@@ -161,17 +161,18 @@ def test_batch_bad_inputs_raise_clear_errors():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["stub-full-tree", "eagle-chain", "eagle3-tree", "medusa-tree", "dflash-chain"])
+@pytest.mark.parametrize("name", ["stub-full-tree", "eagle-chain", "eagle3-tree", "medusa-tree", "dflash-chain",
+                                  "eagle-chosen"])
 def test_padded_rows_sample_the_target_law(name):
     """Sampling per row: rows holding the sampling test's prompt behind left padding, batched with a
     longer prompt, draw their first three tokens from the target's exact law (chi-square; 2000 rows in
     20 calls of 100 padded rows around the longer one)."""
-    from support.sampling import CONFIGS, PROMPT, FullWidthDrafter, exact_law, joint_pvalue, make_small_target
+    from support.sampling import CONFIGS, PROMPT, config_generator, exact_law, joint_pvalue, make_small_target
 
     model = make_small_target()
     kind, tree, sampling = {**CONFIGS, "dflash-chain": ("dflash", Chain(3), {"temperature": 0.9, "top_k": 6})}[name]
     torch.manual_seed(1)
-    gen = SpeculativeGenerator(model, FullWidthDrafter() if kind is None else build_head(kind, model), tree=tree)
+    gen = config_generator(model, kind, tree)
     prompt = PROMPT[0].tolist()
     ids, mask = left_pad([prompt] * 50 + [[7, 2, 6, 4, 3]] + [prompt] * 50)
     torch.manual_seed(0)

@@ -318,6 +318,35 @@ def test_cli_follows_the_plan_next_to_the_head_as_the_api_does(saved, tmp_path, 
     assert err.count("\n") == 1 and "speculation_plan.json: not a speculation plan" in err
 
 
+def test_the_cli_chooses_lengths_with_choose_and_adapts_them_by_default(saved, capsys, monkeypatch):
+    """``--choose``: the chain whose length is chosen per step, printed with its choices; no flags: what
+    ``SpeculativeGenerator(target, head)`` drafts on CPU, the adaptive chain, not the longest fixed chain
+    (``fit_chain`` of no tree once made it a chain of 16: every sampled step drafted 16 levels)."""
+    from draftsmith.infer.generate_command import cli
+    from draftsmith.infer.drafters import CostAwareLength
+    from draftsmith.infer.cost_profile import chooser_of
+
+    from support.chooser import CHEAP
+
+    made = []
+    load = SpeculativeGenerator.from_pretrained.__func__
+
+    def given_costs(cls, *a, **k):  # the costs given, not measured
+        made.append(load(cls, *a, **k))
+        if chooser_of(made[-1].drafter) is not None:
+            chooser_of(made[-1].drafter).costs = CHEAP
+        return made[-1]
+
+    monkeypatch.setattr(SpeculativeGenerator, "from_pretrained", classmethod(given_costs))
+    argv = ["--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
+            "--max-new-tokens", "8", "--device", "cpu"]
+    assert cli(argv + ["--choose"]) == 0
+    err = capsys.readouterr().err
+    assert type(made[-1].drafter) is CostAwareLength and "lengths chosen" in err and " 3:1" in err  # the prior's 3
+    assert cli(argv) == 0 and "adaptive length" in capsys.readouterr().err
+    assert cli(argv + ["--choose", "--adaptive"]) == 2
+
+
 def test_cli_defaults_fit_a_dflash_head_of_block_size_4(saved, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 

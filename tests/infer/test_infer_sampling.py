@@ -13,6 +13,7 @@ from support.sampling import (  # noqa: F401  (fixture)
     PROMPT,
     VOCAB,
     FullWidthDrafter,
+    config_generator,
     exact_law,
     joint_pvalue,
     sample_triples,
@@ -46,11 +47,8 @@ def test_reference_law_matches_hf_generate_scores(small_target):
                                                                            ("eagle-chain", "eager")])
 def test_first_tokens_follow_the_target_law(small_target, name, compile):
     kind, tree, sampling = CONFIGS[name]
-    if kind is None:
-        gen = SpeculativeGenerator(small_target, FullWidthDrafter(), compile=compile)
-    else:
-        torch.manual_seed(1)
-        gen = SpeculativeGenerator(small_target, build_head(kind, small_target), tree=tree, compile=compile)
+    torch.manual_seed(1)
+    gen = config_generator(small_target, kind, tree, compile)
     law = exact_law(small_target, sampling.get("temperature", 1.0), sampling.get("top_k", 0), sampling.get("top_p", 1.0))
     samples, forwards = sample_triples(gen, 2000, **sampling)
     assert joint_pvalue(samples, law) > 1e-3

@@ -5,6 +5,7 @@ import random
 
 import torch
 from support.targets import make_tiny_target
+from support.chooser import CHEAP
 from support.oracle import Oracle
 from support.reference import hf_greedy
 
@@ -12,6 +13,7 @@ from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, StaticTree
 from draftsmith.infer.drafters import make_drafter
 from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.chooser import CostAwareLength
 from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
 from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.free.ngram import NgramDrafter
@@ -74,6 +76,7 @@ DRAFTERS = {
     "eagle3-chain": lambda m: (build_head("eagle3", m), Chain(4)),
     "eagle3-tree": lambda m: (build_head("eagle3", m), DynamicTree(depth=2, top_k=3, total_tokens=5)),
     "eagle3-adaptive": lambda m: (AdaptiveLength(make_drafter(build_head("eagle3", m), m, Chain(6)), initial=2), None),
+    "eagle3-chosen": lambda m: (CostAwareLength(make_drafter(build_head("eagle3", m), m, Chain(6)), 6, CHEAP), None),
     "dflash": lambda m: (build_head("dflash", m, block_size=4, num_layers=2), Chain(3)),
     "medusa-chain": lambda m: (build_head("medusa", m), Chain(3)),
     "medusa-tree": lambda m: (build_head("medusa", m), StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0)))),

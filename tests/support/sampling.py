@@ -7,13 +7,17 @@ import pytest
 import torch
 from support.targets import make_tiny_target
 from support.accept import chi_square_pvalue, reference_probs
+from support.chooser import CHEAP
 
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from draftsmith.infer.drafters import Draft, Drafter, Sampling
+from draftsmith.heads import build_head
+from draftsmith.infer.drafters import Draft, Drafter, Sampling, make_drafter
+from draftsmith.infer.drafters.free.chooser import CostAwareLength
 from draftsmith.infer.tree import tree_from_parents
 
 
 VOCAB = 8
+CHOSEN = "chosen"  # a CONFIGS tree: the draft-length chooser's chain
 PROMPT = torch.tensor([[1, 5, 3]])
 
 
@@ -123,4 +127,17 @@ CONFIGS = {
     "eagle-chain": ("eagle", Chain(2), {"temperature": 1.2, "top_p": 0.85}),
     "medusa-tree": ("medusa", StaticTree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0))), {"temperature": 0.7}),
     "stub-full-tree": (None, None, {"temperature": 1.0, "top_k": 6, "top_p": 0.95}),
+    "eagle-chosen": ("eagle", CHOSEN, {"temperature": 0.8, "top_k": 6}),
 }
+
+
+def config_generator(model, kind: str | None, tree, compile=False) -> SpeculativeGenerator:
+    """The generator of a ``CONFIGS`` entry (its head built from torch's current seed): the stub drafter, a head
+    drafting ``tree``, or (``CHOSEN``) a head's chain of 3 whose length the chooser picks from ``CHEAP`` costs."""
+    if kind is None:
+        return SpeculativeGenerator(model, FullWidthDrafter(), compile=compile)
+    head = build_head(kind, model)
+    if tree is CHOSEN:
+        return SpeculativeGenerator(model, CostAwareLength(make_drafter(head, model, Chain(3)), 3, CHEAP),
+                                    compile=compile)
+    return SpeculativeGenerator(model, head, tree=tree, compile=compile)

@@ -13,7 +13,6 @@ draft token costs k/L of a target forward on CPU): ``scripts/calibrate_layer_ski
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from draftsmith.data.base.paths import cache_root
+from draftsmith.data.base.paths import keyed_cache_file
 from draftsmith.heads.common import final_norm_name
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.masked_forward import attention_masks
@@ -49,11 +48,8 @@ def calibration_key(target: nn.Module) -> dict:
 
 
 def calibration_path(target: nn.Module) -> Path:
-    """``<cache>/layer-skip/<model name>-<hash of calibration_key>.json``."""
-    key = calibration_key(target)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(key["name_or_path"] or "target").name)
-    return cache_root() / CALIBRATION_DIR / f"{name}-{digest}.json"
+    """``<cache>/layer-skip/<model name>-<hash of calibration_key>.json`` (``data.base.paths.keyed_cache_file``)."""
+    return keyed_cache_file(CALIBRATION_DIR, calibration_key(target))
 
 
 def calibrated_layers(target: nn.Module) -> int | None:
