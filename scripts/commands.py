@@ -81,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, function, _ = COMMANDS[name]
     entry = getattr(importlib.import_module(module), function)
-    sys.argv = [f"draftsmith {name}", *rest]  # argparse names the command in its usage lines
-    if function == "cli":
-        return entry(rest)
     from draftsmith.data.entry_point import run
 
-    return run(entry, rest)
+    saved, sys.argv = sys.argv, [f"draftsmith {name}", *rest]  # argparse names the command in its usage lines
+    try:
+        return entry(rest) if function == "cli" else run(entry, rest)
+    finally:
+        sys.argv = saved  # a caller in this process (a test, a notebook) keeps its own
 
 
 if __name__ == "__main__":
