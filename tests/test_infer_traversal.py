@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.sampling import small_target  # noqa: F401  (fixture)
 from support.traversal import SHAPES, draw_trees, emitted, mean_accepted, node_laws, prefix_pvalue, toy_laws
 
 from draftsmith.infer import traversal
@@ -95,3 +96,39 @@ def test_the_law_test_catches_a_planted_bias(monkeypatch, plant):
         monkeypatch.setattr(traversal, "_reject", keep_law)
     out, tokens = _run("traversal", "two-level", True)
     assert prefix_pvalue(_target(), emitted(out, tokens))[0] < 1e-6
+
+
+# ----------------------------------------------------------------------------- end to end, batches included
+
+
+def _first_three(gen, ids, mask, calls: int, **sampling) -> torch.Tensor:
+    """The first three new tokens of every row but the odd one (row ROWS // 2, a longer prompt), ``calls`` times;
+    each call decodes 5 tokens so its first step drafts 3 levels deep (the law test reads 3)."""
+    torch.manual_seed(0)
+    out = []
+    for _ in range(calls):
+        new = gen.generate(ids, attention_mask=mask, max_new_tokens=5, **sampling)[:, ids.shape[1]: ids.shape[1] + 3]
+        out += [*new[: ROWS // 2], *new[ROWS // 2 + 1:]]
+    return torch.stack(out)
+
+
+ROWS = 101
+
+
+@pytest.mark.parametrize("rule", ["traversal", "exact"])
+def test_sampled_trees_decode_the_target_law_in_padded_batches(small_target, rule):
+    """Generation end to end: left-padded batches (the sampling test's prompt around a longer one) whose drafts are
+    sampled two-level trees drawn near the target's law decode the target's exact law of three tokens under
+    either lossless rule (chi-square, 1000 rows, fixed seed), and accept deep drafts doing so."""
+    from support.batch import left_pad
+    from support.sampling import PROMPT, exact_law, joint_pvalue
+    from support.traversal import SampledOracleDrafter
+
+    from draftsmith.infer import SpeculativeGenerator
+
+    gen = SpeculativeGenerator(small_target, SampledOracleDrafter(small_target, PROMPT[0].tolist()), acceptance=rule)
+    prompt = PROMPT[0].tolist()
+    ids, mask = left_pad([prompt] * (ROWS // 2) + [[7, 2, 6, 4, 3]] + [prompt] * (ROWS // 2))
+    samples = _first_three(gen, ids, mask, 10, temperature=0.9, top_k=6)
+    assert joint_pvalue(samples, exact_law(small_target, 0.9, 6, 1.0)) > 1e-3
+    assert gen.last_stats.tau > 2.0, gen.last_stats.tau  # deep drafts accepted: the residual paths ran

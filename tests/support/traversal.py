@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from support.accept import chi_square_pvalue
 
+from draftsmith.infer.drafters import Draft, Drafter
+from draftsmith.infer.drafters.base import root_only
 from draftsmith.infer.tree import tree_from_parents
 
 VOCAB = 5
@@ -87,3 +89,59 @@ def prefix_pvalue(target: list[torch.Tensor], seq: list[torch.Tensor], min_count
 def mean_accepted(out) -> float:
     """Mean emitted tokens per trial (accepted drafts + the bonus): the step's τ."""
     return float(out.length.float().mean())
+
+
+class SampledOracleDrafter(Drafter):
+    """A drafter for end-to-end tests (``infer.drafters.Drafter``'s verbs): a static two-level tree whose children
+    are drawn without replacement from a law near the target's own (``mix`` of it, the rest uniform; the target's
+    looked up for the contexts the law test reads); at temperature 0 the law's most likely tokens. Its laws travel
+    with the draft (``Draft.q``), so deep nodes are often accepted and every rule's residual path is exercised."""
+
+    aux_layer_ids = ()
+    PARENTS = [-1, 0, 0, 1, 1, 2, 3]  # root: 2 children; the first has 2, the second 1; the first grandchild 1
+    max_nodes = len(PARENTS)
+
+    def __init__(self, target, prompt: list[int], mix: float = 0.7) -> None:
+        """The target's logits after ``prompt`` plus every continuation of up to 3 tokens, in 4 batched forwards
+        (a lookup; other contexts draft from the uniform law)."""
+        import itertools
+
+        vocab = target.config.vocab_size
+        self.mix, self.logits = mix, {}
+        with torch.no_grad():
+            for k in range(4):
+                tails = list(itertools.product(range(vocab), repeat=k))
+                ids = torch.tensor([prompt + list(s) for s in tails])
+                self.logits.update(zip((tuple(prompt) + s for s in tails), target(ids).logits[:, -1]))
+        self.uniform = torch.zeros(vocab)
+
+    def new_rows(self, prompts, lengths):
+        return [[prompt[0, :1]] for prompt in prompts]  # observe_rows appends the rest
+
+    def observe_rows(self, states, features, next_tokens):
+        for state, tokens in zip(states, next_tokens):
+            state[0] = torch.cat([state[0], tokens[0]])
+
+    def propose_rows(self, states, roots, sampling, max_depths):
+        return [self._propose(state[0], root, depth, sampling) for state, root, depth in zip(states, roots, max_depths)]
+
+    def _propose(self, seq, root, max_depth: int, sampling):
+        tree = tree_from_parents(self.PARENTS)
+        keep = [i for i, d in enumerate(tree.depths.tolist()) if d <= max_depth]
+        if len(keep) == 1:
+            return root_only(root)
+        parents = self.PARENTS[: len(keep)]  # nodes are in depth order: a cut keeps a prefix
+        tokens, laws, contexts = [int(root)], {}, {0: seq}
+        for node in range(1, len(keep)):
+            up = parents[node]
+            if up not in laws:
+                logits = self.logits.get(tuple(contexts[up].tolist()), self.uniform)
+                p = sampling.probs(logits) if not sampling.greedy else logits.softmax(-1)
+                law = self.mix * p + (1 - self.mix) / p.shape[-1]
+                count = parents.count(up)
+                drawn = law.argsort(descending=True)[:count] if sampling.greedy else torch.multinomial(law, count)
+                laws[up] = (law, drawn.tolist())
+            tokens.append(laws[up][1][parents[:node].count(up)])
+            contexts[node] = torch.cat([contexts[up], torch.tensor([tokens[-1]])])
+        q = None if sampling.greedy else torch.stack([laws[parents[i]][0] for i in range(1, len(keep))])
+        return Draft(torch.tensor(tokens), tree_from_parents(parents), q)
