@@ -2,7 +2,7 @@
 losslessly.
 
 The repository's top-level folders are this package's parts (``pyproject.toml`` maps the package to the
-repository root): ``draftsmith.data`` < ``draftsmith.heads`` < ``draftsmith.infer`` < ``draftsmith.train``
+repository root): ``draftsmith.data`` < ``draftsmith.heads`` < ``draftsmith.target`` < ``draftsmith.infer`` < ``draftsmith.train``
 < ``draftsmith.scripts``, each importing only those before it (docs/design.md). Nothing loads at import.
 """
 __version__ = "0.1.0"

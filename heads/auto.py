@@ -1,7 +1,6 @@
 """``build_head`` (a fresh head for a target) and ``AutoHead`` (load any saved head)."""
 from __future__ import annotations
 
-import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -10,20 +9,17 @@ from safetensors import SafetensorError
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from draftsmith.heads.common import DraftHead, DraftHeadConfig
-from draftsmith.heads.dflash import DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead
-from draftsmith.heads.domino import DOMINO_ARCHITECTURE
-from draftsmith.heads.dspark import DSPARK_ARCHITECTURE
-from draftsmith.heads.eagle import EagleConfig, EagleHead
-from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.heads.early_exit import EarlyExitConfig, EarlyExitHead
-from draftsmith.heads.medusa import MedusaConfig, MedusaHead
+from draftsmith.heads.common import DraftHead
+from draftsmith.heads.dflash import DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, DFlashConfig
+from draftsmith.heads.eagle import EagleConfig
+from draftsmith.heads.eagle3 import Eagle3Config
+from draftsmith.heads.early_exit import EarlyExitConfig
+from draftsmith.heads.kinds import (HEAD_CLASSES, VARIANT_CLASSES, config_options, head_class, kind_variants,
+                                    variant_options)
+from draftsmith.heads.medusa import MedusaConfig
+from draftsmith.heads.variants.domino import DOMINO_ARCHITECTURE
+from draftsmith.heads.variants.dspark import DSPARK_ARCHITECTURE
 
-# The one list of head kinds, each under its config's head_kind. A kind is its head (heads/<kind>.py), its
-# training objective (train/objectives/<kind>.py) and its drafter (infer/drafters/<kind>.py), found by name;
-# tests/test_kind_contract.py checks the three against their bases.
-HEAD_CLASSES: dict[str, type[DraftHead]] = {cls.config_class.head_kind: cls for cls in (
-    MedusaHead, EagleHead, Eagle3Head, DFlashHead, EarlyExitHead)}
 _BY_MODEL_TYPE = {cls.config_class.model_type: cls for cls in HEAD_CLASSES.values()}
 # The public EAGLE-3 layout (EAGLE authors, SpecForge) is converted on load by heads.formats.
 PUBLIC_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3Speculator", "PEagleSpeculator")
@@ -36,9 +32,7 @@ def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options:
     target's. ``options`` set head config fields (e.g. ``num_heads=5``, ``draft_vocab_size=2048``,
     ``aux_layer_ids=[1, 4, 7]``, ``intermediate_size=...``); unknown fields are errors.
     """
-    if kind not in HEAD_CLASSES:
-        raise ValueError(f"unknown head kind '{kind}'; expected one of {sorted(HEAD_CLASSES)}")
-    head_cls = HEAD_CLASSES[kind]
+    head_cls = head_class(kind, options.get("variant"))
     allowed = set(config_options(head_cls.config_class))
     unknown = sorted(set(options) - allowed)
     if unknown:
@@ -47,17 +41,6 @@ def build_head(kind: str, target: PretrainedConfig | PreTrainedModel, **options:
     if isinstance(target, PreTrainedModel):
         head.init_from_target_model(target)
     return head
-
-
-def config_options(config_cls: type[PretrainedConfig]) -> list[str]:
-    """The options a head config takes (its own ``__init__`` parameters and its bases' below
-    ``DraftHeadConfig``): what ``build_head`` and ``head.*`` config keys may set."""
-    names: list[str] = []
-    for cls in config_cls.__mro__:
-        if cls in (DraftHeadConfig, PretrainedConfig, object):
-            break
-        names += [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")]
-    return names
 
 
 class AutoHead:
@@ -73,8 +56,10 @@ class AutoHead:
             config_dict, _ = PretrainedConfig.get_config_dict(str(path_or_repo), **_hub_kwargs(kwargs))
         model_type = config_dict.get("model_type")
         if model_type in _BY_MODEL_TYPE:
+            cls = _BY_MODEL_TYPE[model_type]
+            cls = head_class(cls.config_class.head_kind, config_dict.get("variant"))
             try:
-                return _BY_MODEL_TYPE[model_type].from_pretrained(path_or_repo, **kwargs)
+                return cls.from_pretrained(path_or_repo, **kwargs)
             except SafetensorError as err:  # e.g. a truncated download: name the files
                 files = sorted(p.name for p in Path(path_or_repo).glob("*.safetensors")) or ["*.safetensors"]
                 raise ValueError(
@@ -115,7 +100,11 @@ __all__ = [
     "AutoHead",
     "build_head",
     "HEAD_CLASSES",
+    "VARIANT_CLASSES",
+    "head_class",
+    "kind_variants",
     "config_options",
+    "variant_options",
     "MedusaConfig",
     "EagleConfig",
     "Eagle3Config",

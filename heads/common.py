@@ -108,6 +108,27 @@ def final_norm_scale(target: nn.Module, width: int, otherwise: str) -> Tensor:
     return scale
 
 
+def check_variant(config_cls: type, variant: str | None, variants: tuple[str, ...]) -> str:
+    """The variant a config of ``config_cls`` is: ``variant`` (None: the class's own ``variant``), refused
+    (ValueError, one line) when it is none of the kind's ``variants``, or one another class builds (a variant
+    with a class of its own, ``heads.variants``: ``heads.auto.head_class`` finds it)."""
+    variant = config_cls.variant if variant is None else variant
+    if variant not in variants:
+        raise ValueError(f"variant={variant!r} must be one of {', '.join(variants)}")
+    if variant not in (config_cls.variant, *vars(config_cls).get("inline_variants", ())):
+        raise ValueError(f"variant={variant} is built by its own class, not {config_cls.__name__}: use "
+                         "heads.build_head or heads.auto.head_class")
+    return variant
+
+
+def refuse_variant_options(variant: str, given: dict[str, Any], owners: dict[str, str]) -> None:
+    """Refuse (ValueError, one line) an option set (not None) that only another variant of the kind takes."""
+    extra = [k for k, v in given.items() if v is not None and owners[k] != variant]
+    if extra:
+        raise ValueError(f"{extra[0]}={given[extra[0]]} applies only to variant={owners[extra[0]]} "
+                         f"(variant={variant})")
+
+
 class DraftHeadConfig(PretrainedConfig):
     """Base config of all heads: the target's identity travels with the weights.
 

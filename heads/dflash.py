@@ -28,9 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from draftsmith.heads.common import DraftHead
-from draftsmith.heads.domino import DOMINO_DEFAULTS, embed_proj, prefix_gru
-from draftsmith.heads.dspark import DEFAULT_MARKOV_RANK, ConfidenceHead, MarkovHead
+from draftsmith.heads.common import DraftHead, check_variant, refuse_variant_options
 from draftsmith.heads.eagle import EagleConfig, layer_kwargs_from_target
 from draftsmith.heads.layers import MLP, RMSNorm, Rotary, rotate_half
 
@@ -42,6 +40,10 @@ VARIANTS = ("dflash", "dflash2", "dspark", "domino")
 # DFlash2's published shape (z-lab's DFlash2 config, SpecForge's and speculators' defaults): two causal taps,
 # dynamic coefficients shared by 16 channels, a rank-256 selector over the top 16 candidates (docs/dflash.md)
 DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
+# the kind's options only one of its variants takes (DFlash2's here; DSpark's and Domino's classes, heads.variants,
+# read theirs)
+VARIANT_OPTIONS = {**dict.fromkeys(DFLASH2_DEFAULTS, "dflash2"), "markov_rank": "dspark",
+                   **dict.fromkeys(("gru_hidden_dim", "emb_dim", "pure_draft_prefix_len"), "domino")}
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -100,9 +102,13 @@ class DFlashConfig(EagleConfig):
 
     model_type = "draftsmith_dflash"
     head_kind = "dflash"
+    variants = VARIANTS  # the kind's variants: its own name first
+    variant_owners = VARIANT_OPTIONS  # the options only one of the kind's variants takes, and that variant
+    variant = "dflash"  # the variant this class builds (an instance keeps it as a field: config.json's ``variant``)
+    inline_variants = ("dflash2",)  # variants this class builds too (DSpark's and Domino's have classes of their own)
 
     def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, num_layers: int = DEFAULT_NUM_LAYERS,
-                 aux_layer_ids: list[int] | None = None, mask_token_id: int | None = None, variant: str = "dflash",
+                 aux_layer_ids: list[int] | None = None, mask_token_id: int | None = None, variant: str | None = None,
                  conv_kernel_size: int | None = None, conv_group_size: int | None = None,
                  selector_rank: int | None = None, selector_top_k: int | None = None,
                  markov_rank: int | None = None, gru_hidden_dim: int | None = None, emb_dim: int | None = None,
@@ -123,27 +129,19 @@ class DFlashConfig(EagleConfig):
         self.mask_token_id = self.vocab_size - 1 if mask_token_id is None else int(mask_token_id)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id={self.mask_token_id} is outside the vocabulary 0..{self.vocab_size - 1}")
-        if variant not in VARIANTS:
-            raise ValueError(f"variant={variant!r} must be one of {', '.join(VARIANTS)}")
-        self.variant = variant
+        self.variant = check_variant(type(self), variant, VARIANTS)
         given = {"conv_kernel_size": conv_kernel_size, "conv_group_size": conv_group_size,
                  "selector_rank": selector_rank, "selector_top_k": selector_top_k, "markov_rank": markov_rank,
                  "gru_hidden_dim": gru_hidden_dim, "emb_dim": emb_dim, "pure_draft_prefix_len": pure_draft_prefix_len}
-        owner = ({key: "dflash2" for key in DFLASH2_DEFAULTS} | {"markov_rank": "dspark"}
-                 | {key: "domino" for key in DOMINO_DEFAULTS})
-        extra = [k for k, v in given.items() if v is not None and owner[k] != variant]
-        if extra:
-            raise ValueError(f"{extra[0]}={given[extra[0]]} applies only to variant={owner[extra[0]]} "
-                             f"(variant={variant})")
-        self.conv_kernel_size = self.conv_group_size = self.selector_rank = self.selector_top_k = None
-        self.markov_rank = self.gru_hidden_dim = self.emb_dim = self.pure_draft_prefix_len = None
-        if variant == "domino":
-            self._set_domino(given)
-        if variant == "dspark":
-            self.markov_rank = int(DEFAULT_MARKOV_RANK if markov_rank is None else markov_rank)
-            if self.markov_rank < 1:
-                raise ValueError(f"markov_rank={self.markov_rank} must be at least 1 (DSpark's Markov head)")
-        if variant != "dflash2":
+        refuse_variant_options(self.variant, given, VARIANT_OPTIONS)
+        for key in VARIANT_OPTIONS:
+            setattr(self, key, None)
+        self._set_variant_options(given)
+
+    def _set_variant_options(self, given: dict) -> None:
+        """Fill and check the options the variant owns (``given``: as passed, None = its default): DFlash2's
+        here; DSpark's and Domino's classes (``heads.variants``) override it."""
+        if self.variant != "dflash2":
             return
         for key in DFLASH2_DEFAULTS:
             setattr(self, key, int(DFLASH2_DEFAULTS[key] if given[key] is None else given[key]))
@@ -156,33 +154,16 @@ class DFlashConfig(EagleConfig):
         if not 1 <= self.selector_top_k <= self.vocab_size:
             raise ValueError(f"selector_top_k={self.selector_top_k} must lie in 1..vocab_size={self.vocab_size}")
 
-    def _set_domino(self, given: dict) -> None:
-        for key in DOMINO_DEFAULTS:
-            setattr(self, key, int(DOMINO_DEFAULTS[key] if given[key] is None else given[key]))
-        if self.gru_hidden_dim < 1 or self.emb_dim < 1:
-            raise ValueError(f"gru_hidden_dim={self.gru_hidden_dim} and emb_dim={self.emb_dim} must be at least 1 "
-                             "(Domino's GRU and correction)")
-        if not 0 <= self.pure_draft_prefix_len < self.block_size:
-            raise ValueError(f"pure_draft_prefix_len={self.pure_draft_prefix_len} must lie in 0..block_size - 1 = "
-                             f"{self.block_size - 1}: Domino corrects at least one slot")
-
     @property
     def is_dflash2(self) -> bool:
         return self.variant == "dflash2"
 
-    @property
-    def is_dspark(self) -> bool:
-        return getattr(self, "variant", "dflash") == "dspark"
-
-    @property
-    def is_domino(self) -> bool:
-        return getattr(self, "variant", "dflash") == "domino"
-
-    @property
-    def first_draft_slot(self) -> int:
-        """The block slot of the first draft: DFlash's slot k drafts the token k after the root (slot 0 is the
-        root itself), DSpark's and Domino's slot k the token k+1 after it (the root's slot drafts too)."""
-        return 0 if self.is_dspark or self.is_domino else 1
+    # DSpark's and Domino's classes (heads.variants) say True for their own
+    is_dspark = False
+    is_domino = False
+    # The block slot of the first draft: DFlash's slot k drafts the token k after the root (slot 0 is the root
+    # itself); DSpark's and Domino's classes set 0 (slot k drafts the token k+1 after it: the root's slot drafts too)
+    first_draft_slot = 1
 
     @property
     def drafts_per_block(self) -> int:
@@ -342,7 +323,7 @@ class DFlashHead(DraftHead):
 
     @property
     def title(self) -> str:
-        return {"dflash2": "DFlash2", "dspark": "DSpark", "domino": "Domino"}.get(self.config.variant, "DFlash")
+        return "DFlash2" if self.config.is_dflash2 else "DFlash"
 
     def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
         cfg = self.config
@@ -354,27 +335,16 @@ class DFlashHead(DraftHead):
                 *([f"- DFlash2: a {cfg.conv_kernel_size}-tap dynamic convolution (groups of {cfg.conv_group_size} "
                    f"channels) around each sublayer; a rank-{cfg.selector_rank} selector walks the top "
                    f"{cfg.selector_top_k} candidates of each block position"] if cfg.is_dflash2 else []),
-                *([f"- DSpark: every slot drafts the token after it (the root's slot too: {cfg.block_size} drafts); "
-                   f"a rank-{cfg.markov_rank} Markov bias from the previous token and a confidence head that sets "
-                   "how many drafts each row verifies"] if cfg.is_dspark else []),
-                *([f"- Domino: every slot drafts the token after it ({cfg.block_size} drafts); from slot "
-                   f"{cfg.pure_draft_prefix_len} on, a correction from a {cfg.gru_hidden_dim}-wide GRU over the tokens "
-                   f"before the slot (rank-{cfg.emb_dim} projection) is added to its logits"] if cfg.is_domino else [])]
+                *self._variant_input_lines()]
+
+    def _variant_input_lines(self) -> list[str]:
+        """What a variant with a class of its own adds to the card's input lines (none here)."""
+        return []
 
     def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
-        if self.config.is_dspark:
-            return ["vLLM (speculators flavour, `speculators_model_type: dspark`):", "", *export_step("speculators"),
-                    "```bash", f"vllm serve {serve_dir}", "```", "",
-                    "SGLang (DeepSpec's `Qwen3DSparkModel` layout):", "", *export_step("dspark"), "```bash",
-                    f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DSPARK "
-                    f"--speculative-draft-model-path {serve_dir}", "```", ""]
-        if self.config.is_dflash2 or self.config.is_domino:  # only the dflash layout carries them (docs/dflash.md)
-            what = ("the DFlash2DraftModel architecture selects the convolution and the selector" if self.config.is_dflash2
-                    else "dflash_config.projector_type domino selects the GRU correction; CUDA, greedy")
-            return [f"SGLang (DFLASH; {what}):", "",
-                    *export_step("dflash"), "```bash",
-                    f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DFLASH "
-                    f"--speculative-draft-model-path {serve_dir}", "```", ""]
+        if self.config.is_dflash2:  # only the dflash layout carries it (docs/dflash.md)
+            return sglang_dflash_lines(served, serve_dir, export_step, "the DFlash2DraftModel architecture selects "
+                                                                      "the convolution and the selector")
         if fmt == "speculators":
             return ["vLLM (the verifier, the block and the layers come from the directory):", "", "```bash",
                     f"vllm serve {serve_dir}", "```", ""]
@@ -401,12 +371,7 @@ class DFlashHead(DraftHead):
         self.rotary = Rotary(config.head_dim, config.rope_config)
         if config.is_dflash2:
             self.candidate_selector = CandidateSelector(config)
-        if config.is_dspark:
-            self.markov_head = MarkovHead(config.vocab_size, config.markov_rank)
-            self.confidence_head = ConfidenceHead(config.hidden_size + config.markov_rank)
-        if config.is_domino:
-            self.prefix_gru = prefix_gru(config.hidden_size, config.gru_hidden_dim)
-            self.embed_proj = embed_proj(config.hidden_size, config.gru_hidden_dim, config.emb_dim, config.vocab_size)
+        self._add_variant_modules(config)
         self.post_init()
         for module in self.modules():  # post_init's normal init reaches their linears: back to the no-op start
             if isinstance(module, DynamicConv):
@@ -414,20 +379,21 @@ class DFlashHead(DraftHead):
             elif isinstance(module, CandidateSelector):
                 module.reset()
 
+    def _add_variant_modules(self, config: DFlashConfig) -> None:
+        """A variant's own modules, registered before ``post_init`` (DSpark's and Domino's classes add theirs)."""
+
     @property
     def selector(self) -> CandidateSelector | None:
         """DFlash2's candidate selector; None for DFlash."""
         return getattr(self, "candidate_selector", None)
 
     @property
-    def markov(self) -> MarkovHead | None:
+    def markov(self) -> nn.Module | None:
         """DSpark's Markov head; None for DFlash and DFlash2."""
         return getattr(self, "markov_head", None)
 
-    @property
-    def domino(self) -> bool:
-        """Whether this head carries Domino's GRU correction."""
-        return hasattr(self, "prefix_gru")
+    # Whether this head carries Domino's GRU correction (Domino's class says True)
+    domino = False
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:
@@ -460,6 +426,13 @@ class DFlashHead(DraftHead):
         for layer, kv in zip(self.layers, context):
             x = layer(x, cos, sin, kv, attention_mask)
         return self.norm(x)
+
+
+def sglang_dflash_lines(served: str, serve_dir: str, export_step, what: str) -> list[str]:
+    """A card's SGLang lines for a head only the dflash layout carries (DFlash2, Domino): ``what`` selects it."""
+    return [f"SGLang (DFLASH; {what}):", "", *export_step("dflash"), "```bash",
+            f"python -m sglang.launch_server --model-path {served} --speculative-algorithm DFLASH "
+            f"--speculative-draft-model-path {serve_dir}", "```", ""]
 
 
 def check_mask_token(mask_id: int, target, tokenizer=None) -> None:

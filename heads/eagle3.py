@@ -11,7 +11,7 @@ EAGLE-3.1's two flags (docs/design.md): ``fc_norm`` adds an RMSNorm per aux laye
 chunk before ``fc`` (tensors ``fc_norm.{i}.weight``); ``norm_output`` feeds ``norm(out)`` forward
 instead of ``out`` (the logits are ``lm_head`` of that same post-norm state; no new tensors).
 
-``variant="peagle"`` (P-EAGLE, ``heads.peagle``): the same layer drafts K tokens in one forward, K-1 of them
+``variant="peagle"`` (P-EAGLE, ``heads.variants.peagle``): the same layer drafts K tokens in one forward, K-1 of them
 at mask positions reading two learned inputs (``mask_hidden``, ``mask_embedding``).
 """
 from __future__ import annotations
@@ -22,13 +22,14 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.data.base.checks import count
-from draftsmith.heads.common import DraftHead, final_norm_scale
+from draftsmith.heads.common import DraftHead, check_variant, final_norm_scale, refuse_variant_options
 from draftsmith.heads.eagle import EagleConfig, EagleHead
 from draftsmith.heads.layers import MLP, Attention, HeadCache, HeadOutput, RMSNorm, Rotary
-from draftsmith.heads.peagle import DEFAULT_DEPTHS, init_parallel_inputs
 
 
 VARIANTS = ("eagle3", "peagle")
+# the kind's options only one of its variants takes (the variant's class, heads.variants, reads them)
+VARIANT_OPTIONS = {"mask_token_id": "peagle", "num_depths": "peagle"}
 AUX_LAYERS = 3  # vLLM, SGLang and TensorRT-LLM size the fc for 3 x target_hidden_size, whatever the config says
 
 
@@ -77,7 +78,7 @@ class Eagle3Config(EagleConfig):
             means the full vocabulary (then no ``d2t``/``t2d`` buffers exist).
         fc_norm: EAGLE-3.1: an RMSNorm per aux layer on its chunk before ``fc``.
         norm_output: EAGLE-3.1: the next step (and lm_head) read ``norm(out)``, not ``out``.
-        variant: ``"eagle3"``, or ``"peagle"``: P-EAGLE's parallel drafting (``heads.peagle``).
+        variant: ``"eagle3"``, or ``"peagle"``: P-EAGLE's parallel drafting (``heads.variants.peagle``).
         mask_token_id: P-EAGLE: the token id the speculators layout and vLLM embed at mask positions
             (``pard_token``); None = ``vocab_size - 1``.
         num_depths: P-EAGLE: drafts per forward K (mask positions K-1), trained and drafted; None = 8.
@@ -85,9 +86,12 @@ class Eagle3Config(EagleConfig):
 
     model_type = "draftsmith_eagle3"
     head_kind = "eagle3"
+    variants = VARIANTS  # the kind's variants: its own name first
+    variant_owners = VARIANT_OPTIONS  # the options only one of the kind's variants takes, and that variant
+    variant = "eagle3"  # the variant this class builds (an instance keeps it as a field: config.json's ``variant``)
 
     def __init__(self, aux_layer_ids: list[int] | None = None, draft_vocab_size: int | None = None,
-                 fc_norm: bool = False, norm_output: bool = False, variant: str = "eagle3",
+                 fc_norm: bool = False, norm_output: bool = False, variant: str | None = None,
                  mask_token_id: int | None = None, num_depths: int | None = None, **kwargs):
         super().__init__(**kwargs)
         self._set_variant(variant, mask_token_id, num_depths, fc_norm or norm_output)
@@ -105,25 +109,14 @@ class Eagle3Config(EagleConfig):
         if self.aux_layer_ids:
             check_aux_layer_ids(self.aux_layer_ids, layers)
 
-    def _set_variant(self, variant: str, mask_token_id: int | None, num_depths: int | None, eagle31: bool) -> None:
-        if variant not in VARIANTS:
-            raise ValueError(f"variant={variant!r} must be one of {', '.join(VARIANTS)}")
-        self.variant = variant
+    def _set_variant(self, variant: str | None, mask_token_id: int | None, num_depths: int | None,
+                     eagle31: bool) -> None:
+        """The variant this class builds (``check_variant``); the options its variants own stay None here (a
+        variant's class, ``heads.variants``, sets its own)."""
+        self.variant = check_variant(type(self), variant, VARIANTS)
         self.mask_token_id = self.num_depths = None
-        if variant != "peagle":
-            for name, value in (("mask_token_id", mask_token_id), ("num_depths", num_depths)):
-                if value is not None:
-                    raise ValueError(f"{name}={value} applies only to variant=peagle (variant={variant})")
-            return
-        if eagle31:  # vLLM's update_peagle passes neither flag on: its P-EAGLE model would draft without them
-            raise ValueError("variant=peagle takes neither fc_norm nor norm_output (vLLM's P-EAGLE reader drops both): "
-                             "set both false (configs/demo.yaml sets norm_output true)")
-        self.mask_token_id = self.vocab_size - 1 if mask_token_id is None else int(mask_token_id)
-        if not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id={self.mask_token_id} is outside the vocabulary 0..{self.vocab_size - 1}")
-        self.num_depths = DEFAULT_DEPTHS if num_depths is None else int(num_depths)
-        if self.num_depths < 1:
-            raise ValueError(f"num_depths={self.num_depths} must be at least 1 (P-EAGLE's drafts per forward)")
+        refuse_variant_options(self.variant, {"mask_token_id": mask_token_id, "num_depths": num_depths},
+                               VARIANT_OPTIONS)
 
     @property
     def reduced_vocab(self) -> bool:
@@ -131,7 +124,8 @@ class Eagle3Config(EagleConfig):
 
     @property
     def is_peagle(self) -> bool:
-        return getattr(self, "variant", "eagle3") == "peagle"
+        """Whether this config is P-EAGLE's (``heads.variants.peagle.PEagleConfig`` says so)."""
+        return False
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -162,9 +156,7 @@ class Eagle3Head(DraftHead):
     config_from_target = classmethod(EagleHead.config_from_target.__func__)  # its layer mirrors a target layer
     _no_split_modules = ["Eagle3DecoderLayer"]
 
-    @property
-    def title(self) -> str:
-        return "P-EAGLE" if self.config.is_peagle else "EAGLE-3"
+    title = "EAGLE-3"
     reads_formats = ("vllm", "sglang", "speculators")
 
     def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
@@ -179,9 +171,7 @@ class Eagle3Head(DraftHead):
             f"- draft vocabulary: {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens"
             + (" (`d2t` offsets: target id = draft id + d2t[draft id]; `t2d` marks the draft tokens)"
                if cfg.reduced_vocab else " (the full vocabulary; no d2t/t2d)"),
-            *([f"- P-EAGLE: {cfg.num_depths} drafts from one forward, the last {cfg.num_depths - 1} at mask positions "
-               f"reading a learned shared hidden state and mask embedding (exported as token {cfg.mask_token_id})"]
-              if cfg.is_peagle else []),
+            *self._variant_input_lines(),
         ]
         if export_config is None:
             return lines
@@ -238,9 +228,15 @@ class Eagle3Head(DraftHead):
             t2d[: config.draft_vocab_size] = True
             self.register_buffer("t2d", t2d)
         self.rotary = Rotary(config.head_dim, config.rope_config)
-        if config.is_peagle:
-            init_parallel_inputs(self, target_width, len(config.aux_layer_ids))
+        self._add_variant_modules(target_width)
         self.post_init()
+
+    def _variant_input_lines(self) -> list[str]:
+        """What a variant adds to the card's input lines (none for EAGLE-3)."""
+        return []
+
+    def _add_variant_modules(self, target_width: int) -> None:
+        """A variant's own modules, registered before ``post_init`` (none for EAGLE-3)."""
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:

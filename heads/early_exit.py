@@ -7,7 +7,7 @@ it, through one attention layer and a norm, to a state the target's lm_head read
 is "one multi-head attention and two normalization layers"; ours is exactly that:
 ``x + attn(input_layernorm(x))`` then ``norm``. ``o_proj`` starts at zero and ``norm`` at the
 target's final norm, so a fresh head drafts exactly what training-free layer skip with the same
-``k`` drafts (``infer.drafters.layer_skip``); training can only move it from there.
+``k`` drafts (``infer.drafters.free.layer_skip``); training can only move it from there.
 """
 from __future__ import annotations
 

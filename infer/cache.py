@@ -19,7 +19,7 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
 from draftsmith.heads.layers import additive_mask
-from draftsmith.infer.recurrent import LinearStates
+from draftsmith.target.recurrent import LinearStates
 
 
 class StaticKVCache:

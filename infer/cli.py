@@ -14,14 +14,14 @@ trained for (its config's ``target_name_or_path``); ``demo:tiny`` names the demo
 ``--drafter lm:DIR`` drafts a chain of ``--depth`` (default 4) with a small LM sharing the target's
 tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by prompt lookup (``--depth`` tokens, default 8, from
 ``--branch`` matches, default 1); ``--drafter layer-skip:K`` drafts a chain of ``--depth`` (default 4)
-with the target's own first K layers (self-speculation; ``infer.drafters.layer_skip``); without K, the K that
+with the target's own first K layers (self-speculation; ``infer.drafters.free.layer_skip``); without K, the K that
 ``scripts/calibrate_layer_skip.py`` measured fastest for this target, device and dtype, else half the
 layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
-(``infer.drafters.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
+(``infer.drafters.free.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
 ``--drafter lm:DIR+head:HEAD`` the same with a head trained on the draft LM (``target=DIR``) guessing.
 ``--adaptive`` lets the draft length follow the acceptance (what an EAGLE head does by default on CPU;
 ``--tree chain --depth D`` fixes it). ``--lookup-first`` drafts by prompt lookup
-whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.lookup_first``).
+whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.free.lookup_first``).
 ``--drafter head:DIR[+lookup-first]`` is ``--head DIR [--lookup-first]``; every spec is parsed by
 ``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/calibrate_speculation.py``) is followed, as
 ``SpeculativeGenerator.from_pretrained`` follows it.
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import TextStreamer
 
     from draftsmith.infer.drafters import AdaptiveLength
-    from draftsmith.infer.drafters.lookup_first import LookupFirst
+    from draftsmith.infer.drafters.free.lookup_first import LookupFirst
 
     gen, label = load_generator(args)
     if gen.tokenizer is None:

@@ -1,14 +1,14 @@
 """Drafter specs: the one parser of the strings that name a drafter (the CLI's ``--drafter`` and ``--head``, the
 benchmark's methods), and the one builder turning a parsed spec into a drafter for a loaded target.
 
-    ngram                      prompt lookup (infer.drafters.ngram)
-    layer-skip | layer-skip:K  the target's own first K layers draft (infer.drafters.layer_skip; no K: the
+    ngram                      prompt lookup (infer.drafters.free.ngram)
+    layer-skip | layer-skip:K  the target's own first K layers draft (infer.drafters.free.layer_skip; no K: the
                                calibrated K, else half the layers)
-    lm:DIR                     a small LM sharing the target's tokenizer (infer.drafters.lm_drafter)
-    lm:DIR+ngram               the same, its own drafts guessed by prompt lookup (infer.drafters.hierarchical)
+    lm:DIR                     a small LM sharing the target's tokenizer (infer.drafters.free.lm_drafter)
+    lm:DIR+ngram               the same, its own drafts guessed by prompt lookup (infer.drafters.free.hierarchical)
     lm:DIR+head:HEAD           the same, guessed by a head trained on the draft LM
     head:DIR                   a trained draft head (its kind's drafter, infer.drafters.make_drafter)
-    head:DIR+lookup-first      prompt lookup first, the head when lookup finds nothing (infer.drafters.lookup_first)
+    head:DIR+lookup-first      prompt lookup first, the head when lookup finds nothing (infer.drafters.free.lookup_first)
 
 ``parse_drafter`` only reads the string (no torch: the CLI checks its arguments before loading anything); a
 bad spec is one line naming it and the forms above. A new drafter spec is a form here and a branch in
@@ -103,11 +103,11 @@ def build_drafter(spec: DrafterSpec, target: nn.Module, length: int | None = Non
         return _head_drafter(spec, target, tree, adaptive, loaded)
     length = length or (16 if adaptive else 8 if spec.kind == "ngram" else 4)
     if spec.kind == "ngram":
-        from draftsmith.infer.drafters.ngram import NgramDrafter
+        from draftsmith.infer.drafters.free.ngram import NgramDrafter
 
         drafter = NgramDrafter(max_ngram=max_ngram, length=length, branches=branches)
     elif spec.kind == "layer-skip":
-        from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
+        from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
 
         drafter = LayerSkipDrafter(target, spec.layers, Chain(length))
         if spec.layers is None:
@@ -127,10 +127,10 @@ def _draft_lm_drafter(spec: DrafterSpec, target: nn.Module, length: int, max_ngr
 
     from draftsmith.data.targets import resolve_target
     from draftsmith.heads import AutoHead
-    from draftsmith.infer.drafters import Chain, drafter_class, make_drafter
-    from draftsmith.infer.drafters.hierarchical import HierarchicalDrafter
-    from draftsmith.infer.drafters.lm_drafter import LMDrafter
-    from draftsmith.infer.drafters.ngram import NgramDrafter
+    from draftsmith.infer.drafters import Chain, head_drafter_class, make_drafter
+    from draftsmith.infer.drafters.free.hierarchical import HierarchicalDrafter
+    from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+    from draftsmith.infer.drafters.free.ngram import NgramDrafter
 
     model = loaded.get(spec.path)
     if model is None:
@@ -144,7 +144,7 @@ def _draft_lm_drafter(spec: DrafterSpec, target: nn.Module, length: int, max_ngr
         name = spec.guess.removeprefix("head:")
         head = loaded[name] if name in loaded else AutoHead.from_pretrained(name)
         head = head.to(device=target.device, dtype=target.dtype).eval()
-        guesser = make_drafter(head, model, Chain(min(length, drafter_class(head.head_kind).longest_chain(head))))
+        guesser = make_drafter(head, model, Chain(min(length, head_drafter_class(head).longest_chain(head))))
     return HierarchicalDrafter(model, target, guesser, Chain(length))
 
 
@@ -154,8 +154,8 @@ def _head_drafter(spec: DrafterSpec, target: nn.Module, tree: TreeOption | None,
     ``tree`` (its kind's adaptive chain with ``adaptive``), behind prompt lookup with ``+lookup-first``."""
     from draftsmith.heads import AutoHead
     from draftsmith.infer.drafters import adaptive_chain, make_drafter
-    from draftsmith.infer.drafters.lookup_first import LookupFirst
-    from draftsmith.infer.drafters.ngram import NgramDrafter
+    from draftsmith.infer.drafters.free.lookup_first import LookupFirst
+    from draftsmith.infer.drafters.free.ngram import NgramDrafter
 
     head = loaded[spec.path] if spec.path in loaded else AutoHead.from_pretrained(spec.path)
     head.check_target(target)

@@ -43,17 +43,17 @@ from draftsmith.infer.batch_accept import ACCEPTANCE_RULES, accept_rows
 from draftsmith.infer.cache import StaticKVCache, buffer_size
 from draftsmith.infer.call_checks import batch_mask, check_call, eos_ids, pad_id
 from draftsmith.infer.compiling import check_compile, compiled, step_begin
-from draftsmith.infer.decode_check import check_family
+from draftsmith.target.decode_check import check_family
 from draftsmith.infer.decoding import (DecodeInstruments, DecodeSettings, DecodeState, Decoding, GenerationStats, PhaseClock,
                                        RowState)
-from draftsmith.infer.delta_rule import per_token_modules, per_token_rule
+from draftsmith.target.delta_rule import per_token_modules, per_token_rule
 from draftsmith.infer.drafters import Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, make_drafter, root_only
 from draftsmith.infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
-from draftsmith.infer.recurrent import check_chain_drafter, check_supported, is_hybrid
+from draftsmith.target.recurrent import check_chain_drafter, check_supported, is_hybrid
 from draftsmith.infer.rollback import make_rollback
 from draftsmith.infer.speculation_plan import SpeculationPlan, find_plan
-from draftsmith.infer.target import TargetOutput, decoder_layers
-from draftsmith.infer.threads import choose_threads
+from draftsmith.target.model import TargetOutput, decoder_layers
+from draftsmith.target.threads import choose_threads
 from draftsmith.infer.tree import pad_tree
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # flash attention takes no arbitrary tree mask
@@ -77,7 +77,7 @@ def _drafter_for(head: nn.Module | Drafter, target: nn.Module, tree: TreeOption 
         if not isinstance(head, Drafter):
             raise TypeError(f"{type(head).__name__} is neither a draftsmith head nor an infer.drafters.Drafter "
                             "(subclass it: new_rows, observe_rows, propose_rows; max_nodes as needed)")
-        check_chain_drafter(target, head)  # a hybrid verifies chains (infer.recurrent)
+        check_chain_drafter(target, head)  # a hybrid verifies chains (target.recurrent)
         return head
     head.check_target(target)
     head.to(device=device, dtype=dtype)
@@ -129,7 +129,7 @@ class SpeculativeGenerator:
             drafter does not draft into the target's own cache), else "replay". Ignored for attention-only
             targets (``self.rollback`` is then a no-op).
         per_token: a hybrid's short verify and replay forwards run its Gated DeltaNet layers with transformers'
-            per-token rule where ``infer.delta_rule`` finds it applies (``per_token_modules``); False = the
+            per-token rule where ``target.delta_rule`` finds it applies (``per_token_modules``); False = the
             chunked rule everywhere (what ``scripts/bench_rollback.py --rules chunked`` times).
     """
 
@@ -174,7 +174,7 @@ class SpeculativeGenerator:
         self.drafter.compile_with(self.compile)  # the same switch for the draft step
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
-        # Gated DeltaNet modules whose short verifies and replays run the per-token rule (infer.delta_rule)
+        # Gated DeltaNet modules whose short verifies and replays run the per-token rule (target.delta_rule)
         self.per_token_modules = per_token_modules(target) if hybrid and per_token else ()
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
@@ -185,7 +185,7 @@ class SpeculativeGenerator:
 
     def _forward_context(self) -> AbstractContextManager:
         """The context every verify and replay forward runs in, and only they (never the prefill): the
-        per-token Gated DeltaNet rule for a hybrid's short stateful calls (``infer.delta_rule``)."""
+        per-token Gated DeltaNet rule for a hybrid's short stateful calls (``target.delta_rule``)."""
         return per_token_rule(self.per_token_modules)
 
     @staticmethod
@@ -206,7 +206,7 @@ class SpeculativeGenerator:
         head) or a drafter (a callable building one from the loaded target: ``lambda t: NgramDrafter()``);
         ``kwargs`` go to ``__init__``. ``device`` defaults to CUDA when available, ``dtype`` to the target
         checkpoint's own (the head follows the target). On CPU the thread count follows the one policy
-        of ``infer.threads.choose_threads`` (``threads`` or ``OMP_NUM_THREADS`` set it, else a short
+        of ``target.threads.choose_threads`` (``threads`` or ``OMP_NUM_THREADS`` set it, else a short
         probe); the line saying what was chosen goes to stderr.
         """
         device = default_device(device)

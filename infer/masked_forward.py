@@ -28,9 +28,9 @@ from torch import Tensor, nn
 
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.cache import StaticKVCache
-from draftsmith.infer.cache_keywords import cache_kwargs
-from draftsmith.infer.recurrent import RECURRENT_MASK_KEYS, is_hybrid
-from draftsmith.infer.target import TargetOutput, backbone_of, causal_lm_of
+from draftsmith.target.cache_keywords import cache_kwargs
+from draftsmith.target.recurrent import RECURRENT_MASK_KEYS, is_hybrid
+from draftsmith.target.model import TargetOutput, backbone_of, causal_lm_of
 
 
 def masked_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, mask: Tensor | dict[str, Tensor],
@@ -100,7 +100,7 @@ def attention_masks(config, mask: Tensor, query_positions: Tensor, key_positions
     per layer type (``{"full_attention": ..., "sliding_attention": ...}``) where the model has layer
     types, alone where every layer slides (Mistral). A query always sees itself: no row is empty.
 
-    A hybrid target (``infer.recurrent``) gets the dict in every case, its recurrent layers' entries
+    A hybrid target (``target.recurrent``) gets the dict in every case, its recurrent layers' entries
     (``linear_attention``, ``conv``) the (B, T) ``padding`` mask of the new tokens (1 = token, 0 = left
     pad, whose input HF's recurrent layers zero so it never enters a row's state) or None without pads."""
     window = sliding_window(config)

@@ -26,11 +26,11 @@ from torch import Tensor, nn
 from draftsmith.heads.common import text_config
 from draftsmith.infer.decoding import Decoding, GenerationStats
 from draftsmith.infer.drafters import Draft, Drafter, chain_buffers
-from draftsmith.infer.drafters.layer_skip import shallow_backbone
-from draftsmith.infer.cache_keywords import cache_kwargs
+from draftsmith.target.views import shallow_backbone
+from draftsmith.target.cache_keywords import cache_kwargs
 from draftsmith.infer.masked_forward import attention_masks, verify_key_positions, verify_mask
-from draftsmith.infer.recurrent import RECURRENT_LAYER_TYPES, Checkpoint, layer_types
-from draftsmith.infer.target import backbone_of
+from draftsmith.target.recurrent import RECURRENT_LAYER_TYPES, Checkpoint, layer_types
+from draftsmith.target.model import backbone_of
 from draftsmith.infer.cache import StaticKVCache
 
 RULES = ("merged", "replay")

@@ -19,7 +19,7 @@ import torch
 from draftsmith.data.base.checks import cli_count
 from draftsmith.data.cli import run
 from draftsmith.data.targets import resolve_target
-from draftsmith.infer.threads import choose_threads
+from draftsmith.target.threads import choose_threads
 from draftsmith.train.config import load_config
 from draftsmith.train.examples import IndexedRows, collate
 from draftsmith.train.feature_source import FeatureSource
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     accelerator = Accelerator()
     print(choose_threads(), file=sys.stderr)
     built = prepare_run(accelerator, cfg, resolve_target(cfg.target))
-    objective = objective_class(cfg.head.kind)
+    objective = objective_class(cfg.head.kind, cfg.head.variant)
     aux_ids = objective.aux_layer_ids(built.head)
     sources = {"online": FeatureSource()}
     for path in args.stores:

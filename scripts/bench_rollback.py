@@ -20,7 +20,7 @@ Two measurements on one target, in one process:
    per-position states would cost N · t(1): N one-token forwards, the only way through transformers'
    kernels to hold the state after every position);
    with ``--rules per-token,chunked`` every method and every t(N) runs twice, interleaved: with the generator's
-   routing of short verifies to the per-token Gated DeltaNet rule (infer.delta_rule, "per-token", what the
+   routing of short verifies to the per-token Gated DeltaNet rule (target.delta_rule, "per-token", what the
    generator does) and without it (every multi-token forward on the chunked rule, "chunked": the routing
    off); with ``--reference-target`` (an attention target, e.g. demo:tiny), plain decoding, n-grams and each
    ``--reference-heads`` head on it too (each with the generator's defaults), prompt by prompt in turn with
@@ -94,9 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=cli_count(), default=128)
     p.add_argument("--prompts", type=cli_count(), default=4, help="stdlib prompts to decode")
     p.add_argument("--repeats", type=cli_count(), default=5, help="timed forwards per N")
-    p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, infer.threads)")
+    p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, target.threads)")
     p.add_argument("--rules", type=cli_choices(RULES), default="per-token",
-                   help="comma-separated: per-token (the generator's routing of short verifies, infer.delta_rule), "
+                   help="comma-separated: per-token (the generator's routing of short verifies, target.delta_rule), "
                         "chunked (the routing off)")
     p.add_argument("--reference-target", help="an attention target decoded (n-grams and --reference-heads) and timed "
                                                "(t(N)) beside the hybrid, in turn")
@@ -142,7 +142,7 @@ def timed(fn) -> float:
 def load_model(name: str, hybrid: bool):
     """A target by name (``random:<kind>`` builds one of demo:tiny's size), checked: a hybrid target must keep
     a recurrent state draftsmith can decode (one line otherwise: an attention-only or attention-free model)."""
-    from draftsmith.infer.recurrent import check_supported, is_hybrid
+    from draftsmith.target.recurrent import check_supported, is_hybrid
 
     if name in RANDOM_TARGETS:
         import torch
@@ -298,7 +298,7 @@ def rollback_bench(args, command: str) -> dict:
     """Measurements 1-3 (the module's doc): the rollbacks next to plain decoding, t(N), t(P, D)."""
     from draftsmith.data.targets import load_target_tokenizer, resolve_target
     from draftsmith.heads import AutoHead
-    from draftsmith.infer.drafters.ngram import NgramDrafter
+    from draftsmith.infer.drafters.free.ngram import NgramDrafter
 
     target = load_model(args.target, hybrid=True)
     drafters = {"ngram": NgramDrafter}  # a fresh drafter per generator: no state shared between methods
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # argument mistakes (and an --out that may not be written) end here, before torch loads
     import torch
 
-    from draftsmith.infer.threads import choose_threads
+    from draftsmith.target.threads import choose_threads
 
     print(choose_threads(args.threads), file=sys.stderr, flush=True)
     command = " ".join(["python scripts/bench_rollback.py", *(sys.argv[1:] if argv is None else argv)])

@@ -11,7 +11,7 @@ the tokenizer) next to our draft-model drafter with the same LM (a chain of 4, a
 same chain with the LM's own drafts guessed by prompt lookup or by ``--assistant-head``; HF
 prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafter (chain, tree of
 3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
-``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.lookup_first``); each head with every
+``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.free.lookup_first``); each head with every
 tree in ``--trees`` (by default ``default,tree,chain4``; a tree equal to an earlier one is run once):
 ``default`` (what ``python -m draftsmith.infer.cli`` and a generator given no tree draft: on CPU an EAGLE
 head's adaptive chain), ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
@@ -38,7 +38,7 @@ accept, compact, emit; on a hybrid target "rollback": the recurrent states' rest
 accepted tokens, with the checkpoint copy inside "draft"). ``--train-throughput`` adds head-training tokens/s against the target's
 forward-only tokens/s. Writes results.json, results.md and PNG plots to --out.
 
-A hybrid target (``infer.recurrent``: Gated DeltaNet, Mamba, short-conv layers, e.g. demo:tiny-hybrid)
+A hybrid target (``target.recurrent``: Gated DeltaNet, Mamba, short-conv layers, e.g. demo:tiny-hybrid)
 runs every method that drafts chains; HF's assisted generation and prompt lookup (transformers refuses
 stateful models) and trees are skipped, each named with its reason under the table.
 """
@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation (a directory, "
                    "Hub id or demo:assistant)")
     p.add_argument("--assistant-head", help="a head trained on --assistant: the assistant's drafts guessed by it "
-                   "(draft-lm+head:chain4, infer.drafters.hierarchical)")
+                   "(draft-lm+head:chain4, infer.drafters.free.hierarchical)")
     p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows, or demo:mtbench")
     p.add_argument("--num-prompts", type=cli_count(), default=8)
     p.add_argument("--prompt-tokens", type=cli_count(), default=128, help="prompt length for held-out corpus prompts")
@@ -131,11 +131,11 @@ def main(argv: list[str] | None = None) -> dict:
     from draftsmith.infer.bench.profile import profile_heads
     from draftsmith.infer.bench.report import summarise, write_report
     from draftsmith.infer.bench.timing import ForwardCounter, hardware
-    from draftsmith.infer.recurrent import check_supported
-    from draftsmith.infer.threads import choose_threads
+    from draftsmith.target.recurrent import check_supported
+    from draftsmith.target.threads import choose_threads
 
     device = default_device(args.device)
-    if device.type == "cpu":  # the one thread policy (infer.threads): --threads, OMP_NUM_THREADS or a probe
+    if device.type == "cpu":  # the one thread policy (target.threads): --threads, OMP_NUM_THREADS or a probe
         print(choose_threads(args.threads), file=sys.stderr, flush=True)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ Decodes held-out demo-corpus prompts (or ``--prompts FILE.jsonl``) greedily with
 layers drafting a chain of ``--depth``, for every k (default: 1 .. L-1), and picks the k with the most
 tokens per second (``infer.bench.calibrate_layer_skip``). The choice goes to the cache
 (``$DRAFTSMITH_CACHE/layer-skip/<target>-<hash>.json``, keyed by the target's identity, device type and
-dtype: ``infer.drafters.layer_skip.calibration_path``); ``python -m draftsmith.infer.cli --drafter layer-skip`` then
+dtype: ``infer.drafters.free.layer_skip.calibration_path``); ``python -m draftsmith.infer.cli --drafter layer-skip`` then
 drafts with that k. Running it again overwrites the file; ``layer-skip:K`` still forces a k.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ from draftsmith.data.base.device import default_device
 from draftsmith.data.targets import resolve_target
 from draftsmith.infer.bench.calibrate_layer_skip import calibrate_layer_skip, calibration_markdown
 from draftsmith.infer.bench.prompts import load_prompts
-from draftsmith.infer.drafters.layer_skip import calibration_path
-from draftsmith.infer.target import decoder_layers
-from draftsmith.infer.threads import choose_threads
+from draftsmith.infer.drafters.free.layer_skip import calibration_path
+from draftsmith.target.model import decoder_layers
+from draftsmith.target.threads import choose_threads
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=cli_count(), default=64)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    p.add_argument("--threads", type=cli_count(), default=None, help="torch CPU threads (default: infer.threads' policy)")
+    p.add_argument("--threads", type=cli_count(), default=None, help="torch CPU threads (default: target.threads' policy)")
     args = p.parse_args(argv)
     try:
         args.layers = [int(k) for k in args.layers.split(",") if k.strip()]

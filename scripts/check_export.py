@@ -94,7 +94,7 @@ def _without_library(head, fmt: str, export: Path, target_path, valid: bool) -> 
     from transformers import AutoConfig
 
     print(f"no consumer library for '{fmt}' runs here: the keys its engines read are tabled in "
-          "docs/export-keys.md (tests/test_export_keys.py checks we write them)")
+          "docs/export-keys.md (tests/heads/test_export_keys.py checks we write them)")
     ok = _print_head_differences(head, fmt, export, AutoConfig.from_pretrained(target_path)) and valid
     print("export: ok" if ok else "export: MISMATCH")
     return 0 if ok else 1
@@ -201,7 +201,7 @@ def _peagle(head, target, config, python, args, target_path) -> tuple[list[str],
     import torch
 
     from draftsmith.heads.formats.parity import compare_steps, run_speculators
-    from draftsmith.train.objectives.peagle import all_rollouts, parallel_outputs
+    from draftsmith.train.objectives.variants.peagle import all_rollouts, parallel_outputs
     from draftsmith.train.unroll import shift_left
 
     depths, length = head.config.num_depths, args.tokens
@@ -259,7 +259,7 @@ def _dflash(head, target, config, python, args, target_path) -> tuple[list[str],
         blocks = block_outputs(head, features, anchors[None], sequence_context(head, features))  # (1, N, bs, H)
         ours = target.get_output_embeddings()(blocks)[0]  # (N, bs, V): the target's lm_head, as the library's
         if head.markov is not None:  # DSpark: slot k's previous token is the data's a+k
-            from draftsmith.heads.dspark import corrected
+            from draftsmith.heads.variants.dspark import corrected
             slots = corrected(head.markov_head, head.confidence_head, blocks[0], ours, ids[0, anchors[:, None] + torch.arange(bs)])
             ours = slots.logits
     inputs = {"hidden_states": features.hidden, "input_ids": ids, "anchors": anchors,

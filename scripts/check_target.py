@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # torch and transformers load only now: a mistake above is one line
 
     from draftsmith.data.targets import load_target, load_target_config, resolve_target
-    from draftsmith.infer.decode_check import can_be_exact
-    from draftsmith.infer.recurrent import REFUSED_KINDS, model_type, unsupported
+    from draftsmith.target.decode_check import can_be_exact
+    from draftsmith.target.recurrent import REFUSED_KINDS, model_type, unsupported
 
     path = resolve_target(args.target)
     config = load_target_config(path)

@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     from draftsmith.data.features import bytes_per_token, open_store
     from draftsmith.data.targets import resolve_target
     from draftsmith.heads import build_head
-    from draftsmith.infer.target import target_forward
-    from draftsmith.infer.threads import choose_threads
+    from draftsmith.target.model import target_forward
+    from draftsmith.target.threads import choose_threads
     from draftsmith.train.examples import collate, data_sources, load_examples
     from draftsmith.train.feature_source import feature_fingerprint, row_states
     from draftsmith.train.objectives import objective_class
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     train_source, _ = data_sources(cfg, target, tokenizer)  # the rows training reads (data.self_distill too)
     train_set, _ = load_examples(train_source, tokenizer, cfg, identity["vocab_size"], "data.train")
     head = build_head(cfg.head.kind, target, **cfg.head.build_options())  # only for its aux layer ids
-    aux_ids = objective_class(cfg.head.kind).aux_layer_ids(head)
+    aux_ids = objective_class(cfg.head.kind, cfg.head.variant).aux_layer_ids(head)
     del head
     fingerprint = feature_fingerprint(cfg, target, tokenizer, aux_ids, len(train_set))
     dtype = args.dtype or fingerprint["target.dtype"]

@@ -10,7 +10,7 @@ under a key of corpus and settings; an existing matching build is reused, never 
 ships built in ``data/demo_targets/tiny-seed0/`` and is copied from there when its fingerprint is the one
 asked for (``data.demo``); ``--ship`` builds the default LM of ``--size``/``--seed`` when the shipped copy
 no longer matches, and replaces the shipped copy with the build (docs/setup.md: what shipping it costs).
-On CPU the thread count follows the one policy (``infer.threads``: one thread against all cores,
+On CPU the thread count follows the one policy (``target.threads``: one thread against all cores,
 measured; ``OMP_NUM_THREADS`` overrides): on a CPU shared with other jobs one thread trains several
 times faster than two (threads stall waiting for each other), on an idle one two are faster.
 """
@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None) -> Path:
 
     from draftsmith.data.demo import ensure_demo_target
     from draftsmith.data.demo_lm import SUMMARY_FILE, format_summary
-    from draftsmith.infer.threads import choose_threads
+    from draftsmith.target.threads import choose_threads
 
     if not torch.cuda.is_available():
-        print(choose_threads(), file=sys.stderr, flush=True)  # the one thread policy (infer.threads)
+        print(choose_threads(), file=sys.stderr, flush=True)  # the one thread policy (target.threads)
     overrides = {"max_steps": args.max_steps} if args.max_steps is not None else {}
     out = ensure_demo_target(args.size, args.seed, out_dir=args.out, tokenizer_dir=args.tokenizer, **overrides)
     print(format_summary(json.loads((out / SUMMARY_FILE).read_text())))

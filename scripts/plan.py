@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     # torch and transformers load only now: a mistake in the arguments or most config keys is one line first
-    from draftsmith.infer.recurrent import check_supported
+    from draftsmith.target.recurrent import check_supported
     from draftsmith.train.cost import GIB, format_plan, make_plan, measure_peak, target_config
 
     config = target_config(cfg.target)

@@ -61,7 +61,7 @@ def _one_thread():
     threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     wanted = os.environ.get("DRAFTSMITH_TEST_THREADS", "1")  # e.g. 2: check tolerances at another count
     torch.set_num_threads(int(wanted))
-    os.environ["OMP_NUM_THREADS"] = wanted  # the thread policy (infer.threads) then keeps it, unprobed
+    os.environ["OMP_NUM_THREADS"] = wanted  # the thread policy (target.threads) then keeps it, unprobed
     yield
     torch.set_num_threads(threads)
     if env is None:

@@ -57,9 +57,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{key}: cannot parse value {text!r} ({err})") from err
         _set_dotted(raw, key.split("."), value, key)
     if default_file:
-        dropped = _drop_inapplicable(raw, from_file)
+        dropped, reader = _drop_inapplicable(raw, from_file)
         if dropped and notes is not None:
-            notes.append(f"{path}: ignoring {', '.join(dropped)}: not read by head.kind={raw['head'].get('kind')}")
+            notes.append(f"{path}: ignoring {', '.join(dropped)}: not read by {reader}")
     return from_dict(raw)
 
 
@@ -70,28 +70,52 @@ def json_copy(tree: Any) -> Any:
     return list(tree) if isinstance(tree, list) else tree
 
 
-def _drop_inapplicable(raw: dict, from_file: dict) -> list[str]:
+def _drop_inapplicable(raw: dict, from_file: dict) -> tuple[list[str], str]:
     """Remove head keys, and train keys some kinds' objectives declare (``train.labels``), that came from the
-    file unchanged and that the final head kind does not read."""
+    file unchanged and that the final head kind and variant do not read; a ``head.variant`` of another kind than
+    the file's, with ``head.kind`` left as the file has it, picks its kind. Returns the dropped keys and the
+    head they are not read by."""
+    from draftsmith.heads.kinds import kind_of_variant
+
     head, file_head = raw.get("head"), from_file.get("head")
     if not isinstance(head, dict) or not isinstance(file_head, dict):
-        return []
-    kind = head.get("kind", HeadConfig.kind)
-    if kind == file_head.get("kind", HeadConfig.kind):  # the file's keys are for its own kind: checked as set
-        return []
+        return [], ""
+    file_kind = file_head.get("kind", HeadConfig.kind)
+    kind, variant = head.get("kind", HeadConfig.kind), head.get("variant")
+    if kind == file_kind and isinstance(variant, str) and kind_of_variant(variant) not in (None, kind):
+        head["kind"] = kind = kind_of_variant(variant)
+    if (kind, variant) == (file_kind, file_head.get("variant")):  # the file's keys are for its own head: checked
+        return [], ""
     dropped = []
     for name in [f.name for f in dataclasses.fields(HeadConfig) if f.name != "kind"]:
+        if name not in file_head or head.get(name) != file_head[name] or head[name] is None:
+            continue
         kinds = kinds_reading(name)
-        if kind not in kinds and name in file_head and head.get(name) == file_head[name] and head[name] is not None:
-            del head[name]
+        if kind not in kinds:
             dropped.append(f"head.{name} ({'/'.join(kinds)} only)")
+        elif not variant_reads(kind, variant, name):
+            dropped.append(f"head.{name} (not head.variant={variant})")
+        else:
+            continue
+        del head[name]
     train, file_train = raw.get("train"), from_file.get("train")
     for name in list(train) if isinstance(train, dict) and isinstance(file_train, dict) else []:
         kinds = kinds_reading_setting(f"train.{name}")
         if kinds and kind not in kinds and name in file_train and train[name] == file_train[name]:
             del train[name]
             dropped.append(f"train.{name} ({'/'.join(kinds)} only)")
-    return dropped
+    return dropped, f"head.kind={kind}" + (f" head.variant={variant}" if variant else "")
+
+
+def variant_reads(kind: str, variant: str | None, name: str) -> bool:
+    """Whether a ``kind`` head of ``variant`` reads ``head.<name>`` (its objective does, or its class takes it:
+    ``heads.kinds.variant_options``); a variant no class builds reads what its kind does (its config refuses it)."""
+    from draftsmith.heads.kinds import HEAD_CLASSES, variant_options
+
+    variants = getattr(HEAD_CLASSES[kind].config_class, "variants", ())
+    if name in training_keys() or (variant is not None and variant not in variants):
+        return True
+    return name in variant_options(kind, variant)
 
 
 def from_dict(raw: dict[str, Any]) -> TrainConfig:
@@ -244,11 +268,11 @@ def _check_head(head: HeadConfig) -> None:
 def _check_head_options(head: HeadConfig) -> None:
     """The kind's head config takes the options: its own checks, as ``heads.build_head`` runs them (the
     target is unknown here, so its vocabulary is taken as unbounded and its layers as unknown)."""
-    from draftsmith.heads.auto import HEAD_CLASSES
+    from draftsmith.heads.auto import head_class
 
     options = head.build_options()
     try:
-        HEAD_CLASSES[head.kind].config_class(**options, vocab_size=_UNBOUNDED_VOCAB)
+        head_class(head.kind, head.variant).config_class(**options, vocab_size=_UNBOUNDED_VOCAB)
     except ValueError as err:  # the parse-time placeholder vocabulary is not the user's: said as the target's
         text = str(err).replace(f"0..{_UNBOUNDED_VOCAB - 1}", "0..vocab_size-1 (the target's)").replace(
             f"vocab_size={_UNBOUNDED_VOCAB}", "the target's vocab_size")
@@ -376,7 +400,7 @@ def _validate(cfg: TrainConfig) -> None:
         cfg.output_dir = str(Path("runs") / f"{target_slug(cfg.target)}-{head.kind}")
     from draftsmith.train.objectives import objective_class  # torch: after the checks that need none
 
-    objective_class(head.kind).configure(cfg)  # last: it may rely on every check above
+    objective_class(head.kind, head.variant).configure(cfg)  # last: it may rely on every check above
 
 
 def _validate_recipe(cfg: TrainConfig) -> None:

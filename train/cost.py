@@ -6,7 +6,7 @@ time from a measured throughput. Every number is printed with its arithmetic so 
 it by hand. Parameter counts are exact: the target (from its config.json, or ``KNOWN_TARGETS`` for a
 few Hub ids) and the head are built on the meta device, which allocates nothing. Activations follow a
 per-token count of the tensors alive at the peak (``activation_bytes_per_token``), checked against
-measured peaks in docs/scaling.md. A hybrid target's per-sequence decoding states (``infer.state_memory``)
+measured peaks in docs/scaling.md. A hybrid target's per-sequence decoding states (``target.state_memory``)
 are printed beside the plan. Nothing is downloaded.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ from draftsmith.data.base.names import DEMO_PREFIX, is_demo
 from draftsmith.data.features import bytes_per_token, state_widths
 from draftsmith.data.targets import resolve_target
 from draftsmith.heads import build_head
-from draftsmith.infer.state_memory import StateMemory, state_memory
-from draftsmith.infer.target import decoder_layers
+from draftsmith.target.state_memory import StateMemory, state_memory
+from draftsmith.target.model import decoder_layers
 from draftsmith.train.config import TrainConfig
 
 GIB = 2**30

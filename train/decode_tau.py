@@ -16,7 +16,7 @@ row ends at its first EOS or after ``max_new_tokens``, as the generator's do. τ
 tokens emitted by verification steps over the number of steps, summed over the prompts, each decoded
 alone (``GenerationStats.tau`` of one ``generate`` per prompt, pooled). The one difference from a real
 decode: the features come from one forward over prompt + continuation instead of the verify forwards'
-chunks, equal up to float rounding (tests/test_decode_tau.py checks the two τ equal on tiny heads).
+chunks, equal up to float rounding (tests/train/test_decode_tau.py checks the two τ equal on tiny heads).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.infer.drafters import Drafter, Sampling, adaptive_chain, make_drafter
-from draftsmith.infer.recurrent import is_hybrid
-from draftsmith.infer.target import target_forward
+from draftsmith.target.recurrent import is_hybrid
+from draftsmith.target.model import target_forward
 
 GREEDY = Sampling()
 

@@ -37,7 +37,7 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
     covered = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # [in draft vocab, masked]
     lm_head = target.get_output_embeddings()
     t2d = getattr(head, "t2d", None)
-    objective = objective_class(cfg.head.kind)
+    objective = objective_class(cfg.head.kind, cfg.head.variant)
     short = passes_short(accelerator, target, len(loader))  # held-out shards may differ by a batch
     for batch in loader:
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}

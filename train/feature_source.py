@@ -18,7 +18,7 @@ from torch import nn
 
 from draftsmith.data.features import FeatureStore, FeatureStoreError, open_store
 from draftsmith.data.pipeline import tokenizer_fingerprint
-from draftsmith.infer.target import TargetOutput, causal_lm_of, loaded_target_identity, target_forward
+from draftsmith.target.model import TargetOutput, causal_lm_of, loaded_target_identity, target_forward
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.features import Features
 

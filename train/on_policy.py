@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.target import causal_lm_of, target_forward
+from draftsmith.target.model import causal_lm_of, target_forward
 from draftsmith.train.losses import LossOutput, on_policy_loss
 from draftsmith.train.metrics import acceptance_rate
 

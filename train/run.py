@@ -28,9 +28,9 @@ from transformers import get_scheduler
 from draftsmith.data.base.checks import at_most
 from draftsmith.data.targets import load_target, load_target_tokenizer, resolve_target
 from draftsmith.heads import build_head
-from draftsmith.infer.recurrent import check_supported
-from draftsmith.infer.target import decoder_layers, loaded_target_identity
-from draftsmith.infer.threads import choose_threads
+from draftsmith.target.recurrent import check_supported
+from draftsmith.target.model import decoder_layers, loaded_target_identity
+from draftsmith.target.threads import choose_threads
 from draftsmith.train.launcher import threads_are_launcher_default
 from draftsmith.train.backbone import LORA_ADAPTER, MERGED_TARGET, save_merged_target
 from draftsmith.train.checkpoint import BEST, CHECKPOINTS, METRICS_FILE
@@ -94,7 +94,7 @@ PROBE_ROWS_CAP = 1024
 
 
 def _choose_cpu_threads(tokens: int) -> None:
-    """The one thread policy (``infer.threads``) for CPU training, also under ``accelerate launch``: its default
+    """The one thread policy (``target.threads``) for CPU training, also under ``accelerate launch``: its default
     of 1 thread per process is measured against every core when one process has them all; a count the user
     set (``OMP_NUM_THREADS``, ``--num_cpu_threads_per_process N``) is kept. Several processes keep theirs."""
     if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true"):
@@ -183,7 +183,7 @@ def prepare_run(accelerator: Accelerator, cfg: TrainConfig, target_path: str) ->
     logger.info("training data %s:\n%s", cfg.data.train, train_summary)
 
     head = build_head(kind, target, **cfg.head.build_options())
-    objective = objective_class(kind)
+    objective = objective_class(kind, cfg.head.variant)
     vocab_report = objective.prepare_head(head, HeadSetup(
         accelerator, cfg, target, train_set, data_key=Path(train_summary.cache_path).name, vocab_size=vocab_size,
         cache_dir=run_cache_dir(cfg), tokenizer=tokenizer))
@@ -203,13 +203,13 @@ def main(accelerator: Accelerator, cfg: TrainConfig, target_path: str) -> TrainR
     train_loader = DataLoader(IndexedRows(run.train_set), batch_size=cfg.train.micro_batch_size, shuffle=True,
                               collate_fn=lambda rows: collate(rows, pad_id))
     source = FeatureSource.for_run(accelerator, cfg, target, run.tokenizer,
-                                   objective_class(cfg.head.kind).aux_layer_ids(head), len(run.train_set))
+                                   objective_class(cfg.head.kind, cfg.head.variant).aux_layer_ids(head), len(run.train_set))
     eval_loader = None
     if run.eval_set is not None:  # sharded by hand: no duplicated padding rows in the sums
         shard = run.eval_set.shard(accelerator.num_processes, accelerator.process_index, contiguous=True)
         eval_loader = DataLoader(shard, batch_size=cfg.train.micro_batch_size,
                                  collate_fn=lambda rows: collate(rows, pad_id))
-    objective = objective_class(cfg.head.kind)(head, cfg)
+    objective = objective_class(cfg.head.kind, cfg.head.variant)(head, cfg)
     objective.attach_backbone(target)  # Medusa-2: LoRA on the target, trained with the head
     optimizer = torch.optim.AdamW(objective.param_groups(), lr=cfg.train.lr, betas=cfg.train.betas,
                                   weight_decay=cfg.train.weight_decay)

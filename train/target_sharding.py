@@ -20,7 +20,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from draftsmith.infer.target import decoder_layers, target_forward
+from draftsmith.target.model import decoder_layers, target_forward
 
 logger = logging.getLogger("draftsmith.train")
 

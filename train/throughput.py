@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from draftsmith.data.base.device import sync
 from draftsmith.data.targets import resolve_target
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.examples import collate
 from draftsmith.train.run import prepare_run
@@ -31,7 +31,7 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 10, warmup: int = 3) ->
                         collate_fn=lambda rows: collate(rows, run.pad_id))
     batches = [b for _, b in zip(range(warmup + steps), _cycle(loader))]
     batches = [{k: v.to(accelerator.device) for k, v in b.items()} for b in batches]
-    objective_cls = objective_class(cfg.head.kind)
+    objective_cls = objective_class(cfg.head.kind, cfg.head.variant)
     objective = objective_cls(run.head, cfg)
     objective.attach_backbone(run.target)  # Medusa-2: the adapters train too
     optimizer = torch.optim.AdamW(objective.param_groups(), lr=cfg.train.lr, betas=cfg.train.betas)

@@ -50,14 +50,14 @@ def is_head_model_type(model_type: object) -> bool:
     return isinstance(model_type, str) and model_type.startswith(HEAD_MODEL_TYPE_PREFIX)
 
 
-# The engine formats a head exports to: the keys of heads.formats.FORMATS (tests/test_cli_light.py checks),
+# The engine formats a head exports to: the keys of heads.formats.FORMATS (tests/scripts/test_cli_entry.py checks),
 # here so that the export and push commands check --to/--format before torch loads.
 EXPORT_FORMATS = ("vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash", "dspark")
 
-# The precisions stored features take: the keys of data.features.DTYPES (tests/test_cli_light.py checks), here
+# The precisions stored features take: the keys of data.features.DTYPES (tests/scripts/test_cli_entry.py checks), here
 # so that scripts/dump_features.py and scripts/plan.py check --dtype/--feature-dtype before torch loads.
 FEATURE_DTYPES = ("float32", "bfloat16", "float16", "fp8")
 
-# The demo LM sizes: the keys of data.demo_lm.SIZES (tests/test_cli_light.py checks), here so that
+# The demo LM sizes: the keys of data.demo_lm.SIZES (tests/scripts/test_cli_entry.py checks), here so that
 # scripts/make_demo_target.py checks --size before torch loads.
 DEMO_SIZES = ("tiny", "small", "assistant", "tiny-hybrid")

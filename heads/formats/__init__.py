@@ -53,7 +53,7 @@ from draftsmith.data.base.paths import share_readable
 from draftsmith.heads.card import model_card
 from draftsmith.heads.common import DraftHead, target_identity
 from draftsmith.heads.formats.dflash import DFLASH_ARCHITECTURE, _dflash_artifact, _dflash_problems, import_dflash
-from draftsmith.heads.formats.dspark import _dspark_artifact, _dspark_problems, import_dspark
+from draftsmith.heads.formats.variants.dspark import _dspark_artifact, _dspark_problems, import_dspark
 from draftsmith.heads.formats.eagle import _eagle_artifact, _eagle_problems
 from draftsmith.heads.formats.eagle3 import (_eagle3_artifact, _eagle3_problems, _sglang_eagle3_artifact,
                                             aux_layer_ids_from_config, draft_vocab_problems)

@@ -29,9 +29,10 @@ import torch
 from torch import Tensor
 
 from draftsmith.heads.common import DraftHead
-from draftsmith.heads.dflash import (DFLASH2_ARCHITECTURE, DFLASH2_DEFAULTS, DFLASH_ARCHITECTURE, DFlashConfig, DFlashHead,
+from draftsmith.heads.dflash import (DFLASH2_ARCHITECTURE, DFLASH2_DEFAULTS, DFLASH_ARCHITECTURE, DFlashHead,
                           build_target_layer_ids)
-from draftsmith.heads.domino import DOMINO_ARCHITECTURE, DOMINO_DEFAULTS, DOMINO_PROJECTOR
+from draftsmith.heads.kinds import head_class
+from draftsmith.heads.variants.domino import DOMINO_ARCHITECTURE, DOMINO_DEFAULTS, DOMINO_PROJECTOR
 from draftsmith.heads.formats.public import _resolve_directory, _rope_config_from
 from draftsmith.heads.formats.validation import (
     Artifact,
@@ -229,7 +230,7 @@ def _dflash_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list
         spec.update(_dflash2_spec(dflash, shape, problems))
     if is_domino_layout(config):
         spec.update(_domino_spec(dflash, shape, problems))
-    if DSPARK_RANK in config:  # a DSpark seen as this layout (heads.formats.dspark, speculators' dspark type)
+    if DSPARK_RANK in config:  # a DSpark seen as this layout (formats.variants.dspark, speculators' dspark type)
         spec.update(dspark_spec(config[DSPARK_RANK], shape, problems))
     problems += tensor_problems(tensors, spec, config.get("torch_dtype"))
     return problems
@@ -255,15 +256,16 @@ def import_dflash(path_or_repo: str | Path, *, dtype: torch.dtype | None = None,
 
 def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directory: Path, dtype: torch.dtype | None,
                      what: str) -> DFlashHead:
-    """A ``DFlashHead`` from a config in z-lab's layout (``dflash_config`` with ``target_layer_ids`` and
-    ``mask_token_id``) and its tensors, every problem listed; ``what`` names the layout in the error."""
+    """A DFlash head (or its variant's) from a config in z-lab's layout (``dflash_config`` with ``target_layer_ids``
+    and ``mask_token_id``) and its tensors, every problem listed; ``what`` names the layout in the error."""
     dflash = config["dflash_config"]
     layers, target_layers = config.get("num_hidden_layers"), config.get("num_target_layers")
     rope = _rope_config_from(config, directory)  # z-lab's configs write rope_theta only: read as ours would be
     problems = _dflash_problems({**config, **_rope_fields(rope)}, tensors)
     if problems:
         raise ValueError(f"{directory} is not a {what} draftsmith can load:\n  - " + "\n  - ".join(problems))
-    head_config = DFlashConfig(
+    cls = head_class("dflash", (variant := _variant_options(config)).get("variant"))
+    head_config = cls.config_class(
         hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"],
         num_attention_heads=config["num_attention_heads"], num_key_value_heads=config["num_key_value_heads"],
         head_dim=config["head_dim"], hidden_act="silu", rms_norm_eps=config.get("rms_norm_eps", 1e-6),
@@ -272,28 +274,25 @@ def head_from_layout(config: dict[str, Any], tensors: dict[str, Tensor], directo
         block_size=config["block_size"], num_layers=layers,
         aux_layer_ids=[i + 1 for i in dflash["target_layer_ids"]], mask_token_id=dflash["mask_token_id"],
         target_hidden_size=config["hidden_size"], target_num_layers=target_layers, target_vocab_size=config["vocab_size"],
-        **_recorded_target(config), **_variant_options(config),
+        **_recorded_target(config), **variant,
     )
-    head = DFlashHead(head_config)
+    head = cls(head_config)
     head.load_state_dict(tensors, strict=True)  # names and shapes were checked above
     floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
     return head.to(dtype or (floats.pop() if len(floats) == 1 else torch.float32)).eval()
 
 
 def _variant_options(config: dict[str, Any]) -> dict[str, Any]:
-    """The ``DFlashConfig`` variant keys a layout's config names: DFlash2's shape, DSpark's Markov rank, Domino's
-    shape."""
+    """The variant keys a layout's config names: DFlash2's shape, DSpark's Markov rank, Domino's shape."""
     if is_dflash2_layout(config):
         return {"variant": "dflash2", **{k: config["dflash_config"][k] for k in DFLASH2_DEFAULTS}}
     if is_domino_layout(config):
         return {"variant": "domino", **{k: config["dflash_config"].get(k, 0) for k in DOMINO_DEFAULTS}}
-    if DSPARK_RANK in config:
-        return {"variant": "dspark", "markov_rank": config[DSPARK_RANK]}
-    return {}
+    return {"variant": "dspark", "markov_rank": config[DSPARK_RANK]} if DSPARK_RANK in config else {}
 
 
 def _recorded_target(config: dict[str, Any]) -> dict[str, Any]:
     """The target identity our own exports record (public checkpoints record none)."""
     target = (config.get(PROVENANCE_KEY) or {}).get("target") or {}
-    return {f"target_{k}": target[k] for k in ("name_or_path", "architecture", "model_type",
-                                               "max_position_embeddings") if target.get(k)}
+    keys = ("name_or_path", "architecture", "model_type", "max_position_embeddings")
+    return {f"target_{k}": target[k] for k in keys if target.get(k)}

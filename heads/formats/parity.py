@@ -34,7 +34,7 @@ RUNNER = Path(__file__).with_name("consumer_speculators.py")
 
 # What each format was checked against, and how: the section every export's README.md ends with.
 _SOURCE = ("by reading its loader's source: every key it reads is written as docs/export-keys.md lists "
-           "(tests/test_export_keys.py); not run here, no engine runs on CPU")
+           "(tests/heads/test_export_keys.py); not run here, no engine runs on CPU")
 CHECKED_AGAINST = {
     "vllm": [f"vLLM `llama_eagle3.py` (2026, with `fc_norm`/`norm_output`) and SGLang `llama_eagle3.py`, {_SOURCE}",
              "SpecForge reads `norm_output` otherwise (docs/export-keys.md): a plain head writes none, which every "

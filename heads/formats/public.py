@@ -9,9 +9,10 @@ from torch import Tensor
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from draftsmith.heads.common import target_identity
-from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.heads.eagle3 import Eagle3Head
+from draftsmith.heads.kinds import head_class
 from draftsmith.heads.formats.eagle3 import aux_layer_ids_from_config, draft_vocab_problems
-from draftsmith.heads.formats.peagle import peagle_head_options
+from draftsmith.heads.formats.variants.peagle import peagle_head_options
 from draftsmith.data.base.torch_bin import read_torch_bin
 from draftsmith.heads.formats.validation import (
     ENGINE_ROPE_PARAMS,
@@ -73,7 +74,9 @@ def import_eagle3(
 
     vocab = _required(layer, "vocab_size", directory)
     norm_output = norm_output_of(config, norm_output_meaning, directory)
-    head_config = Eagle3Config(
+    variant = peagle_head_options(config, directory)
+    cls = head_class("eagle3", variant.get("variant"))
+    head_config = cls.config_class(
         hidden_size=_required(layer, "hidden_size", directory),
         intermediate_size=_required(layer, "intermediate_size", directory),
         num_attention_heads=_required(layer, "num_attention_heads", directory),
@@ -90,10 +93,10 @@ def import_eagle3(
         aux_layer_ids=ids,
         fc_norm=bool(config.get("fc_norm", False)),
         norm_output=norm_output,
-        **peagle_head_options(config, directory),
+        **variant,
         **{f"target_{k}": v for k, v in facts.items()},
     )
-    head = Eagle3Head(head_config)
+    head = cls(head_config)
     target_model = target if isinstance(target, PreTrainedModel) else None
     ours = ((config.get(PROVENANCE_KEY) or {}).get("format") == "speculators")  # carries the target's embedding
     tensors = _load_public_tensors(directory, allow_embed_tokens or ours, target_model, head_config.mask_token_id)

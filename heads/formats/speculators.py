@@ -17,8 +17,8 @@ from draftsmith.heads.common import DraftHead
 from draftsmith.heads.dflash import DFLASH_ARCHITECTURE, DFlashHead
 from draftsmith.heads.eagle3 import Eagle3Head
 from draftsmith.heads.formats.eagle3 import _eagle3_problems, _eagle3_tensors, eagle31_flags
-from draftsmith.heads.formats.dspark import dspark_fields
-from draftsmith.heads.formats.peagle import as_eagle3, peagle_problems, to_peagle
+from draftsmith.heads.formats.variants.dspark import dspark_fields
+from draftsmith.heads.formats.variants.peagle import as_eagle3, peagle_problems, to_peagle
 from draftsmith.heads.formats.dflash import (DSPARK_RANK, UNKNOWN_TARGET_LAYERS, _dflash_problems, head_from_layout, qwen3_layers_config,
                                   read_checkpoint)
 from draftsmith.heads.formats.validation import (Artifact, PROVENANCE_KEY, dtype_name, expect, expect_tensor, float_tensors, llama_layer_config,

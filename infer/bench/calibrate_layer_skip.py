@@ -19,7 +19,7 @@ from draftsmith.data.base.device import sync
 
 from draftsmith.infer.drafters import Chain
 from draftsmith.infer.generator import SpeculativeGenerator
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
 
 
 def calibrate_layer_skip(target, prompts: list[list[int]], layers: list[int], depth: int,

@@ -20,7 +20,7 @@ from draftsmith.infer.cache import crop_dynamic
 from draftsmith.infer.bench.oracle import OracleDrafter
 from draftsmith.infer.drafters import Draft
 from draftsmith.infer.generator import SpeculativeGenerator
-from draftsmith.infer.target import target_forward
+from draftsmith.target.model import target_forward
 from draftsmith.infer.tree import chain_parents, tree_attention_mask, tree_from_parents
 
 

@@ -17,8 +17,8 @@ from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTre
 from draftsmith.infer.bench.tree_spec import TREE_SPEC
 from draftsmith.infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from draftsmith.infer.drafter_spec import build_drafter, parse_drafter
-from draftsmith.infer.drafters import TreeOption, drafter_class, fit_chain
-from draftsmith.infer.recurrent import is_hybrid
+from draftsmith.infer.drafters import TreeOption, fit_chain, head_drafter_class
+from draftsmith.target.recurrent import is_hybrid
 from draftsmith.infer.tree import MEDUSA_DEFAULT_CHOICES
 
 
@@ -40,7 +40,7 @@ def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:
     match = TREE_SPEC.match(spec)
     if match is None or spec == "default":
         raise ValueError(f"--trees: unknown tree {spec!r}; use tree, default, chainN, dynD-K-N or medusaN")
-    drafter = drafter_class(head.head_kind)
+    drafter = head_drafter_class(head)
     if spec == "tree":
         return drafter.branching_tree(device)
     chain, depth, top_k, total, medusa = match.group(2, 3, 4, 5, 6)
@@ -56,7 +56,7 @@ def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:
 def default_draft(head, device: torch.device) -> TreeOption | str:
     """What a generator given no tree drafts with ``head`` on ``device`` ("adaptive": the kind's
     adaptive chain), for telling ``default`` apart from the other ``--trees``."""
-    drafter = drafter_class(head.head_kind)
+    drafter = head_drafter_class(head)
     if drafter.adapts_by_default(device):
         return "adaptive"
     return fit_chain(head, drafter.default_tree(device))

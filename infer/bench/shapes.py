@@ -23,7 +23,7 @@ SHAPES = {
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
                      rope_theta=1000000.0, tie_word_embeddings=False, max_position_embeddings=8192, rms_norm_eps=1e-6),
     # Qwen3.5's text model as transformers' Qwen3_5TextConfig defaults it (hidden 4096, 32 layers: Gated DeltaNet
-    # x3 + gated attention, vocab 248,320): the 9B's language model, a hybrid (infer.recurrent)
+    # x3 + gated attention, vocab 248,320): the 9B's language model, a hybrid (target.recurrent)
     "qwen3.5-9b": dict(model_type="qwen3_5_text", max_position_embeddings=8192),
     # for trying the script on a CPU
     "tiny-qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=4,

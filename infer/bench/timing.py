@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from draftsmith.data.base.device import sync
-from draftsmith.infer.target import decoder_layers
+from draftsmith.target.model import decoder_layers
 
 
 def timed(fn: Callable[[], Any], warmup: int, repeats: int) -> tuple[float, Any]:

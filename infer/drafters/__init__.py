@@ -1,6 +1,7 @@
 """Drafters: ``base`` (what every drafter is), one module per head kind (``<kind>.py``, its class
-named ``DRAFTER``), the lookup from a head to its drafter, and the drafters that are no head kind:
-``adaptive`` (a chain whose length follows the acceptance), ``lm_drafter`` (a small LM), ``layer_skip``
+named ``DRAFTER``), one per variant with a class of its own in ``variants/`` (``<variant>.py``, a subclass of
+its kind's drafter), the lookup from a head to its drafter, and in ``free/`` the drafters that are no head
+kind: ``adaptive`` (a chain whose length follows the acceptance), ``lm_drafter`` (a small LM), ``layer_skip``
 (the target's first layers), ``ngram`` (prompt lookup), ``lookup_first`` (prompt lookup, else another
 drafter) and ``hierarchical`` (a draft LM whose own drafts are guessed). Import those from their modules."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ import importlib
 import torch
 from torch import nn
 
-from draftsmith.infer.drafters.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
 from draftsmith.infer.drafters.base import (
     Chain,
     Draft,
@@ -26,13 +27,23 @@ from draftsmith.infer.drafters.base import (
 )
 
 
-def drafter_class(kind: str) -> type[HeadDrafter]:
-    """The drafter class of head kind ``kind`` (module ``infer.drafters.<kind>``, ``-`` read as ``_``)."""
-    from draftsmith.heads import HEAD_CLASSES
+def drafter_class(kind: str, variant: str | None = None) -> type[HeadDrafter]:
+    """The drafter class of head kind ``kind`` (module ``infer.drafters.<kind>``, ``-`` read as ``_``), or of its
+    ``variant`` where that has a class of its own (``heads.kinds.VARIANT_CLASSES``: module
+    ``infer.drafters.variants.<variant>``)."""
+    from draftsmith.heads.kinds import HEAD_CLASSES, VARIANT_CLASSES
 
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEAD_CLASSES)}")
+    if (kind, variant) in VARIANT_CLASSES:
+        return importlib.import_module(f"draftsmith.infer.drafters.variants.{variant}").DRAFTER
     return importlib.import_module(f"draftsmith.infer.drafters.{kind.replace('-', '_')}").DRAFTER
+
+
+def head_drafter_class(head: nn.Module) -> type[HeadDrafter]:
+    """The drafter class of ``head``: its kind's, or its variant's (``drafter_class``)."""
+    config = getattr(head, "config", None)
+    return drafter_class(getattr(head, "head_kind", None), getattr(config, "variant", None))
 
 
 def default_branching_tree(kind: str, device: torch.device | str) -> StaticTree | DynamicTree:
@@ -51,7 +62,7 @@ def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = N
     target's device (``default_tree``, or ``adaptive_chain`` where the kind ``adapts_by_default``:
     EAGLE heads on CPU); ``confidence``: EAGLE greedy chains stop a level early below this head
     probability."""
-    cls = drafter_class(getattr(head, "head_kind", None))
+    cls = head_drafter_class(head)
     device = target.get_input_embeddings().weight.device
     if tree is None and cls.adapts_by_default(device):
         return adaptive_chain(head, target, confidence)
@@ -63,7 +74,7 @@ def fit_chain(head: nn.Module, tree: TreeOption) -> TreeOption:
     block_size 4 drafts 3) is cut to its longest; a tree the head cannot draft (a P-EAGLE head drafts chains
     only) becomes its longest chain; anything else is returned as it is. For defaults only: a length the user
     asked for is checked by the drafter, never cut."""
-    cls = drafter_class(head.head_kind)
+    cls = head_drafter_class(head)
     if isinstance(tree, Chain) or not cls.fits(head, tree):
         return Chain(min(tree.length if isinstance(tree, Chain) else cls.longest_chain(head), cls.longest_chain(head)))
     return tree
@@ -72,11 +83,11 @@ def fit_chain(head: nn.Module, tree: TreeOption) -> TreeOption:
 def adaptive_chain(head: nn.Module, target: nn.Module, confidence: float | None = None) -> AdaptiveLength:
     """The head's chain with its length following the acceptance (``AdaptiveLength``: from 4, +2 after
     a fully accepted step, -1 otherwise), up to the longest chain the kind drafts (Medusa: its heads)."""
-    cls = drafter_class(getattr(head, "head_kind", None))
+    cls = head_drafter_class(head)
     longest = cls.longest_chain(head)
     return AdaptiveLength(cls(head, target, Chain(longest), confidence), initial=min(4, longest), maximum=longest)
 
 
 __all__ = ["AdaptiveLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling", "StaticTree", "TreeOption",
-           "chain_buffers", "chain_draft", "root_only", "drafter_class", "default_branching_tree", "default_tree",
+           "chain_buffers", "chain_draft", "root_only", "drafter_class", "head_drafter_class", "default_branching_tree", "default_tree",
            "make_drafter", "adaptive_chain", "fit_chain"]

@@ -232,7 +232,7 @@ class HeadDrafter(Drafter):
     def rewind_rows(self, states: list[Any], lengths: list[int]) -> None:
         """Forget every observed (feature, next token) pair of row i past its first ``lengths[i]``: the
         text that row read was cut back (a head nested in a draft LM's own decoding,
-        ``infer.drafters.hierarchical``). The next call is ``observe_rows`` of the pairs from there on."""
+        ``infer.drafters.free.hierarchical``). The next call is ``observe_rows`` of the pairs from there on."""
         raise NotImplementedError(f"{type(self).__name__} cannot be rewound")
 
     shapes: tuple[type, ...] = (Chain,)  # the draft shapes this kind takes

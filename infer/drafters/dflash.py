@@ -12,12 +12,9 @@ selector walks them from the root, scoring each candidate after the token chosen
 (``select_path``); greedy takes the best score, sampling draws from the sampling law of the scores over the
 candidates (zero elsewhere), which the same chain check keeps lossless. The target verifies it as a chain.
 
-DSpark (``head.markov``): every slot drafts, the root's included (slot k: the token k+1 after the root);
-``infer.drafters.dspark.markov_walk`` adds the Markov bias slot by slot, and the confidence head sets how
-many drafts each row keeps (adaptive verification; ``confidence`` is the threshold, 0 = keep all).
-
-Domino (``head.domino``): every slot drafts, as DSpark's; ``infer.drafters.domino.domino_walk`` steps its GRU on
-the drafted tokens and adds the correction slot by slot.
+DSpark and Domino draft from every slot, the root's included (slot k: the token k+1 after the root), each
+walking the block its own way: their drafters (``infer.drafters.variants``) subclass this one and override
+``_walk`` (and DSpark ``_set_confidence``).
 
 A batch's rows share one context cache (``StaticHeadCache`` with a row each): observing and drafting
 run one head pass for every row (a row's block sees its own context only, through an additive mask).
@@ -29,14 +26,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from draftsmith.heads.dspark import DEFAULT_CONFIDENCE_THRESHOLD, confident_lengths
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.cache import StaticHeadCache, buffer_size
 from draftsmith.infer.compiling import compiled, step_begin
 from draftsmith.infer.drafters.base import (Chain, Draft, HeadDrafter, Sampling, chain_buffers, draft_by_batch, group_rows,
                                  root_only, stack_rows)
-from draftsmith.infer.drafters.domino import domino_walk
-from draftsmith.infer.drafters.dspark import markov_walk
 
 CPU_CHAIN = 4  # on CPU every verified token costs (EAGLE's measured chain sweet spot, docs/benchmarks.md)
 
@@ -76,12 +70,7 @@ class DFlashDrafter(HeadDrafter):
     def __init__(self, head: nn.Module, target: nn.Module, tree: Chain, confidence: float | None = None) -> None:
         if not isinstance(tree, Chain):
             raise TypeError(f"DFlash heads draft a Chain, not {type(tree).__name__}")
-        if confidence is not None and head.markov is None:
-            raise ValueError("confidence stops EAGLE chains early; a DFlash block drafts all positions at once")
-        if confidence is not None and not 0 <= confidence < 1:
-            raise ValueError(f"confidence={confidence}: DSpark's threshold on the acceptance confidence lies in [0, 1)")
-        # DSpark: the threshold of adaptive verification (0: verify every draft)
-        self.threshold = DEFAULT_CONFIDENCE_THRESHOLD if confidence is None else confidence
+        self._set_confidence(confidence)
         if tree.length > self.longest_chain(head):
             raise ValueError(f"Chain(length={tree.length}) exceeds this {head.title} head's block_size"
                              f"{'' if head.config.first_draft_slot == 0 else ' - 1'} = {self.longest_chain(head)}")
@@ -93,6 +82,11 @@ class DFlashDrafter(HeadDrafter):
         self.max_nodes = tree.length + 1
         self.block_size = head.config.block_size
         self._mask_ids: dict[str, torch.Tensor] = {}  # device -> (B-1,) mask ids
+
+    def _set_confidence(self, confidence: float | None) -> None:
+        """DFlash reads no confidence (DSpark's drafter reads its threshold here)."""
+        if confidence is not None:
+            raise ValueError("confidence stops EAGLE chains early; a DFlash block drafts all positions at once")
 
     def new_rows(self, prompts: list[torch.Tensor], lengths: list[int]) -> list[DFlashState]:
         """The rows of a batch, on one context cache with a row each."""
@@ -145,19 +139,7 @@ class DFlashDrafter(HeadDrafter):
         else:  # eager: over the filled context only
             logits, hidden = self._block_logits(cache.context(), block, starts)
         logits, hidden = logits[:, :longest], hidden[:, :longest]
-        if self.head.markov is not None:  # DSpark: the Markov walk, then each row's confident prefix
-            chain, law, confidence = markov_walk(self.head, hidden, logits, block[:, 0], sampling)
-            keep = confident_lengths(confidence, self.threshold).tolist()
-            lengths = [min(n, keep[s.row]) for s, n in zip(states, lengths)]
-        elif self.head.domino:  # Domino: the GRU stepped on the drafts, the correction added slot by slot
-            chain, law = domino_walk(self.head, self.embed, hidden, logits, block[:, 0], sampling)
-        elif self.head.selector is not None:  # DFlash2: the selector's path through the candidates
-            chain, law = select_path(self.head.selector, hidden, logits, block[:, 0], sampling)
-        elif sampling.greedy:
-            chain, law = logits.argmax(-1), None
-        else:
-            law = sampling.probs(logits)  # (rows, n, V)
-            chain = torch.multinomial(law.flatten(0, 1), 1).view(law.shape[:2])
+        chain, law, lengths = self._walk(hidden, logits, block[:, 0], sampling, states, lengths)
         drafts = []
         for state, root, n in zip(states, roots, lengths):
             b = state.row
@@ -167,6 +149,18 @@ class DFlashDrafter(HeadDrafter):
             ids = torch.cat([root.reshape(1), chain[b, :n]])
             drafts.append(Draft(ids, chain_buffers(n, device), None if law is None else law[b, :n]))
         return drafts
+
+    def _walk(self, hidden: torch.Tensor, logits: torch.Tensor, roots: torch.Tensor, sampling: Sampling,
+              states: list[DFlashState], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+        """(chain (rows, n), laws (rows, n, V) or None when greedy, each row's draft length) from the block's
+        normed outputs ``hidden`` (rows, n, H) and float32 ``logits`` (rows, n, V) after ``roots`` (rows,):
+        DFlash2's selector path through the candidates, else each position's argmax or draw."""
+        if self.head.selector is not None:
+            return (*select_path(self.head.selector, hidden, logits, roots, sampling), lengths)
+        if sampling.greedy:
+            return logits.argmax(-1), None, lengths
+        law = sampling.probs(logits)  # (rows, n, V)
+        return torch.multinomial(law.flatten(0, 1), 1).view(law.shape[:2]), law, lengths
 
     _fixed_block = None  # set by compile_with
 

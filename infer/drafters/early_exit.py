@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from draftsmith.infer.drafters.base import Chain, HeadDrafter
-from draftsmith.infer.drafters.layer_skip import shallow_backbone
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.cache_keywords import cache_kwargs
+from draftsmith.target.views import shallow_backbone
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+from draftsmith.target.cache_keywords import cache_kwargs
 
 DEFAULT_CHAIN = Chain(4)  # drafts per step when none is given (a CPU-sized chain, as layer skip's)
 

@@ -1,4 +1,4 @@
-"""Helpers moved out of tests/test_infer_batch.py (other test files share them; no tests here)."""
+"""Helpers moved out of tests/infer/test_infer_batch.py (other test files share them; no tests here)."""
 from __future__ import annotations
 
 import random
@@ -10,11 +10,11 @@ from support.train_fixtures import TreeOracle
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, StaticTree
 from draftsmith.infer.drafters import Draft, make_drafter
-from draftsmith.infer.drafters.adaptive import AdaptiveLength
-from draftsmith.infer.drafters.layer_skip import LayerSkipDrafter
-from draftsmith.infer.drafters.lm_drafter import LMDrafter
-from draftsmith.infer.drafters.ngram import NgramDrafter
-from draftsmith.infer.target import target_forward
+from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
+from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
+from draftsmith.infer.drafters.free.ngram import NgramDrafter
+from draftsmith.target.model import target_forward
 from draftsmith.infer.tree import tree_from_parents
 
 

@@ -1,4 +1,4 @@
-"""Helpers moved out of tests/test_features.py (other test files share them; no tests here)."""
+"""Helpers moved out of tests/train/test_features.py (other test files share them; no tests here)."""
 from __future__ import annotations
 
 from pathlib import Path

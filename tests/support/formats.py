@@ -1,4 +1,4 @@
-"""Helpers moved out of tests/test_formats.py (other test files share them; no tests here)."""
+"""Helpers moved out of tests/heads/test_formats.py (other test files share them; no tests here)."""
 from __future__ import annotations
 
 import re

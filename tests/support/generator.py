@@ -1,4 +1,4 @@
-"""Helpers moved out of tests/test_infer_generator.py (other test files share them; no tests here)."""
+"""Helpers moved out of tests/infer/test_infer_generator.py (other test files share them; no tests here)."""
 from __future__ import annotations
 
 from draftsmith.infer import DynamicTree, StaticTree

@@ -1,6 +1,6 @@
 """Tiny hybrid targets (recurrent or convolution layers beside attention) built in-process from
 transformers' own configs: every hybrid family transformers 5.24 can build tiny on CPU and draftsmith
-supports (infer.recurrent.LAYER_KINDS; the refused ones are in tests/test_infer_hybrid_refusals.py)."""
+supports (target.recurrent.LAYER_KINDS; the refused ones are in tests/target/test_hybrid_refusals.py)."""
 from __future__ import annotations
 
 import torch
@@ -63,7 +63,7 @@ HYBRIDS: dict[str, dict] = {
 }
 
 
-# What makes a tiny random model's text depend on its recurrent and conv states (tests/test_infer_hybrid_power.py
+# What makes a tiny random model's text depend on its recurrent and conv states (tests/infer/test_infer_hybrid_power.py
 # asserts it per family): weights of std 0.1 (the default 0.02 leaves the mixers' outputs negligible), conv
 # kernels x10 (the window matters), and a slow decay, A_log = -3 (A = -0.05: the default init forgets in a
 # few tokens, so a lost state would not show).

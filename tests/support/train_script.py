@@ -1,4 +1,4 @@
-"""Helpers moved out of tests/test_train_script.py (other test files share them; no tests here)."""
+"""Helpers moved out of tests/train/test_train_script.py (other test files share them; no tests here)."""
 from __future__ import annotations
 
 import os

@@ -1,19 +1,8 @@
-"""Training objectives: ``base`` (what every kind declares) and one module per head kind
-(``<kind>.py``, its class named ``OBJECTIVE``)."""
+"""Training objectives: ``base`` (what every kind declares, and ``objective_class``), one module per head kind
+(``<kind>.py``, its class named ``OBJECTIVE``) and, in ``variants/``, one per variant with a class of its own
+(``<variant>.py``, a subclass of its kind's)."""
 from __future__ import annotations
 
-import importlib
-
-from draftsmith.train.objectives.base import HeadSetup, Objective
-
-
-def objective_class(kind: str) -> type[Objective]:
-    """The training objective of head kind ``kind`` (module ``train.objectives.<kind>``, ``-`` read as ``_``)."""
-    from draftsmith.heads import HEAD_CLASSES
-
-    if kind not in HEAD_CLASSES:
-        raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEAD_CLASSES)}")
-    return importlib.import_module(f"draftsmith.train.objectives.{kind.replace('-', '_')}").OBJECTIVE
-
+from draftsmith.train.objectives.base import HeadSetup, Objective, objective_class
 
 __all__ = ["HeadSetup", "Objective", "objective_class"]

@@ -1,17 +1,19 @@
 """What a head kind's training objective is: ``Objective``, the head and its loss in one module.
 
-One module per kind, ``train/objectives/<kind>.py``, names its subclass ``OBJECTIVE`` (see
-``train.objectives.objective_class``). The loop calls only what is declared here.
+One module per kind, ``train/objectives/<kind>.py``, names its subclass ``OBJECTIVE``, and one per variant
+with a class of its own, ``train/objectives/variants/<variant>.py``, a subclass of its kind's (see
+``objective_class``). The loop calls only what is declared here.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.target import TargetOutput, causal_lm_of, target_forward
+from draftsmith.target.model import TargetOutput, causal_lm_of, target_forward
 from draftsmith.train.settings import DEFAULT_TTT_STEPS, TrainConfig
 from draftsmith.train.features import Features
 from draftsmith.train.losses import LossOutput
@@ -29,6 +31,19 @@ class HeadSetup:
     vocab_size: int
     cache_dir: Any  # pathlib.Path of the run's cache
     tokenizer: Any = None  # the target's tokenizer (dflash checks its mask token against it)
+
+
+def objective_class(kind: str, variant: str | None = None) -> type[Objective]:
+    """The training objective of head kind ``kind`` (module ``train.objectives.<kind>``, ``-`` read as ``_``), or of
+    its ``variant`` where that has a class of its own (``heads.kinds.VARIANT_CLASSES``: module
+    ``train.objectives.variants.<variant>``)."""
+    from draftsmith.heads.kinds import HEAD_CLASSES, VARIANT_CLASSES
+
+    if kind not in HEAD_CLASSES:
+        raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEAD_CLASSES)}")
+    if (kind, variant) in VARIANT_CLASSES:
+        return importlib.import_module(f"draftsmith.train.objectives.variants.{variant}").OBJECTIVE
+    return importlib.import_module(f"draftsmith.train.objectives.{kind.replace('-', '_')}").OBJECTIVE
 
 
 class Objective(nn.Module):
@@ -49,6 +64,14 @@ class Objective(nn.Module):
         """Fill this kind's training defaults in ``cfg`` and check its combinations, at parse time
         (``train.config.load_config``, after every check that names no kind); a problem raises
         ``ConfigError`` naming the key."""
+
+    def __new__(cls, head: nn.Module, *args: Any, **kwargs: Any) -> Objective:
+        """A kind's objective built for a variant's head is the variant's (``objective_class``)."""
+        config = getattr(head, "config", None)
+        kind, variant = getattr(head, "head_kind", None), getattr(config, "variant", None)
+        if kind is not None and cls is objective_class(kind):
+            cls = objective_class(kind, variant)
+        return super().__new__(cls)
 
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__()

@@ -20,11 +20,13 @@ target token is not a candidate carry none. It is summed with the same position 
 the same denominators as the base loss and added with weight ``SELECTOR_ALPHA``.
 
 DSpark (``head.variant=dspark``): every slot of the block drafts (slot k the token a+k+1), corrected by the
-Markov head, and the loss is DeepSpec's (``train.objectives.dspark``) on the same anchors and blocks.
+Markov head, and the loss is DeepSpec's (``train.objectives.variants.dspark``, a subclass of this objective) on
+the same anchors and blocks.
 
 Domino (``head.variant=domino``): every slot drafts (slot k the token a+k+1), corrected by the GRU over the data's
 tokens a..a+k, and the loss is SpecForge's λ-blend of the corrected and the plain logits' CE
-(``train.objectives.domino``), λ set per step from the run's progress (``at_step``).
+(``train.objectives.variants.domino``, a subclass of this objective), λ set per step from the run's progress
+(``at_step``).
 """
 from __future__ import annotations
 
@@ -37,17 +39,13 @@ from torch import Tensor, nn
 from draftsmith.heads.dflash import DEFAULT_BLOCK_SIZE, check_mask_token  # noqa: F401  (tests import it here)
 from draftsmith.infer.drafters.base import Sampling
 from draftsmith.infer.drafters.dflash import select_path
-from draftsmith.infer.target import TargetOutput
+from draftsmith.target.model import TargetOutput
 from draftsmith.train.settings import ConfigError, OptimConfig, TrainConfig
 from draftsmith.train.features import Features
 from draftsmith.train.losses import LossOutput, decayed_sum, dpace_weights, soft_ce, soft_loss, weighted_mean
 from draftsmith.train.metrics import acceptance_rate
 from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds
 from draftsmith.train.anchors import draw_anchors, segments
-from draftsmith.train.objectives.domino import (LAMBDA_BASE_DECAY_RATIO, LAMBDA_BASE_START, domino_loss,
-                                                linear_lambda_base)
-from draftsmith.train.objectives.domino import greedy_slots as domino_slots
-from draftsmith.train.objectives.dspark import dspark_loss, greedy_slots
 from draftsmith.train.objectives.eagle3 import Eagle3Features, Eagle3Objective
 from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
 
@@ -55,11 +53,9 @@ EVAL_CHUNK = 32  # anchors per head forward at evaluation (every position is one
 # The DFlash paper's decay exp(-(k-1)/gamma) by block size, as ModelOpt's DFlash guide quotes it: 7 for
 # blocks of 16, 4 for blocks of 8 (docs/dflash.md)
 PAPER_GAMMA = {16: 7.0, 8: 4.0}
-# What the on-policy stage (DFlash's) would leave untrained in a variant
-ON_POLICY_REFUSED = {"dflash2": "DFlash2's selector", "dspark": "DSpark's Markov and confidence heads",
-                     "domino": "Domino's GRU correction"}
-# The variants' own losses read train.loss=ce only (DeepSpec's CE + L1 + confidence; Domino's blend of two CEs)
-OWN_LOSS = {"dspark": "DeepSpec's CE + L1 + confidence loss", "domino": "the blend of its corrected and plain CE"}
+# What the on-policy stage (DFlash's) would leave untrained in DFlash2 (the variants with classes of their own
+# say theirs: ``DFlashObjective.untrained_on_policy``)
+ON_POLICY_REFUSED = {"dflash2": "DFlash2's selector"}
 SELECTOR_ALPHA = 1.0  # DFlash2's selector loss weight: SpecForge's dflash2_selector_loss_alpha default
 
 
@@ -80,6 +76,19 @@ def block_labels(loss_mask: Tensor, anchors: Tensor, keep: Tensor, block_size: i
     trained = keep[..., None] & inside & same
     trained[..., 0] = False  # the anchor is given, not drafted
     return trained
+
+
+def slot_indices(anchors: Tensor, block_size: int, seq_len: int) -> Tensor:
+    """(B, N, bs) the position a+k whose next token slot k drafts (clamped into the row)."""
+    return (anchors[..., None] + torch.arange(block_size, device=anchors.device)).clamp(max=seq_len - 1)
+
+
+def gather_slots(values: Tensor, at: Tensor) -> Tensor:
+    """values (B, T, ...) at positions at (B, N, bs) -> (B, N, bs, ...) (DSpark's and Domino's slots)."""
+    flat = at.flatten(1)
+    if values.dim() == 2:
+        return values.gather(1, flat).view(at.shape)
+    return values.gather(1, flat[..., None].expand(-1, -1, values.shape[-1])).view(*at.shape, -1)
 
 
 def selector_ce(scores: Tensor, candidates: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
@@ -142,6 +151,10 @@ class DFlashObjective(Objective):
              "train.anchor_spacing", "train.lambda_base_start", "train.lambda_base_decay_ratio")
     # settings read under one variant only (refused under the others)
     variant_settings = {"train.lambda_base_start": "domino", "train.lambda_base_decay_ratio": "domino"}
+    # what the on-policy stage would leave untrained, and the loss a variant trains instead of train.loss (it reads
+    # train.loss=ce only): None for DFlash; DSpark's and Domino's objectives (train/objectives/variants/) say theirs
+    untrained_on_policy: str | None = None
+    own_loss: str | None = None
 
     @classmethod
     def configure(cls, cfg: TrainConfig) -> None:
@@ -153,12 +166,13 @@ class DFlashObjective(Objective):
         if (head.block_size or DEFAULT_BLOCK_SIZE) > cfg.data.max_length:
             raise ConfigError(f"head.block_size={head.block_size or DEFAULT_BLOCK_SIZE} exceeds "
                               f"data.max_length={cfg.data.max_length}; a block must fit in an example")
-        if head.variant in ON_POLICY_REFUSED and opt.stage == "on-policy":
-            raise ConfigError(f"train.stage=on-policy does not train {ON_POLICY_REFUSED[head.variant]} "
+        untrained = cls.untrained_on_policy or ON_POLICY_REFUSED.get(head.variant)
+        if untrained and opt.stage == "on-policy":
+            raise ConfigError(f"train.stage=on-policy does not train {untrained} "
                               f"(head.variant={head.variant}); run it on a DFlash head")
-        if head.variant in OWN_LOSS and opt.loss != "ce":
+        if cls.own_loss and opt.loss != "ce":
             raise ConfigError(f"train.loss={opt.loss} is not read by head.variant={head.variant}: it trains "
-                              f"{OWN_LOSS[head.variant]} (docs/dflash.md)")
+                              f"{cls.own_loss} (docs/dflash.md)")
         for setting, variant in cls.variant_settings.items():
             value = getattr(opt, setting.split(".")[1])
             if head.variant != variant and value is not None:
@@ -174,18 +188,19 @@ class DFlashObjective(Objective):
         self.anchors, self.spacing = opt.anchors_per_document, opt.anchor_spacing
         self.gamma = opt.gamma or default_gamma(head.config.block_size)
         self.decay = math.exp(-1 / self.gamma)  # position k's weight decay ** (k-1)
-        self.lambda_start = LAMBDA_BASE_START if opt.lambda_base_start is None else opt.lambda_base_start
-        self.lambda_ratio = LAMBDA_BASE_DECAY_RATIO if opt.lambda_base_decay_ratio is None else opt.lambda_base_decay_ratio
-        self.lambda_base = min(1.0, self.lambda_start)  # Domino's base loss weight (step 0's until at_step)
-        if head.config.variant in ON_POLICY_REFUSED and self.stage == "on-policy":
-            raise ValueError(f"train.stage=on-policy does not train {ON_POLICY_REFUSED[head.config.variant]} "
+        untrained = self.untrained_on_policy or ON_POLICY_REFUSED.get(head.config.variant)
+        if untrained and self.stage == "on-policy":
+            raise ValueError(f"train.stage=on-policy does not train {untrained} "
                              f"(head.variant={head.config.variant}); run it on a DFlash head")
 
     aux_layer_ids = staticmethod(Eagle3Objective.aux_layer_ids)
 
     def at_step(self, step: int, max_steps: int) -> None:
-        """Domino: this step's base loss weight (SpecForge's ``linear_lambda_base``)."""
-        self.lambda_base = linear_lambda_base(step, max_steps, self.lambda_start, self.lambda_ratio)
+        """The run's progress, for a schedule (Domino's objective's base loss weight: ``follow_schedule``)."""
+        self.follow_schedule(step, max_steps)
+
+    def follow_schedule(self, step: int, max_steps: int) -> None:
+        """Set what changes with the run's progress (nothing for DFlash)."""
 
     @staticmethod
     @torch.no_grad()
@@ -235,15 +250,15 @@ class DFlashObjective(Objective):
         f = features
         if f.anchors is None:  # called without perturb (e.g. directly): a fixed draw
             self.perturb(f, None, seed=0)
-        bs = self.head.config.block_size
         out = block_outputs(self.head, f, f.anchors, sequence_context(self.head, f))  # (B, N, bs, H)
         if f.rollout is not None:  # the on-policy stage: position k of the chain is block position k+1
             return on_policy_output(lambda k: lm_head(out[:, :, k + 1]).float(), f.rollout, self.decay)
-        if self.head.config.first_draft_slot == 0:  # DSpark and Domino: slot k's label is a+k+1
-            trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, bs + 1, f.document_ids)[..., 1:]
-            if self.head.domino:
-                return domino_loss(self.head, lm_head, f, out, trained, self.decay, self.lambda_base)
-            return dspark_loss(self.head, lm_head, f, out, trained, self.decay)
+        return self.block_loss(f, out, lm_head)
+
+    def block_loss(self, f: Features, out: Tensor, lm_head: nn.Module) -> LossOutput:
+        """The supervised loss of the blocks' outputs ``out`` (B, N, bs, H) at ``f.anchors``: block position k
+        (1..bs-1) against the target's law at a+k-1 (DSpark's and Domino's objectives: their slots' losses)."""
+        bs = self.head.config.block_size
         seq_len = f.input_ids.shape[1]
         trained = block_labels(f.loss_mask, f.anchors, f.anchor_keep, bs, f.document_ids)  # (B, N, bs)
         losses, elements, confidence, correct, count, accept, chosen = [], [], [], [], [], [], []
@@ -282,11 +297,11 @@ class DFlashObjective(Objective):
         return LossOutput(total, torch.stack(losses).detach(), torch.stack(correct), torch.stack(count),
                           torch.stack(accept))
 
-    @staticmethod
+    @classmethod
     @torch.no_grad()
-    def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
+    def draft_top1(cls, head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
         """Position i's drafts: the block at anchor i+1 (context ``<= i``), its first ``depth`` drafting slots
-        (DFlash's 1..depth, DSpark's 0..depth-1 walked with the Markov bias, Domino's with its GRU)."""
+        (DFlash's 1..depth, DSpark's and Domino's 0..depth-1), walked by ``greedy_block``."""
         batch, seq_len = features.input_ids.shape
         drafted = torch.zeros(depth, batch, seq_len, dtype=torch.long, device=features.input_ids.device)
         context = sequence_context(head, features)
@@ -295,21 +310,20 @@ class DFlashObjective(Objective):
             anchors = (positions + 1)[None].expand(batch, -1)
             first = head.config.first_draft_slot
             out = block_outputs(head, features, anchors, context)[:, :, first: first + depth]  # (B, C, depth, H)
-            if head.markov is not None or head.domino:
-                roots = features.input_ids.gather(1, anchors)
-                slots = (greedy_slots(head, lm_head, out, roots) if head.markov is not None
-                         else domino_slots(head, lm_head, features.embedding, out, roots))
-                drafted[:, :, positions] = slots.permute(2, 0, 1)
-                continue
-            logits = lm_head(out).float()
-            if head.selector is None:
-                drafted[:, :, positions] = logits.argmax(-1).permute(2, 0, 1)
-                continue
-            # DFlash2: the selector's greedy walk from each block's root, as the drafter walks it
             roots = features.input_ids.gather(1, anchors)  # (B, C)
-            path, _ = select_path(head.selector, out.flatten(0, 1), logits.flatten(0, 1), roots.flatten(), Sampling())
-            drafted[:, :, positions] = path.view(batch, -1, depth).permute(2, 0, 1)
+            drafted[:, :, positions] = cls.greedy_block(head, features, out, roots, lm_head).permute(2, 0, 1)
         return drafted
+
+    @staticmethod
+    def greedy_block(head: nn.Module, features: Features, out: Tensor, roots: Tensor, lm_head: nn.Module) -> Tensor:
+        """(B, C, depth) the greedy drafts of blocks' drafting slots ``out`` (B, C, depth, H) after ``roots``
+        (B, C): each slot's argmax, or DFlash2's selector walk as the drafter walks it (DSpark's and Domino's
+        objectives: their walks)."""
+        logits = lm_head(out).float()
+        if head.selector is None:
+            return logits.argmax(-1)
+        path, _ = select_path(head.selector, out.flatten(0, 1), logits.flatten(0, 1), roots.flatten(), Sampling())
+        return path.view(*roots.shape, -1)
 
     @staticmethod
     def eval_depth(head: nn.Module, cfg: TrainConfig) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.target import TargetOutput
+from draftsmith.target.model import TargetOutput
 from draftsmith.train.settings import DEFAULT_FEATURE_NOISE, TrainConfig
 from draftsmith.train.features import Features
 from draftsmith.train.losses import LossOutput, eagle_loss

@@ -1,7 +1,8 @@
 """EAGLE-3: training-time test over the target's fused aux features; soft labels from the target's
 distribution restricted to the draft vocabulary, or its top-1 there (``train.labels``); optional init from the
-target's output layer. P-EAGLE (``head.variant=peagle``): its depths in one forward over COD-sampled rollouts
-(``train.objectives.peagle``)."""
+target's output layer. P-EAGLE (``head.variant=peagle``, a subclass of this objective): its depths in one forward
+over COD-sampled rollouts
+(``train.objectives.variants.peagle``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.target import TargetOutput
+from draftsmith.target.model import TargetOutput
 from draftsmith.train.settings import DEFAULT_TTT_STEPS, ConfigError, TrainConfig
 from draftsmith.train.draft_vocab import build_draft_vocab
 from draftsmith.train.examples import collate
@@ -21,7 +22,6 @@ from draftsmith.train.losses import (DraftTargets, LossOutput, decayed_sum, dpac
                           top1_labels, ttt_step_loss, ttt_step_view, weighted_mean)
 
 from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
-from draftsmith.train.objectives.peagle import Rollouts, cod_rollouts, parallel_top1, peagle_losses
 from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
 from draftsmith.train.unroll import unroll
 
@@ -32,7 +32,6 @@ logger = logging.getLogger("draftsmith.train")
 class Eagle3Features(Features):
     embeds: Tensor  # (B, T, H_t) the target's input embeddings, fp32
     targets: DraftTargets  # (B, T, Vd) soft labels on the draft vocabulary + the target's top-1
-    rollouts: Rollouts | None = None  # P-EAGLE: this step's COD-sampled rollouts (``perturb``); None = drawn at seed 0
 
 
 class Eagle3Objective(Objective):
@@ -45,10 +44,6 @@ class Eagle3Objective(Objective):
             cfg.head.ttt_steps = DEFAULT_TTT_STEPS
         if cfg.head.init_from_target is None:
             cfg.head.init_from_target = True
-        if cfg.head.variant == "peagle" and (cfg.train.loss == "dpace" or cfg.train.stage == "on-policy"):
-            raise ConfigError(f"head.variant=peagle trains its depths in one forward: train.loss=dpace and "
-                              f"train.stage=on-policy (TTT chains) do not apply (train.loss={cfg.train.loss}, "
-                              f"train.stage={cfg.train.stage})")
         if cfg.train.labels == "top1" and cfg.train.stage == "on-policy":
             raise ConfigError("train.labels=top1 trains the supervised stage; the on-policy stage learns the target's "
                               "law after the drafted prefix (forward and reverse KL): set train.labels=soft with it")
@@ -81,12 +76,11 @@ class Eagle3Objective(Objective):
             f = dataclasses.replace(f, targets=f.targets._replace(in_vocab=torch.ones_like(f.targets.in_vocab)))
         if self.labels == "top1":  # the law's top-1 over the draft vocabulary, one-hot: greedy verification's event
             f = dataclasses.replace(f, targets=f.targets._replace(probs=top1_labels(f.targets.probs)))
-        if self.head.config.is_peagle:
-            rollouts = f.rollouts if f.rollouts is not None else self.draw_rollouts(f, 0)
-            steps = peagle_losses(self.head, f, rollouts, self.loss)
-            return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
-                              *(torch.cat([getattr(s, n) for s in steps]) for n in ("step_losses", "correct", "count",
-                                                                                     "accept")))
+        return self.supervised_forward(f)
+
+    def supervised_forward(self, f: Features) -> LossOutput:
+        """The supervised loss over labels as ``forward`` set them: the TTT steps' (P-EAGLE's objective: its
+        depths')."""
         outs = unroll(self.head, self.head.project(f.hidden), f.embeds, self.ttt_steps)
         if self.loss == "dpace":
             return self.dpace_forward(f, [self.head.compute_logits(out) for out in outs])
@@ -95,15 +89,6 @@ class Eagle3Objective(Objective):
         return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
                           *(torch.cat([getattr(s, n) for s in steps]) for n in ("step_losses", "correct", "count",
                                                                                  "accept")))
-
-    def perturb(self, features: Features, cfg: TrainConfig, seed: int) -> None:
-        """P-EAGLE: this step's COD rollouts, drawn from ``seed``."""
-        if self.head.config.is_peagle:
-            features.rollouts = self.draw_rollouts(features, seed)
-
-    def draw_rollouts(self, features: Features, seed: int) -> Rollouts:
-        generator = torch.Generator(features.loss_mask.device).manual_seed(seed)
-        return cod_rollouts(features.loss_mask, self.head.config.num_depths, generator)
 
     def dpace_forward(self, f: Features, step_logits: list[Tensor]) -> LossOutput:
         """D-PACE over each position's chain of TTT steps: step k at position i is chain position k."""
@@ -163,13 +148,11 @@ class Eagle3Objective(Objective):
     @staticmethod
     @torch.no_grad()
     def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
-        if head.config.is_peagle:
-            return parallel_top1(head, features, depth)
         return torch.stack([head.draft_to_target(head.compute_logits(out).argmax(-1))
                             for out in unroll(head, head.project(features.hidden), features.embeds, depth)])
 
-    @staticmethod
-    def prepare_head(head: nn.Module, setup: HeadSetup):
+    @classmethod
+    def prepare_head(cls, head: nn.Module, setup: HeadSetup):
         """A reduced draft vocabulary from the training data's targets; the target's final norm and
         lm_head rows as the head's starting point (``head.init_from_target``)."""
         report = None
@@ -181,10 +164,7 @@ class Eagle3Objective(Objective):
             head.set_draft_vocab(report.ids)
             logger.info("draft vocab: %d of %d tokens cover %.1f%% of training targets (%s)",
                         head.config.draft_vocab_size, setup.vocab_size, 100 * report.coverage, report.cache_path)
-        if head.config.is_peagle:  # the mask embedding starts as the target's embedding of the mask token
-            with torch.no_grad():
-                row = setup.target.get_input_embeddings().weight[head.config.mask_token_id]
-                head.mask_embedding.copy_(row.to(head.mask_embedding))
+        cls.start_variant_inputs(head, setup)
         if setup.cfg.head.init_from_target:
             temper = start_from_target(head, setup)
             logger.info("EAGLE-3 norm and lm_head start from the target's final norm%s and lm_head rows",
@@ -195,8 +175,12 @@ class Eagle3Objective(Objective):
         return report
 
     @staticmethod
+    def start_variant_inputs(head: nn.Module, setup: HeadSetup) -> None:
+        """A variant's own inputs' start, before the head starts from the target (none for EAGLE-3)."""
+
+    @staticmethod
     def eval_depth(head: nn.Module, cfg: TrainConfig) -> int:
-        return cfg.train.eval_depth or (head.config.num_depths if head.config.is_peagle else cfg.head.ttt_steps)
+        return cfg.train.eval_depth or cfg.head.ttt_steps
 
 
 TEMPERS = tuple(0.5 ** i for i in range(7))  # 1 ... 1/64
@@ -219,7 +203,7 @@ def start_from_target(head: nn.Module, setup: HeadSetup) -> float:
     device = head.lm_head.weight.device
     head.to(setup.target.device)
     try:
-        objective = Eagle3Objective(head, setup.cfg)
+        objective = Eagle3Objective(head, setup.cfg)  # P-EAGLE's for a P-EAGLE head (Objective.__new__)
         features = objective.features(setup.target, batch, head)
         lm_head = setup.target.get_output_embeddings()
         saved = {k: v.clone() for k, v in head.state_dict().items() if k.startswith(("norm.", "lm_head."))}

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.infer.drafters.early_exit import DEFAULT_CHAIN
-from draftsmith.infer.target import TargetOutput
+from draftsmith.target.model import TargetOutput
 from draftsmith.train.settings import TrainConfig
 from draftsmith.train.features import Features
 from draftsmith.train.losses import LossOutput, soft_loss, step_slices

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.target import TargetOutput, target_forward
+from draftsmith.target.model import TargetOutput, target_forward
 from draftsmith.train.backbone import add_lora, has_lora, lora_parameters, original
 from draftsmith.train.settings import ConfigError, TrainConfig
 from draftsmith.train.features import Features

@@ -1,0 +1,173 @@
+"""Which of transformers' two Gated DeltaNet rules a short verify runs (docs/hybrid.md, "Short verifies run the per-token
+Gated DeltaNet rule").
+
+transformers' Gated DeltaNet layers (Qwen3.5 / 3.6, Qwen3-Next, OLMo-hybrid) run one of two module-level
+functions: ``torch_recurrent_gated_delta_rule`` (a loop over tokens: what plain decoding runs, one token
+per call) when the forward has one token and a state, ``torch_chunk_gated_delta_rule`` otherwise. The
+chunked rule's torch reference pads the sequence to a 64-token chunk and solves two 64 x 64 triangular
+systems per head, so on CPU a verify of 2..12 tokens costs about what 64 would, where the per-token loop
+costs in proportion to the tokens (measured in docs/hybrid.md: per call, the per-token rule is faster up to
+11-12 tokens on ``demo:tiny-hybrid``'s layers, past 16 on wider layers and batches).
+
+``per_token_rule(modules)`` is a context entered around the generator's verify and replay forwards: inside
+it, those modules' ``torch_chunk_gated_delta_rule`` name routes a call with a state (``initial_state``) and at
+most ``PER_TOKEN_MAX`` tokens to the same module's ``torch_recurrent_gated_delta_rule``, with the same
+arguments; on exit (or an exception) the module's own function is back. Both are transformers' functions:
+nothing of the model is re-implemented, and the per-token rule is the one plain decoding runs.
+
+``per_token_modules(model)`` picks the modules it applies to: only where both functions are transformers'
+torch reference (never when flash-linear-attention or a hub kernel provides them: their chunked kernels
+have no 64-token padding to avoid), the layer runs its class's own ``forward`` (a hub kernel may replace
+it), and the model sits on the CPU (the only device the crossover was measured on).
+
+Why a context and not a permanent patch: the swap lives only as long as our verify forward, so anything
+else in the process calling the same model class (its ``generate``, training, another library) runs
+transformers' code unchanged. A swap is process-wide while it lasts; a forward of another model of the same
+class in another thread during our verify would also route, which only changes which of two exact
+algorithms computes the same function. Nested and concurrent contexts count entries per module and
+restore the original when the last one leaves.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from contextlib import contextmanager
+from types import ModuleType
+
+from torch import nn
+
+from draftsmith.target.one_token import one_token_mixers, one_token_steps
+
+CHUNKED = "torch_chunk_gated_delta_rule"  # transformers' name in every Gated DeltaNet modeling file (5.17 and 5.24)
+PER_TOKEN = "torch_recurrent_gated_delta_rule"
+SCAN = "mamba2_chunk_scan"  # transformers 5.24's Mamba-2 chunked scan (Nemotron-H, Bamba, Granite-4-H, Falcon-H1, Zamba2)
+# Most tokens a stateful call routes to the per-token rule: the kernel-level crossover on demo:tiny-hybrid's
+# layers (CPU, one thread, batch 1: 11-12 tokens; wider heads and batches favour the per-token rule further).
+PER_TOKEN_MAX = 12
+
+_lock = threading.Lock()
+_entered: dict[tuple[str, str], list] = {}  # (module name, function name) -> [its own function, entries]
+
+
+def _is_torch_reference(fn) -> bool:
+    """Whether ``fn`` (a module-level rule, wrapped by transformers' kernel fallback decorator) runs the torch
+    reference: the decorator keeps the implementation it chose (fla's when installed) in its closure."""
+    reference = inspect.unwrap(fn)
+    try:
+        chosen = inspect.getclosurevars(fn).nonlocals.get("implementation", reference)
+    except (TypeError, ValueError):  # not a Python function: a kernel object, not the torch reference
+        return False
+    return chosen is reference and reference.__module__.startswith("transformers.")
+
+
+def per_token_modules(model: nn.Module) -> tuple:
+    """What a verify of ``model`` routes (empty: nothing): the modeling modules whose Gated DeltaNet or Mamba-2
+    layers run transformers' torch reference of their rules, through their class's own ``forward``, on the CPU;
+    and the mixers of the families whose multi-token path is not their one-token decode, which run per token
+    on every device (``target.one_token``)."""
+    return _rule_modules(model) + one_token_mixers(model)
+
+
+def _calls(cls: type, name: str) -> bool:
+    """Whether a function of ``cls`` (its ``forward`` or a helper it dispatches to) calls ``name``."""
+    for value in vars(cls).values():
+        code = getattr(inspect.unwrap(value), "__code__", None) if callable(value) else None
+        if code is not None and name in code.co_names:
+            return True
+    return False
+
+
+def _rule_modules(model: nn.Module) -> tuple[ModuleType, ...]:
+    """The modeling modules of ``model``'s Gated DeltaNet and Mamba-2 layers whose rules are transformers'
+    torch reference, called by the class's own ``forward``, on the CPU."""
+    modules: dict[str, ModuleType] = {}
+    for layer in model.modules():
+        module = sys.modules.get(type(layer).__module__)
+        own = type(layer).forward
+        names = [name for name in (CHUNKED, SCAN) if _calls(type(layer), name)]
+        if not names:
+            continue  # not a Gated DeltaNet or Mamba-2 layer: it never calls a chunked rule
+        forward = vars(layer).get("_old_forward", vars(layer).get("forward", own))  # accelerate keeps the class's
+        if getattr(forward, "__func__", forward) is not own:  # a hub kernel's forward replaced the class's
+            continue
+        rules = [_own(module, names[0])] + ([getattr(module, PER_TOKEN, None)] if names[0] == CHUNKED else [])
+        if not all(_is_torch_reference(rule) for rule in rules):
+            continue
+        if any(p.device.type != "cpu" for p in layer.parameters(recurse=False)):
+            continue
+        modules[module.__name__] = module
+    return tuple(modules.values())
+
+
+def _own(module: ModuleType, name: str):
+    """``module``'s own function ``name`` (not a router a context bound in its place)."""
+    entry = _entered.get((module.__name__, name))
+    return entry[0] if entry is not None else getattr(module, name)
+
+
+def _short_scan(chunked):
+    """Mamba-2's chunked scan, run over a stateful call of T < ``chunk_size`` tokens in one chunk of T: the
+    same function (the chunked algorithm is exact for any chunk length) without padding T to the chunk."""
+
+    def scan(hidden_states, dt, A, B, C, chunk_size: int, *args, initial_states=None, **kwargs):
+        if initial_states is not None and hidden_states.shape[1] < chunk_size:
+            chunk_size = hidden_states.shape[1]
+        return chunked(hidden_states, dt, A, B, C, chunk_size, *args, initial_states=initial_states, **kwargs)
+
+    scan.routes_short_calls = True
+    return scan
+
+
+def _routed(module: ModuleType, chunked, max_tokens: int):
+    """``module``'s chunked rule, sending a call with a state and at most ``max_tokens`` tokens to the
+    module's per-token rule (looked up per call). query (B, T, H_k, d_k); initial_state (B, H_v, d_k, d_v)."""
+
+    def rule(query, key, value, g, beta, chunk_size: int = 64, initial_state=None, output_final_state: bool = False,
+             use_qk_l2norm_in_kernel: bool = False, **kwargs):
+        if initial_state is not None and query.shape[1] <= max_tokens:
+            return getattr(module, PER_TOKEN)(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                                              output_final_state=output_final_state,
+                                              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+        return chunked(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
+                       output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+
+    rule.routes_short_calls = True  # marks the swap (tests look for it)
+    return rule
+
+
+@contextmanager
+def per_token_rule(routes: tuple, max_tokens: int = PER_TOKEN_MAX):
+    """Inside: the modeling modules in ``routes`` run their chunked Gated DeltaNet rule's stateful calls of at
+    most ``max_tokens`` tokens with the per-token rule, and their Mamba-2 scan's stateful calls shorter than a
+    chunk in one chunk of their length; the mixers in it run stateful calls one token at a time
+    (``target.one_token``). On exit each has its own function back (when no other context holds it)."""
+    modules = tuple(r for r in routes if isinstance(r, ModuleType))
+    with one_token_steps(tuple(r for r in routes if isinstance(r, nn.Module))), _swapped(modules, max_tokens):
+        yield
+
+
+@contextmanager
+def _swapped(modules: tuple[ModuleType, ...], max_tokens: int):
+    """Each module's chunked rule bound to its router (Gated DeltaNet: ``_routed``; Mamba-2: ``_short_scan``)."""
+    swaps = [(m, CHUNKED if hasattr(m, CHUNKED) else SCAN) for m in modules]
+    with _lock:
+        for module, name in swaps:
+            entry = _entered.setdefault((module.__name__, name), [getattr(module, name), 0])
+            if entry[1] == 0:
+                router = _routed(module, entry[0], max_tokens) if name == CHUNKED else _short_scan(entry[0])
+                setattr(module, name, router)
+            entry[1] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            for module, name in swaps:
+                entry = _entered[(module.__name__, name)]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    setattr(module, name, entry[0])
+                    del _entered[(module.__name__, name)]
+
+
+__all__ = ["PER_TOKEN_MAX", "per_token_modules", "per_token_rule"]
