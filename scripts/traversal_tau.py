@@ -17,6 +17,7 @@ import argparse
 import json
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 # root: 2 children; the first expanded 3 more levels (2, then 2, then 1 wide), the second one level: 8 drafts
@@ -64,13 +65,13 @@ def decode_all(args: argparse.Namespace) -> dict[str, list[tuple[int, int]]]:
 
     from draftsmith.data.corpus import continuation_prompts
     from draftsmith.data.targets import load_target, load_target_tokenizer, resolve_target
-    from draftsmith.heads import AutoHead
     from draftsmith.infer import SpeculativeGenerator, StaticTree
+    from draftsmith.scripts.rank_heads import load_head
 
     path = resolve_target(args.target)
     target = load_target(path, attn_implementation="sdpa").eval()
     tokenizer = load_target_tokenizer(path)
-    head = AutoHead.from_pretrained(str(args.head)).eval()
+    head = load_head(args.head, Path(tempfile.mkdtemp()))  # a run's output_dir or one of its checkpoints
     prompts = continuation_prompts(tokenizer, args.prompts, args.prompt_tokens, args.max_new_tokens)
     gens = {v: SpeculativeGenerator(target, head, tree=StaticTree(SHAPE, sampled=v.endswith("sampled")),
                                     acceptance=v.split("-")[0]) for v in args.variants}
