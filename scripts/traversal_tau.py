@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                                                               sum(s for _, s in runs[base])), "ci95": [low, high]})
         print(f"{v}: τ {tau:.3f}, {rows[-1]['ratio']:.3f}x {base} (95% {low:.3f}-{high:.3f})")
     if args.out is not None:
-        args.out.write_text(json.dumps({"rows": rows, "shape": SHAPE, "temperature": args.temperature,
+        args.out.write_text(json.dumps({"rows": rows, "decodes": runs, "shape": SHAPE, "temperature": args.temperature,
                                         "seeds": args.seeds, "prompts": args.prompts,
                                         "max_new_tokens": args.max_new_tokens}, indent=1) + "\n")
     return 0
