@@ -115,7 +115,7 @@ class Stats:
 
 class RegenerationStopped(OSError):
     """The whole run stopped early (server unreachable, too many failures in a row, --deadline); an
-    OSError so that ``data.cli.run`` ends it in one line with exit code 2. Rows written are kept."""
+    OSError so that ``data.entry_point.run`` ends it in one line with exit code 2. Rows written are kept."""
 
 
 class TurnError(Exception):

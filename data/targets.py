@@ -1,6 +1,6 @@
 """Where a target model comes from: ``demo:<size>``, a local directory, or a Hugging Face Hub id.
 
-``resolve_target`` is what every entry point that takes a target calls (training, ``infer.cli``,
+``resolve_target`` is what every entry point that takes a target calls (training, ``infer.generate_command``,
 ``SpeculativeGenerator.from_pretrained``, ``scripts/export.py``), so a demo name, a missing path and
 an unreachable Hub give the same answer everywhere. ``hub_errors`` turns the Hub client's network
 errors into one line naming the repo. ``load_target``/``load_target_tokenizer`` load what it names; a

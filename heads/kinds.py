@@ -12,6 +12,7 @@ from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.eagle3 import Eagle3Head
 from draftsmith.heads.early_exit import EarlyExitHead
 from draftsmith.heads.medusa import MedusaHead
+from draftsmith.heads.mtp import MtpHead
 from draftsmith.heads.variants.domino import DominoHead
 from draftsmith.heads.variants.dspark import DSparkHead
 from draftsmith.heads.variants.peagle import PEagleHead
@@ -20,7 +21,7 @@ from draftsmith.heads.variants.peagle import PEagleHead
 # training objective (train/objectives/<kind>.py) and its drafter (infer/drafters/<kind>.py), found by name;
 # tests/heads/test_kind_contract.py checks the three against their bases.
 HEAD_CLASSES: dict[str, type[DraftHead]] = {cls.config_class.head_kind: cls for cls in (
-    MedusaHead, EagleHead, Eagle3Head, DFlashHead, EarlyExitHead)}
+    MedusaHead, EagleHead, Eagle3Head, DFlashHead, EarlyExitHead, MtpHead)}
 # The variants with classes of their own, each a subclass of its kind's head and config (heads/variants/<variant>.py),
 # with its objective (train/objectives/variants/<variant>.py) and drafter (infer/drafters/variants/<variant>.py)
 # subclassing the kind's, found by name; tests/heads/test_kind_contract.py checks them as the kinds.

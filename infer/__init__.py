@@ -1,6 +1,6 @@
 """draftsmith inference: drafting, tree verification and lossless speculative generation.
 
-The names below load on first use (PEP 562), so that ``python -m draftsmith.infer.cli`` checks its arguments
+The names below load on first use (PEP 562), so that ``python -m draftsmith.infer.generate_command`` checks its arguments
 before torch and transformers load."""
 from __future__ import annotations
 

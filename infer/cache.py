@@ -218,9 +218,8 @@ class StaticHeadCache:
             values[:, :, lengths[0]: end] = value
         else:
             slots = torch.tensor(lengths, device=key.device)[:, None] + torch.arange(t, device=key.device)  # (rows, T)
-            index = slots[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
-            keys.scatter_(2, index, key.to(keys.dtype))
-            values.scatter_(2, index, value.to(values.dtype))
+            scatter_slots(keys, slots, key)
+            scatter_slots(values, slots, value)
         counts = self.counts if self.counts is not None else [t] * self.rows
         self._lengths[layer_idx] = [n + c for n, c in zip(lengths, counts)]
         return keys[:, :, :end], values[:, :, :end]
@@ -339,10 +338,16 @@ class SlotWrites:
 
     def update(self, layer_idx: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         keys, values = self.cache._keys[layer_idx], self.cache._values[layer_idx]
-        index = self.slots[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
-        keys.scatter_(2, index, key.to(keys.dtype))
-        values.scatter_(2, index, value.to(values.dtype))
+        scatter_slots(keys, self.slots, key)
+        scatter_slots(values, self.slots, value)
         return keys, values
+
+
+def scatter_slots(buffer: Tensor, slots: Tensor, entries: Tensor) -> None:
+    """Write ``entries`` (rows, H, T, D) into ``buffer`` (rows, H, capacity, D) at each row's ``slots`` (rows, T);
+    keys and values each by their own width (multi-head latent attention caches latents of two widths)."""
+    index = slots[:, None, :, None].expand(-1, entries.shape[1], -1, entries.shape[-1])
+    buffer.scatter_(2, index, entries.to(buffer.dtype))
 
 
 def block_slot_mask(prefixes: Tensor, block: Tensor, width: int, dtype: torch.dtype) -> Tensor:

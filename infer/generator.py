@@ -129,8 +129,9 @@ class SpeculativeGenerator:
             drafter does not draft into the target's own cache), else "replay". Ignored for attention-only
             targets (``self.rollback`` is then a no-op).
         per_token: a hybrid's short verify and replay forwards run its Gated DeltaNet layers with transformers'
-            per-token rule where ``target.delta_rule`` finds it applies (``per_token_modules``); False = the
-            chunked rule everywhere (what ``scripts/bench_rollback.py --rules chunked`` times).
+            per-token rule where ``target.delta_rule`` finds it applies (``per_token_modules``); False = their
+            chunked rule (what ``lab/bench_rollback.py --rules chunked`` times). Only that rule choice: the
+            routing exactness needs (Mamba mixers per token, Mamba-2 scans without the dt clamp) stays either way.
     """
 
     def __init__(
@@ -174,8 +175,11 @@ class SpeculativeGenerator:
         self.drafter.compile_with(self.compile)  # the same switch for the draft step
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
-        # Gated DeltaNet modules whose short verifies and replays run the per-token rule (target.delta_rule)
-        self.per_token_modules = per_token_modules(target) if hybrid and per_token else ()
+        if not isinstance(per_token, bool):
+            raise ValueError(f"per_token must be True or False, got {per_token!r}")
+        # what a hybrid's verify and replay forwards route (target.delta_rule): the Gated DeltaNet rule (per_token),
+        # and whatever keeps them equal to the target's own decode (always)
+        self.per_token_modules = per_token_modules(target, gated_delta_rule=per_token) if hybrid else ()
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
             raise ValueError(f"plan must be a SpeculationPlan, the path of one or None, got {type(plan).__name__}")
@@ -219,7 +223,7 @@ class SpeculativeGenerator:
             head = head_path(target)  # a drafter built for the loaded target
         else:
             if isinstance(head_path, (str, os.PathLike)) and "plan" not in kwargs:
-                kwargs["plan"] = find_plan(head_path)  # scripts/calibrate_speculation.py's, when there is one
+                kwargs["plan"] = find_plan(head_path)  # scripts/speculation_plan.py's, when there is one
             head = (head_path if isinstance(head_path, nn.Module) else AutoHead.from_pretrained(head_path)).eval()
         try:
             tokenizer = load_target_tokenizer(target_path)

@@ -10,9 +10,10 @@ too. A ``Rollback`` is the generator's one hook for that, called three times per
 
 One implementation per rule (docs/hybrid.md): ``Replay`` ("replay": restore the checkpoint, then one more
 forward over the accepted tokens through the layers up to the last recurrent one) and ``Merged`` ("merged":
-restore, and run the accepted tokens again in front of the next step's draft, in its verify); an attention-only
-target gets ``NoRollback``, which verifies the drafts as they are and keeps nothing. ``make_rollback`` picks
-one. A new rule is a subclass here and a name in ``RULES``.
+restore, and run the accepted tokens again in front of the next step's draft, in its verify), both subclasses of
+``Rollback``, the hook itself, whose defaults roll nothing back: an attention-only target gets a plain
+``Rollback()``, which verifies the drafts as they are and keeps nothing. ``make_rollback`` picks one. A new rule
+is a subclass here and a name in ``RULES``.
 """
 from __future__ import annotations
 
@@ -59,8 +60,9 @@ class Pending:
     before: Checkpoint
 
 
-class NoRollback:
-    """An attention-only target: its KV is compacted to the accepted tokens, no state needs rolling back."""
+class Rollback:
+    """The generator's rollback hook; as it is, for an attention-only target (its KV is compacted to the accepted
+    tokens, no state needs rolling back): no checkpoint, the drafts verified as they are, nothing put back."""
 
     rule: str | None = None
 
@@ -77,7 +79,7 @@ class NoRollback:
         """Any tree verifies."""
 
 
-class Replay(NoRollback):
+class Replay(Rollback):
     """rollback="replay": restore the checkpoint, then run each row's accepted tokens through the target again.
 
     ``route`` is the generator's context around every verify and replay forward (the per-token Gated DeltaNet
@@ -214,9 +216,9 @@ def _after_pending(pending: Tensor, draft: Draft) -> Draft:
 
 
 def make_rollback(rule: str | None, target: nn.Module, hybrid: bool, compile: bool | str, drafter: Drafter,
-                  route: Callable[[], AbstractContextManager]) -> NoRollback:
+                  route: Callable[[], AbstractContextManager]) -> Rollback:
     """The generator's rollback: ``rule`` checked on every target ("merged", "replay" or None); an attention-only
-    target gets ``NoRollback``. "merged" needs an eager verify (the pending tokens widen it past the budget a
+    target gets a plain ``Rollback`` (nothing to roll back). "merged" needs an eager verify (the pending tokens widen it past the budget a
     compiled one is padded to) and a drafter that does not draft into the target's cache (layer skip's shared
     KV: its draft would read states missing the pending tokens); None = "merged" where it applies, else "replay"."""
     if rule not in (None, *RULES):
@@ -226,9 +228,9 @@ def make_rollback(rule: str | None, target: nn.Module, hybrid: bool, compile: bo
     if rule == "merged" and why is not None and hybrid:
         raise ValueError(f"rollback='merged' cannot run here: {why}; use rollback='replay' or None")
     if not hybrid:
-        return NoRollback()
+        return Rollback()
     rule = rule or ("merged" if why is None else "replay")
     return (Merged if rule == "merged" else Replay)(target, route)
 
 
-__all__ = ["MAX_PENDING", "RULES", "Merged", "NoRollback", "Pending", "Replay", "Verify", "make_rollback"]
+__all__ = ["MAX_PENDING", "RULES", "Merged", "Pending", "Replay", "Rollback", "Verify", "make_rollback"]

@@ -5,7 +5,7 @@ batch grows, each verify carries B x N tokens and drafting costs per row too, so
 size plain decoding is faster (on a CPU already at a few rows; on an accelerator much later). A
 ``SpeculationPlan`` maps batch sizes to the draft length that measured fastest there, 0 meaning
 "off" (the generator then decodes one token per row per step, without drafting). Written by
-``scripts/calibrate_speculation.py`` as ``speculation_plan.json`` (into the head's directory by
+``scripts/speculation_plan.py`` as ``speculation_plan.json`` (into the head's directory by
 default, where ``SpeculativeGenerator.from_pretrained`` finds it); a batch size between calibrated
 ones takes the entry of the largest calibrated size below it.
 """

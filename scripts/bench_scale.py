@@ -28,7 +28,7 @@ from pathlib import Path
 
 from draftsmith.data.base.checks import cli_count, cli_counts
 from draftsmith.data.base.paths import claim_report_dir
-from draftsmith.data.cli import prog
+from draftsmith.data.entry_point import prog
 from draftsmith.infer.bench.shapes import SHAPES
 
 
@@ -87,6 +87,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

@@ -12,12 +12,9 @@ same chain with the LM's own drafts guessed by prompt lookup or by ``--assistant
 prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafter (chain, tree of
 3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
 ``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.free.lookup_first``); each head with every
-tree in ``--trees`` (by default ``default,tree,chain4``; a tree equal to an earlier one is run once):
-``default`` (what ``python -m draftsmith.infer.cli`` and a generator given no tree draft: on CPU an EAGLE
-head's adaptive chain), ``tree`` (the kind's tree-shaped default for the device: Medusa's static tree,
-an EAGLE-2 dynamic tree), ``chainN``,
-``dynD-K-N`` (EAGLE: DynamicTree(depth=D, top_k=K, total_tokens=N)), ``medusaN`` (the first N
-nodes of mc_sim_7b_63); a tree that does not fit a head's kind is skipped. Per method: median tokens/s over prompts
+draft shape in ``--trees`` (``infer.tree_shape``, the language ``draftsmith generate --tree`` reads: default, tree,
+chainN, dynD-K-N, medusaN; by default ``default,tree,chain4``; a shape equal to an earlier one runs once, one the
+head's kind cannot draft is skipped). Per method: median tokens/s over prompts
 and repeats (after warm-up), speedup over vanilla, τ (tokens per verification forward), the mean
 number of tokens each verification forward carried, peak memory (CUDA only), and whether the
 greedy output is identical to vanilla's. Speedups are reported against vanilla and against
@@ -46,14 +43,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from draftsmith.data.base.checks import cli_count, cli_counts, cli_real
 from draftsmith.data.base.paths import claim_report_dir
-from draftsmith.data.cli import prog
+from draftsmith.data.entry_point import prog
 from draftsmith.infer.bench.prompts import load_prompts
-from draftsmith.infer.bench.tree_spec import TREE_SPEC
+from draftsmith.infer.tree_shape import FORMS, parse_tree_shape
 
 __all__ = ["load_prompts", "main", "parse_args"]
 
@@ -76,8 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=cli_count(), default=3)
     p.add_argument("--warmup", type=cli_count(0), default=1)
     p.add_argument("--trees", default="default,tree,chain4",
-                   help="comma-separated trees per head: default (what infer.cli decodes with: on CPU an EAGLE "
-                        "head's adaptive chain), tree, chainN, dynD-K-N, medusaN (default: default,tree,chain4)")
+                   help="comma-separated draft shapes per head (infer.tree_shape): default (what generate decodes with: "
+                        "on CPU an EAGLE head's adaptive chain), tree, chainN, dynD-K-N, medusaN")
     p.add_argument("--no-prompt-lookup", action="store_true", help="skip HF prompt-lookup decoding")
     p.add_argument("--no-hf-static", action="store_true", help="skip HF generate with a static cache")
     p.add_argument("--compile", default=None,
@@ -108,85 +104,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--assistant-head guesses the assistant's drafts: pass --assistant too")
     args.compile = {None: None, "true": True, "false": False}.get(args.compile, args.compile)
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
-    bad = [t for t in args.trees if not TREE_SPEC.match(t)]
-    if bad or not args.trees:
-        p.error(f"--trees: unknown tree(s) {bad}; use tree, default, chainN, dynD-K-N or medusaN")
+    if not args.trees:
+        p.error(f"--trees: no tree given; use {FORMS}")
+    for tree in args.trees:
+        try:
+            parse_tree_shape(tree)
+        except ValueError as e:
+            p.error(f"--trees: {e}")
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Run every method, write results.json, results.md and plots to ``--out``; returns the results."""
-    args = parse_args(argv)
-    deadline = time.monotonic() + 60 * args.max_minutes if args.max_minutes else None
-    claim_report_dir(args.out)  # before minutes of timing: a folder of someone else's files is refused now
-    # torch, transformers and the decoders load only now: an argument mistake is one line in a second
-    import torch
+def train_throughput(target: str) -> dict[str, dict]:
+    """Head-training tokens/s per demo recipe against the target's forward-only tokens/s (``--train-throughput``)."""
     from tqdm.auto import tqdm
 
-    from draftsmith.data.base.device import default_device
-    from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
-    from draftsmith.infer.bench.batch import time_batches
-    from draftsmith.infer.bench.cost import step_costs
-    from draftsmith.infer.bench.methods import build_methods, time_methods
-    from draftsmith.infer.bench.profile import profile_heads
-    from draftsmith.infer.bench.report import summarise, write_report
-    from draftsmith.infer.bench.timing import ForwardCounter, hardware
-    from draftsmith.target.recurrent import check_supported
-    from draftsmith.target.threads import choose_threads
+    from draftsmith.train.args import parse_args as train_args
+    from draftsmith.train.throughput import measure_throughput
 
-    device = default_device(args.device)
-    if device.type == "cpu":  # the one thread policy (target.threads): --threads, OMP_NUM_THREADS or a probe
-        print(choose_threads(args.threads), file=sys.stderr, flush=True)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    torch.manual_seed(0)
-    target_path = resolve_target(args.target)  # results keep the name given (demo:smollm2), not the cache path
-    check_supported(load_target_config(target_path))  # a stateful model it cannot decode: one line, before loading
-    target = load_target(target_path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
-    tokenizer = load_target_tokenizer(target_path)
-    prompts = load_prompts(args, tokenizer)
-    sizes = sorted(set(args.tree_sizes) | {1})
-    counter = ForwardCounter(target)
-    skipped: dict[str, str] = {}  # methods a hybrid target cannot run, with why (reported, not timed)
-    methods = build_methods(args, target, tokenizer, skipped)
-    generators = [m.generator for m in methods if m.generator is not None]
-    counter.enabled(False)  # t(N) runs on the generators' own step (a hook could be traced into a graph)
-    costs = step_costs(target, prompts[0], sizes, args, generators)
-    timed = time_methods(methods, prompts, args, target, counter, deadline)
-    prompts = prompts[:timed]
-    rows = summarise(methods, costs)
-    unstable = [r["method"] for r in rows if r["timings_unstable"]]
-    if unstable:  # the table says "unstable" for these rows instead of an impossible percentage
-        print(f"benchmark: timings unstable for {', '.join(unstable)} (efficiency over 100%): the machine's load "
-              "changed between measurements; rerun on an idle one", file=sys.stderr, flush=True)
-    meta = {
-        "target": args.target, "heads": args.heads, "assistant": args.assistant,
-        "assistant_head": args.assistant_head, "hardware": hardware(device),
-        "dtype": str(dtype).removeprefix("torch."), "num_prompts": len(prompts), "repeats": args.repeats,
-        "max_new_tokens": args.max_new_tokens, "torch": torch.__version__, "command": " ".join(sys.argv),
-        "skipped": skipped,
-    }
-    result = {"meta": meta, "rows": rows, "verification_cost_s": costs,
-              "runs": {m.name: m.runs for m in methods}}
-    if args.profile:
-        result["profile"] = profile_heads(methods, prompts, args, device)
-    if args.batch_sizes:
-        result["batch"] = time_batches(methods, prompts, args.batch_sizes, args, target, tokenizer)
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    demo = {"medusa": "demo-medusa.yaml", "eagle": "demo-eagle.yaml", "eagle3": "demo.yaml"}
+    return {kind: measure_throughput(train_args([f"target={target}"], default_config=configs / name))
+            for kind, name in tqdm(demo.items(), desc="training throughput")}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run every method (``infer.bench.run``), write results.json, results.md and plots to ``--out``; returns the
+    results."""
+    args = parse_args(argv)
+    claim_report_dir(args.out)  # before minutes of timing: a folder of someone else's files is refused now
+    # torch, transformers and the decoders load only now: an argument mistake is one line in a second
+    from draftsmith.infer.bench.report import write_report
+    from draftsmith.infer.bench.run import run_benchmark
+
+    result = run_benchmark(args, " ".join(sys.argv))
     if args.train_throughput:
-        from draftsmith.train.args import parse_args as train_args
-        from draftsmith.train.throughput import measure_throughput
-
-        configs = Path(__file__).resolve().parents[1] / "configs"
-        demo = {"medusa": "demo-medusa.yaml", "eagle": "demo-eagle.yaml", "eagle3": "demo.yaml"}
-        result["train_throughput"] = {
-            kind: measure_throughput(train_args([f"target={args.target}"], default_config=configs / name))
-            for kind, name in tqdm(demo.items(), desc="training throughput")
-        }
-
+        result["train_throughput"] = train_throughput(args.target)
     write_report(Path(args.out), result)
     return result
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

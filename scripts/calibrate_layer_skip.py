@@ -7,7 +7,7 @@ Decodes held-out demo-corpus prompts (or ``--prompts FILE.jsonl``) greedily with
 layers drafting a chain of ``--depth``, for every k (default: 1 .. L-1), and picks the k with the most
 tokens per second (``infer.bench.calibrate_layer_skip``). The choice goes to the cache
 (``$DRAFTSMITH_CACHE/layer-skip/<target>-<hash>.json``, keyed by the target's identity, device type and
-dtype: ``infer.drafters.free.layer_skip.calibration_path``); ``python -m draftsmith.infer.cli --drafter layer-skip`` then
+dtype: ``infer.drafters.free.layer_skip.calibration_path``); ``python -m draftsmith.infer.generate_command --drafter layer-skip`` then
 drafts with that k. Running it again overwrites the file; ``layer-skip:K`` still forces a k.
 """
 from __future__ import annotations
@@ -16,17 +16,7 @@ import argparse
 import json
 import sys
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from draftsmith.data.base.checks import cli_count
-from draftsmith.data.base.device import default_device
-from draftsmith.data.targets import resolve_target
-from draftsmith.infer.bench.calibrate_layer_skip import calibrate_layer_skip, calibration_markdown
-from draftsmith.infer.bench.prompts import load_prompts
-from draftsmith.infer.drafters.free.layer_skip import calibration_path
-from draftsmith.target.model import decoder_layers
-from draftsmith.target.threads import choose_threads
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,7 +41,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     """Measure every k, write the calibration file, print the table; returns the result."""
-    args = parse_args(argv)
+    args = parse_args(argv)  # before torch loads: a mistake is one line at once
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from draftsmith.data.base.device import default_device
+    from draftsmith.data.targets import resolve_target
+    from draftsmith.infer.bench.calibrate_layer_skip import calibrate_layer_skip, calibration_markdown
+    from draftsmith.infer.bench.prompts import load_prompts
+    from draftsmith.infer.drafters.free.layer_skip import calibration_path
+    from draftsmith.target.model import decoder_layers
+    from draftsmith.target.threads import choose_threads
+
     device = default_device(args.device)
     if device.type == "cpu":
         print(choose_threads(args.threads), file=sys.stderr, flush=True)
@@ -76,6 +77,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

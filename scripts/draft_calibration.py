@@ -17,7 +17,7 @@ import statistics
 import sys
 
 from draftsmith.data.base.checks import cli_count
-from draftsmith.data.cli import prog
+from draftsmith.data.entry_point import prog
 
 
 def calibration(target, head, prompts: list[list[int]], max_new_tokens: int) -> dict[str, float]:
@@ -84,6 +84,6 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

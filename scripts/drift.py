@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from draftsmith.data.base.checks import cli_count, cli_real
 from draftsmith.data.base.paths import claim_report_file, json_with_keys
-from draftsmith.data.cli import prog, run
+from draftsmith.data.entry_point import prog, run
 from draftsmith.infer.bench.prompts import load_prompts
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=cli_count(), default=64)
     p.add_argument("--heldout-tokens", type=cli_count(), default=16384, help="held-out corpus tokens scored per target")
     p.add_argument("--threshold", type=cli_real(0, 1, above=True), default=0.05, help="relative τ loss from which a refresh is advised")
-    p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, as infer.cli)")
+    p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, as draftsmith generate)")
     p.add_argument("--out", help="also write the report as JSON here")
     args = p.parse_args(argv)
     return args

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from draftsmith.data.base.checks import cli_count, cli_real
 from draftsmith.data.base.names import FEATURE_DTYPES
-from draftsmith.data.cli import prog, run
+from draftsmith.data.entry_point import prog, run
 from draftsmith.train.config import load_config
 from draftsmith.train.train_head import DEMO_CONFIG
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from draftsmith.data.base.device import default_device
     from draftsmith.data.base.progress import progress
-    from draftsmith.data.features import bytes_per_token, open_store
+    from draftsmith.data.feature_store import bytes_per_token, open_store
     from draftsmith.data.targets import resolve_target
     from draftsmith.heads import build_head
     from draftsmith.target.model import target_forward

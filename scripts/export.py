@@ -20,7 +20,7 @@ from pathlib import Path
 
 from draftsmith.data.base.checks import cli_count
 from draftsmith.data.base.names import EXPORT_FORMATS, is_demo, looks_like_path
-from draftsmith.data.cli import prog, run
+from draftsmith.data.entry_point import prog, run
 
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names; torch loads only after the arguments parse
 

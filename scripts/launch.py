@@ -120,7 +120,7 @@ def accelerate_option_names() -> set[str]:
 def _check_training_args(training: list[str]) -> int | None:
     """None when the training's ``[--config FILE] [key=value ...]`` parse, else the exit code (its one line,
     or --help, printed). accelerate's own options are checked by accelerate's parser, which loads torch first."""
-    from draftsmith.data.cli import one_line
+    from draftsmith.data.entry_point import one_line
     from draftsmith.train.args import parse_args
     from draftsmith.train.config import ConfigError
     from draftsmith.train.train_head import DEMO_CONFIG

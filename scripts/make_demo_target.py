@@ -25,7 +25,7 @@ from pathlib import Path
 
 from draftsmith.data.base.checks import cli_count
 from draftsmith.data.base.names import DEMO_SIZES
-from draftsmith.data.cli import prog
+from draftsmith.data.entry_point import prog
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,6 +89,6 @@ def ship(built: Path, name: str) -> Path:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.data.base.names import EXPORT_FORMATS
-from draftsmith.data.cli import prog, run
+from draftsmith.data.entry_point import prog, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

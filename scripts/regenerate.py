@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.data.base.checks import cli_count, cli_real
-from draftsmith.data.cli import run
+from draftsmith.data.entry_point import run
 from draftsmith.data.regenerate import HFEngine, OpenAIEngine, Settings, check_base_url, regenerate
 
 MAX_RETRIES = 20

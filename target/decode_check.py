@@ -3,10 +3,13 @@
 Greedy speculative decoding is lossless only if a verify over N tokens, which runs the target once over
 them with its cache, gives the logits the target's own ``generate`` gives running them one at a time. For
 an attention model the two differ by fp32 rounding; a recurrent layer may run another function over
-several tokens than over one (docs/hybrid.md: Jamba's Mamba-1 ignores its state, Bamba's Mamba-2 differs
-by 0.1 logits). ``decode_gap`` runs both through transformers' own cache (``DynamicCache``) on a short
-input: the cached forward of the last ``steps`` tokens, as a verify runs it (inside the routes the
-generator enters: ``target.delta_rule.per_token_rule``), against ``steps`` one-token forwards.
+several tokens than over one (docs/hybrid.md: Jamba's Mamba-1 ignores its state, Nemotron-H's Mamba-2 clamps
+dt in its chunked scan only). ``trajectory_gap`` (what ``can_be_exact`` and ``draftsmith check-target`` run)
+takes short greedy runs of the target's own ``generate`` and verifies the same tokens ``steps`` at a time
+through transformers' cache (``DynamicCache``), as a speculative decode whose drafts are all accepted runs
+them (inside the routes the generator enters: ``target.delta_rule.per_token_rule``): a difference that shows
+only where some state reaches a rare value (a clamp) needs many positions, not one verify. ``decode_gap`` is
+one such verify of the last ``steps`` tokens of a short input against ``steps`` one-token forwards.
 """
 from __future__ import annotations
 
@@ -75,14 +78,50 @@ def gap_line(gap: DecodeGap) -> str:
             f"{gap.argmax_agree} of {gap.positions} positions")
 
 
-def can_be_exact(model: nn.Module, steps: int = 8) -> tuple[bool, str]:
+@torch.inference_mode()
+def trajectory_gap(model: nn.Module, prompts: list[Tensor], new_tokens: int = 32, steps: int = 8,
+                   routes: tuple | None = None) -> DecodeGap:
+    """Each prompt's (1, L) greedy run of ``new_tokens`` by ``model.generate`` (its own decode) against the same
+    tokens verified ``steps`` at a time after the prompt's prefill, both from transformers' cache: the logits
+    that chose each generated token. A position agrees when the verify's greedy token is ``generate``'s, or
+    ties with it within ``RELATIVE_TOLERANCE`` under ``generate``'s logits (rounding may settle a tie either
+    way). ``routes``: as for ``decode_gap``."""
+    routes = per_token_modules(model) if routes is None else routes
+    config = getattr(model, "generation_config", None)
+    pad = next((t for t in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None), 0)
+                if t is not None), 0)
+    diff = scale = 0.0
+    agree = positions = 0
+    for ids in prompts:
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens,  # past EOS: the logits compared are the raw ones
+                             pad_token_id=pad[0] if isinstance(pad, list) else pad, output_logits=True,
+                             return_dict_in_generate=True)
+        tokens, want = ref.sequences[:, ids.shape[1]:], torch.stack(ref.logits, 1)[0].float()  # want[i] chose tokens[i]
+        cache = DynamicCache(config=model.config)
+        got = [_logits(model, ids, cache, 0)[-1:]]
+        for start in range(0, tokens.shape[1] - 1, steps):
+            with per_token_rule(routes):
+                got.append(_logits(model, tokens[:, start: min(start + steps, tokens.shape[1] - 1)], cache,
+                                   ids.shape[1] + start))
+        got = torch.cat(got)
+        diff, scale = max(diff, float((got - want).abs().max())), max(scale, float(want.abs().max()))
+        chosen = want.gather(-1, got.argmax(-1, keepdim=True))[:, 0]
+        agree += int((want.amax(-1) - chosen <= RELATIVE_TOLERANCE * max(1.0, scale)).sum())
+        positions += want.shape[0]
+    return DecodeGap(diff, scale, agree, positions)
+
+
+def can_be_exact(model: nn.Module, steps: int = 8, prompts: int = 2, new_tokens: int = 32) -> tuple[bool, str]:
     """Whether greedy speculative decoding on ``model`` can be exact, and one line saying why (or why not):
-    a refused or untested stateful family, or a verify that computes something else than one-token steps."""
+    a refused or untested stateful family, or verifies that compute something else than ``generate``'s
+    one-token steps along ``prompts`` greedy runs of ``new_tokens`` (``trajectory_gap``)."""
     name = f"{type(model).__name__} ({model_type(model)})"
     if model_type(model) in REFUSED_KINDS:
         return False, unsupported(model)
-    gap = decode_gap(model, probe_ids(model), steps)
-    compared = f"its verify of {steps} tokens through the cache against {steps} one-token steps: {gap_line(gap)}"
+    gap = trajectory_gap(model, [probe_ids(model, 12, seed) for seed in range(prompts)], new_tokens, steps)
+    compared = (f"{prompts} greedy runs of {new_tokens} tokens by its own generate against the same tokens verified "
+                f"{steps} at a time through the cache: {gap_line(gap)}")
     if not gap.exact:
         return False, (f"{name}: speculative decoding cannot be exact: {compared} (more than fp32 rounding, "
                        f"{RELATIVE_TOLERANCE:g} of the largest logit: its layers compute something else over several "
@@ -113,4 +152,5 @@ def check_family(model: nn.Module) -> None:
         raise ValueError(_UNTESTED[mtype]) from None
 
 
-__all__ = ["DecodeGap", "RELATIVE_TOLERANCE", "can_be_exact", "check_family", "decode_gap", "gap_line", "probe_ids"]
+__all__ = ["DecodeGap", "RELATIVE_TOLERANCE", "can_be_exact", "check_family", "decode_gap", "gap_line", "probe_ids",
+           "trajectory_gap"]

@@ -37,7 +37,7 @@ from types import ModuleType
 
 from torch import nn
 
-from draftsmith.target.one_token import one_token_mixers, one_token_steps
+from draftsmith.target.one_token import NO_LIMIT, clamped_mixers, one_token_mixers, one_token_steps
 
 CHUNKED = "torch_chunk_gated_delta_rule"  # transformers' name in every Gated DeltaNet modeling file (5.17 and 5.24)
 PER_TOKEN = "torch_recurrent_gated_delta_rule"
@@ -61,12 +61,23 @@ def _is_torch_reference(fn) -> bool:
     return chosen is reference and reference.__module__.startswith("transformers.")
 
 
-def per_token_modules(model: nn.Module) -> tuple:
+def per_token_modules(model: nn.Module, gated_delta_rule: bool = True) -> tuple:
     """What a verify of ``model`` routes (empty: nothing): the modeling modules whose Gated DeltaNet or Mamba-2
     layers run transformers' torch reference of their rules, through their class's own ``forward``, on the CPU;
-    and the mixers of the families whose multi-token path is not their one-token decode, which run per token
-    on every device (``target.one_token``)."""
-    return _rule_modules(model) + one_token_mixers(model)
+    the mixers of the families whose multi-token path is not their one-token decode, which run per token on
+    every device (``target.one_token``); and the Mamba-2 mixers that clamp dt in their chunked path only
+    (Nemotron-H) where their scan is not routed here (another device, a kernel): per token too.
+
+    ``gated_delta_rule=False`` leaves the Gated DeltaNet modules out (their chunked rule runs: the same function,
+    so exactness keeps) and keeps everything exactness needs: the mixers run per token, the Mamba-2 scans
+    without the clamp."""
+    rules = _rule_modules(model)
+    scanned = {m.__name__ for m in rules if not hasattr(m, CHUNKED)}  # Mamba-2 modules: their scan drops the clamp
+    mixers = one_token_mixers(model)
+    mixers += tuple(m for m in clamped_mixers(model) if type(m).__module__ not in scanned and m not in mixers)
+    if not gated_delta_rule:
+        rules = tuple(m for m in rules if not hasattr(m, CHUNKED))
+    return rules + mixers
 
 
 def _calls(cls: type, name: str) -> bool:
@@ -107,12 +118,16 @@ def _own(module: ModuleType, name: str):
 
 
 def _short_scan(chunked):
-    """Mamba-2's chunked scan, run over a stateful call of T < ``chunk_size`` tokens in one chunk of T: the
-    same function (the chunked algorithm is exact for any chunk length) without padding T to the chunk."""
+    """Mamba-2's chunked scan, run over a stateful call (a verify or a replay) as the one-token update computes it:
+    without the dt clamp (``dt_limit``: Nemotron-H's and Zamba2's mixers pass (``time_step_min``, inf) to the
+    chunked scan only; ``mamba2_selective_state_update``, what ``generate`` runs per token, clamps nothing), and
+    over T < ``chunk_size`` tokens in one chunk of T (the same function: the chunked algorithm is exact for any
+    chunk length) without padding T to the chunk. A call without a state (the prefill) runs as it is."""
 
     def scan(hidden_states, dt, A, B, C, chunk_size: int, *args, initial_states=None, **kwargs):
-        if initial_states is not None and hidden_states.shape[1] < chunk_size:
-            chunk_size = hidden_states.shape[1]
+        if initial_states is not None:
+            kwargs["dt_limit"] = NO_LIMIT
+            chunk_size = min(chunk_size, hidden_states.shape[1])
         return chunked(hidden_states, dt, A, B, C, chunk_size, *args, initial_states=initial_states, **kwargs)
 
     scan.routes_short_calls = True

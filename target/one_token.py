@@ -1,5 +1,6 @@
-"""Jamba's, Zamba's and Zamba2's Mamba layers verify a draft one token at a time: what the target's own
-decode computes (docs/hybrid.md, "Exact against the target's own decode").
+"""Jamba's and Zamba's Mamba layers verify a draft one token at a time, and so does a Mamba-2 mixer that clamps
+dt where its scan cannot be routed: what the target's own decode computes (docs/hybrid.md, "Exact against the
+target's own decode").
 
 Greedy speculative decoding is lossless when a verify over N drafted tokens computes what the target's own
 ``generate`` computes one token at a time. transformers' Mamba mixers do not: their forward over several
@@ -7,10 +8,13 @@ tokens with a state (a verify) runs another function than over one token (a deco
 - Jamba's and Zamba's Mamba-1 mixers run ``mamba_selective_scan`` from a zero state whenever the forward has
   several tokens: the state the cache holds is ignored (max logit difference 3.2 on tests/support/hybrids.py's
   Jamba, argmax agreeing at 1 of 24 positions);
-- Zamba2's Mamba-2 mixer computes something else over several tokens than its one-token update (6.5e-4,
-  1e-4 of the largest logit); the other Mamba-2 families (Nemotron-H, Bamba, Granite-4.0-H, Falcon-H1)
-  compute the same function up to fp32 rounding (at most 7e-6), as Gated DeltaNet, Kimi Delta Attention and
-  short convs do, and keep their multi-token path (one chunked scan is cheaper than N mixer calls).
+- Nemotron-H's and Zamba2's Mamba-2 mixers clamp dt at ``time_step_min`` (``time_step_limit``) in their
+  chunked scan and not in their one-token update (``mamba2_selective_state_update`` takes no limit): in
+  float64 with the clamp dropped and the scan's float32 casts removed, the multi-token path equals the
+  one-token steps to 4e-16; with the clamp, 3e-3 (docs/hybrid.md). ``target.delta_rule`` drops the clamp on
+  stateful scans where it routes the scan (transformers' torch reference on the CPU); elsewhere those mixers
+  (``clamped_mixers``) run per token here. Bamba, Granite-4.0-H and Falcon-H1 clamp nothing by default
+  (``time_step_limit`` (0, inf)) and compute the same function up to rounding.
 
 ``one_token_steps(mixers)`` is a context the generator enters around each verify and replay forward
 (through ``target.delta_rule.per_token_rule``, whose routes ``per_token_modules`` lists these mixers with the
@@ -35,7 +39,8 @@ from draftsmith.target.recurrent import model_type
 
 # Families whose multi-token cached forward is not their one-token decode (measured in docs/hybrid.md;
 # tests/target/test_hybrid_exact.py checks every family against this list)
-ONE_TOKEN_FAMILIES = ("jamba", "zamba", "zamba2")
+ONE_TOKEN_FAMILIES = ("jamba", "zamba")
+NO_LIMIT = (0.0, float("inf"))  # a Mamba-2 dt_limit that clamps nothing (softplus is positive)
 _CACHE_CALLS = frozenset({"get_conv_state", "update_conv_state", "get_recurrent_state", "update_recurrent_state"})
 
 _lock = threading.Lock()
@@ -56,6 +61,15 @@ def one_token_mixers(model: nn.Module) -> tuple[nn.Module, ...]:
     if model_type(model) not in ONE_TOKEN_FAMILIES:
         return ()
     return tuple(m for m in model.modules() if _is_mixer(m) and hasattr(m, "layer_idx"))
+
+
+def clamped_mixers(model: nn.Module) -> tuple[nn.Module, ...]:
+    """The Mamba-2 mixers of ``model`` whose chunked path clamps dt (``time_step_limit`` other than (0, inf):
+    Nemotron-H's and Zamba2's clamp it at ``time_step_min``) where their one-token update does not: a stateful
+    chunked scan computes another function than ``generate``'s one-token steps unless the clamp is dropped
+    (``target.delta_rule``) or the mixer runs per token."""
+    return tuple(m for m in model.modules() if _is_mixer(m) and hasattr(m, "layer_idx")
+                 and tuple(getattr(m, "time_step_limit", None) or NO_LIMIT) != NO_LIMIT)
 
 
 def _has_state(cache, layer_idx: int) -> bool:
@@ -114,4 +128,4 @@ def one_token_steps(mixers: tuple[nn.Module, ...]):
                     del _entered[id(mixer)]
 
 
-__all__ = ["ONE_TOKEN_FAMILIES", "one_token_mixers", "one_token_steps"]
+__all__ = ["NO_LIMIT", "ONE_TOKEN_FAMILIES", "clamped_mixers", "one_token_mixers", "one_token_steps"]

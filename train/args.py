@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from draftsmith.data.cli import prog
+from draftsmith.data.entry_point import prog
 from draftsmith.train.config import ConfigError, TrainConfig, help_text, load_config
 
 

@@ -75,15 +75,16 @@ def _drop_inapplicable(raw: dict, from_file: dict) -> tuple[list[str], str]:
     file unchanged and that the final head kind and variant do not read; a ``head.variant`` of another kind than
     the file's, with ``head.kind`` left as the file has it, picks its kind. Returns the dropped keys and the
     head they are not read by."""
-    from draftsmith.heads.kinds import kind_of_variant
-
     head, file_head = raw.get("head"), from_file.get("head")
     if not isinstance(head, dict) or not isinstance(file_head, dict):
         return [], ""
     file_kind = file_head.get("kind", HeadConfig.kind)
     kind, variant = head.get("kind", HeadConfig.kind), head.get("variant")
-    if kind == file_kind and isinstance(variant, str) and kind_of_variant(variant) not in (None, kind):
-        head["kind"] = kind = kind_of_variant(variant)
+    if kind == file_kind and isinstance(variant, str):  # the heads load (torch) only for a variant
+        from draftsmith.heads.kinds import kind_of_variant
+
+        if kind_of_variant(variant) not in (None, kind):
+            head["kind"] = kind = kind_of_variant(variant)
     if (kind, variant) == (file_kind, file_head.get("variant")):  # the file's keys are for its own head: checked
         return [], ""
     dropped = []

@@ -1,4 +1,4 @@
-"""What a training config will cost before it is launched (``scripts/plan.py``).
+"""What a training config will cost before it is launched (``scripts/cost.py``).
 
 Per-GPU memory (the frozen target or its shard, the head with its gradients and AdamW state, the
 activations of one micro-batch), disk for offline features, tokens per optimizer step and a step
@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from draftsmith.data.base.checks import at_most
 from draftsmith.data.base.names import DEMO_PREFIX, is_demo
-from draftsmith.data.features import bytes_per_token, state_widths
+from draftsmith.data.feature_store import bytes_per_token, state_widths
 from draftsmith.data.targets import resolve_target
 from draftsmith.heads import build_head
 from draftsmith.target.state_memory import StateMemory, state_memory
@@ -63,7 +63,7 @@ def target_config(target: str) -> PretrainedConfig:
 
         size = target.removeprefix(DEMO_PREFIX)
         if size == "smollm2":
-            raise ValueError(f"target {target}: pass the model's directory (plan.py downloads nothing)")
+            raise ValueError(f"target {target}: pass the model's directory (cost.py downloads nothing)")
         directory = demo_target_dir(size)
         if not (directory / "config.json").is_file():
             raise ValueError(f"target {target}: not in the cache yet; build it first (python "
@@ -72,7 +72,7 @@ def target_config(target: str) -> PretrainedConfig:
     if Path(target).expanduser().is_dir():
         return AutoConfig.from_pretrained(resolve_target(target))
     raise ValueError(f"target {target!r}: not a local directory and not one of the known Hub shapes "
-                     f"({', '.join(KNOWN_TARGETS)}); pass the directory holding its config.json (plan.py "
+                     f"({', '.join(KNOWN_TARGETS)}); pass the directory holding its config.json (cost.py "
                      "downloads nothing)")
 
 
@@ -224,7 +224,7 @@ def make_plan(cfg: TrainConfig, config: PretrainedConfig, gpus: int, nodes: int 
         disk = rows * length * per_token
         disk_how = (f"{rows:,} rows × {length} tokens (max_length, an upper bound) × {per_token:,} B/token "
                     f"(({s.aux_layers} aux + 1) × H {s.hidden} × {feature_dtype} + ids and mask 9 B, "
-                    "data.features.bytes_per_token: what scripts/dump_features.py stores)")
+                    "data.feature_store.bytes_per_token: what scripts/dump_features.py stores)")
     plan = CostEstimate(parts, how, world, gpu_memory_gib * GIB, tokens_per_step, step_seconds, disk, disk_how, host,
                 host_how, states=state_memory(config, tgt))
     if not plan.fits:

@@ -66,7 +66,7 @@ def not_decodable(drafter: Drafter) -> str | None:
 
 def greedy_continuations(target: nn.Module, prompts: list[Tensor], max_new_tokens: int) -> list[DecodeRow]:
     """Each prompt (1, P) with the target's greedy continuation (``target.generate``, one prompt at a time,
-    as ``infer.cli --compare`` runs it), cut after the first EOS of the target's generation config."""
+    as ``infer.generate_command --compare`` runs it), cut after the first EOS of the target's generation config."""
     config = getattr(target, "generation_config", None)
     eos = getattr(config, "eos_token_id", None)
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)

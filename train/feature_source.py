@@ -16,7 +16,7 @@ import logging
 import torch
 from torch import nn
 
-from draftsmith.data.features import FeatureStore, FeatureStoreError, open_store
+from draftsmith.data.feature_store import FeatureStore, FeatureStoreError, open_store
 from draftsmith.data.pipeline import tokenizer_fingerprint
 from draftsmith.target.model import TargetOutput, causal_lm_of, loaded_target_identity, target_forward
 from draftsmith.train.config import TrainConfig

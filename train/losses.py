@@ -66,6 +66,12 @@ def top1_labels(probs: Tensor) -> Tensor:
     return F.one_hot(probs.argmax(-1), probs.shape[-1]).to(probs.dtype)
 
 
+def mixed_labels(probs: Tensor, top1_share: float) -> Tensor:
+    """(1 - ``top1_share``) x ``probs`` + ``top1_share`` x its one-hot top-1 (``train.top1_share``): soft CE against
+    it is ``top1_share`` x hard CE on the top-1 + the rest x soft CE, one label for greedy and sampled verification."""
+    return (1 - top1_share) * probs + top1_share * top1_labels(probs)
+
+
 def soft_ce(logits: Tensor, probs: Tensor) -> Tensor:
     """Cross-entropy of ``logits`` (..., V) against a distribution ``probs`` (..., V) -> (...)."""
     shape = logits.shape[:-1]

@@ -46,7 +46,7 @@ class HeadConfig:
         "eagle3 only: start the head's norm and lm_head from the target's final norm and its lm_head "
         "rows of the draft vocabulary (null = true); false = random", None)
     ttt_steps: int | None = _doc(
-        f"eagle3 only: training-time-test steps (null = {DEFAULT_TTT_STEPS})", None)
+        f"eagle3/mtp only: training-time-test steps (null = {DEFAULT_TTT_STEPS} for eagle3, 3 for mtp)", None)
     num_heads: int | None = _doc("medusa only: number of heads K (null = the head's default)", None)
     num_layers: int | None = _doc(
         "medusa/dflash only: residual blocks per head (medusa), draft decoder layers (dflash); null = the "
@@ -76,6 +76,10 @@ class HeadConfig:
         "eagle3 only: EAGLE-3.1's RMSNorm per aux layer before fc (null = false)", None)
     norm_output: bool | None = _doc(
         "eagle3 only: EAGLE-3.1: the next draft step reads the post-norm hidden state (null = false)", None)
+    init: str | None = _doc(
+        "mtp only: native = start from the target checkpoint's own MTP tensors, fresh = random (null = native where "
+        "the target's config declares MTP layers, else fresh; docs/mtp.md)", None)
+    num_mtp_layers: int | None = _doc("mtp only: MTP layers (null = the target's count, 1 where it declares none)", None)
     exit_layer: int | None = _doc(
         "early-exit only: the target layers the shallow sub-network runs before the adapter, 1..L-1 "
         "(null = half the target's layers, rounded up)", None)
@@ -144,7 +148,8 @@ class OptimConfig:
     warmup_steps: int = _doc("linear warm-up steps", 0)
     decay: Literal["cosine", "linear", "constant"] = _doc("schedule after warm-up", "cosine")
     max_grad_norm: float = _doc("clip gradients to this total norm", 0.5)
-    loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3); dflash weighs its block "
+    loss_decay: float = _doc("weight of draft step k is loss_decay**k (medusa, eagle3; mtp: 0.6 unless set); dflash "
+                             "weighs its block "
                              "positions by train.gamma instead", 0.8)
     mask_out_of_vocab: bool = _doc(
         "eagle3 only: leave out of the loss the positions whose target top-1 is outside the draft vocabulary "
@@ -163,6 +168,10 @@ class OptimConfig:
         "eagle3 only: what each draft step learns: soft = the target's law over the draft vocabulary (what sampled "
         "verification accepts); top1 = its top-1 there, one-hot (hard CE: what greedy verification accepts; "
         "configs/demo.yaml, docs/objectives.md); the supervised stage only", "soft")
+    top1_share: float | None = _doc(
+        "eagle3, train.labels=soft only: the share of the target's top-1 (one-hot) mixed into each step's soft label, "
+        "in (0, 1): CE against it is that share of hard CE plus the rest of soft CE, one label for greedy and "
+        "sampled verification (null = the law alone)", None)
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(

@@ -16,7 +16,7 @@ DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 
 def cli(argv: list[str] | None = None) -> int:
     """Train; a mistake in the config or its inputs prints one line and returns 2, a divergence returns 1."""
-    from draftsmith.data.cli import USER_ERRORS, one_line, quiet_libraries
+    from draftsmith.data.entry_point import USER_ERRORS, one_line, quiet_libraries
     from draftsmith.train.args import parse_args  # before torch loads: a mistake is one line in a second
     from draftsmith.train.config import ConfigError
 

@@ -6,5 +6,5 @@
 - ``data.base.checks``: values checked where they enter (counts, probabilities);
 - ``data.base.progress``: progress bars on a terminal, periodic lines in a log file.
 
-``data.cli`` (one-line errors for entry points) also imports nothing of ours.
+``data.entry_point`` (one-line errors for entry points) also imports nothing of ours.
 """

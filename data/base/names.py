@@ -54,8 +54,8 @@ def is_head_model_type(model_type: object) -> bool:
 # here so that the export and push commands check --to/--format before torch loads.
 EXPORT_FORMATS = ("vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash", "dspark")
 
-# The precisions stored features take: the keys of data.features.DTYPES (tests/scripts/test_cli_entry.py checks), here
-# so that scripts/dump_features.py and scripts/plan.py check --dtype/--feature-dtype before torch loads.
+# The precisions stored features take: the keys of data.feature_store.DTYPES (tests/scripts/test_cli_entry.py checks), here
+# so that scripts/dump_features.py and scripts/cost.py check --dtype/--feature-dtype before torch loads.
 FEATURE_DTYPES = ("float32", "bfloat16", "float16", "fp8")
 
 # The demo LM sizes: the keys of data.demo_lm.SIZES (tests/scripts/test_cli_entry.py checks), here so that

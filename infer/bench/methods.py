@@ -13,13 +13,12 @@ from transformers import AutoModelForCausalLM
 from draftsmith.data.base.device import sync
 from draftsmith.data.targets import resolve_target
 from draftsmith.heads import AutoHead
-from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator, StaticTree
-from draftsmith.infer.bench.tree_spec import TREE_SPEC
+from draftsmith.infer import Chain, SpeculativeGenerator
 from draftsmith.infer.bench.timing import ForwardCounter, peak_memory_mib, reset_peak_memory
 from draftsmith.infer.drafter_spec import build_drafter, parse_drafter
 from draftsmith.infer.drafters import TreeOption, fit_chain, head_drafter_class
 from draftsmith.target.recurrent import is_hybrid
-from draftsmith.infer.tree import MEDUSA_DEFAULT_CHOICES
+from draftsmith.infer.tree_shape import build_tree, parse_tree_shape
 
 
 @dataclass
@@ -36,21 +35,15 @@ class Method:
 
 def tree_from_spec(spec: str, head, device: torch.device) -> TreeOption | None:
     """The tree named by a ``--trees`` entry other than ``default`` (the generator's own default, on
-    CPU an EAGLE head's adaptive chain) for this head, or None when it does not fit its kind."""
-    match = TREE_SPEC.match(spec)
-    if match is None or spec == "default":
-        raise ValueError(f"--trees: unknown tree {spec!r}; use tree, default, chainN, dynD-K-N or medusaN")
-    drafter = head_drafter_class(head)
-    if spec == "tree":
-        return drafter.branching_tree(device)
-    chain, depth, top_k, total, medusa = match.group(2, 3, 4, 5, 6)
-    if chain:
-        tree = Chain(int(chain))
-    elif depth:
-        tree = DynamicTree(int(depth), int(top_k), int(total))
-    else:
-        tree = StaticTree(MEDUSA_DEFAULT_CHOICES[: int(medusa)])
-    return tree if drafter.fits(head, tree) else None
+    CPU an EAGLE head's adaptive chain) for this head (``infer.tree_shape``), or None when it does not fit its
+    kind."""
+    shape = parse_tree_shape(spec)  # a shape no head drafts is a mistake: raised
+    if shape.form == "default":
+        raise ValueError("--trees: 'default' is the generator's own draft, no tree to build")
+    try:
+        return build_tree(shape, head, device)
+    except ValueError:  # this head's kind cannot draft it: skipped
+        return None
 
 
 def default_draft(head, device: torch.device) -> TreeOption | str:

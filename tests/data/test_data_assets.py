@@ -123,8 +123,8 @@ def test_an_unreachable_index_gives_a_clear_error(local_index, monkeypatch):
 
 def test_a_damaged_cache_without_an_index_is_one_line(local_index, monkeypatch, capsys):
     """scripts/benchmark.py --prompts demo:mtbench on a damaged cache with the index unreachable: the
-    entry points' one line and exit code 2 (data.cli.run), not an AssetError traceback."""
-    from draftsmith.data.cli import run
+    entry points' one line and exit code 2 (data.entry_point.run), not an AssetError traceback."""
+    from draftsmith.data.entry_point import run
 
     assert fetch(local_index, log=None).read_bytes() == PAYLOAD
     cached = assets.asset_dir(local_index) / local_index.filename

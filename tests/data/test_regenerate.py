@@ -17,7 +17,7 @@ from support.targets import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from draftsmith.data.cli import run as cli_run
+from draftsmith.data.entry_point import run as cli_run
 from draftsmith.data.regenerate import Conversation
 from draftsmith.scripts.regenerate import main
 from support.house import REPO as ROOT
@@ -234,7 +234,7 @@ def test_openai_engine_against_a_real_server_matches_the_hf_engine(target_dir, d
 
 
 def run_cli(*args):
-    """Through data.cli.run, as ``python scripts/regenerate.py`` and ``draftsmith regenerate`` do."""
+    """Through data.entry_point.run, as ``python scripts/regenerate.py`` and ``draftsmith regenerate`` do."""
     return cli_run(main, [*map(str, args), "--no-progress"])
 
 

@@ -6,7 +6,7 @@ import torch
 from support.targets import make_tiny_target
 from safetensors.torch import load_file
 
-from draftsmith.data.cli import run
+from draftsmith.data.entry_point import run
 from draftsmith.heads import build_head
 from draftsmith.scripts.export import main
 

@@ -1,7 +1,7 @@
 """The modules found by name at run time (a kind's training objective, a drafter) import as draftsmith.<folder>
 from any working directory: pytest's rootdir puts the repository root on sys.path, where a bare
 ``train.objectives.dflash`` also imports, so this runs in a process started outside the repository (a script
-such as scripts/acceptance_curve.py, or an installed draftsmith, has no bare ``train`` to find)."""
+such as lab/acceptance_curve.py, or an installed draftsmith, has no bare ``train`` to find)."""
 from __future__ import annotations
 
 import os

@@ -65,30 +65,29 @@ def test_checks_name_the_value():
 
 
 @pytest.mark.parametrize("script, argv, message", [
-    ("bench_scale", ["--sizes", "0,-1"], "argument --sizes: comma-separated whole numbers >= 1 expected, got '0,-1'"),
-    ("bench_scale", ["--num-prompts", "0"], "argument --num-prompts: a whole number >= 1 expected, got '0'"),
-    ("bench_scale", ["--threads", "0"], "argument --threads: a whole number >= 1 expected"),
-    ("benchmark", ["--target", "t", "--batch-sizes", "4,0"], "argument --batch-sizes: comma-separated whole"),
-    ("benchmark", ["--target", "t", "--tree-sizes", "8,x"], "argument --tree-sizes: comma-separated whole"),
-    ("benchmark", ["--target", "t", "--max-new-tokens", "2.5"], "argument --max-new-tokens: a whole number >= 1"),
-    ("benchmark", ["--target", "t", "--warmup", "-1"], "argument --warmup: a whole number >= 0 expected"),
-    ("bench_rollback", ["--rollback", "merged,undo"],
+    ("scripts.bench_scale", ["--sizes", "0,-1"], "argument --sizes: comma-separated whole numbers >= 1 expected, got '0,-1'"),
+    ("scripts.bench_scale", ["--num-prompts", "0"], "argument --num-prompts: a whole number >= 1 expected, got '0'"),
+    ("scripts.bench_scale", ["--threads", "0"], "argument --threads: a whole number >= 1 expected"),
+    ("scripts.benchmark", ["--target", "t", "--batch-sizes", "4,0"], "argument --batch-sizes: comma-separated whole"),
+    ("scripts.benchmark", ["--target", "t", "--tree-sizes", "8,x"], "argument --tree-sizes: comma-separated whole"),
+    ("scripts.benchmark", ["--target", "t", "--max-new-tokens", "2.5"], "argument --max-new-tokens: a whole number >= 1"),
+    ("scripts.benchmark", ["--target", "t", "--warmup", "-1"], "argument --warmup: a whole number >= 0 expected"),
+    ("lab.bench_rollback", ["--rollback", "merged,undo"],
      "argument --rollback: comma-separated names of merged, replay expected, got 'merged,undo'"),
-    ("gpu_report", ["--kinds", ","], "argument --kinds: comma-separated names of eagle3, eagle, medusa expected"),
+    ("lab.gpu_report", ["--kinds", ","], "argument --kinds: comma-separated names of eagle3, eagle, medusa expected"),
 ])
 def test_benchmark_clis_refuse_bad_counts(script, argv, message, capsys):
     """Counts and names are checked as they are parsed (0 and negative sizes ran, or failed minutes later)."""
     import importlib
 
     with pytest.raises(SystemExit) as stop:
-        importlib.import_module(f"draftsmith.scripts.{script}").parse_args(argv)
+        importlib.import_module(f"draftsmith.{script}").parse_args(argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, value", [("--depth", "0"), ("--branch", "0"), ("--total-tokens", "1"),
-                                         ("--max-new-tokens", "0")])
+@pytest.mark.parametrize("flag, value", [("--matches", "0"), ("--max-new-tokens", "0")])
 def test_generate_cli_refuses_zero_instead_of_defaulting(flag, value, capsys):
-    from draftsmith.infer.cli import parse_args
+    from draftsmith.infer.generate_command import parse_args
 
     with pytest.raises(SystemExit) as stop:
         parse_args(["--head", "h", "--prompt", "p", flag, value])
@@ -101,9 +100,11 @@ class _Parsed(BaseException):
 
 
 # scripts.launch parses nothing itself: accelerate's parser takes its options, the training config the rest
-ENTRY_POINTS = [*({module for module, _, _ in __import__("draftsmith.scripts.cli").scripts.cli.COMMANDS.values()} - {"draftsmith.scripts.launch"}),
-                "draftsmith.scripts.bench_data_pipeline", "draftsmith.scripts.bench_features", "draftsmith.scripts.plot_runs",
-                "draftsmith.scripts.calibrate_layer_skip"]
+ENTRY_POINTS = [*({module for module, _, _ in __import__("draftsmith.scripts.commands").scripts.commands.COMMANDS.values()} - {"draftsmith.scripts.launch"}),
+                "draftsmith.scripts.plot_runs", "draftsmith.scripts.calibrate_layer_skip",
+                # lab/: our own harnesses, run from a clone
+                "draftsmith.lab.bench_data_pipeline", "draftsmith.lab.bench_features", "draftsmith.lab.bench_rollback",
+                "draftsmith.lab.gpu_report", "draftsmith.lab.gpu_lease", "draftsmith.lab.acceptance_curve"]
 
 
 def _parser_of(module_name: str, monkeypatch):
@@ -137,11 +138,11 @@ def test_every_numeric_option_is_checked_as_it_is_parsed(module_name, monkeypatc
     ("draftsmith.scripts.regenerate", ["--target", "t", "--data", "d", "--out", "o", "--timeout", "nan"],
      "argument --timeout: a number > 0 expected, got 'nan'"),
     ("draftsmith.scripts.drift", ["--head", "h", "--target", "t", "--threshold", "0"], "argument --threshold: a number > 0"),
-    ("draftsmith.scripts.plan", ["--gpus", "0"], "argument --gpus: a whole number >= 1 expected, got '0'"),
-    ("draftsmith.scripts.calibrate_speculation", ["--target", "t", "--head", "h", "--lengths", "2,-1"],
+    ("draftsmith.scripts.cost", ["--gpus", "0"], "argument --gpus: a whole number >= 1 expected, got '0'"),
+    ("draftsmith.scripts.speculation_plan", ["--target", "t", "--head", "h", "--lengths", "2,-1"],
      "argument --lengths: comma-separated whole numbers >= 0 expected"),
-    ("draftsmith.infer.cli", ["--head", "h", "--prompt", "p", "--top-p", "1.5"], "argument --top-p: a number > 0 and <= 1"),
-    ("draftsmith.infer.cli", ["--head", "h", "--prompt", "p", "--temperature", "-0.1"], "argument --temperature: a number >= 0"),
+    ("draftsmith.infer.generate_command", ["--head", "h", "--prompt", "p", "--top-p", "1.5"], "argument --top-p: a number > 0 and <= 1"),
+    ("draftsmith.infer.generate_command", ["--head", "h", "--prompt", "p", "--temperature", "-0.1"], "argument --temperature: a number >= 0"),
 ])
 def test_bad_numbers_end_in_one_line_with_exit_code_2(module_name, argv, message, capsys):
     import importlib
@@ -246,7 +247,7 @@ def test_a_file_given_as_the_head_is_named(tmp_path):
 def test_a_device_this_torch_cannot_use_is_refused_naming_it(capsys):
     """--device cuda on a machine without CUDA ended in torch's AssertionError traceback (exit code 1)."""
     from draftsmith.data.base.device import default_device
-    from draftsmith.infer.cli import cli
+    from draftsmith.infer.generate_command import cli
 
     with pytest.raises(ValueError, match="device 'foo' is not a torch device"):
         default_device("foo")
@@ -259,7 +260,7 @@ def test_a_device_this_torch_cannot_use_is_refused_naming_it(capsys):
 
 
 def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
-    """drift --out and calibrate_speculation --out wrote over any file named (a README.md, say)."""
+    """drift --out and speculation_plan --out wrote over any file named (a README.md, say)."""
     from draftsmith.data.base.paths import claim_report_file, json_with_keys
 
     ours = json_with_keys("lengths")
@@ -273,7 +274,7 @@ def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
     with pytest.raises(IsADirectoryError):
         claim_report_file(tmp_path, ours, "speculation plan")
     for script, argv in [("draftsmith.scripts.drift", ["--head", "h", "--target", "t", "--out", str(theirs)]),
-                         ("draftsmith.scripts.calibrate_speculation", ["--target", "t", "--head", "h", "--out", str(theirs)])]:
+                         ("draftsmith.scripts.speculation_plan", ["--target", "t", "--head", "h", "--out", str(theirs)])]:
         with pytest.raises(FileExistsError, match="never replaced"):  # refused before anything loads
             __import__(script, fromlist=["main"]).main(argv)
     assert theirs.read_text() == "# mine\n"

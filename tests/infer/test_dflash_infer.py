@@ -145,7 +145,7 @@ def test_first_tokens_follow_the_target_law(small_target, compile):  # noqa: F81
     torch.manual_seed(1)
     head = build_head("dflash", small_target, block_size=3)
     # a little training on the target's laws, so that drafts are accepted (and rejected) often
-    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash"]))
+    objective = objective_class("dflash", head.config.variant)(head, load_config(None, ["head.kind=dflash"]))
     opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
     for step in range(60):
         ids = torch.randint(0, 8, (16, 10), generator=torch.Generator().manual_seed(step))

@@ -1,4 +1,4 @@
-"""``python -m draftsmith.infer.cli`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
+"""``python -m draftsmith.infer.generate_command`` and ``SpeculativeGenerator.from_pretrained`` on saved tiny models."""
 from __future__ import annotations
 
 import re
@@ -11,7 +11,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.infer.cli import main
+from draftsmith.infer.generate_command import main
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
@@ -45,8 +45,7 @@ def test_from_pretrained_matches_vanilla(saved):
     assert torch.equal(gen.generate(ids, max_new_tokens=20), ref)
 
 
-@pytest.mark.parametrize("extra", [[], ["--chat"], ["--tree", "chain", "--depth", "3"],
-                                   ["--tree", "tree", "--depth", "3", "--branch", "2"]])
+@pytest.mark.parametrize("extra", [[], ["--chat"], ["--tree", "chain3"], ["--tree", "dyn3-2-6"]])
 def test_cli_streams_and_compares(saved, capsys, extra):
     code = main([
         "--target", str(saved / "target"), "--head", str(saved / "head"), "--prompt", "w7 w8 w9",
@@ -59,39 +58,29 @@ def test_cli_streams_and_compares(saved, capsys, extra):
     assert "outputs identical: yes" in captured.err and "speedup" in captured.err
 
 
-def test_cli_rejects_medusa_tree_flags(saved, tmp_path, capsys):
-    """Through the entry point: one line and exit code 2 (a SystemExit with a message exited with 1)."""
-    from draftsmith.infer.cli import cli
+def test_cli_refuses_shapes_a_head_cannot_draft_and_the_old_shape_flags(saved, tmp_path, capsys):
+    """Through the entry point: one line and exit code 2 (a SystemExit with a message exited with 1); the old
+    ``--depth/--branch/--total-tokens`` each name the ``--tree`` that says the same."""
+    from draftsmith.infer.generate_command import cli
 
     target = make_tiny_target("llama")
     build_head("medusa", target).save_pretrained(tmp_path / "medusa")
     base = ["--target", str(saved / "target"), "--head", str(tmp_path / "medusa"), "--prompt", "w7"]
-    with pytest.raises(ValueError, match="Medusa"):
-        main([*base, "--depth", "3"])
-    assert cli([*base, "--depth", "3"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --depth/--branch/--total-tokens")
+    with pytest.raises(ValueError, match="a medusa head cannot draft it"):
+        main([*base, "--tree", "dyn3-2-6"])
+    assert cli([*base, "--tree", "dyn3-2-6"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: tree shape 'dyn3-2-6'")
     assert cli([*base, "--adaptive", "--tree", "tree"]) == 2
     assert "error: --adaptive adapts a chain" in capsys.readouterr().err
-
-
-def test_cli_tree_flags_shape_the_devices_defaults():
-    from draftsmith.infer import Chain, DynamicTree, StaticTree
-    from draftsmith.infer.cli import parse_args, tree_option
-
-    def tree(device, kind, *flags):
-        return tree_option(kind, device, parse_args(["--target", "t", "--head", "h", "--prompt", "p", *flags]))
-
-    assert tree("cpu", "eagle3") is None  # the kind's default drafter: on CPU a chain adapting its length
-    assert tree("cpu", "eagle3", "--tree", "chain") == Chain(4)
-    assert tree("cpu", "eagle3", "--depth", "6") == Chain(6)
-    assert tree("cpu", "eagle", "--tree", "tree") == DynamicTree(depth=5, top_k=2, total_tokens=8)
-    assert tree("cpu", "eagle", "--tree", "tree", "--total-tokens", "12") == DynamicTree(5, 2, 12)
-    assert tree("cuda", "eagle3") == DynamicTree(depth=8, top_k=10, total_tokens=60)
-    assert tree("cuda", "eagle", "--branch", "4") == DynamicTree(depth=6, top_k=4, total_tokens=60)
-    assert tree("cuda", "eagle", "--tree", "chain") == Chain(4)
-    assert isinstance(tree("cpu", "medusa"), StaticTree) and len(tree("cpu", "medusa").choices) == 15
-    with pytest.raises(ValueError, match="--tree tree"):
-        tree("cpu", "eagle3", "--branch", "2")
+    for old, new in (("--depth", "--tree chainD"), ("--branch", "--tree dynD-K-N"), ("--total-tokens", "dynD-K-N")):
+        with pytest.raises(SystemExit) as stop:
+            main([*base, old, "3"])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and lines[-1].startswith(f"python -m draftsmith.infer.generate_command: error: {old} is gone") \
+            and new in lines[-1], lines
+    with pytest.raises(SystemExit):
+        main([*base, "--tree", "chain"])
+    assert "a chain of D drafts is chainD, e.g. chain4" in capsys.readouterr().err
 
 
 def test_cli_defaults_to_the_target_the_head_was_made_for(saved, tmp_path, capsys):
@@ -131,11 +120,11 @@ def test_cli_prints_its_thread_count(saved, capsys):
     assert "threads: 1 of" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("extra", [["--drafter", "ngram"], ["--drafter", "ngram", "--branch", "3", "--adaptive"],
+@pytest.mark.parametrize("extra", [["--drafter", "ngram"], ["--drafter", "ngram", "--matches", "3", "--adaptive"],
                                    ["--drafter", "LM"], ["--drafter", "LM", "--adaptive"],
                                    ["--head", "HEAD", "--adaptive"], ["--drafter", "layer-skip"],
                                    ["--drafter", "layer-skip:1", "--adaptive"], ["--drafter", "LM+ngram"],
-                                   ["--drafter", "LM+ngram", "--adaptive", "--depth", "6"],
+                                   ["--drafter", "LM+ngram", "--adaptive", "--tree", "chain6"],
                                    ["--head", "HEAD", "--lookup-first"], ["--head", "HEAD", "--lookup-first", "--adaptive"],
                                    ["--drafter", "head:HEAD+lookup-first"]])
 def test_cli_classic_drafters(saved, capsys, extra):
@@ -304,7 +293,7 @@ def test_cli_follows_the_plan_next_to_the_head_as_the_api_does(saved, tmp_path, 
     {"1": 0} is followed (the generator holds it: no drafting), a damaged plan is one line naming it."""
     import shutil
 
-    from draftsmith.infer.cli import cli
+    from draftsmith.infer.generate_command import cli
     from draftsmith.infer.speculation_plan import SpeculationPlan
 
     made = []
@@ -332,10 +321,10 @@ def test_cli_defaults_fit_a_dflash_head_of_block_size_4(saved, tmp_path, capsys)
     build_head("dflash", target, block_size=4).save_pretrained(tmp_path / "head")
     argv = ["--target", str(saved / "target"), "--head", str(tmp_path / "head"), "--prompt", "w7 w8", "--max-new-tokens",
             "6", "--device", "cpu", "--compare"]
-    for flags in ([], ["--tree", "chain"]):  # the CPU default chain of 4, cut to the head's 3
+    for flags in ([], ["--tree", "default"]):  # the CPU default chain of 4, cut to the head's 3
         assert main(argv + flags) == 0 and "outputs identical: yes" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="block_size - 1 = 3"):  # a length the user asked for is never cut
-        main(argv + ["--depth", "4"])
+    with pytest.raises(ValueError, match=r"its chains: at most 3 drafts"):  # a length the user asked for is never cut
+        main(argv + ["--tree", "chain4"])
 
 
 def test_training_probes_threads_with_its_micro_batch_size(monkeypatch):

@@ -25,7 +25,7 @@ from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
 from draftsmith.infer.drafters.free.lookup_first import LookupFirst
 from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.recurrent import LinearAttentionLayer
-from draftsmith.infer.rollback import NoRollback, Replay
+from draftsmith.infer.rollback import Replay, Rollback
 
 # transformers >= 5.24 keeps every hybrid layer's state in one cache interface (LinearAttentionLayer)
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
@@ -202,7 +202,7 @@ def test_trees_are_refused_and_a_leaking_sibling_is_caught():
     class Leaky(SpeculativeGenerator):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
-            self.rollback = NoRollback()  # no chain check, no rollback: the tree verified as one sequence
+            self.rollback = Rollback()  # no chain check, no rollback: the tree verified as one sequence
 
     assert not torch.equal(Leaky(target, Oracle(ref, tree=True)).generate(ids, max_new_tokens=30), ref)
 

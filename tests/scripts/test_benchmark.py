@@ -80,7 +80,7 @@ def test_benchmark_measures_every_method(bench_dirs):
 
 
 def test_the_default_methods_include_what_infer_generate_decodes(bench_dirs):
-    """On CPU an EAGLE head decodes with its adaptive chain by default (python -m draftsmith.infer.cli): the
+    """On CPU an EAGLE head decodes with its adaptive chain by default (python -m draftsmith.infer.generate_command): the
     benchmark's default --trees runs it too, so the head is not judged by shapes nobody decodes with; a
     default equal to another tree (Medusa's is its static tree) runs once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -138,7 +138,7 @@ def test_unknown_tree_spec_is_refused(bench_dirs, tmp_path, capsys):
     with pytest.raises(SystemExit):
         load_script().main(["--target", str(root / "target"), "--heads", *heads, "--trees", "tree,dyn3-2",
                              "--out", str(tmp_path / "o")])
-    assert "unknown tree(s) ['dyn3-2']" in capsys.readouterr().err
+    assert "--trees: tree shape 'dyn3-2': expected default, tree, chainN, dynD-K-N or medusaN" in capsys.readouterr().err
 
 
 def test_draft_calibration_counts_every_draft():

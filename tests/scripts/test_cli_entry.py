@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from draftsmith.scripts.cli import COMMANDS, main
+from draftsmith.scripts.commands import COMMANDS, RENAMED, main
 from support.house import REPO as ROOT
 
 
@@ -32,6 +32,21 @@ def test_unknown_command_is_one_line(capsys):
     assert err.count("\n") == 0 and "unknown command 'trian'" in err
 
 
+@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
+def test_a_renamed_command_names_the_new_one_in_one_line(old, new, capsys):
+    assert main([old, "--help"]) == 2 and new in COMMANDS and old not in COMMANDS
+    assert capsys.readouterr().err.strip() == f"error: 'draftsmith {old}' is now 'draftsmith {new}'"
+
+
+def test_each_commands_file_is_named_as_the_command():
+    """``draftsmith X-Y`` runs ``scripts/x_y.py`` (``draftsmith calibrate`` ran draft_calibration.py, and
+    ``speculation-plan`` calibrate_speculation.py); the entries that are no scripts/ file name their own."""
+    own = {"train": "train_head", "generate": "generate_command", "bench": "benchmark", "push": "push_to_hub",
+           "make-demo": "make_demo_target"}
+    for name, (module, _, _) in COMMANDS.items():
+        assert module.rsplit(".", 1)[1] == own.get(name, name.replace("-", "_")), (name, module)
+
+
 def test_a_command_runs_with_its_own_errors(tmp_path, capsys):
     # export of a head directory that does not exist: the export script's one-line error, exit 2
     assert main(["export", "--head", str(tmp_path / "missing"), "--to", "vllm", "--out", str(tmp_path / "o")]) == 2
@@ -40,7 +55,7 @@ def test_a_command_runs_with_its_own_errors(tmp_path, capsys):
 
 
 def test_module_and_console_script(tmp_path):
-    runs = [[sys.executable, "-m", "draftsmith.scripts.cli", "--help"]]
+    runs = [[sys.executable, "-m", "draftsmith.scripts.commands", "--help"]]
     if shutil.which("draftsmith"):  # installed by `pip install -e .` ([project.scripts])
         runs.append(["draftsmith", "--help"])
     for cmd in runs:
@@ -54,8 +69,8 @@ PROBE = ("import sys, atexit; atexit.register(lambda: print('loaded:', 'torch' i
 
 
 @pytest.mark.parametrize("call, name", [
-    ("from draftsmith.scripts.cli import main; sys.exit(main(['generate', {}]))", "draftsmith generate"),
-    ("from draftsmith.infer.cli import cli; sys.exit(cli([{}]))", "python -m draftsmith.infer.cli"),
+    ("from draftsmith.scripts.commands import main; sys.exit(main(['generate', {}]))", "draftsmith generate"),
+    ("from draftsmith.infer.generate_command import cli; sys.exit(cli([{}]))", "python -m draftsmith.infer.generate_command"),
 ])
 @pytest.mark.parametrize("mistake, message", [
     ("'--head', 'h', '--prompt', 'x', '--max-new-tokens', '0'", "argument --max-new-tokens: a whole number >= 1"),
@@ -73,7 +88,7 @@ def test_generate_reports_argument_mistakes_before_torch_loads_naming_the_comman
 
 def test_regenerate_reports_argument_mistakes_before_torch_loads():
     """--engine openai never needs torch: a mistake in its arguments is one line in under a second."""
-    call = ("from draftsmith.data.cli import run; from draftsmith.scripts.regenerate import main; sys.exit(run(main, ['--target', 't', "
+    call = ("from draftsmith.data.entry_point import run; from draftsmith.scripts.regenerate import main; sys.exit(run(main, ['--target', 't', "
             "'--data', 'd', '--out', 'o.jsonl', '--engine', 'openai', '--timeout', '0']))")
     done = subprocess.run([sys.executable, "-c", PROBE.format(call)], capture_output=True, text=True, timeout=120,
                           cwd=ROOT)
@@ -92,27 +107,29 @@ MISTAKES = {
     "check-target": ["t", "--steps", "1"],
     "bench": ["--target", "t", "--trees", "bogus"],
     "bench-scale": ["--shape", "nope"],
-    "gpu-report": ["--no-such-option"],
-    "gpu-lease": ["--budget-s", "0"],
     "regenerate": ["--target", "t", "--data", "d", "--out", "o.jsonl", "--engine", "openai", "--timeout", "0"],
     "push": ["--head", "h", "--repo-id", "u/n", "--format", "nope"],
     "make-demo": ["--size", "huge"],
-    "calibrate": ["--target", "t", "--heads", "h", "--num-prompts", "0"],
-    "plan": ["--gpus", "1", "train.max_stepz=1"],
+    "draft-calibration": ["--target", "t", "--heads", "h", "--num-prompts", "0"],
+    "cost": ["--gpus", "1", "train.max_stepz=1"],
     "drift": ["--head", "h", "--target", "t", "--threshold", "2"],
     "speculation-plan": ["--target", "t", "--head", "h", "--lengths", "x"],
     "dump-features": ["--out", "o", "--dtype", "fp4"],
+    "calibrate-layer-skip": ["--target", "t", "--depth", "0"],
+    "rank-heads": ["r", "--no-such-option"],
+    "plot-runs": ["--runs", "r"],
 }
 # The file each command runs on its own (python FILE ARGS), where it has one.
-FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generate": "infer/cli.py",
+FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generate": "infer/generate_command.py",
          "export": "scripts/export.py", "check-export": "scripts/check_export.py",
          "check-target": "scripts/check_target.py", "bench": "scripts/benchmark.py",
-         "bench-scale": "scripts/bench_scale.py", "gpu-report": "scripts/gpu_report.py",
-         "gpu-lease": "scripts/gpu_lease.py",
+         "bench-scale": "scripts/bench_scale.py",
          "regenerate": "scripts/regenerate.py", "push": "scripts/push_to_hub.py",
-         "make-demo": "scripts/make_demo_target.py", "calibrate": "scripts/draft_calibration.py",
-         "plan": "scripts/plan.py", "drift": "scripts/drift.py", "speculation-plan": "scripts/calibrate_speculation.py",
-         "dump-features": "scripts/dump_features.py"}
+         "make-demo": "scripts/make_demo_target.py", "draft-calibration": "scripts/draft_calibration.py",
+         "cost": "scripts/cost.py", "drift": "scripts/drift.py", "speculation-plan": "scripts/speculation_plan.py",
+         "dump-features": "scripts/dump_features.py",
+         "calibrate-layer-skip": "scripts/calibrate_layer_skip.py", "rank-heads": "scripts/rank_heads.py",
+         "plot-runs": "scripts/plot_runs.py"}
 
 
 def test_every_command_has_a_mistake_and_a_file():
@@ -123,7 +140,7 @@ def test_every_command_has_a_mistake_and_a_file():
 @pytest.mark.parametrize("name", sorted(MISTAKES))
 def test_every_entry_point_reports_argument_mistakes_before_torch_loads(name, how, tmp_path):
     if how == "draftsmith":
-        call = f"from draftsmith.scripts.cli import main; sys.exit(main({[name, *MISTAKES[name]]!r}))"
+        call = f"from draftsmith.scripts.commands import main; sys.exit(main({[name, *MISTAKES[name]]!r}))"
     else:  # as `python FILE ARGS` runs it: the file as __main__, its folder first on sys.path
         path = ROOT / FILES[name]
         call = (f"import runpy; sys.argv = {[str(path), *MISTAKES[name]]!r}; sys.path.insert(0, {str(path.parent)!r}); "
@@ -141,7 +158,7 @@ def test_the_light_name_lists_are_the_real_ones():
     """The names argparse checks before torch loads are the keys of the tables that load it."""
     from draftsmith.data.base.names import DEMO_SIZES, EXPORT_FORMATS, FEATURE_DTYPES
     from draftsmith.data.demo_lm import SIZES
-    from draftsmith.data.features import DTYPES
+    from draftsmith.data.feature_store import DTYPES
     from draftsmith.heads.formats import FORMATS
 
     assert EXPORT_FORMATS == tuple(FORMATS)

@@ -118,7 +118,7 @@ def test_a_head_on_an_unreachable_hub_names_the_repo(dirs, tmp_path, monkeypatch
 
 
 def test_generate_cli_mistakes_are_one_line(dirs, tmp_path, capsys):
-    from draftsmith.infer.cli import cli
+    from draftsmith.infer.generate_command import cli
 
     assert cli(["--head", str(tmp_path / "missing"), "--prompt", "w5"]) == 2
     assert "no such directory" in _one_error_line(capsys)
@@ -159,7 +159,7 @@ def test_infer_does_not_import_train():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n in ("train", "draftsmith.train") or n.startswith(("train.", "draftsmith.train.")) for n in names), f"{path.name} imports {names}"
-    proc = subprocess.run([sys.executable, "-c", "import sys, draftsmith.infer, draftsmith.infer.cli; "
+    proc = subprocess.run([sys.executable, "-c", "import sys, draftsmith.infer, draftsmith.infer.generate_command; "
                            "print(sorted(m for m in sys.modules if m.split('.')[:2] == ['draftsmith', 'train']))"],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

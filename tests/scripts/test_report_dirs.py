@@ -1,5 +1,5 @@
-"""Report writers (scripts/benchmark.py, bench_scale.py, gpu_report.py) write only into a folder that
-is absent, empty or an earlier report (issue 22, principle 1), and say so before any work starts."""
+"""Report writers (scripts/benchmark.py, scripts/bench_scale.py, lab/gpu_report.py, lab/gpu_lease.py) write only
+into a folder that is absent, empty or an earlier report (issue 22, principle 1), and say so before any work starts."""
 from __future__ import annotations
 
 import json
@@ -44,10 +44,10 @@ def test_a_folder_of_someone_elses_files_or_a_file_is_refused(tmp_path, files):
 
 
 @pytest.mark.parametrize("script, args", [
-    ("benchmark.py", ["--target", "no-such-target-dir"]),
-    ("bench_scale.py", ["--shape", "llama3.1-8b"]),
-    ("gpu_report.py", ["--real", "--smoke", "--work", "WORK"]),
-    ("gpu_lease.py", ["--smoke", "--device", "cpu"]),
+    ("scripts/benchmark.py", ["--target", "no-such-target-dir"]),
+    ("scripts/bench_scale.py", ["--shape", "llama3.1-8b"]),
+    ("lab/gpu_report.py", ["--real", "--smoke", "--work", "WORK"]),
+    ("lab/gpu_lease.py", ["--smoke", "--device", "cpu"]),
 ])
 def test_scripts_refuse_the_folder_before_any_work(tmp_path, script, args):
     """One line, exit 2, before the target is loaded or anything runs (a bogus target would be
@@ -56,7 +56,7 @@ def test_scripts_refuse_the_folder_before_any_work(tmp_path, script, args):
     mine.mkdir()
     (mine / "results.md").write_text("my numbers\n")
     args = [str(tmp_path / "work") if a == "WORK" else a for a in args]
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), *args, "--out", str(mine)],
+    proc = subprocess.run([sys.executable, str(REPO / script), *args, "--out", str(mine)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()

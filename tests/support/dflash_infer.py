@@ -30,7 +30,7 @@ def fit_dflash(model, seqs, head, steps: int, *overrides: str, losses: list | No
     4 rows by default, not 16: these heads learn per step more than per row (DFlash's and DSpark's mean τ after
     the same steps on 4 rows as on 16 within 0.06, DFlash2's higher, at a third to a half of the time;
     docs/testing.md, round 4)."""
-    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash", *overrides]))
+    objective = objective_class("dflash", head.config.variant)(head, load_config(None, ["head.kind=dflash", *overrides]))
     opt = torch.optim.AdamW(head.parameters(), lr=5e-3)
     lm_head = model.get_output_embeddings()
     every = objective.features(model, {"input_ids": seqs, "loss_mask": torch.ones_like(seqs)}, head)  # once

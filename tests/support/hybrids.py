@@ -27,7 +27,7 @@ HYBRIDS: dict[str, dict] = {
                  block_ff_dim=64, conv_L_cache=3),  # LFM2: short causal conv + attention
     "nemotron_h": dict(num_hidden_layers=4, layers_block_type=["mamba", "attention", "mlp", "mamba"],
                        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=1, conv_kernel=4,
-                       chunk_size=16, head_dim=8),  # Nemotron-H: Mamba-2 / attention / MLP
+                       chunk_size=16, head_dim=8, time_step_min=0.01),  # Nemotron-H: Mamba-2 / attention / MLP
     "falcon_h1": dict(num_hidden_layers=3, head_dim=8, mamba_d_ssm=64, **_MAMBA2),  # Mamba-2 beside attention, per layer
     "bamba": dict(num_hidden_layers=4, attn_layer_indices=[1], **_MAMBA2),  # Bamba: Mamba-2 + attention
     "granitemoehybrid": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention",
@@ -59,9 +59,15 @@ HYBRIDS: dict[str, dict] = {
                   num_key_value_heads=4),  # Mamba-1, a shared attention block in its "hybrid" layers
     "zamba2": dict(num_hidden_layers=4, layers_block_type=["linear_attention", "hybrid", "linear_attention",
                                                            "linear_attention"], mamba_d_state=8, n_mamba_heads=4,
-                   mamba_headdim=16, chunk_size=16, num_key_value_heads=4, adapter_rank=8),  # Mamba-2 + shared block
+                   mamba_headdim=16, chunk_size=16, num_key_value_heads=4, adapter_rank=8,
+                   time_step_min=0.01),  # Mamba-2 + shared block
 }
 
+
+# Nemotron-H's and Zamba2's time_step_min is 0.01 (default 0.001): their Mamba-2 mixers clamp dt at it in the chunked
+# scan only, not in the one-token update generate runs (target/one_token.py); at 0.001 about 0.8% of these tiny models'
+# dt reach the clamp, at 0.01 about 5%, enough that a verify through the clamp differs from generate on 3 of 20
+# prompts (tests/target/test_hybrid_exact.py, test_mamba2_families_decode_like_generate).
 
 # What makes a tiny random model's text depend on its recurrent and conv states (tests/infer/test_infer_hybrid_power.py
 # asserts it per family): weights of std 0.1 (the default 0.02 leaves the mixers' outputs negligible), conv
@@ -71,13 +77,13 @@ STATE_SENSITIVE = dict(initializer_range=0.1, conv_scale=10.0, a_log=-3.0)
 
 
 def make_tiny_hybrid(model_type: str, *, seed: int = 0, num_layers: int | None = None, sharpen: float = 1.0,
-                     vocab: int = 96, state_sensitive: bool = True):
+                     vocab: int = 96, state_sensitive: bool = True, **config):
     """A randomly initialised tiny fp32 hybrid causal LM, in eval mode (sdpa attention), whose greedy text
     depends on its recurrent and conv states (``STATE_SENSITIVE``; False: transformers' default init).
 
     ``sharpen`` scales the lm_head so greedy choices are clear (no near-ties between the
-    multi-token and one-token kernels' arithmetic)."""
-    options = {**_COMMON, **HYBRIDS[model_type], "vocab_size": vocab}
+    multi-token and one-token kernels' arithmetic); ``config``: more config fields (over ``HYBRIDS``')."""
+    options = {**_COMMON, **HYBRIDS[model_type], "vocab_size": vocab, **config}
     if state_sensitive:
         options["initializer_range"] = STATE_SENSITIVE["initializer_range"]
     if num_layers is not None:

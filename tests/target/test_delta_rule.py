@@ -108,7 +108,7 @@ def test_short_verifies_run_the_per_token_rule_and_nothing_else_does(monkeypatch
 
 
 def test_per_token_false_keeps_the_chunked_rule_everywhere(monkeypatch):
-    """``per_token=False`` (what ``scripts/bench_rollback.py --rules chunked`` times): no multi-token verify or
+    """``per_token=False`` (what ``lab/bench_rollback.py --rules chunked`` times): no multi-token verify or
     replay is routed to the per-token rule, and the text is still the target's own."""
     target = hybrid_target("qwen3_5_text")
     ids = hybrid_prompt(random.Random(5), 14)

@@ -17,7 +17,7 @@ from support.hybrids import make_tiny_hybrid
 from support.train_fixtures import tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from draftsmith.data.cli import run
+from draftsmith.data.entry_point import run
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters.free.ngram import NgramDrafter

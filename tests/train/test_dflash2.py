@@ -138,7 +138,7 @@ def test_the_objective_adds_the_decayed_selector_loss():
     batch = {"input_ids": ids, "loss_mask": torch.ones_like(ids)}
     totals, objectives = [], []
     for head in (dflash, dflash2):
-        objective = objective_class("dflash")(head, cfg)
+        objective = objective_class("dflash", head.config.variant)(head, cfg)
         features = objective.features(target, batch, head)
         objective.perturb(features, cfg, seed=0)
         with torch.no_grad():
@@ -288,4 +288,4 @@ def test_bad_dflash2_options_are_one_line():
     cfg = load_config(None, ["head.kind=dflash"])
     cfg.train.stage = "on-policy"  # (parse time also wants train.init_from: the objective's check is the one here)
     with pytest.raises(ValueError, match="on-policy does not train DFlash2's selector"):
-        objective_class("dflash")(head, cfg)
+        objective_class("dflash", head.config.variant)(head, cfg)

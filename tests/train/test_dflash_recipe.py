@@ -86,7 +86,7 @@ def test_block_slot_k_is_scored_against_token_anchor_plus_k(monkeypatch):
     vocab, seq_len, bs = 32, 20, 4
     target = make_tiny_target("llama")
     head = build_head("dflash", target, block_size=bs, num_layers=1)
-    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash"]))
+    objective = objective_class("dflash", head.config.variant)(head, load_config(None, ["head.kind=dflash"]))
 
     def stub_outputs(head, features, anchors, context):
         tokens = anchors[..., None] + torch.arange(bs)  # (B, N, bs)
@@ -106,13 +106,13 @@ def test_position_weights_are_the_papers_exponential_decay():
     target = make_tiny_target("llama", initializer_range=0.3)
     torch.manual_seed(0)
     head = build_head("dflash", target, block_size=16, num_layers=1)
-    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash"]))
+    objective = objective_class("dflash", head.config.variant)(head, load_config(None, ["head.kind=dflash"]))
     ids = torch.randint(3, 96, (2, 40))
     features = objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
     out = objective(features, target.get_output_embeddings())
     by_hand = sum(math.exp(-(k - 1) / 7) * out.step_losses[k - 1] for k in range(1, 16))
     torch.testing.assert_close(out.loss.detach(), by_hand)
-    set_gamma = objective_class("dflash")(head, load_config(None, ["head.kind=dflash", "train.gamma=2.5"]))
+    set_gamma = objective_class("dflash", head.config.variant)(head, load_config(None, ["head.kind=dflash", "train.gamma=2.5"]))
     assert set_gamma.decay == pytest.approx(math.exp(-1 / 2.5))
 
 

@@ -83,7 +83,7 @@ def test_objective_loss_falls_on_a_repeated_batch():
     target = make_tiny_target("llama", initializer_range=0.3)  # peaked next-token laws: room below the start
     torch.manual_seed(0)
     head = build_head("dflash", target, block_size=4)
-    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash"]))
+    objective = objective_class("dflash", head.config.variant)(head, load_config(None, ["head.kind=dflash"]))
     ids = torch.randint(3, 96, (2, 24))
     features = objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
     assert isinstance(features, Features) and features.mask_embed.shape == (32,)

@@ -34,7 +34,7 @@ def test_dflash_dpace_loss_by_hand():
     target = make_tiny_target("llama", initializer_range=0.3)
     torch.manual_seed(0)
     head = build_head("dflash", target, block_size=4, num_layers=1)
-    objective = objective_class("dflash")(head, load_config(None, ["head.kind=dflash", "train.loss=dpace",
+    objective = objective_class("dflash", head.config.variant)(head, load_config(None, ["head.kind=dflash", "train.loss=dpace",
                                                                     "train.dpace_alpha=0.3"]))
     ids = torch.randint(3, 96, (2, 14))
     loss_mask = torch.ones_like(ids)
@@ -67,7 +67,7 @@ def test_eagle3_dpace_loss_by_hand():
     torch.manual_seed(0)
     head = build_head("eagle3", target)
     cfg = load_config(None, ["head.kind=eagle3", "head.ttt_steps=3", "train.loss=dpace"])
-    objective = objective_class("eagle3")(head, cfg)
+    objective = objective_class("eagle3", head.config.variant)(head, cfg)
     ids = torch.randint(3, 96, (2, 10))
     loss_mask = torch.ones_like(ids)
     loss_mask[1, 6] = 0

@@ -97,7 +97,7 @@ def test_the_loss_by_hand():
     torch.manual_seed(0)
     head = _moved(build_head("dflash", target, **SMALL), scale=0.1)
     cfg = load_config(None, ["head.kind=dflash", "head.variant=dspark", "train.gamma=2"])
-    objective = objective_class("dflash")(head, cfg)
+    objective = objective_class("dflash", head.config.variant)(head, cfg)
     ids = torch.randint(3, VOCAB, (2, 14), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0  # a cut run: row 1's blocks stop training at token 8

@@ -27,7 +27,7 @@ def _step_losses(mask_out_of_vocab: bool, *overrides: str):
     head.set_draft_vocab(list(range(3, 15)))
     cfg = load_config(None, ["head.kind=eagle3", "head.ttt_steps=2", f"train.mask_out_of_vocab={mask_out_of_vocab}",
                                 *overrides])
-    objective = objective_class("eagle3")(head, cfg)
+    objective = objective_class("eagle3", head.config.variant)(head, cfg)
     ids = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
     ids[:, ::2] = torch.arange(3, 11)  # some of the target's top-1s fall inside the draft vocabulary
     loss_mask = torch.ones_like(ids)
@@ -85,6 +85,28 @@ def test_top1_labels_train_hard_ce_on_the_targets_top1_and_soft_labels_its_law()
         assert float(soft.step_losses[k]) == pytest.approx(float(soft_ce(logits, probs).mean()), rel=1e-5)
         assert abs(float(top1.step_losses[k]) - float(soft.step_losses[k])) > 1e-3  # 0.02 on step 0 here
         assert int(top1.count[k]) == int(soft.count[k]) == int(trained.sum())
+
+
+def test_a_top1_share_trains_the_same_mix_of_hard_and_soft_ce():
+    """train.top1_share=w: each step's loss is w x hard CE on the top-1 + (1 - w) x soft CE, over the same positions."""
+    soft, _, _ = _step_losses(True)
+    top1, _, _ = _step_losses(True, "train.labels=top1")
+    mixed, _, _ = _step_losses(True, "train.top1_share=0.75")
+    for k in range(2):
+        assert float(mixed.step_losses[k]) == pytest.approx(
+            0.25 * float(soft.step_losses[k]) + 0.75 * float(top1.step_losses[k]), rel=1e-5)
+        assert int(mixed.count[k]) == int(soft.count[k])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.top1_share=1"], r"train.top1_share=1.0: the top-1's share is in \(0, 1\)"),
+    (["train.top1_share=0"], r"train.top1_share=0.0: the top-1's share is in \(0, 1\)"),
+    (["train.labels=top1", "train.top1_share=0.3"], "train.top1_share=0.3 mixes the top-1 into soft labels"),
+    (["train.top1_share=0.3", "train.stage=on-policy", "train.init_from=runs/x"], "train.top1_share=0.3 trains the"),
+])
+def test_a_top1_share_outside_its_range_or_with_top1_labels_is_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["head.kind=eagle3", *overrides])
 
 
 def test_top1_labels_are_refused_where_no_loss_reads_them():

@@ -22,7 +22,7 @@ import draftsmith.train.feature_source
 from draftsmith import train
 import draftsmith.train.objectives.base
 from draftsmith import train
-from draftsmith.data.features import FeatureStoreError, decode, encode, open_store
+from draftsmith.data.feature_store import FeatureStoreError, decode, encode, open_store
 from support.targets import make_tiny_target
 from support.features import QUICK, config_file, losses
 from draftsmith.scripts.dump_features import main as dump_main
@@ -121,7 +121,7 @@ def test_a_folder_made_for_another_config_or_holding_other_files_is_refused(tiny
     cfg_file = config_file(tiny_config(tiny_files, tmp_path / "run", "head.kind=medusa", *QUICK), tmp_path / "c.yaml")
     assert dump_main(["--config", str(cfg_file), "--out", str(store)]) == 0
     shards = sorted(p.name for p in store.iterdir())
-    from draftsmith.data.cli import run
+    from draftsmith.data.entry_point import run
 
     assert run(dump_main, ["--config", str(cfg_file), "--out", str(store), "head.kind=eagle"]) == 2
     assert "head.kind='medusa' there, 'eagle' here" in capsys.readouterr().err

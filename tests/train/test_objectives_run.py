@@ -53,7 +53,7 @@ def starts(tiny_files, tmp_path_factory):  # noqa: F811
 
 
 def _stage_and_control(files, root, start, kind) -> tuple[dict, dict]:
-    """The on-policy stage and its control (scripts/acceptance_curve.py's): the same start, steps, loss and lr."""
+    """The on-policy stage and its control (lab/acceptance_curve.py's): the same start, steps, loss and lr."""
     common = [*KINDS[kind], f"train.init_from={start}", "train.loss=ce"]
     roots = [] if kind == "dflash" else ["train.anchors_per_document=4"]  # EAGLE-3's chains: the stage's own
     return (trained(files, root, "stage", *common, "train.stage=on-policy", *roots),

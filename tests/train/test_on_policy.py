@@ -93,7 +93,7 @@ def test_a_dflash_block_trains_after_its_first_rejection_against_the_supervised_
     head = build_head("dflash", target, block_size=4, num_layers=1, initializer_range=1.0)
     cfg = load_config(None, ["head.kind=dflash", "head.block_size=4", "train.stage=on-policy", "train.init_from=x",
                              "train.anchors_per_document=2"])
-    objective = objective_class("dflash")(head, cfg)
+    objective = objective_class("dflash", head.config.variant)(head, cfg)
     ids = torch.randint(3, 96, (1, 16))
     features = objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
     objective.perturb(features, cfg, seed=0)

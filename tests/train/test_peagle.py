@@ -49,7 +49,7 @@ def _target(hybrid: bool):
 
 def _features(target, head, ids):
     cfg = load_config(None, ["head.kind=eagle3", "head.variant=peagle", f"head.num_depths={DEPTHS}"])
-    objective = objective_class("eagle3")(head, cfg)
+    objective = objective_class("eagle3", head.config.variant)(head, cfg)
     return objective, cfg, objective.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
 
 

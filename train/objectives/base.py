@@ -65,14 +65,6 @@ class Objective(nn.Module):
         (``train.config.load_config``, after every check that names no kind); a problem raises
         ``ConfigError`` naming the key."""
 
-    def __new__(cls, head: nn.Module, *args: Any, **kwargs: Any) -> Objective:
-        """A kind's objective built for a variant's head is the variant's (``objective_class``)."""
-        config = getattr(head, "config", None)
-        kind, variant = getattr(head, "head_kind", None), getattr(config, "variant", None)
-        if kind is not None and cls is objective_class(kind):
-            cls = objective_class(kind, variant)
-        return super().__new__(cls)
-
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__()
         self.head = head

@@ -19,7 +19,7 @@ from draftsmith.train.examples import collate
 from draftsmith.train.features import Features
 from draftsmith.train.anchors import draw_anchors
 from draftsmith.train.losses import (DraftTargets, LossOutput, decayed_sum, dpace_weights, restrict_to_draft_vocab, soft_ce,
-                          top1_labels, ttt_step_loss, ttt_step_view, weighted_mean)
+                          mixed_labels, top1_labels, ttt_step_loss, ttt_step_view, weighted_mean)
 
 from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
 from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
@@ -36,7 +36,7 @@ class Eagle3Features(Features):
 
 class Eagle3Objective(Objective):
     reads = ("head.ttt_steps", "head.init_from_target", "train.loss=dpace", "train.stage=on-policy",
-             "train.mask_out_of_vocab", "train.freeze_lm_head", "train.labels")
+             "train.mask_out_of_vocab", "train.freeze_lm_head", "train.labels", "train.top1_share")
 
     @classmethod
     def configure(cls, cfg: TrainConfig) -> None:
@@ -44,9 +44,17 @@ class Eagle3Objective(Objective):
             cfg.head.ttt_steps = DEFAULT_TTT_STEPS
         if cfg.head.init_from_target is None:
             cfg.head.init_from_target = True
-        if cfg.train.labels == "top1" and cfg.train.stage == "on-policy":
-            raise ConfigError("train.labels=top1 trains the supervised stage; the on-policy stage learns the target's "
-                              "law after the drafted prefix (forward and reverse KL): set train.labels=soft with it")
+        mixed = cfg.train.labels == "top1" or cfg.train.top1_share is not None
+        if mixed and cfg.train.stage == "on-policy":
+            setting = "train.labels=top1" if cfg.train.labels == "top1" else f"train.top1_share={cfg.train.top1_share}"
+            raise ConfigError(f"{setting} trains the supervised stage; the on-policy stage learns the target's law "
+                              "after the drafted prefix (forward and reverse KL): leave train.labels=soft alone with it")
+        if cfg.train.top1_share is not None and cfg.train.labels == "top1":
+            raise ConfigError(f"train.top1_share={cfg.train.top1_share} mixes the top-1 into soft labels; "
+                              "train.labels=top1 is the top-1 alone")
+        if cfg.train.top1_share is not None and not 0 < cfg.train.top1_share < 1:
+            raise ConfigError(f"train.top1_share={cfg.train.top1_share}: the top-1's share is in (0, 1) (1 is "
+                              "train.labels=top1)")
 
     def __init__(self, head: nn.Module, cfg: TrainConfig) -> None:
         super().__init__(head, cfg)
@@ -54,6 +62,7 @@ class Eagle3Objective(Objective):
         self.loss, self.alpha = cfg.train.loss, cfg.train.dpace_alpha
         self.anchors, self.spacing = cfg.train.anchors_per_document, cfg.train.anchor_spacing
         self.mask_out_of_vocab, self.labels = cfg.train.mask_out_of_vocab, cfg.train.labels
+        self.top1_share = cfg.train.top1_share
 
     @staticmethod
     def aux_layer_ids(head: nn.Module) -> tuple[int, ...]:
@@ -76,6 +85,8 @@ class Eagle3Objective(Objective):
             f = dataclasses.replace(f, targets=f.targets._replace(in_vocab=torch.ones_like(f.targets.in_vocab)))
         if self.labels == "top1":  # the law's top-1 over the draft vocabulary, one-hot: greedy verification's event
             f = dataclasses.replace(f, targets=f.targets._replace(probs=top1_labels(f.targets.probs)))
+        elif self.top1_share is not None:  # the law and its top-1, for greedy and sampled verification alike
+            f = dataclasses.replace(f, targets=f.targets._replace(probs=mixed_labels(f.targets.probs, self.top1_share)))
         return self.supervised_forward(f)
 
     def supervised_forward(self, f: Features) -> LossOutput:

@@ -1,4 +1,4 @@
-"""scripts/bench_rollback.py on a tiny saved hybrid: both rollbacks next to plain decoding (τ, speedup, identical
+"""lab/bench_rollback.py on a tiny saved hybrid: both rollbacks next to plain decoding (τ, speedup, identical
 output, the rollback's cost per step, replays and pending tokens), t(N); an attention target and an unknown
 rollback are refused."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from support.hybrids import make_tiny_hybrid
 
 from draftsmith.data.tokenizer import train_tokenizer
 from draftsmith.target.recurrent import LinearAttentionLayer
-from draftsmith.scripts.bench_rollback import cli, main, parse_args
+from draftsmith.lab.bench_rollback import cli, main, parse_args
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 

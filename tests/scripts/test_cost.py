@@ -1,4 +1,4 @@
-"""scripts/plan.py: per-GPU memory with its arithmetic, the FSDP shard, advice when a config does not
+"""scripts/cost.py: per-GPU memory with its arithmetic, the FSDP shard, advice when a config does not
 fit, feature disk, and targets read without downloading anything."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from draftsmith.data.features import bytes_per_token, state_widths
+from draftsmith.data.feature_store import bytes_per_token, state_widths
 from draftsmith.train.config import load_config
 from draftsmith.train.cost import GIB, KNOWN_TARGETS, format_plan, make_plan, shapes, target_config
 from support.house import REPO as ROOT
@@ -110,8 +110,8 @@ def test_a_local_target_is_read_from_its_config_json(tmp_path):
 def test_the_script_refuses_in_one_line(overrides, message, capsys):
     """In-process, through the script's own ``run(main)`` (what its ``__main__`` exits with): a subprocess
     each cost ~15 s of imports; the script as a process is test_the_script_prints_the_70b_plan's."""
-    from draftsmith.data.cli import run
-    from draftsmith.scripts.plan import main
+    from draftsmith.data.entry_point import run
+    from draftsmith.scripts.cost import main
 
     code = run(main, ["--config", str(CONFIG_70B), "--gpus", "8", *overrides])
     err = capsys.readouterr().err
@@ -119,7 +119,7 @@ def test_the_script_refuses_in_one_line(overrides, message, capsys):
 
 
 def test_the_script_prints_the_70b_plan():
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "--config", str(CONFIG_70B), "--gpus",
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost.py"), "--config", str(CONFIG_70B), "--gpus",
                           "8"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert "per-GPU memory" in run.stdout and "/ 8 shards" in run.stdout and "fits" in run.stdout
@@ -129,6 +129,6 @@ def test_a_demo_target_is_planned_only_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))  # an empty cache: nothing is built or fetched
     with pytest.raises(ValueError, match="target demo:tiny: not in the cache yet"):
         target_config("demo:tiny")
-    with pytest.raises(ValueError, match="plan.py downloads nothing"):
+    with pytest.raises(ValueError, match="cost.py downloads nothing"):
         target_config("demo:smollm2")
     assert not any(tmp_path.iterdir())

@@ -1,9 +1,9 @@
 """What rolling back a hybrid target's recurrent states costs, per rollback (docs/hybrid.md).
 
-    python scripts/bench_rollback.py --target demo:tiny-hybrid [--heads HEAD_DIR ...] [--rollback merged,replay]
+    python lab/bench_rollback.py --target demo:tiny-hybrid [--heads HEAD_DIR ...] [--rollback merged,replay]
         [--prompts 4] [--max-new-tokens 128] [--threads 1] [--rules per-token,chunked]
         [--reference-target demo:tiny [--reference-heads HEAD_DIR ...]] [--out FILE.json]
-    python scripts/bench_rollback.py --oracle 4/1,4/3,8/3,8/6 --target random:gated-deltanet,random:mamba2 \
+    python lab/bench_rollback.py --oracle 4/1,4/3,8/3,8/6 --target random:gated-deltanet,random:mamba2 \
         --reference-target random:attention --threads 1 [--out FILE.json]
 
 Two measurements on one target, in one process:
@@ -21,8 +21,8 @@ Two measurements on one target, in one process:
    kernels to hold the state after every position);
    with ``--rules per-token,chunked`` every method and every t(N) runs twice, interleaved: with the generator's
    routing of short verifies to the per-token Gated DeltaNet rule (target.delta_rule, "per-token", what the
-   generator does) and without it (every multi-token forward on the chunked rule, "chunked": the routing
-   off); with ``--reference-target`` (an attention target, e.g. demo:tiny), plain decoding, n-grams and each
+   generator does) and without it (the Gated DeltaNet layers' multi-token forwards on the chunked rule,
+   "chunked"; what exactness needs stays routed: Mamba mixers per token, Mamba-2 scans without the dt clamp); with ``--reference-target`` (an attention target, e.g. demo:tiny), plain decoding, n-grams and each
    ``--reference-heads`` head on it too (each with the generator's defaults), prompt by prompt in turn with
    the hybrid's methods, and its t(N) beside the hybrid's (the same prompt ids: both demo targets share a
    tokenizer): the speedups of both targets under the same load;
@@ -51,7 +51,7 @@ import time
 
 from draftsmith.data.base.checks import cli_choices, cli_count, cli_counts
 from draftsmith.data.base.paths import claim_report_file, json_with_keys
-from draftsmith.data.cli import run
+from draftsmith.data.entry_point import run
 
 MODES = ("merged", "replay")
 RULES = ("per-token", "chunked")  # short verifies on the per-token Gated DeltaNet rule (the generator's), or not
@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=cli_count(), help="CPU threads (default: measured, target.threads)")
     p.add_argument("--rules", type=cli_choices(RULES), default="per-token",
                    help="comma-separated: per-token (the generator's routing of short verifies, target.delta_rule), "
-                        "chunked (the routing off)")
+                        "chunked (the Gated DeltaNet rule off; exactness routing stays)")
     p.add_argument("--reference-target", help="an attention target decoded (n-grams and --reference-heads) and timed "
                                                "(t(N)) beside the hybrid, in turn")
     p.add_argument("--reference-heads", nargs="*", default=[], help="head directories for --reference-target")
@@ -282,7 +282,7 @@ def time_paths(gen, ids, paths: list[int], depth: int, repeats: int) -> dict:
 def _generator(model, drafter, rule: str = "per-token", **options):
     from draftsmith.infer import SpeculativeGenerator
 
-    # "chunked": the routing off, every multi-token forward runs the chunked rule
+    # "chunked": the Gated DeltaNet rule off (its chunked rule on every multi-token forward); what exactness needs stays
     return SpeculativeGenerator(model, drafter, per_token=rule != "chunked", **options)
 
 
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftsmith.target.threads import choose_threads
 
     print(choose_threads(args.threads), file=sys.stderr, flush=True)
-    command = " ".join(["python scripts/bench_rollback.py", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python lab/bench_rollback.py", *(sys.argv[1:] if argv is None else argv)])
     result = oracle_bench(args, command) if args.oracle else rollback_bench(args, command)
     result["threads"] = torch.get_num_threads()
     print(json.dumps(result, indent=2))

@@ -1,4 +1,4 @@
-"""Phase 5 of ``scripts/gpu_lease.py`` (trained demo heads, with the CUDA-only tests beside the training) and the
+"""Phase 5 of ``lab/gpu_lease.py`` (trained demo heads, with the CUDA-only tests beside the training) and the
 run's one-screen summary.
 
 EAGLE-3 and DFlash heads train on ``demo:tiny`` side by side (two ``accelerate launch`` processes started together,
@@ -25,7 +25,7 @@ CONFIGS = {"eagle3": "configs/demo.yaml", "dflash": "configs/demo-dflash.yaml"}
 
 def train_command(lease, kind: str, out: Path, minutes: float) -> list[str]:
     """``accelerate launch train/train_head.py`` for one demo head, stopped by ``minutes``."""
-    from draftsmith.scripts.gpu_report import accelerate_launch
+    from draftsmith.lab.gpu_report import accelerate_launch
 
     overrides = [f"output_dir={out}", f"train.max_minutes={minutes}", "train.decay=constant", "train.eval_every=0",
                  "train.save_every=0", "train.log_every=25", "data.self_distill.rows=0", "data.eval_rows=32"]
@@ -43,7 +43,7 @@ def train_command(lease, kind: str, out: Path, minutes: float) -> list[str]:
 def gpu_tests_command() -> list[str]:
     """One pytest selection: the tests marked ``gpu`` (CUDA graphs, the compiled static step), in the files that
     mark any; on a machine without CUDA they skip."""
-    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
                    if "pytest.mark.gpu" in p.read_text())
     return [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "gpu", *files]
 

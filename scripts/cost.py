@@ -1,6 +1,6 @@
 """What a training config costs before launch: per-GPU memory, feature disk, tokens and time per step.
 
-    python scripts/plan.py --config F [key=value ...] --gpus N [--nodes M] [--gpu-memory-gib 80]
+    python scripts/cost.py --config F [key=value ...] --gpus N [--nodes M] [--gpu-memory-gib 80]
         [--tokens-per-s T] [--rows R] [--feature-dtype bfloat16] [--measure]
 
 Per GPU: the frozen target (whole, or its FSDP shard with ``train.target_sharding=fsdp``), the head
@@ -9,7 +9,7 @@ each printed with its arithmetic; when the total exceeds ``--gpu-memory-gib``, w
 change. ``--tokens-per-s`` (training tokens/s of one process on the same hardware) gives the step
 time; ``--rows`` the disk of offline features. ``--measure`` also trains a few steps here and prints
 the measured peak next to the plan for this launch's processes: one with ``python``, each of N under
-``accelerate launch --num_processes N scripts/plan.py ...`` (docs/scaling.md). For a hybrid target
+``accelerate launch --num_processes N scripts/cost.py ...`` (docs/scaling.md). For a hybrid target
 (Gated DeltaNet, Mamba, short-conv layers) it also prints what decoding keeps per sequence: the recurrent
 and conv states and the checkpoint of them speculative decoding takes each step (docs/hybrid-demo.md). The
 target is read from its local config.json or a built-in table of Hub shapes: nothing is downloaded.
@@ -22,12 +22,12 @@ import sys
 
 from draftsmith.data.base.checks import cli_count, cli_real
 from draftsmith.data.base.names import FEATURE_DTYPES
-from draftsmith.data.cli import prog, run
+from draftsmith.data.entry_point import prog, run
 from draftsmith.train.config import load_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=prog("plan.py"), description=__doc__,
+    p = argparse.ArgumentParser(prog=prog("cost.py"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="training YAML (as train/train_head.py takes it)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.micro_batch_size=2")

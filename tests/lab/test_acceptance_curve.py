@@ -1,4 +1,4 @@
-"""scripts/acceptance_curve.py on a tiny budget: every recipe trains, continues on-policy, is measured (in a
+"""lab/acceptance_curve.py on a tiny budget: every recipe trains, continues on-policy, is measured (in a
 second phase that finds the heads in results.json), and the table, the plot and results.json say so (the demo
 target itself is never built here)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import yaml
 from support.train_fixtures import MAX_LENGTH, tiny_files  # noqa: F401  (fixture)
 
-from draftsmith.scripts import acceptance_curve
+from draftsmith.lab import acceptance_curve
 
 
 def test_the_curve_trains_measures_and_writes_its_table(tiny_files, tmp_path):  # noqa: F811
@@ -59,7 +59,7 @@ def test_the_curve_trains_measures_and_writes_its_table(tiny_files, tmp_path):  
 
 def test_bad_options_are_usage_errors():
     for argv, message in ((["--budgets", "3,x"], "--budgets"), (["--recipes", "medusa"], "unknown 'medusa'"),
-                          (["--on-policy-steps", "-1"], "--on-policy-steps must be >= 0")):
+                          (["--on-policy-steps", "-1"], "argument --on-policy-steps: a whole number >= 0")):
         with pytest.raises(SystemExit) as err:
             acceptance_curve.parse_args(argv)
         assert err.value.code == 2, message
@@ -111,7 +111,7 @@ def test_the_revision_is_this_clone_s_head():
 
 
 def test_an_out_folder_holding_another_results_json_is_refused_untouched(tmp_path, capsys):
-    from draftsmith.data.cli import run
+    from draftsmith.data.entry_point import run
 
     out = tmp_path / "out"
     out.mkdir()

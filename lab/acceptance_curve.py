@@ -1,6 +1,6 @@
 """Acceptance against training budget: simulated τ, real τ and ``--compare`` speedup per recipe and step count.
 
-    python scripts/acceptance_curve.py [--budgets 300,1200,4800]
+    python lab/acceptance_curve.py [--budgets 300,1200,4800]
         [--recipes eagle3,dflash-old,dflash-new,dflash-dpace,peagle,dspark]
         [--on-policy-steps N] [--target demo:tiny] [--prompt "class Queue:"] [--max-new-tokens 96] [--rounds 3]
         [--runs runs/acceptance-curve] [--out docs/acceptance-curve] [--phase all|train|measure] [--set key=value ...]
@@ -12,7 +12,7 @@ continues it as much without the rollout as ``<recipe>+sup``: its supervised con
 warm-up and anchors; ``CONTROL``), so the stage's gain is read against the same steps spent supervised
 (``SUPERVISED_ONLY`` recipes, P-EAGLE's and DSpark's, have neither).
 Each head is measured three ways: the held-out simulated τ of training's evaluation, and one greedy decode
-of ``--prompt`` against the target's own ``generate`` (``infer.cli``'s ``--compare``: ``--rounds``
+of ``--prompt`` against the target's own ``generate`` (``infer.generate_command``'s ``--compare``: ``--rounds``
 rounds alternating, the same process): its τ (tokens per target forward) and its speedup. Writes
 results.json (after every head: a long run keeps what it measured), curve.md and curve.png to ``--out``.
 ``--set`` overrides go to every training run (after the recipe's). Heads go to ``--runs``.
@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from draftsmith.data.base.checks import cli_count
 
 ROOT = Path(__file__).resolve().parents[1]
 # The demo's self-distilled data (configs/demo.yaml): the target continues 768 stdlib chunks greedily, once, cached
@@ -81,12 +83,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budgets", default="300,1200,4800", help="comma-separated training steps")
     p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
-    p.add_argument("--on-policy-steps", type=int, default=None,
+    p.add_argument("--on-policy-steps", type=cli_count(0), default=None,
                    help="steps of the on-policy stage after each head (default: a quarter of its budget; 0 = none)")
     p.add_argument("--target", default="demo:tiny")
     p.add_argument("--prompt", default="class Queue:")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=cli_count(), default=96)
+    p.add_argument("--rounds", type=cli_count(), default=3)
     p.add_argument("--runs", type=Path, default=Path("runs/acceptance-curve"))
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "acceptance-curve")
     p.add_argument("--phase", choices=("all", "train", "measure"), default="all",
@@ -103,10 +105,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [r for r in args.recipes if r not in RECIPES]
     if unknown:
         p.error(f"--recipes: unknown {unknown[0]!r}; expected some of {', '.join(RECIPES)}")
-    if args.on_policy_steps is not None and args.on_policy_steps < 0:
-        p.error(f"--on-policy-steps must be >= 0, got {args.on_policy_steps}")
-    if args.rounds < 1 or args.max_new_tokens < 1:
-        p.error("--rounds and --max-new-tokens must be >= 1")
     return args
 
 
@@ -119,10 +117,10 @@ def train(config: str, overrides: list[str]):
 
 
 def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, rounds: int) -> dict:
-    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m draftsmith.infer.cli --compare`` measures them."""
+    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m draftsmith.infer.generate_command --compare`` measures them."""
     import torch
 
-    from draftsmith.infer.cli import compare_rounds, encode
+    from draftsmith.infer.generate_command import compare_rounds, encode
     from draftsmith.infer.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator.from_pretrained(target, str(head_dir), device="cpu")
@@ -229,7 +227,7 @@ def run_curve(args: argparse.Namespace, recipes: dict[str, tuple[str, list[str]]
 
 
 def write_table(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
-    command = "python scripts/acceptance_curve.py " + " ".join(
+    command = "python lab/acceptance_curve.py " + " ".join(
         [f"--budgets {','.join(map(str, args.budgets))}", f"--recipes {','.join(args.recipes)}",
          *([f"--on-policy-steps {args.on_policy_steps}"] if args.on_policy_steps is not None else []),
          f"--target {args.target}", *([f"--set {' '.join(args.overrides)}"] if args.overrides else [])])
@@ -277,6 +275,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

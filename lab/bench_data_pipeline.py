@@ -1,6 +1,6 @@
 """Throughput of the data pipeline on a synthetic multi-turn conversation file.
 
-    python scripts/bench_data_pipeline.py [--rows 10000] [--max-length 2048] [--seed 0]
+    python lab/bench_data_pipeline.py [--rows 10000] [--max-length 2048] [--seed 0]
 
 Writes a JSONL file of ``--rows`` conversations (optional system prompt, 1-4 user/assistant
 exchanges) to a temp dir, trains the demo ChatML tokenizer on part of it, then times
@@ -93,6 +93,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(lambda argv: main()))

@@ -1,10 +1,10 @@
 """The GPU proof in one leased call: at most 9 minutes on one H100 from a cold start, 64 MiB carried.
 
-    python scripts/gpu_lease.py --dry-run                  # on any machine: what travels, each phase's seconds
-    python scripts/gpu_lease.py --out $OUT                 # on the GPU (docs/benchmarks.md, "GPU: one command")
-    python scripts/gpu_lease.py --smoke --device cpu --out DIR   # every phase at tiny shapes, seconds on a CPU
+    python lab/gpu_lease.py --dry-run                  # on any machine: what travels, each phase's seconds
+    python lab/gpu_lease.py --out $OUT                 # on the GPU (docs/benchmarks.md, "GPU: one command")
+    python lab/gpu_lease.py --smoke --device cpu --out DIR   # every phase at tiny shapes, seconds on a CPU
 
-Phases, in order (most value per device second first; ``scripts/lease_phases.py``):
+Phases, in order (most value per device second first; ``lab/lease_phases.py``):
 
 1. ``probe``: the device, torch / transformers, the measured device-to-device copy rate (the HBM bound);
 2. ``shape-llama3.1-8b``: random bf16 weights at the real shape (``infer.bench``, as ``scripts/bench_scale.py``):
@@ -20,13 +20,13 @@ Phases, in order (most value per device second first; ``scripts/lease_phases.py`
 6. ``hybrid``: a Gated DeltaNet hybrid at Qwen3.5-9B's shape (fla's kernels when ``fla-core`` travels, else
    transformers' torch reference): t(N)/t(1) and the rollback's share of the step time.
 
-Each phase is estimated from ``scripts/gpu_lease_rates.json`` (seconds per unit of work, each with its source);
+Each phase is estimated from ``lab/gpu_lease_rates.json`` (seconds per unit of work, each with its source);
 a phase starts only if its estimate fits in what is left of ``--budget-s`` (else it is skipped with a note), and
 ``results.json`` / ``summary.md`` in ``--out`` are rewritten as each phase ends, so a cut run leaves what it had.
 A phase that fails is recorded with its error and the next one runs. ``--dry-run`` prints what would travel
 (git's tracked + untracked-not-ignored files + ``--wheels``) and the plan, and exits 1 if the plan passes the
 budget or the carry passes 64 MiB. ``--smoke``: the same phases at tiny shapes with seconds-scale budgets.
-The real-model report (SmolLM2, several calls) is ``scripts/gpu_report.py --real``.
+The real-model report (SmolLM2, several calls) is ``lab/gpu_report.py --real``.
 """
 from __future__ import annotations
 
@@ -161,19 +161,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, started: float | None = None) -> int:
-    """The dry run, or every phase in turn (``scripts/lease_phases.py``) within the budget counted from ``started``
+    """The dry run, or every phase in turn (``lab/lease_phases.py``) within the budget counted from ``started``
     (a ``time.monotonic()``; the process's start when run as a script, else now); the exit code."""
     started = time.monotonic() if started is None else started
     args = parse_args(argv)
     rates = load_rates(args.rates)
     if args.dry_run:
         return dry_run(args, rates)
-    from draftsmith.scripts.lease_phases import run_lease
+    from draftsmith.lab.lease_phases import run_lease
 
     return run_lease(args, estimates(rates), started)
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run
+    from draftsmith.data.entry_point import run
 
     sys.exit(run(lambda argv: main(argv, STARTED)))

@@ -1,4 +1,4 @@
-"""scripts/gpu_report.py --smoke end to end on CPU: regenerate, train (the launch command it builds, run in this
+"""lab/gpu_report.py --smoke end to end on CPU: regenerate, train (the launch command it builds, run in this
 process; the lease tests below launch it for real), benchmark,
 report; then a second run reuses every cached phase."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import yaml
 from support.targets import make_tiny_target
 from fixtures.chat_tokenizers import make_chat_tokenizer
 
-from draftsmith.scripts.gpu_report import REPO, main, plan, report_rows
+from draftsmith.lab.gpu_report import REPO, main, plan, report_rows
 
 
 def sharegpt(*pairs, id):
@@ -42,7 +42,7 @@ def train_in_process(monkeypatch) -> list[list[str]]:
     import contextlib
     import subprocess
 
-    from draftsmith.scripts import gpu_report
+    from draftsmith.lab import gpu_report
     from draftsmith.train.train_head import cli
 
     launched, real_run, prefix = [], subprocess.run, gpu_report.accelerate_launch(True)
@@ -120,17 +120,17 @@ def test_report_rows_name_heads_by_kind_and_keep_the_columns():
     assert rows[0]["vs_hf_static"] == 2.5 and rows[0]["bound"] == 4.0 and "speedup_vs_hf_static" not in rows[0]
 
 
-# ---------------------------------------------------------------- scripts/gpu_lease.py: the one-call GPU proof
+# ---------------------------------------------------------------- lab/gpu_lease.py: the one-call GPU proof
 
 def lease_main(argv):
-    from draftsmith.scripts.gpu_lease import main as lease
+    from draftsmith.lab.gpu_lease import main as lease
 
     return lease(argv)
 
 
 def planted_rates(tmp_path, **values):
     """The shipped rates file with ``values`` planted (rate name -> seconds)."""
-    from draftsmith.scripts.gpu_lease import RATES
+    from draftsmith.lab.gpu_lease import RATES
 
     data = json.loads(RATES.read_text())
     for name, value in values.items():
@@ -141,7 +141,7 @@ def planted_rates(tmp_path, **values):
 
 
 def test_lease_dry_run_fits_nine_minutes_and_64_mib(capsys, tmp_path):
-    from draftsmith.scripts.gpu_lease import PHASES, RATES, carried_files, estimates, load_rates
+    from draftsmith.lab.gpu_lease import PHASES, RATES, carried_files, estimates, load_rates
 
     assert lease_main(["--dry-run", "--wheels", str(tmp_path / "none")]) == 0
     printed = capsys.readouterr().out
@@ -172,7 +172,7 @@ def test_lease_dry_run_fails_past_the_budget_or_the_carry(capsys, tmp_path):
 def test_lease_carry_is_tracked_and_untracked_but_not_ignored(tmp_path):
     import subprocess
 
-    from draftsmith.scripts.gpu_lease import carried_files
+    from draftsmith.lab.gpu_lease import carried_files
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / ".gitignore").write_text("runs/\n")
@@ -185,7 +185,7 @@ def test_lease_carry_is_tracked_and_untracked_but_not_ignored(tmp_path):
 
 
 def test_lease_rates_need_a_value_and_a_source(tmp_path):
-    from draftsmith.scripts.gpu_lease import RATES, load_rates
+    from draftsmith.lab.gpu_lease import RATES, load_rates
 
     data = json.loads(RATES.read_text())
     data["rates"]["probe_s"].pop("source")
@@ -196,7 +196,7 @@ def test_lease_rates_need_a_value_and_a_source(tmp_path):
 
 
 def test_lease_skips_a_phase_that_would_overrun_and_records_a_failing_one(tmp_path, monkeypatch, capsys):
-    from draftsmith.scripts import lease_phases
+    from draftsmith.lab import lease_phases
 
     out = tmp_path / "out"
     # probe is estimated at 17 s x SMOKE_SCALE = 0.017 s: a budget of 0.001 s skips it, and the folder is still written
@@ -273,13 +273,13 @@ def test_lease_docs_give_the_one_call_and_the_wheels_the_dry_run_counts():
     to download are the ones the dry run counts."""
     import re
 
-    from draftsmith.scripts.gpu_lease import RATES
+    from draftsmith.lab.gpu_lease import RATES
 
     text = (REPO / "docs" / "benchmarks.md").read_text()
-    section = text[text.index("### GPU: one command, `scripts/gpu_lease.py`"):]
+    section = text[text.index("### GPU: one command, `lab/gpu_lease.py`"):]
     call = re.search(r"\*\*The call\*\*.*?```bash\n(.*?)\n```", section, re.S).group(1)
     assert len(call) <= 2000 and f"; {len(call)} characters)" in section
-    assert "scripts/gpu_lease.py --out $OUT/lease" in call and ".whl/*.whl" in call and "HF_HUB_OFFLINE=1" in call
+    assert "lab/gpu_lease.py --out $OUT/lease" in call and ".whl/*.whl" in call and "HF_HUB_OFFLINE=1" in call
     download = re.search(r"-d \.whl (.*)\n", section).group(1).split()
     wheels = [name for name in json.loads(RATES.read_text())["wheels"] if name.endswith(".whl")]
     assert sorted(d.split("==")[0].replace("-", "_") + "-" + d.split("==")[1] for d in download) == sorted(

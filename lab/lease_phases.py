@@ -1,4 +1,4 @@
-"""The phases of ``scripts/gpu_lease.py`` and the loop that runs them within one budget.
+"""The phases of ``lab/gpu_lease.py`` and the loop that runs them within one budget.
 
 Every phase takes the ``Lease`` (device, sizes, deadlines, results so far) and returns a dict of what it
 measured; the loop writes ``results.json`` and ``summary.md`` after each one. The speed phases reuse
@@ -23,8 +23,8 @@ import torch
 
 from draftsmith.data.base.device import default_device, sync
 from draftsmith.data.base.paths import claim_report_dir
-from draftsmith.data.cli import one_line
-from draftsmith.scripts.lease_heads import heads, summary
+from draftsmith.data.entry_point import one_line
+from draftsmith.lab.lease_heads import heads, summary
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_SCALE = 1e-3  # --smoke: the H100 estimates scaled to a CPU's seconds-scale run of tiny shapes
@@ -50,7 +50,7 @@ class Lease:
         self.sweep_compile = {"eager": False, "inductor": True}.get(args.sweep_backend, args.sweep_backend) \
             if self.cuda else False
         self.kept: dict = {}  # what a later phase reuses (the 8B target and its HF output)
-        self.results = {"command": " ".join(["python", "scripts/gpu_lease.py", *sys.argv[1:]]),
+        self.results = {"command": " ".join(["python", "lab/gpu_lease.py", *sys.argv[1:]]),
                         "budget_s": self.budget, "smoke": self.smoke, "plan_s": self.plan, "phases": {}, "skipped": {}}
 
     def left(self) -> float:

@@ -1,29 +1,31 @@
 """Generate with a draft head from the command line.
 
-    python -m draftsmith.infer.cli --head H [--target T] --prompt "def fib(n):" [--chat]
+    python -m draftsmith.infer.generate_command --head H [--target T] --prompt "def fib(n):" [--chat]
         [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0] [--acceptance exact|traversal|typical]
-        [--tree default|tree|chain] [--depth D] [--branch K] [--total-tokens N] [--adaptive] [--lookup-first]
+        [--tree default|tree|chainN|dynD-K-N|medusaN] [--adaptive] [--lookup-first]
         [--compile] [--compare [--rounds R]]
-    python -m draftsmith.infer.cli --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
-        | head:DIR[+lookup-first] [--depth D] [--branch K] [--adaptive] ...
+    python -m draftsmith.infer.generate_command --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
+        | head:DIR[+lookup-first] [--tree chainN] [--matches K] [--adaptive] ...
 
 Streams the text, then prints tau (tokens per target forward) and tokens/s. ``--compare`` also
 runs the target's own ``generate`` in the same process and prints the speedup and whether the
 outputs match (they must, at temperature 0). ``--target`` defaults to the target the head was
 trained for (its config's ``target_name_or_path``); ``demo:tiny`` names the demo target.
-``--drafter lm:DIR`` drafts a chain of ``--depth`` (default 4) with a small LM sharing the target's
-tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by prompt lookup (``--depth`` tokens, default 8, from
-``--branch`` matches, default 1); ``--drafter layer-skip:K`` drafts a chain of ``--depth`` (default 4)
+``--tree`` is the draft's shape in the one language ``bench --trees`` reads too (``infer.tree_shape``: default,
+tree, chainN, dynD-K-N, medusaN). ``--drafter lm:DIR`` drafts a chain (``--tree chainN``, default 4) with a small LM
+sharing the target's tokenizer (``lm:demo:assistant`` is the demo's); ``--drafter ngram`` drafts by prompt lookup
+(``--tree chainN`` tokens, default 8, from ``--matches`` matches, default 1); ``--drafter layer-skip:K`` drafts a
+chain (``--tree chainN``, default 4)
 with the target's own first K layers (self-speculation; ``infer.drafters.free.layer_skip``); without K, the K that
 ``scripts/calibrate_layer_skip.py`` measured fastest for this target, device and dtype, else half the
 layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed by prompt lookup
 (``infer.drafters.free.hierarchical``: the same chain, fewer draft-LM forwards when the guesses hold);
 ``--drafter lm:DIR+head:HEAD`` the same with a head trained on the draft LM (``target=DIR``) guessing.
 ``--adaptive`` lets the draft length follow the acceptance (what an EAGLE head does by default on CPU;
-``--tree chain --depth D`` fixes it). ``--lookup-first`` drafts by prompt lookup
+``--tree chainD`` fixes it). ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.free.lookup_first``).
 ``--drafter head:DIR[+lookup-first]`` is ``--head DIR [--lookup-first]``; every spec is parsed by
-``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/calibrate_speculation.py``) is followed, as
+``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/speculation_plan.py``) is followed, as
 ``SpeculativeGenerator.from_pretrained`` follows it.
 """
 from __future__ import annotations
@@ -35,16 +37,25 @@ import time
 from typing import TYPE_CHECKING
 
 from draftsmith.data.base.checks import cli_count, cli_real
-from draftsmith.data.cli import prog, run
+from draftsmith.data.entry_point import prog, run
 from draftsmith.infer.drafter_spec import DrafterSpec, parse_drafter
+from draftsmith.infer.tree_shape import parse_tree_shape
 
 if TYPE_CHECKING:  # torch, transformers and the drafters load after the arguments are checked (seconds)
     import torch
 
     from draftsmith.infer.generator import SpeculativeGenerator
 
+# The flags that shaped a draft before the one shape language (infer.tree_shape), and what says the same now
+OLD_SHAPE_FLAGS = {
+    "--depth": "the draft's shape is one --tree value: --tree chainD (a chain of D) or dynD-K-N (an EAGLE tree)",
+    "--branch": "an EAGLE tree is --tree dynD-K-N (K children per node); prompt lookup's matches are --matches K",
+    "--total-tokens": "an EAGLE tree is --tree dynD-K-N (N nodes verified, root included)",
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=prog("python -m draftsmith.infer.cli"), description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog("python -m draftsmith.infer.generate_command"), description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model: HF id, directory or demo:<size> (default: the head's own target)")
     p.add_argument("--head", help="draft head: directory or HF id")
     p.add_argument("--drafter", help="instead of a head: lm:DIR (a draft LM sharing the tokenizer), lm:DIR+ngram "
@@ -64,13 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--acceptance", choices=("exact", "traversal", "typical"), default="exact",
                    help="the rule at temperature > 0: exact (token by token), traversal (sequence by sequence, leaf "
                         "to root; docs/traversal.md), both lossless; typical (Medusa's, lossy)")
-    p.add_argument("--tree", choices=("default", "tree", "chain"), default="default",
-                   help="default: the head kind's default for the device (EAGLE on CPU: a chain adapting its length, 4 to 16; "
-                        "with --depth D a chain of D); "
-                        "tree: Medusa's static or an EAGLE dynamic tree; chain: a plain chain of --depth drafts")
-    p.add_argument("--depth", type=cli_count(), help="draft levels (EAGLE tree depth or chain length)")
-    p.add_argument("--branch", type=cli_count(), help="EAGLE tree: children kept per expanded node (top_k)")
-    p.add_argument("--total-tokens", type=cli_count(2), help="EAGLE tree: nodes verified per step, root included")
+    p.add_argument("--tree", default="default",
+                   help="the draft's shape: default (the head kind's for the device; EAGLE on CPU: a chain adapting its "
+                        "length, 4 to 16), tree (Medusa's static or an EAGLE dynamic tree), chainN (a chain of N), "
+                        "dynD-K-N (EAGLE: depth D, K children per node, N nodes verified) or medusaN")
+    p.add_argument("--matches", type=cli_count(), help="--drafter ngram: prompt-lookup matches drafted (default 1)")
+    for old in OLD_SHAPE_FLAGS:  # refused below with the --tree that says the same
+        p.add_argument(old, help=argparse.SUPPRESS)
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16", "float64"), default="auto")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -84,6 +95,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=cli_count(), help="CPU threads (default: 1 or all cores, whichever a short probe "
                    "measures faster; OMP_NUM_THREADS is respected)")
     args = p.parse_args(argv)
+    for old, new in OLD_SHAPE_FLAGS.items():
+        if getattr(args, old[2:].replace("-", "_")) is not None:
+            p.error(f"{old} is gone: {new}")
+    try:
+        args.shape = parse_tree_shape(args.tree)
+    except ValueError as e:
+        p.error(f"--tree: {e}")
     if (args.head is None) == (args.drafter is None):
         p.error("pass exactly one of --head and --drafter")
     args.spec = _drafter_spec(p, args)
@@ -105,31 +123,6 @@ def _drafter_spec(p: argparse.ArgumentParser, args: argparse.Namespace) -> Draft
         args.head, args.drafter = spec.path, None
         args.lookup_first = args.lookup_first or spec.lookup_first
     return spec
-
-
-def tree_option(kind: str, device: str, args: argparse.Namespace):
-    """The tree for ``kind`` from the device's defaults plus whatever flags were given; None for the
-    kind's default drafter (``make_drafter``: on CPU an EAGLE head's chain adapts its length)."""
-    import torch
-
-    from draftsmith.infer.drafters import Chain, StaticTree, default_branching_tree, default_tree, drafter_class
-
-    shape = {"depth": args.depth, "top_k": args.branch, "total_tokens": args.total_tokens}
-    given = {k: v for k, v in shape.items() if v is not None}
-    if args.tree == "default" and not given and drafter_class(kind).adapts_by_default(torch.device(device)):
-        return None
-    tree = {"default": default_tree, "tree": default_branching_tree}.get(args.tree, lambda *_: Chain())(kind, device)
-    if tree is None:
-        raise ValueError(f"--tree {args.tree}: {kind} heads draft chains only; pass --tree chain (or default)")
-    if isinstance(tree, Chain):
-        if args.branch is not None or args.total_tokens is not None:
-            raise ValueError("--branch/--total-tokens shape EAGLE dynamic trees; this is a chain (pass --tree tree)")
-        return Chain(args.depth) if args.depth else tree
-    if isinstance(tree, StaticTree):
-        if given:
-            raise ValueError("--depth/--branch/--total-tokens shape EAGLE trees; Medusa uses its static tree")
-        return tree
-    return dataclasses.replace(tree, **given)
 
 
 def encode(tokenizer, prompt: str, chat: bool) -> torch.Tensor:
@@ -204,16 +197,20 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
     from draftsmith.data.base.device import default_device
     from draftsmith.heads import AutoHead
     from draftsmith.infer.drafter_spec import build_drafter
-    from draftsmith.infer.drafters import Chain, fit_chain
+    from draftsmith.infer.drafters import Chain
     from draftsmith.infer.generator import SpeculativeGenerator
     from draftsmith.infer.speculation_plan import find_plan
+    from draftsmith.infer.tree_shape import build_tree
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     device = str(default_device(args.device))
     spec = args.spec
     if spec.kind != "head":
-        drafter = lambda target: build_drafter(spec, target, args.depth, adaptive=args.adaptive,  # noqa: E731
-                                               branches=args.branch or 1)
+        if args.shape.form not in ("default", "chain"):
+            raise ValueError(f"--tree {args.tree}: --drafter {args.drafter} drafts chains; pass --tree chainN")
+        length = args.shape.sizes[0] if args.shape.form == "chain" else None
+        drafter = lambda target: build_drafter(spec, target, length, adaptive=args.adaptive,  # noqa: E731
+                                               branches=args.matches or 1)
         return SpeculativeGenerator.from_pretrained(args.target, drafter, device=device, dtype=dtype,
                                                     threads=args.threads, compile=args.compile,
                                                     acceptance=args.acceptance), spec.describe()
@@ -222,11 +219,9 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
     target = args.target or head.config.target_name_or_path
     if not target:
         raise ValueError(f"{args.head} records no target (target_name_or_path); pass --target")
-    tree = tree_option(head.head_kind, device, args)
-    if args.depth is None:  # a default chain fits the head (a DFlash head of block_size 4 drafts 3)
-        tree = fit_chain(head, tree)
+    tree = build_tree(args.shape, head, device)  # None: the kind's default, fitted to the head by the generator
     if args.adaptive and tree is not None and not isinstance(tree, Chain):
-        raise ValueError("--adaptive adapts a chain: pass --tree chain (or the CPU default for EAGLE)")
+        raise ValueError("--adaptive adapts a chain: pass --tree chainN (or default)")
     if args.adaptive or args.lookup_first:  # the drafter is built around the loaded head once the target is
         wrapped, loaded = DrafterSpec("head", path=args.head, lookup_first=args.lookup_first), {args.head: head}
         head = lambda target, tree=tree: build_drafter(wrapped, target, adaptive=args.adaptive,  # noqa: E731

@@ -1,7 +1,7 @@
 """When to speculate, per batch size: measure tokens/s for each draft length and write the plan the
 generator follows by default.
 
-    python scripts/calibrate_speculation.py --target DIR --head HEAD_DIR [--batch-sizes 1,2,4,8]
+    python scripts/speculation_plan.py --target DIR --head HEAD_DIR [--batch-sizes 1,2,4,8]
         [--lengths 0,1,2,3,4] [--num-prompts 8] [--prompt-tokens 128] [--max-new-tokens 64]
         [--repeats 1] [--threads N] [--out PATH]
 
@@ -18,13 +18,13 @@ from pathlib import Path
 
 from draftsmith.data.base.checks import cli_count, cli_counts
 from draftsmith.data.base.paths import claim_report_file, json_with_keys
-from draftsmith.data.cli import prog
+from draftsmith.data.entry_point import prog
 from draftsmith.infer.bench.prompts import load_prompts
 from draftsmith.infer.speculation_plan import PLAN_FILE
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog=prog("calibrate_speculation.py"), description=__doc__,
+    p = argparse.ArgumentParser(prog=prog("speculation_plan.py"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory, hub id, demo:<size> or demo:smollm2")
     p.add_argument("--head", required=True, help="trained head directory")
@@ -65,6 +65,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run  # user mistakes: one line, exit code 2
+    from draftsmith.data.entry_point import run  # user mistakes: one line, exit code 2
 
     sys.exit(run(main))

@@ -1,4 +1,4 @@
-"""scripts/plan.py on a hybrid target counts the recurrent and conv states a sequence keeps when decoding,
+"""scripts/cost.py on a hybrid target counts the recurrent and conv states a sequence keeps when decoding,
 and the checkpoint of them speculative decoding keeps per step: a hand count on a tiny Qwen3.5 config,
 checked against the bytes the generator's states really hold after a prefill."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from support.hybrids import HYBRIDS, make_tiny_hybrid
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer.drafters.free.ngram import NgramDrafter
 from draftsmith.target.state_memory import state_memory
-from draftsmith.scripts.plan import main
+from draftsmith.scripts.cost import main
 from draftsmith.train.config import load_config
 from draftsmith.train.cost import format_plan, make_plan, target_config
 from support.house import REPO
@@ -73,10 +73,10 @@ def test_attention_only_targets_have_no_states_line(tmp_path):
 
 @pytest.mark.parametrize("make, extra", [("MambaConfig", {}), ("Mamba2Config", dict(num_heads=4, head_dim=16, n_groups=1))])
 def test_a_target_without_attention_is_one_line(tmp_path, capsys, make, extra):
-    """plan.py on a Mamba target ended in AttributeError (... max_position_embeddings)."""
+    """cost.py on a Mamba target ended in AttributeError (... max_position_embeddings)."""
     import transformers
 
-    from draftsmith.data.cli import run
+    from draftsmith.data.entry_point import run
 
     config = getattr(transformers, make)(hidden_size=32, num_hidden_layers=2, vocab_size=96, **extra)
     config.save_pretrained(tmp_path / "mamba")

@@ -1,7 +1,7 @@
 """The whole real-model experiment: regenerate, train, benchmark against HF static. Not the default.
 
-    python scripts/gpu_report.py                 # prints the device calls the real report needs, exits 2
-    python scripts/gpu_report.py --real [--budget-min 25] [--out docs/bench-gpu-smollm2] [--work runs/gpu-report]
+    python lab/gpu_report.py                 # prints the device calls the real report needs, exits 2
+    python lab/gpu_report.py --real [--budget-min 25] [--out docs/bench-gpu-smollm2] [--work runs/gpu-report]
         [--kinds eagle3] [--target demo:smollm2] [--data demo:sharegpt:heldout] [--train-data demo:sharegpt]
         [--prompts demo:mtbench] [--smoke]
 
@@ -23,14 +23,14 @@ continues where it stopped (run the same command again):
 
 ``--budget-min`` is split over the phases (``plan``) and scales N, training minutes and prompts.
 ``status.json`` in ``--work`` says which phase runs and which are done (poll it when the command runs
-detached: ``setsid python scripts/gpu_report.py ... > log 2>&1 &``). ``--out`` receives
+detached: ``setsid python lab/gpu_report.py ... > log 2>&1 &``). ``--out`` receives
 ``results.json`` (``device`` and ``rows``: ``method``, ``tokens_per_s``, ``tau``, ``vs_hf_static``,
 ``identical``, and the benchmark's other columns), ``results.md``, the plots and ``plan.json``.
 ``--smoke`` runs the same phases with a few rows, steps and tokens (minutes on CPU; the test suite
 runs it on a tiny target).
 
 The GPU machine lent here gives one session 15 device minutes, 64 MiB carried per call and a bare machine
-(no network, no gguf, no datasets): what fits that is ``scripts/gpu_lease.py`` (one call, random weights at real
+(no network, no gguf, no datasets): what fits that is ``lab/gpu_lease.py`` (one call, random weights at real
 shapes and demo heads). This report needs more: ``REAL_CALLS`` lists its calls (SmolLM2's 98 MB GGUF split over
 three, the files left on the warm machine between calls) and their device minutes, printed without ``--real``.
 """
@@ -76,7 +76,7 @@ def real_calls() -> str:
     total = sum(minutes for _, minutes in REAL_CALLS)
     lines = [f"  {what} (~{minutes:g} min)" for what, minutes in REAL_CALLS]
     return ("the real-model report (--real) needs these device calls on one warm machine:\n" + "\n".join(lines)
-            + f"\n  in all ~{total:g} device minutes: more than one session's 15; scripts/gpu_lease.py is the "
+            + f"\n  in all ~{total:g} device minutes: more than one session's 15; lab/gpu_lease.py is the "
               "one-call proof that fits. Pass --real to run it where the machine allows.")
 
 
@@ -143,7 +143,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.real:
         print(real_calls())
-        p.exit(2, "error: pass --real to run the real-model report (scripts/gpu_lease.py is the one-call GPU proof)\n")
+        p.exit(2, "error: pass --real to run the real-model report (lab/gpu_lease.py is the one-call GPU proof)\n")
     return args
 
 
@@ -299,7 +299,7 @@ def write_outputs(args, pl: Plan, bench_dir: Path, status: Status) -> dict:
     rows = report_rows(bench["rows"])
     result = {"device": bench["meta"]["hardware"], "target": args.target, "data": args.data, "prompts": args.prompts,
               "budget_min": args.budget_min, "plan": asdict(pl), "phases": status.data["done"],
-              "command": " ".join(["python", "scripts/gpu_report.py", *sys.argv[1:]]),
+              "command": " ".join(["python", "lab/gpu_report.py", *sys.argv[1:]]),
               "meta": bench["meta"], "rows": rows, "verification_cost_s": bench["verification_cost_s"]}
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     table = "| method | tokens/s | vs hf-static | τ | identical |\n|---|---:|---:|---:|:-:|\n" + "".join(map(_row_md, rows))
@@ -356,6 +356,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from draftsmith.data.cli import run
+    from draftsmith.data.entry_point import run
 
     sys.exit(run(main))

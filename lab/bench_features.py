@@ -1,6 +1,6 @@
 """What one micro-batch's ``Features`` cost: the target's forward (online) against stored features.
 
-    python scripts/bench_features.py --config configs/demo.yaml --stores DIR [DIR ...] [--batches 60] [key=value ...]
+    python lab/bench_features.py --config configs/demo.yaml --stores DIR [DIR ...] [--batches 60] [key=value ...]
 
 Each store is a ``scripts/dump_features.py`` folder for the same config. The same random micro-batches
 (``train.micro_batch_size`` rows) go through every source in turn, so a busy machine slows them alike;
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.data.base.checks import cli_count
-from draftsmith.data.cli import run
+from draftsmith.data.entry_point import run
 from draftsmith.data.targets import resolve_target
 from draftsmith.target.threads import choose_threads
 from draftsmith.train.config import load_config
