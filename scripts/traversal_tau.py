@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from draftsmith.data.base.checks import cli_count, cli_real
+
 # root: 2 children; the first expanded 3 more levels (2, then 2, then 1 wide), the second one level: 8 drafts
 SHAPE = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0))
 VARIANTS = ("exact-fixed", "traversal-fixed", "exact-sampled", "traversal-sampled")
@@ -29,11 +31,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("head", type=Path)
     p.add_argument("--target", default="demo:tiny")
-    p.add_argument("--prompts", type=int, default=24)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--prompts", type=cli_count(), default=24)
+    p.add_argument("--max-new-tokens", type=cli_count(), default=128)
+    p.add_argument("--prompt-tokens", type=cli_count(), default=32)
+    p.add_argument("--temperature", type=cli_real(0, above=True), default=1.0)
+    p.add_argument("--seeds", type=cli_count(), default=2)
     p.add_argument("--variants", default="exact-fixed,traversal-sampled,exact-sampled,traversal-fixed")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -41,8 +43,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad:
         p.error(f"--variants: {bad[0]!r} is not one of {', '.join(VARIANTS)}")
-    if min(args.prompts, args.max_new_tokens, args.prompt_tokens, args.seeds) < 1 or args.temperature <= 0:
-        p.error("--prompts, --max-new-tokens, --prompt-tokens and --seeds must be >= 1, --temperature > 0")
     return args
 
 

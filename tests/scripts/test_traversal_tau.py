@@ -20,3 +20,9 @@ def test_ratio_interval_brackets_the_pooled_ratio():
     more = [(t + 2, s) for t, s in base]  # two more tokens in every decode: 50/33 over 42/33
     low, high = ratio_interval(base, more)
     assert 1.0 < low <= 50 / 42 <= high < 1.4
+
+
+def test_a_temperature_the_rules_cannot_take_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_args([str(tmp_path), "--temperature", "0"])  # greedy has one rule: nothing to compare
+    assert "--temperature" in capsys.readouterr().err
