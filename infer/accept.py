@@ -11,6 +11,9 @@ Lossless rules (the emitted tokens are distributed exactly as the target's own d
   of p. (Each draft is a one-hot q, so this is the min(1, p/q) rule with residual max(0, p - q).)
 - chain with sampled drafts x_i ~ q_i: accept with probability min(1, p(x)/q(x)); on rejection
   sample from norm(max(0, p - q)).
+- tree with sampled drafts (each node's children drawn from q without replacement, in order): the same per
+  sibling, then p = norm(max(0, p - q)) and x leaves q (renormalised) before the next sibling (SpecInfer's
+  rule without replacement). ``infer.traversal`` verifies either tree sequence by sequence instead.
 If every draft on the path is accepted, the bonus token is sampled from p at the last node.
 
 ``p`` is the target's distribution after HF's sampling warpers, in HF's order: temperature,
@@ -102,8 +105,10 @@ def tree_sample_accept(
     tokens: Tensor,  # (B, N) node tokens (tokens[:, 0] = root, unused)
     children: Tensor,  # (N, C) children of each node in order, padded with -1
     generator: torch.Generator | None = None,
+    q: Tensor | None = None,  # (B, N, V) law each node's children were drawn from without replacement; None: fixed
 ) -> Accepted:
-    """Lossless acceptance for a tree of deterministic drafts (see the module docstring)."""
+    """Lossless token-level acceptance for a tree of deterministic drafts or (``q``) of sampled ones (see the
+    module docstring)."""
     bsz, n, vocab = probs.shape
     device = probs.device
     rows = torch.arange(bsz, device=device)
@@ -116,6 +121,7 @@ def tree_sample_accept(
     bonus = torch.zeros(bsz, dtype=torch.long, device=device)
     for depth in range(n):
         p = probs[rows, cur].clone()  # (B, V) residual of the current node, unnormalised
+        law = None if q is None else q[rows, cur].clone()  # (B, V) what is left of the draft law there
         accepted = torch.zeros_like(active)
         for c in range(children.shape[1]):
             child = children[cur, c]  # (B,)
@@ -125,12 +131,21 @@ def tree_sample_accept(
             x = tokens[rows, child.clamp(min=0)]  # (B,)
             px = _gather_token_probs(p, x)
             u = torch.rand(bsz, generator=generator, device=device)
-            ok = trying & (u * p.sum(dim=1) < px)  # u < p(x) / sum(p)
+            if law is None:
+                ok = trying & (u * p.sum(dim=1) < px)  # u < p(x) / sum(p)
+            else:  # u < (p(x) / sum(p)) / (q(x) / sum(q))
+                ok = trying & (u * p.sum(dim=1) * _gather_token_probs(law, x) < px * law.sum(dim=1))
             cur = torch.where(ok, child, cur)
             accepted |= ok
             rejected = trying & ~ok
+            drop = rejected[:, None] & (vocab_ids == x[:, None])
+            if law is not None:  # p = max(0, p - q) (both normalised); x leaves q
+                residual = (p / p.sum(dim=1, keepdim=True) - law / law.sum(dim=1, keepdim=True)).clamp(min=0)
+                keep = rejected[:, None] & (residual.sum(dim=1, keepdim=True) > 0)  # else a rejection of chance 0
+                p = torch.where(keep, residual, p)
+                law.masked_fill_(drop, 0.0)
             # p(x) = 0; the next sibling sees the renormalised rest (masked_fill: no index_put sync)
-            p.masked_fill_(rejected[:, None] & (vocab_ids == x[:, None]), 0.0)
+            p.masked_fill_(drop, 0.0)
         stop = active & ~accepted
         if bool(stop.any()):  # sync
             bonus[stop] = _sample_rows(p[stop], generator)

@@ -8,18 +8,27 @@ from torch import Tensor, nn
 from draftsmith.infer.accept import (Accepted, chain_sample_accept, greedy_accept_rows, tree_sample_accept,
                                      typical_accept)
 from draftsmith.infer.drafters import Draft, Sampling
+from draftsmith.infer.traversal import traversal_accept
+
+# the rules at temperature > 0: token by token, sequence by sequence (both lossless), Medusa's typical (lossy)
+ACCEPTANCE_RULES = ("exact", "traversal", "typical")
 
 
 def sample_accept(logits: Tensor, draft: Draft, sampling: Sampling, acceptance: str,
                   typical: tuple[float, float]) -> Accepted:
     """One row's acceptance at temperature > 0 (greedy rows are accepted together: ``accept_rows``):
-    ``acceptance`` "typical" (lossy, with ``typical`` = (threshold, alpha)) or "exact"."""
+    ``acceptance`` "typical" (lossy, with ``typical`` = (threshold, alpha)), "traversal" or "exact"."""
     tree = draft.tree
     p = sampling.probs(logits)  # (N, V)
     if acceptance == "typical":
         return typical_accept(p, draft.tokens, tree.retrieve_indices, *typical)
-    if draft.q is not None:
+    if acceptance == "traversal":
+        return traversal_accept(p[None], draft.tokens[None], tree, None if draft.q is None else draft.q[None])
+    if draft.q is not None and tree.children.shape[1] == 1:  # a sampled chain
         return chain_sample_accept(p[None], draft.q[None], draft.tokens[None])
+    if draft.q is not None:  # a sampled tree: each node's law for its children (siblings share their parent's)
+        laws = draft.q.new_zeros(tree.num_nodes, draft.q.shape[-1]).index_copy(0, tree.parents[1:], draft.q)
+        return tree_sample_accept(p[None], draft.tokens[None], tree.children, q=laws[None])
     return tree_sample_accept(p[None], draft.tokens[None], tree.children)
 
 
@@ -65,4 +74,4 @@ def accept_rows(logits: Tensor, drafts: list[Draft], live: list[int], sampling: 
     return nodes, new, length
 
 
-__all__ = ["accept_rows", "sample_accept"]
+__all__ = ["ACCEPTANCE_RULES", "accept_rows", "sample_accept"]

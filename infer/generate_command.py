@@ -1,7 +1,7 @@
 """Generate with a draft head from the command line.
 
     python -m draftsmith.infer.generate_command --head H [--target T] --prompt "def fib(n):" [--chat]
-        [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0]
+        [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--top-k 0] [--acceptance exact|traversal|typical]
         [--tree default|tree|chainN|dynD-K-N|medusaN] [--adaptive] [--lookup-first]
         [--compile] [--compare [--rounds R]]
     python -m draftsmith.infer.generate_command --target T --drafter lm:DIR | lm:DIR+ngram | lm:DIR+head:HEAD | ngram | layer-skip[:K]
@@ -77,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=cli_real(0), default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=cli_real(0, 1, above=True), default=1.0)
     p.add_argument("--top-k", type=cli_count(0), default=0, help="0 = disabled")
+    p.add_argument("--acceptance", choices=("exact", "traversal", "typical"), default="exact",
+                   help="the rule at temperature > 0: exact (token by token), traversal (sequence by sequence, leaf "
+                        "to root; docs/traversal.md), both lossless; typical (Medusa's, lossy)")
     p.add_argument("--tree", default="default",
                    help="the draft's shape: default (the head kind's for the device; EAGLE on CPU: a chain adapting its "
                         "length, 4 to 16), tree (Medusa's static or an EAGLE dynamic tree), chainN (a chain of N), "
@@ -219,7 +222,8 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
         drafter = lambda target: build_drafter(spec, target, length, adaptive=args.adaptive,  # noqa: E731
                                                branches=args.matches or 1)
         return SpeculativeGenerator.from_pretrained(args.target, drafter, device=device, dtype=dtype,
-                                                    threads=args.threads, compile=args.compile), spec.describe()
+                                                    threads=args.threads, compile=args.compile,
+                                                    acceptance=args.acceptance), spec.describe()
     head = AutoHead.from_pretrained(args.head)  # its kind decides the tree before the generator exists
     label = f"{head.head_kind} head"
     target = args.target or head.config.target_name_or_path
@@ -239,7 +243,8 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
         tree = None
     # the plan saved next to the head, as from_pretrained(target, HEAD_DIR) reads it: the CLI and the API agree
     gen = SpeculativeGenerator.from_pretrained(target, head, device=device, dtype=dtype, tree=tree, threads=args.threads,
-                                               compile=args.compile, plan=find_plan(args.head))
+                                               compile=args.compile, plan=find_plan(args.head),
+                                               acceptance=args.acceptance)
     return gen, label
 
 

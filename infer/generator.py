@@ -39,7 +39,7 @@ from draftsmith.data.base.device import default_device, sync
 from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
 from draftsmith.heads import AutoHead
 from draftsmith.heads.common import text_config
-from draftsmith.infer.batch_accept import accept_rows
+from draftsmith.infer.batch_accept import ACCEPTANCE_RULES, accept_rows
 from draftsmith.infer.cache import StaticKVCache, buffer_size
 from draftsmith.infer.call_checks import batch_mask, check_call, eos_ids, pad_id
 from draftsmith.infer.compiling import check_compile, compiled, step_begin
@@ -109,8 +109,11 @@ class SpeculativeGenerator:
         tree: ``StaticTree`` (Medusa), ``DynamicTree`` (EAGLE) or ``Chain``; None = the kind's
             default for the target's device (``infer.drafters.make_drafter``: on CPU, EAGLE heads
             draft a chain adapting its length from 4 up to 16).
-        acceptance: "exact" (lossless) or "typical" (Medusa's typical acceptance: LOSSY, only used
-            at temperature > 0, with ``typical_threshold`` and ``typical_alpha``).
+        acceptance: the rule at temperature > 0: "exact" (lossless, token by token: ``infer.accept``),
+            "traversal" (lossless, sequence by sequence, leaf to root: ``infer.traversal``, docs/traversal.md;
+            it keeps more than "exact" on sampled drafts: chains at temperature > 0, ``StaticTree(sampled=True)``)
+            or "typical" (Medusa's typical acceptance: LOSSY, with ``typical_threshold`` and ``typical_alpha``).
+            Greedy decoding (temperature 0) has one rule whatever this says.
         profile: time each phase of the loop into ``last_stats.phase_times`` (adds a device sync
             per phase; for finding where a step's time goes, not for measuring speed).
         compile: compile the verify step with ``torch.compile`` (True: inductor, with CUDA graphs
@@ -154,8 +157,8 @@ class SpeculativeGenerator:
                 f"target attention '{attn}' cannot take a tree mask; load it with "
                 f"attn_implementation in {SUPPORTED_ATTENTION}"
             )
-        if acceptance not in ("exact", "typical"):
-            raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
+        if acceptance not in ACCEPTANCE_RULES:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
         hybrid = is_hybrid(target)
         self.target = target
         self.tokenizer = tokenizer

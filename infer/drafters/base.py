@@ -42,9 +42,13 @@ class Sampling:
 
 @dataclass(frozen=True)
 class StaticTree:
-    """Medusa static tree from choices (paths of per-head ranks)."""
+    """A static tree from choices (paths of ranks: Medusa's per-head ranks; an EAGLE head's node (r1, r2) is the
+    rank-r2 child of its rank-r1 child). ``sampled`` (EAGLE heads): at temperature > 0 a node's rank-r child is
+    the r-th draw without replacement from its draft law instead of its r-th most likely token
+    (``infer.drafters.static_tree``), what ``acceptance="traversal"`` verifies best (docs/traversal.md)."""
 
     choices: tuple[tuple[int, ...], ...] = MEDUSA_DEFAULT_CHOICES
+    sampled: bool = False
 
     def __post_init__(self) -> None:
         """Refused here, not when a generator builds it: no path, an empty or negative one, a duplicate,
@@ -57,6 +61,8 @@ class StaticTree:
             raise ValueError(f"StaticTree choices must hold whole-number ranks, got {self.choices!r}")
         medusa_tree(choices)
         object.__setattr__(self, "choices", choices)
+        if not isinstance(self.sampled, bool):
+            raise ValueError(f"StaticTree sampled must be True or False, got {self.sampled!r}")
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,9 @@ class Draft:
 
     tokens: Tensor  # (N,) target ids; tokens[0] = root
     tree: TreeBuffers
-    q: Tensor | None = None  # (N-1, V) law each chain draft was sampled from; None = deterministic
+    # (N-1, V) the draft law node i (row i-1) was drawn from, without replacement after its earlier siblings: its
+    # parent's law (siblings share it; a chain: each draft's own law); None = deterministic drafts
+    q: Tensor | None = None
     # (N, H) the residual stream entering the drafter's ``entry_model`` at each node, whose KV below it
     # the draft already wrote into the target's cache (layer skip); None = the verify runs every layer
     entry: Tensor | None = None

@@ -15,8 +15,9 @@ from torch import Tensor, nn
 from draftsmith.data.base.checks import probability
 from draftsmith.infer.cache import SlotWrites, StaticHeadCache, block_slot_mask, buffer_size, slot_mask
 from draftsmith.infer.compiling import compiled, step_begin
-from draftsmith.infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, chain_buffers,
-                                 draft_by_batch, group_rows, root_only, stack_rows)
+from draftsmith.infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, StaticTree,
+                                            chain_buffers, draft_by_batch, group_rows, root_only, stack_rows)
+from draftsmith.infer.drafters.static_tree import StaticPlan, draft_static_trees
 from draftsmith.infer.tree import Candidates, expand_level, select_trees, tree_from_parents
 
 
@@ -37,8 +38,8 @@ class EagleDrafter(HeadDrafter):
         self.head = head
         self.confidence = probability("confidence", confidence)  # greedy chains stop before a draft whose head probability is lower
         self.option = tree
-        if not isinstance(self.option, (DynamicTree, Chain)):
-            raise TypeError(f"EAGLE heads draft a DynamicTree or a Chain, not {type(self.option).__name__}")
+        if not isinstance(self.option, (DynamicTree, StaticTree, Chain)):
+            raise TypeError(f"EAGLE heads draft a DynamicTree, a StaticTree or a Chain, not {type(self.option).__name__}")
         self.aux_layer_ids = tuple(head.feature_layer_ids)
         self.embed = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
@@ -46,6 +47,9 @@ class EagleDrafter(HeadDrafter):
         if isinstance(tree, Chain):
             self.max_nodes = tree.length + 1
             self._explored = tree.length  # head-cache entries one draft writes past the prefix
+        elif isinstance(tree, StaticTree):
+            self._static = StaticPlan.of(tree)
+            self.max_nodes = self._explored = len(tree.choices) + 1
         else:
             self.max_nodes = tree.total_tokens
             self._explored = tree.depth * tree.top_k
@@ -117,6 +121,10 @@ class EagleDrafter(HeadDrafter):
         """One head forward per draft level for every row of a batch (a chain or a dynamic tree)."""
         if isinstance(self.option, DynamicTree):
             return draft_by_batch(states, roots, max_depths, self.option.depth, self._trees)
+        if isinstance(self.option, StaticTree):  # eager, whatever the compile switch
+            return draft_by_batch(states, roots, max_depths, max(self._static.depths), lambda cache, rows, tips, n:
+                                  draft_static_trees(self, cache, rows, tips, n, sampling, self._static,
+                                                     self.option.sampled))
         return draft_by_batch(states, roots, max_depths, self.option.length,
                               lambda cache, rows, tips, lengths: self._chains(cache, rows, tips, lengths, sampling))
 
@@ -272,7 +280,7 @@ class EagleDrafter(HeadDrafter):
         sizes = [t.shape[1] for t in tokens]
         return Candidates(torch.cat(tokens, dim=1), torch.cat(all_scores, dim=1), torch.cat(parents, dim=1)), sizes
 
-    shapes = (DynamicTree, Chain)
+    shapes = (DynamicTree, StaticTree, Chain)
     # EAGLE-2's reference depth (EAGLE-3: 8), top_k 10 and 60 verified tokens on accelerators
     gpu_depth = 6
 

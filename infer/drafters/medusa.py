@@ -36,6 +36,9 @@ class MedusaDrafter(HeadDrafter):
             self.tree = None
             self.max_nodes = self.option.length + 1
         elif isinstance(self.option, StaticTree):
+            if self.option.sampled:
+                raise ValueError("StaticTree(sampled=True) draws each node's children from its law: EAGLE heads "
+                                 "draft it; Medusa heads draft their ranked tokens (sampled=False)")
             # Paths deeper than the head count cannot be drafted: drop them (keeps prefixes closed).
             choices = [c for c in self.option.choices if len(c) <= num_heads]
             self.tree = medusa_tree(choices)

@@ -317,6 +317,11 @@ def test_report_files_replace_only_what_draftsmith_wrote(tmp_path):
     (lambda t, h: StaticTree([[0, -1]]), "non-negative ranks"),
     (lambda t, h: StaticTree([[0, 0]]), r"Medusa choice \[0, 0\] has no parent path \[0\]"),
     (lambda t, h: StaticTree(5), "StaticTree choices must be paths of ranks"),
+    (lambda t, h: StaticTree(((0,),), sampled="yes"), "StaticTree sampled must be True or False, got 'yes'"),
+    (lambda t, h: SpeculativeGenerator(t, h, acceptance="travers"), r"acceptance must be one of \('exact', "
+                                                                      r"'traversal', 'typical'\), got 'travers'"),
+    (lambda t, h: make_drafter(build_head("medusa", t), t, StaticTree(((0,),), sampled=True)),
+     r"StaticTree\(sampled=True\) draws each node's children from its law: EAGLE heads draft it"),
 ])
 def test_generator_heads_and_trees_refuse_bad_values_where_they_enter(target, make, message):
     """Each was accepted (a negative threshold, compile=5 read as true, draft_vocab_size=0 read as the whole

@@ -378,3 +378,14 @@ def test_training_probes_threads_with_its_micro_batch_size(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert seen == [200, 200, 1024, 1024, run.PROBE_ROWS_CAP, run.PROBE_ROWS_CAP], seen
+
+
+def test_acceptance_flag_names_the_rule(monkeypatch):
+    """--acceptance reaches the generator (traversal: docs/traversal.md); an unknown rule is refused by argparse."""
+    from draftsmith.infer import generate_command
+
+    args = generate_command.parse_args(["--head", "h", "--prompt", "x", "--acceptance", "traversal"])
+    assert args.acceptance == "traversal"
+    assert generate_command.parse_args(["--head", "h", "--prompt", "x"]).acceptance == "exact"
+    with pytest.raises(SystemExit):
+        generate_command.parse_args(["--head", "h", "--prompt", "x", "--acceptance", "sequence"])
