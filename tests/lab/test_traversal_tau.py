@@ -1,10 +1,10 @@
-"""scripts/traversal_tau.py: its arguments and its interval (the decodes themselves are the generator's, tested in
+"""lab/traversal_tau.py: its arguments and its interval (the decodes themselves are the generator's, tested in
 tests/infer/test_infer_traversal.py)."""
 from __future__ import annotations
 
 import pytest
 
-from draftsmith.scripts.traversal_tau import parse_args, ratio_interval
+from draftsmith.lab.traversal_tau import parse_args, ratio_interval
 
 
 def test_unknown_variants_are_refused_by_name(tmp_path, capsys):

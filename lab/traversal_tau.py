@@ -1,7 +1,7 @@
 """Real τ at temperature > 0 of the tree rules on one fixed tree shape: token-level verification of the head's
 ranked children (today's rule), and Traversal Verification of children drawn from the head's law (docs/traversal.md).
 
-    python scripts/traversal_tau.py HEAD_DIR [--target demo:tiny] [--prompts 24] [--max-new-tokens 128]
+    python lab/traversal_tau.py HEAD_DIR [--target demo:tiny] [--prompts 24] [--max-new-tokens 128]
         [--prompt-tokens 32] [--temperature 1] [--seeds 2] [--variants token-fixed,traversal-sampled,...] [--out F]
 
 Every variant decodes the same held-out stdlib prompts (``data.corpus.continuation_prompts``, as
