@@ -47,10 +47,10 @@ def test_trees_per_kind_and_device(heads):
     medusa = tree("cpu", "medusa", "tree")
     assert isinstance(medusa, StaticTree) and len(medusa.choices) == 15
     assert len(tree("cpu", "medusa", "medusa7").choices) == 7
+    assert len(tree("cpu", "eagle", "medusa7").choices) == 7  # EAGLE heads draft static trees too (docs/traversal.md)
     assert tree("cpu", "dflash", "tree") == Chain(4)  # DFlash drafts chains: its "tree" is its chain
     for kind, text, message in (("early-exit", "tree", "early-exit heads draft chains only"),
                                 ("medusa", "dyn3-2-6", "a medusa head cannot draft it"),
-                                ("eagle", "medusa7", "eagle head cannot draft it"),
                                 ("dflash", "chain40", "its chains: at most")):
         with pytest.raises(ValueError, match=message):
             tree("cpu", kind, text)

@@ -46,12 +46,12 @@ def test_benchmark_measures_every_method(bench_dirs):
     assert names[:12] == ["vanilla", "hf-static", "hf-assisted", "draft-lm:chain4", "draft-lm:adaptive",
                           "draft-lm+ngram:chain4", "draft-lm+head:chain4", "hf-prompt-lookup", "ngram:chain",
                           "ngram:tree3", "ngram:adaptive", "layer-skip:3"]
-    # each head gets the trees that fit its kind: no dynamic tree for Medusa, no static one for EAGLE-3,
+    # each head gets the trees that fit its kind: no dynamic tree for Medusa, static ones for EAGLE-3 too,
     # chains only for early exit
     assert names[12:] == ["medusa:medusa:tree", "medusa:medusa:chain2", "medusa:medusa:medusa4",
                          "medusa:medusa:lookup-first", "medusa:medusa:adaptive",
                          "eagle3:eagle3:tree", "eagle3:eagle3:chain2", "eagle3:eagle3:dyn3-2-5",
-                         "eagle3:eagle3:lookup-first", "eagle3:eagle3:adaptive",
+                         "eagle3:eagle3:medusa4", "eagle3:eagle3:lookup-first", "eagle3:eagle3:adaptive",
                          "early-exit:early-exit:chain2", "early-exit:early-exit:lookup-first",
                          "early-exit:early-exit:adaptive"]
     vanilla = result["rows"][0]

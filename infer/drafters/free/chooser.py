@@ -122,7 +122,7 @@ class CostAwareLength(Drafter):
                 state.hits[d] = DECAY * state.hits[d] + (1.0 if d < accepted else 0.0)
             state.pending.append((feats, tokens))
 
-    def curve(self, greedy: bool) -> StepCosts:
+    def _curve(self, greedy: bool) -> StepCosts:
         """The step costs of this batch size and sampling mode."""
         costs = self.costs
         curve = costs if isinstance(costs, StepCosts) else None if costs is None else costs.curve(self._batch, greedy)
@@ -131,7 +131,7 @@ class CostAwareLength(Drafter):
                              "or decode with SpeculativeGenerator, which measures them (infer.cost_profile)")
         return curve
 
-    def choose(self, state: ChooserState, curve: StepCosts, max_depth: int) -> int:
+    def _choose(self, state: ChooserState, curve: StepCosts, max_depth: int) -> int:
         """This row's draft length for the next step (a probe of 1 after ``state.wait`` steps at 0)."""
         longest = min(max_depth, self.maximum)
         if self.forced is not None:
@@ -146,8 +146,8 @@ class CostAwareLength(Drafter):
     def propose_rows(self, states: list[ChooserState], roots: list[Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:
         """The rows that draft observe their waiting tokens, then draft at once; the others verify their root."""
-        curve = self.curve(sampling.greedy) if self.forced is None else None
-        lengths = [self.choose(s, curve, d) for s, d in zip(states, max_depths)]
+        curve = self._curve(sampling.greedy) if self.forced is None else None
+        lengths = [self._choose(s, curve, d) for s, d in zip(states, max_depths)]
         drafting = [i for i, k in enumerate(lengths) if k > 0]
         drafts = [root_only(root) for root in roots]
         for state in states:
