@@ -45,7 +45,7 @@ class StaticTree:
     """A static tree from choices (paths of ranks: Medusa's per-head ranks; an EAGLE head's node (r1, r2) is the
     rank-r2 child of its rank-r1 child). ``sampled`` (EAGLE heads): at temperature > 0 a node's rank-r child is
     the r-th draw without replacement from its draft law instead of its r-th most likely token
-    (``infer.drafters.static_tree``), what ``acceptance="traversal"`` verifies best (docs/traversal.md)."""
+    (``infer.drafters.shared.static_tree``), what ``acceptance="traversal"`` verifies best (docs/traversal.md)."""
 
     choices: tuple[tuple[int, ...], ...] = MEDUSA_DEFAULT_CHOICES
     sampled: bool = False

@@ -17,7 +17,7 @@ from draftsmith.infer.cache import SlotWrites, StaticHeadCache, block_slot_mask,
 from draftsmith.infer.compiling import compiled, step_begin
 from draftsmith.infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, StaticTree,
                                             chain_buffers, draft_by_batch, group_rows, root_only, stack_rows)
-from draftsmith.infer.drafters.static_tree import StaticPlan, draft_static_trees
+from draftsmith.infer.drafters.shared.static_tree import StaticPlan, draft_static_trees
 from draftsmith.infer.tree import Candidates, expand_level, select_trees, tree_from_parents
 
 
