@@ -67,12 +67,17 @@ def test_a_frozen_lm_head_stays_the_targets_rows_while_the_rest_trains(tiny_file
     assert all(p.requires_grad for name, p in runs[True].named_parameters() if not name.startswith("lm_head."))
 
 
+@torch.no_grad()
+def _step_logits(head, features) -> list:
+    """The head's logits at each of its 2 TTT steps over ``features`` (what the losses are computed from)."""
+    return [head.compute_logits(out) for out in unroll(head, head.project(features.hidden), features.embeds, 2)]
+
+
 def test_top1_labels_train_hard_ce_on_the_targets_top1_and_soft_labels_its_law():
     soft, features, head = _step_losses(True)
     top1, _, _ = _step_losses(True, "train.labels=top1")
     in_vocab, loss_mask = features.targets.in_vocab, features.loss_mask.bool()
-    with torch.no_grad():
-        step_logits = [head.compute_logits(out) for out in unroll(head, head.project(features.hidden), features.embeds, 2)]
+    step_logits = _step_logits(head, features)
     for k in range(2):
         pos, tgt, label = step_slices(16, k)
         trained = loss_mask[:, label] & in_vocab[:, tgt]
@@ -93,8 +98,7 @@ def test_top1_labels_without_the_vocab_mask_are_the_top1_inside_the_draft_vocabu
     target's own top-1 (which has no draft id)."""
     top1, features, head = _step_losses(False, "train.labels=top1")
     in_vocab, loss_mask = features.targets.in_vocab, features.loss_mask.bool()
-    with torch.no_grad():
-        step_logits = [head.compute_logits(out) for out in unroll(head, head.project(features.hidden), features.embeds, 2)]
+    step_logits = _step_logits(head, features)
     for k in range(2):
         pos, tgt, label = step_slices(16, k)
         trained = loss_mask[:, label]
