@@ -35,9 +35,10 @@ RECIPE_VERSION = 2
 # What a first build costs (README's table), said in the one line printed before it starts.
 BUILD_TIME = {"tiny": "about 9 minutes on 2 idle CPU cores, longer on busy ones", "assistant": "about 4 minutes on 2 CPU cores",
               "small": "a GPU recipe: about an hour on one GPU, days on CPU",
-              "tiny-hybrid": "about 10 minutes on 2 idle CPU cores, longer on busy ones"}
+              "tiny-hybrid": "about 10 minutes on 2 idle CPU cores, longer on busy ones",
+              "tiny-mtp": "about 10 minutes on 2 idle CPU cores, longer on busy ones"}
 # Sizes that borrow the tokenizer of another demo LM by default (same seed).
-TOKENIZER_SOURCE = {"assistant": "tiny"}
+TOKENIZER_SOURCE = {"assistant": "tiny", "tiny-mtp": "tiny"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 FILES_KEY = "files"  # in the summary: {name: {"bytes", "sha256"}} of every file as built
 # Built demo LMs that ship with draftsmith, one folder per "<size>-seed<seed>" (docs/setup.md: why).
@@ -151,7 +152,8 @@ def ensure_demo_target(size: str = "tiny", seed: int = 0, *, out_dir: str | Path
         if tokenizer_dir is None and size in TOKENIZER_SOURCE:
             tokenizer_dir = ensure_demo_target(TOKENIZER_SOURCE[size], seed, show_progress=show_progress)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir is not None else None
-        arch = {"llama": "Llama", "qwen3_5": "Qwen3.5 hybrid"}[settings.architecture]
+        arch = {"llama": "Llama", "qwen3_5": "Qwen3.5 hybrid", "mellum": "dense Mellum with an MTP layer"}[
+            settings.architecture]
         print(f"draftsmith: building the demo target demo:{size} (a {settings.num_layers}-layer {arch} trained on "
               f"Python's standard library; {BUILD_TIME.get(size, 'minutes to hours')}, once: cached in {out})",
               file=sys.stderr, flush=True)

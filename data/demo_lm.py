@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Pre
 
 from draftsmith.data.base.progress import progress
 from draftsmith.data.corpus import corpus_fingerprint, relative_name, split_files, split_texts
+from draftsmith.data.demo_mtp import JointMtp, add_mtp_tensors, heldout_mtp_loss, mellum_fields
 from draftsmith.data.tokenizer import IM_END, train_tokenizer
 
 SUMMARY_FILE = "demo_target.json"
@@ -69,6 +70,9 @@ class LMSettings:
     linear_key_head_dim: int = 32
     linear_value_head_dim: int = 32
     linear_conv_kernel_dim: int = 4
+    # "mellum" (demo:tiny-mtp): a dense Mellum trained with one MTP layer, loss = LM CE + mtp_loss_weight x the
+    # MTP layer's CE on the token two ahead (DeepSeek-V3's lambda; data.demo_mtp); ignored by the others.
+    mtp_loss_weight: float = 0.3
 
     def __post_init__(self) -> None:
         positive = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
@@ -98,12 +102,19 @@ class LMSettings:
         if self.architecture == "llama":
             for name in ("architecture", *HYBRID_FIELDS):
                 del fields[name]
+        if self.architecture == "mellum":
+            for name in HYBRID_FIELDS:
+                del fields[name]
+        else:
+            for name in MTP_FIELDS:
+                del fields[name]
         return fields
 
 
-ARCHITECTURES = ("llama", "qwen3_5")
+ARCHITECTURES = ("llama", "qwen3_5", "mellum")
 HYBRID_FIELDS = ("full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                  "linear_value_head_dim", "linear_conv_kernel_dim")
+MTP_FIELDS = ("mtp_loss_weight",)
 
 
 # tiny: 4.7M params, ~9 min on 2 idle CPU cores (2 threads), ~12 on shared ones (1 thread). small: ~90M
@@ -118,6 +129,8 @@ SIZES: dict[str, LMSettings] = {
                         intermediate_size=2048, seq_len=1024, batch_size=32, max_steps=400, lr=1e-3),
     "assistant": LMSettings(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=384),
     "tiny-hybrid": LMSettings(architecture="qwen3_5"),
+    # 400 steps, not tiny's 1200: built on 2 CPU cores shared with other jobs, 1200 took about 55 minutes there
+    "tiny-mtp": LMSettings(architecture="mellum", max_steps=400),
 }
 
 
@@ -216,7 +229,9 @@ def build_model(settings: LMSettings, tokenizer: PreTrainedTokenizerBase):
                       layer_types=["full_attention" if (i + 1) % settings.full_attention_interval == 0
                                    else "linear_attention" for i in range(settings.num_layers)],
                       **{name: getattr(settings, name) for name in HYBRID_FIELDS if name.startswith("linear_")})
-    model_type = "qwen3_5_text" if settings.architecture == "qwen3_5" else "llama"
+    if settings.architecture == "mellum":
+        hybrid = mellum_fields(settings)
+    model_type = {"qwen3_5": "qwen3_5_text", "mellum": "mellum"}.get(settings.architecture, "llama")
     config = AutoConfig.for_model(
         model_type,
         vocab_size=len(tokenizer),
@@ -233,25 +248,32 @@ def build_model(settings: LMSettings, tokenizer: PreTrainedTokenizerBase):
         **hybrid,
     )
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    _init_for_depth(model, config)
+    if settings.architecture == "mellum":  # built before the init below: MtpModel's post_init re-inits the shared embedding
+        model = JointMtp(model, settings.mtp_loss_weight)
+    _init_for_depth(model.lm if isinstance(model, JointMtp) else model, config)
+    if isinstance(model, JointMtp):
+        _init_for_depth(model.mtp, config, embeddings=False)
     return model
 
 
 @torch.no_grad()
-def _init_for_depth(model, config) -> None:
+def _init_for_depth(model, config, embeddings: bool = True) -> None:
     """Re-initialise on top of HF's N(0, 0.02) everywhere, so a deep narrow LM learns fast early.
 
     Residual-output projections get std / sqrt(2L) (GPT-2), so the random blocks do not drown the
     stream; input embeddings get EMBED_INIT_STD, so token identity dominates it from step 0.
     Measured on tiny, 300 steps: held-out 6.01 nats -> 5.78 (scaled outputs) -> 5.49 (both). A hybrid's
-    Gated DeltaNet layers write to the stream through ``linear_attn.out_proj``, scaled the same way.
+    Gated DeltaNet layers write to the stream through ``linear_attn.out_proj``, scaled the same way; an MTP
+    layer (``MtpModel``, ``embeddings=False``: it shares the trunk's) through its block's, as the trunk's.
     """
     std = config.initializer_range / math.sqrt(2 * config.num_hidden_layers)
-    for layer in model.model.layers:
+    layers = [m.mtp_block for m in model.layers] if not embeddings else model.model.layers
+    for layer in layers:
         mixer = layer.self_attn.o_proj if hasattr(layer, "self_attn") else layer.linear_attn.out_proj
         mixer.weight.normal_(0.0, std)
         layer.mlp.down_proj.weight.normal_(0.0, std)
-    model.model.embed_tokens.weight.normal_(0.0, EMBED_INIT_STD)
+    if embeddings:
+        model.model.embed_tokens.weight.normal_(0.0, EMBED_INIT_STD)
 
 
 def train_lm(out_dir: str | Path, settings: LMSettings, *, tokenizer: PreTrainedTokenizerBase | None = None,
@@ -289,6 +311,11 @@ def train_lm(out_dir: str | Path, settings: LMSettings, *, tokenizer: PreTrained
     summary: dict = {}
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(model)
+        joint, extra = (model, {}) if isinstance(model, JointMtp) else (None, {})
+        if joint is not None:  # demo:tiny-mtp: the trunk is saved as the LM, its MTP layer beside it
+            model = joint.lm
+            extra["heldout_mtp_loss"] = round(heldout_mtp_loss(joint, heldout_blocks, settings.batch_size,
+                                                               accelerator.device), 4)
         heldout_loss, unigram_loss = heldout_losses(model, heldout_blocks, train_blocks, len(tokenizer),
                                                     settings.batch_size, accelerator.device)
         window = max(1, len(losses) // 20)
@@ -306,12 +333,13 @@ def train_lm(out_dir: str | Path, settings: LMSettings, *, tokenizer: PreTrained
             "heldout_tokens": heldout_blocks[:, 1:].numel(),
             "heldout_loss": round(heldout_loss, 4),
             "unigram_heldout_loss": round(unigram_loss, 4),
+            **extra,
             "device": str(accelerator.device),
             "mixed_precision": accelerator.mixed_precision,
             "corpus_fingerprint": corpus_fingerprint(),
             "settings": dataclasses.asdict(settings),
         }
-        save_lm(out_dir, model, tokenizer, summary)
+        save_lm(out_dir, model, tokenizer, summary, mtp=joint.mtp if joint is not None else None)
         logger.info("demo LM trained\n%s", format_summary(summary))
     accelerator.wait_for_everyone()
     return summary
@@ -357,14 +385,17 @@ def _pretrain(model, loader, optimizer, scheduler, accelerator: Accelerator, set
     return losses, tokens_seen, time.perf_counter() - train_start
 
 
-def save_lm(out_dir: Path, model, tokenizer: PreTrainedTokenizerBase, summary: dict) -> None:
-    """Model (safetensors), tokenizer and summary into ``out_dir``; the summary is written last."""
+def save_lm(out_dir: Path, model, tokenizer: PreTrainedTokenizerBase, summary: dict, mtp=None) -> None:
+    """Model (safetensors; with ``mtp``, its MTP layer in the same file: data.demo_mtp), tokenizer and summary
+    into ``out_dir``; the summary is written last."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # Chat replies end with <|im_end|>, plain text with EOS: generation stops at either.
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
         eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)])
     model.save_pretrained(out_dir)
+    if mtp is not None:
+        add_mtp_tensors(out_dir, mtp)
     tokenizer.save_pretrained(out_dir)
     (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -9,7 +9,9 @@ Two checkpoint layouts carry it (``heads.mtp_native`` reads and writes them):
 - DeepSeek-V3 style (``num_nextn_predict_layers``): ``model.layers.{L + i}.{enorm, hnorm, eh_proj,
   shared_head.norm, <the decoder block>}``;
 - Qwen3-Next / Qwen3.5 style (``mtp_num_hidden_layers``): ``mtp.{pre_fc_norm_embedding, pre_fc_norm_hidden,
-  fc, layers.N.<the decoder block>, norm}``, its norms the family's zero-centred ``(1 + w)`` RMSNorm.
+  fc, layers.N.<the decoder block>, norm}``, its norms the family's zero-centred ``(1 + w)`` RMSNorm;
+- Mellum style (``num_mtp_layers``): the Qwen3-Next names, plain ``w * x`` RMSNorms, the MTP layer's attention
+  and MLP types from ``mtp_layer_types`` / ``mtp_mlp_layer_types`` and its RoPE that of its layer type.
 
 Both are built on transformers' own ``modeling_layers.MtpLayer`` (enorm, hnorm, eh_proj, ``mtp_block`` =
 the family's decoder layer, ``post_norm``), the module transformers' ``MtpModel`` stacks, with the family's
@@ -31,7 +33,7 @@ from draftsmith.heads.common import DraftHead, DraftHeadConfig, text_config
 from draftsmith.heads.layers import HeadCache, HeadOutput, causal_mask
 from draftsmith.heads.mtp_native import load_native, target_mtp_layers
 
-MTP_STYLES = ("deepseek", "qwen3_next")
+MTP_STYLES = ("deepseek", "qwen3_next", "mellum")
 MTP_INITS = ("native", "fresh")
 
 
@@ -42,7 +44,7 @@ class MtpConfig(DraftHeadConfig):
         init: ``native`` = the target checkpoint's own MTP tensors (read when the head is built with the loaded
             target), ``fresh`` = random; None = native where the target's config declares MTP layers, else fresh.
         num_mtp_layers: MTP layers; None = the target's count (1 where it declares none).
-        style: the checkpoint layout, ``deepseek`` or ``qwen3_next`` (set from the target).
+        style: the checkpoint layout, ``deepseek``, ``qwen3_next`` or ``mellum`` (set from the target).
         family_config: the target's text config (a dict): the MTP block is built from its family's classes.
         hidden_size, vocab_size: the target's.
         initializer_range: std of the fresh init.
@@ -68,8 +70,8 @@ class MtpConfig(DraftHeadConfig):
             raise ValueError(f"style must be one of {list(MTP_STYLES)}, got {style!r}")
         if num_mtp_layers is not None and (isinstance(num_mtp_layers, bool) or int(num_mtp_layers) < 1):
             raise ValueError(f"num_mtp_layers must be a whole number >= 1, got {num_mtp_layers!r}")
-        if style == "qwen3_next" and num_mtp_layers not in (None, 1):
-            raise ValueError(f"num_mtp_layers={num_mtp_layers}: the Qwen3-Next layout shares one fc and its norms across "
+        if style != "deepseek" and num_mtp_layers not in (None, 1):
+            raise ValueError(f"num_mtp_layers={num_mtp_layers}: the {style} layout shares one fc and its norms across "
                              "its MTP layers, which this head builds per layer: one layer only")
         self.init = init
         self.num_mtp_layers = num_mtp_layers
@@ -91,10 +93,11 @@ def family_config_of(config: MtpConfig) -> PretrainedConfig:
     family = CONFIG_MAPPING[model_type].from_dict(fields)
     n = config.num_mtp_layers or 1
     family.num_hidden_layers = n
+    declared = getattr(family, "mtp_layer_types", None)  # Mellum: the MTP layers' own types (get_mtp_config)
     if getattr(family, "layer_types", None) is not None:
-        family.layer_types = ["full_attention"] * n  # the MTP block is full attention, hybrids included
+        family.layer_types = list(declared or ["full_attention"] * n)  # else full attention, hybrids included
     if getattr(family, "mlp_layer_types", None) is not None:
-        family.mlp_layer_types = [family.mlp_layer_types[-1]] * n
+        family.mlp_layer_types = list(getattr(family, "mtp_mlp_layer_types", None) or [family.mlp_layer_types[-1]] * n)
     if hasattr(family, "first_k_dense_replace"):
         family.first_k_dense_replace = 0
     family._attn_implementation = "sdpa"
@@ -136,8 +139,8 @@ class MtpHead(DraftHead):
 
     def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
         n = self.config.num_mtp_layers or 1
-        layout = ("DeepSeek-V3 (`model.layers.{L+i}.*`)" if self.config.style == "deepseek"
-                  else "Qwen3-Next / Qwen3.5 (`mtp.*`)")
+        layout = {"deepseek": "DeepSeek-V3 (`model.layers.{L+i}.*`)", "qwen3_next": "Qwen3-Next / Qwen3.5 (`mtp.*`)",
+                  "mellum": "Mellum (`mtp.*`)"}[self.config.style]
         return [f"- the target's final post-norm hidden state and the next token's embedding; **{n}** MTP layer(s) "
                 f"of the target's own family, {layout} layout; drafts with the target's own lm_head"]
 
@@ -150,6 +153,9 @@ class MtpHead(DraftHead):
         self.layers = nn.ModuleList(MtpLayer(family, layer_cls, norm_cls, i, use_post_norm=True)
                                     for i in range(family.num_hidden_layers))
         self.rotary_emb = rotary_cls(config=family)
+        # Mellum: RoPE per layer type (MtpModel's has_per_layer_rope): each MTP layer's rotary reads its type
+        nested = family.nested_rope_parameter_keys(getattr(family, "rope_parameters", None) or {})
+        self._rope_types = list(family.layer_types) if nested and getattr(family, "layer_types", None) else None
         self._family = family
         self.post_init()
 
@@ -200,6 +206,7 @@ class MtpHead(DraftHead):
         if attention_mask is None and t > 1 and past_key_values is not None and past_key_values.get_seq_length():
             attention_mask = causal_mask(t, past_key_values.get_seq_length() + t, hidden_states.dtype,
                                          hidden_states.device)
-        out = self.layers[layer](inputs_embeds, hidden_states, self.rotary_emb(inputs_embeds, position_ids),
+        rope = ((self._rope_types[layer],) if self._rope_types else ())
+        out = self.layers[layer](inputs_embeds, hidden_states, self.rotary_emb(inputs_embeds, position_ids, *rope),
                                  attention_mask, position_ids, cache)
         return HeadOutput(hidden_states=out, past_key_values=past_key_values)

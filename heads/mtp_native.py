@@ -5,8 +5,8 @@ layout) for an export. Names as the engines' loaders read them (docs/mtp.md):
 - DeepSeek-V3: ``model.layers.{L + i}.{enorm, hnorm, eh_proj}`` and ``.shared_head.norm`` (our ``post_norm``),
   the rest of ``model.layers.{L + i}.*`` the decoder block (``mtp_block``); ``.embed_tokens`` and
   ``.shared_head.head`` are the target's own embedding and lm_head, shared, not read.
-- Qwen3-Next / Qwen3.5: ``mtp.pre_fc_norm_embedding`` (enorm), ``mtp.pre_fc_norm_hidden`` (hnorm), ``mtp.fc``
-  (eh_proj), ``mtp.norm`` (post_norm), ``mtp.layers.{i}.*`` the decoder block.
+- Qwen3-Next / Qwen3.5, and Mellum: ``mtp.pre_fc_norm_embedding`` (enorm), ``mtp.pre_fc_norm_hidden`` (hnorm),
+  ``mtp.fc`` (eh_proj), ``mtp.norm`` (post_norm), ``mtp.layers.{i}.*`` the decoder block.
 
 The decoder block's tensors are in the family's checkpoint form (per-expert MoE weights); transformers' own
 conversion mapping of the family turns them into its modules' form, as ``MtpModel.from_pretrained`` does.
@@ -32,14 +32,20 @@ _DEEPSEEK_SHARED = ("embed_tokens.", "shared_head.head.")
 _QWEN_OWN = {"pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "fc": "eh_proj", "norm": "post_norm"}
 
 
+# Families whose MTP layout the count field alone does not tell: Mellum counts as DeepSeek-V3 does
+# (``num_mtp_layers``, alias ``num_nextn_predict_layers``) and names as Qwen3-Next does (``mtp.*``).
+_FAMILY_STYLE = {"mellum": "mellum"}
+
+
 def target_mtp_layers(config: PretrainedConfig) -> tuple[str, int]:
     """(style, MTP layers) a target's text config declares: Qwen3-Next/Qwen3.5's ``mtp_num_hidden_layers``,
-    DeepSeek-V3's ``num_nextn_predict_layers`` (transformers' ``num_mtp_layers``); (deepseek, 0) for none."""
+    DeepSeek-V3's and Mellum's ``num_nextn_predict_layers`` (transformers' ``num_mtp_layers``); (deepseek, 0)
+    for none."""
     qwen = getattr(config, "mtp_num_hidden_layers", None)
     if qwen:
         return "qwen3_next", int(qwen)
     deepseek = getattr(config, "num_nextn_predict_layers", None) or getattr(config, "num_mtp_layers", None)
-    return "deepseek", int(deepseek or 0)
+    return _FAMILY_STYLE.get(getattr(config, "model_type", None), "deepseek"), int(deepseek or 0)
 
 
 def head_name(style: str, num_layers: int, mtp_layers: int, name: str) -> str | None:

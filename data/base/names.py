@@ -63,4 +63,4 @@ FEATURE_DTYPES = ("float32", "bfloat16", "float16", "fp8")
 
 # The demo LM sizes: the keys of data.demo_lm.SIZES (tests/scripts/test_cli_entry.py checks), here so that
 # scripts/make_demo_target.py checks --size before torch loads.
-DEMO_SIZES = ("tiny", "small", "assistant", "tiny-hybrid")
+DEMO_SIZES = ("tiny", "small", "assistant", "tiny-hybrid", "tiny-mtp")

@@ -26,8 +26,8 @@ def _inputs(seed: int = 0, t: int = 7, width: int = 32):
 
 def test_native_head_computes_the_reference(mtp_target):
     head = build_head("mtp", mtp_target.model)
-    assert head.config.init == "native" and head.config.style == ("deepseek" if "deepseek" in
-                                                                  mtp_target.model.config.model_type else "qwen3_next")
+    styles = {"deepseek_v3": "deepseek", "qwen3_next": "qwen3_next", "mellum": "mellum"}
+    assert head.config.init == "native" and head.config.style == styles[mtp_target.model.config.model_type]
     hidden, embeds, positions = _inputs()
     out = head(hidden, embeds, positions).hidden_states
     torch.testing.assert_close(out, reference_mtp(mtp_target, hidden, embeds, positions), rtol=1e-5, atol=1e-5)
@@ -87,3 +87,20 @@ def test_bad_options_are_refused_in_one_line():
         build_head("mtp", llama, init="copy")
     with pytest.raises(ValueError, match=r"^num_mtp_layers must be a whole number >= 1, got 0$"):
         build_head("mtp", llama, num_mtp_layers=0)
+
+
+def test_mellum_head_is_transformers_own_mtp_layer(tmp_path):
+    """On a Mellum target transformers reads the MTP layer itself (``MtpModel.from_pretrained``, what
+    ``generate(use_mtp=True)`` drafts with): the native head holds its tensors bit for bit and computes its output."""
+    from transformers.modeling_layers import MtpModel
+
+    t = make_mtp_target("mellum", tmp_path / "target")
+    head = build_head("mtp", t.model)
+    theirs = MtpModel.from_pretrained(t.model).eval()
+    ours, want = head.layers.state_dict(), theirs.layers.state_dict()
+    assert sorted(ours) == sorted(want) and all(torch.equal(ours[k], want[k]) for k in ours)
+    hidden, embeds, positions = _inputs(2)
+    rope = theirs.rotary_emb(embeds, positions, layer_type=theirs.config.layer_types[0])
+    with torch.no_grad():
+        expected = theirs.layers[0](embeds, hidden, rope, None, positions, None)
+    torch.testing.assert_close(head(hidden, embeds, positions).hidden_states, expected, rtol=1e-5, atol=1e-5)

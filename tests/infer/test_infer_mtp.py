@@ -131,3 +131,15 @@ def test_sampled_tokens_follow_the_target_law(style, tmp_path):
     assert joint_pvalue(samples, law) > 1e-3
     assert forwards < 3.0, forwards  # some drafts were accepted
     assert PROMPT.shape == (1, 3)
+
+
+def test_greedy_output_is_transformers_own_mtp_decoding(tmp_path):
+    """Mellum: transformers drafts with the same MTP layer itself (``generate(use_mtp=True)``, chains of one);
+    ours, chains and a tree, gives the same greedy text."""
+    t = make_mtp_target("mellum", tmp_path / "target", vocab=8, sharpen=4.0)
+    prompt = torch.tensor([[1, 5, 3, 6, 7, 4, 7]])
+    want = t.model.generate(prompt, max_new_tokens=20, do_sample=False, use_mtp=True)
+    assert torch.equal(want, hf_greedy(t.model, prompt, 20))
+    head = build_head("mtp", t.model)
+    for tree in (Chain(3), DynamicTree(depth=3, top_k=2, total_tokens=6)):
+        assert torch.equal(SpeculativeGenerator(t.model, head, tree=tree).generate(prompt, max_new_tokens=20), want)

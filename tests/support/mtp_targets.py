@@ -1,12 +1,14 @@
 """Tiny targets whose checkpoints carry MTP layers as the releases do (DeepSeek-V3: ``model.layers.{L}.*``;
 Qwen3-Next: ``mtp.*``), in a second shard named by ``model.safetensors.index.json``, and an independent
-reference of each MTP layer's math: the decoder block comes from transformers itself (the same checkpoint
+reference of each MTP layer's math (Mellum: ``mtp.*`` as Qwen3-Next, plain norms, a sliding-attention MoE
+MTP layer as its release config says): the decoder block comes from transformers itself (the same checkpoint
 loaded as an (L+1)-layer model, whose last layer is the MTP block), the rest written out here from the
 engines' formulas (vLLM ``deepseek_mtp.py`` / ``qwen3_next_mtp.py``, docs/mtp.md)."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,8 +24,12 @@ _DEEPSEEK = dict(moe_intermediate_size=16, n_routed_experts=4, num_experts_per_t
                  qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4, initializer_range=0.1)
 _QWEN_NEXT = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                   initializer_range=0.1, **_GDN)
-_TRUNK_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
-STYLES = ("deepseek", "qwen3_next")
+# Mellum as its release: MoE trunk, one MoE MTP layer of sliding attention (the config's defaults), whose RoPE is
+# the sliding layers' (theta 1e4, the trunk's full attention 5e5): a head that read the trunk's would differ
+_MELLUM = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=8, initializer_range=0.1,
+               sliding_window=64)
+STYLES = ("deepseek", "qwen3_next", "mellum")
+_FAMILY = {"deepseek": "deepseek_v3", "qwen3_next": "qwen3_next", "mellum": "mellum"}
 
 
 @dataclass
@@ -31,7 +37,7 @@ class MtpTarget:
     model: nn.Module  # the target, loaded from ``folder`` (transformers ignores its MTP tensors)
     folder: Path
     block: nn.Module  # transformers' own decoder layer holding the MTP block's weights
-    rotary: nn.Module
+    rotary: nn.Module  # (x, positions) -> (cos, sin) of the MTP layer
     norm_cls: type  # the family's RMSNorm class
     own: dict[str, Tensor]  # enorm, hnorm, eh_proj, post_norm weights, as the checkpoint holds them
 
@@ -41,6 +47,12 @@ def _configs(style: str, vocab: int) -> tuple[dict, dict]:
     if style == "deepseek":
         trunk = dict(_COMMON, **_DEEPSEEK, vocab_size=vocab, num_hidden_layers=2, num_nextn_predict_layers=1)
         return trunk, dict(trunk, num_hidden_layers=3)
+    if style == "mellum":
+        types = ["sliding_attention", "full_attention"]  # as the release interleaves them (transformers' MtpModel
+        # takes the trunk's rotary, which must know the MTP layer's type)
+        trunk = dict(_COMMON, **_MELLUM, vocab_size=vocab, num_hidden_layers=2, layer_types=types, num_mtp_layers=1)
+        full = {k: v for k, v in trunk.items() if k != "num_mtp_layers"}
+        return trunk, dict(full, num_hidden_layers=3, layer_types=[*types, "sliding_attention"])
     trunk = dict(_COMMON, **_QWEN_NEXT, vocab_size=vocab, num_hidden_layers=4, layer_types=_TRUNK_TYPES,
                  mtp_num_hidden_layers=1)
     return trunk, dict(trunk, num_hidden_layers=5, layer_types=[*_TRUNK_TYPES, "full_attention"])
@@ -72,7 +84,7 @@ def _release_names(style: str, layers: int, own: dict[str, Tensor], block: dict[
 def make_mtp_target(style: str, folder: Path, *, vocab: int = 96, seed: int = 0, sharpen: float = 1.0) -> MtpTarget:
     """A tiny DeepSeek-V3-style or Qwen3-Next-style target saved in ``folder`` with its MTP layer in a second shard."""
     trunk, full = _configs(style, vocab)
-    model_type = "deepseek_v3" if style == "deepseek" else "qwen3_next"
+    model_type = _FAMILY[style]
     torch.manual_seed(seed)
     big = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **full), attn_implementation="sdpa")
     big = big.float().eval()
@@ -96,7 +108,10 @@ def make_mtp_target(style: str, folder: Path, *, vocab: int = 96, seed: int = 0,
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").float().eval()
     model.generation_config.eos_token_id = None
     norm_cls = type(big.model.layers[layers].input_layernorm)
-    return MtpTarget(model, folder, big.model.layers[layers], big.model.rotary_emb, norm_cls, own)
+    rotary = big.model.rotary_emb
+    if style == "mellum":  # RoPE per layer type: the MTP layer's is the last layer's (sliding attention)
+        rotary = partial(big.model.rotary_emb, layer_type=big.config.layer_types[layers])
+    return MtpTarget(model, folder, big.model.layers[layers], rotary, norm_cls, own)
 
 
 def _norm(norm_cls: type, weight: Tensor, x: Tensor, eps: float) -> Tensor:

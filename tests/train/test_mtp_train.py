@@ -39,3 +39,25 @@ def test_the_loss_is_the_decayed_sum_of_its_steps():
     assert out.step_losses.shape == (3,)
     torch.testing.assert_close(out.loss, sum(0.6 ** k * out.step_losses[k] for k in range(3)))
     assert [p for p in cls(head, cfg).param_groups()[0]["params"]] == list(head.parameters())  # the target stays out
+
+
+def test_top1_labels_train_on_the_targets_argmax():
+    """train.labels=top1 (as EAGLE-3's): each step's label is the target's top-1, one-hot."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    target = make_tiny_target("llama", num_layers=2)
+    torch.manual_seed(0)
+    head = build_head("mtp", target)
+    cls = objective_class("mtp")
+    ids = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(1))
+    features = cls.features(target, {"input_ids": ids, "loss_mask": torch.ones_like(ids)}, head)
+    lm_head = target.get_output_embeddings()
+    soft = cls(head, load_config(None, ["head.kind=mtp"]))
+    top1 = cls(head, load_config(None, ["head.kind=mtp", "train.labels=top1"]))(features, lm_head)
+    probs = features.targets.probs
+    one_hot = F.one_hot(probs.argmax(-1), probs.shape[-1]).to(probs.dtype)
+    want = soft(dataclasses.replace(features, targets=features.targets._replace(probs=one_hot)), lm_head)
+    torch.testing.assert_close(top1.loss, want.loss)
+    assert (top1.loss - soft(features, lm_head).loss).abs() > 1e-3

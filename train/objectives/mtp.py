@@ -1,7 +1,8 @@
 """MTP: the target's own MTP block fine-tuned with multi-step cross-entropy and step decay (FastMTP, speculators:
 step k weighs ``train.loss_decay``**k, 0.6 unless set), unrolled as EAGLE's training-time test: step k at
 position i reads the block's own step k-1 output and token i+1+k, and matches the target's law of token
-i+2+k. The target, its embedding and its lm_head stay frozen (the head holds none of them)."""
+i+2+k (``train.labels=top1``: its top-1, as EAGLE-3's). The target, its embedding and its lm_head stay frozen
+(the head holds none of them)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,7 @@ from torch import nn
 
 from draftsmith.target.model import TargetOutput
 from draftsmith.train.features import Features
-from draftsmith.train.losses import LossOutput, decayed_sum, restrict_to_draft_vocab, ttt_step_loss
+from draftsmith.train.losses import LossOutput, decayed_sum, restrict_to_draft_vocab, top1_labels, ttt_step_loss
 from draftsmith.train.objectives.base import Objective, no_grad_embeds, target_logits
 from draftsmith.train.objectives.eagle3 import Eagle3Features
 from draftsmith.train.settings import OptimConfig, TrainConfig
@@ -22,7 +23,7 @@ MTP_STEPS = 3  # draft steps unrolled per position (FastMTP trains 3)
 
 
 class MtpObjective(Objective):
-    reads = ("head.ttt_steps",)
+    reads = ("head.ttt_steps", "train.labels")
 
     @classmethod
     def configure(cls, cfg: TrainConfig) -> None:
@@ -36,6 +37,7 @@ class MtpObjective(Objective):
         super().__init__(head, cfg)
         self.ttt_steps = cfg.head.ttt_steps or MTP_STEPS
         self.loss = cfg.train.loss if cfg.train.loss in ("ce", "lk", "lk-lambda") else "ce"
+        self.labels = cfg.train.labels
 
     @staticmethod
     @torch.no_grad()
@@ -48,6 +50,8 @@ class MtpObjective(Objective):
 
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         f = features
+        if self.labels == "top1":  # the target's top-1, one-hot: greedy verification's event (as EAGLE-3's)
+            f = dataclasses.replace(f, targets=f.targets._replace(probs=top1_labels(f.targets.probs)))
         steps = [ttt_step_loss(lm_head(out), f.targets, f.loss_mask, k, self.loss)
                  for k, out in enumerate(unroll(self.head, f.hidden, f.embeds, self.ttt_steps))]
         return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
