@@ -12,7 +12,8 @@ same LM train it once (POSIX only: ``fcntl``).
 ``pip install .`` has it too): a request whose fingerprint equals the shipped copy's, with every shipped
 file as recorded, copies it into the cache instead of training for 7-8 minutes. A changed recipe or
 corpus, or a damaged shipped file, is said in one line and built as before. Refresh the copy after a
-recipe change with ``python scripts/make_demo_target.py --size tiny --ship``.
+recipe change with ``python scripts/make_demo_target.py --size tiny --ship``. ``demo:tiny-mtp`` (a dense Mellum
+trained with its MTP layer: ``data.demo_mtp``) is built on first use (21 MB: not shipped).
 """
 from __future__ import annotations
 

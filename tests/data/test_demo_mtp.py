@@ -79,3 +79,26 @@ def test_the_mtp_weight_stays_out_of_the_other_cache_keys():
     assert fingerprint(dataclasses.replace(mtp, mtp_loss_weight=1.0), None) != fingerprint(mtp, None)
     tiny, ours = dataclasses.asdict(PRESETS["tiny"]), dataclasses.asdict(mtp)
     assert {k for k in tiny if tiny[k] != ours[k]} == {"architecture", "max_steps"}  # tiny's size and recipe
+
+
+@torch.no_grad()
+def test_the_saved_layer_is_the_trained_one(micro):
+    """The MTP layer as transformers reads it back scores the held-out loss the build recorded from the layer it
+    trained (a name mixed up on the way to the checkpoint reads another layer)."""
+    import torch.nn.functional as F
+
+    from draftsmith.data.corpus import split_texts
+    from draftsmith.data.demo_lm import _limit, pack
+
+    settings = json.loads((micro / SUMMARY_FILE).read_text())
+    model = AutoModelForCausalLM.from_pretrained(micro).eval()
+    mtp = MtpModel.from_pretrained(model).eval()
+    s = settings["settings"]
+    blocks = pack(AutoTokenizer.from_pretrained(micro), _limit(split_texts("heldout"), s["max_corpus_chars"]),
+                  s["seq_len"])[: s["eval_tokens"] // s["seq_len"]]
+    hidden = model.model(input_ids=blocks).last_hidden_state
+    positions = torch.arange(1, blocks.shape[1])[None]
+    out = mtp.forward_layer(0, hidden[:, :-1], positions, None, input_ids=blocks[:, 1:])
+    logits = model.lm_head(out[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), blocks[:, 2:].reshape(-1))
+    assert abs(loss.item() - settings["heldout_mtp_loss"]) < 2e-4, (loss.item(), settings["heldout_mtp_loss"])
