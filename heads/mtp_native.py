@@ -25,6 +25,8 @@ from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 from transformers.core_model_loading import convert_and_load_state_dict_in_model
 from transformers.modeling_utils import LoadStateDictConfig
 
+from draftsmith.data.base.names import is_demo
+from draftsmith.data.demo import demo_target_path
 from draftsmith.heads.common import text_config
 
 _DEEPSEEK_OWN = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "shared_head.norm": "post_norm"}
@@ -115,7 +117,7 @@ def load_native(head: nn.Module, target: nn.Module) -> None:
     if not declared:
         raise ValueError(f"head.init=native: target {where} declares no MTP layer (no num_nextn_predict_layers or "
                          "mtp_num_hidden_layers in its config); use head.init=fresh to train one from scratch")
-    folder = Path(where)
+    folder = Path(demo_target_path(where) if is_demo(where) else where)  # demo:<size>: its cache folder (built)
     if not folder.is_dir():
         raise ValueError(f"head.init=native reads the MTP tensors from the target's checkpoint folder; {where} is not "
                          "a local folder (download it first)")

@@ -14,7 +14,8 @@ steps, pooled; every decode is checked against the target's own greedy ``generat
 
 Speed: per round and prompt, interleaved: transformers' ``generate(use_mtp=True)`` (its MTPCandidateGenerator
 loads the MTP layer from the checkpoint on every call: that load is timed apart and reported with and without),
-then ours with the same native layer as the default chain and as the CPU dynamic tree. Outputs must be
+then ours with the same native layer as the default (adaptive) chain, fixed chains of 1 (transformers' shape) and
+2, and the CPU dynamic tree. Outputs must be
 transformers' own. Ratios are of pooled tokens/s.
 """
 from __future__ import annotations
@@ -71,7 +72,11 @@ def speed_rows(target, native, prompts, max_new_tokens: int, rounds: int) -> dic
     from draftsmith.infer import SpeculativeGenerator
     from draftsmith.infer.drafters.mtp import MtpDrafter
 
-    ours = {"ours-chain": SpeculativeGenerator(target, native),
+    from draftsmith.infer import Chain
+
+    ours = {"ours-chain": SpeculativeGenerator(target, native),  # the CPU default: a chain that adapts its length
+            "ours-chain1": SpeculativeGenerator(target, native, tree=Chain(1)),  # transformers' shape (one layer)
+            "ours-chain2": SpeculativeGenerator(target, native, tree=Chain(2)),
             "ours-tree": SpeculativeGenerator(target, native, tree=MtpDrafter.branching_tree(torch.device("cpu")))}
     seconds = {"transformers-use_mtp": 0.0, "mtp-load": 0.0, **{k: 0.0 for k in ours}}
     tokens, identical, steps = 0, {k: True for k in ours}, {k: [0, 0] for k in ours}

@@ -77,7 +77,7 @@ def test_hybrid_fields_stay_out_of_a_llama_cache_key():
     tiny, hybrid = TINY, HYBRID
     key = dataclasses.asdict(tiny)
     for name in ("architecture", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads",
-                 "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"):
+                 "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "mtp_loss_weight"):
         key.pop(name)
     assert tiny.cache_key() == key
     assert fingerprint(dataclasses.replace(tiny, linear_key_head_dim=8), None) == fingerprint(tiny, None)

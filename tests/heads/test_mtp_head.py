@@ -104,3 +104,16 @@ def test_mellum_head_is_transformers_own_mtp_layer(tmp_path):
     with torch.no_grad():
         expected = theirs.layers[0](embeds, hidden, rope, None, positions, None)
     torch.testing.assert_close(head(hidden, embeds, positions).hidden_states, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_native_reads_a_demo_target_from_its_cache_folder(mtp_target, monkeypatch):
+    """Training names a demo target ``demo:<size>`` (as its cards do), not its cache path: the native tensors come
+    from the folder that name resolves to."""
+    import draftsmith.heads.mtp_native as native
+
+    monkeypatch.setattr(native, "demo_target_path", lambda name: str(mtp_target.folder) if name == "demo:x" else "")
+    monkeypatch.setattr(mtp_target.model.config, "_name_or_path", "demo:x")
+    head = build_head("mtp", mtp_target.model)
+    hidden, embeds, positions = _inputs()
+    torch.testing.assert_close(head(hidden, embeds, positions).hidden_states,
+                               reference_mtp(mtp_target, hidden, embeds, positions), rtol=1e-5, atol=1e-5)

@@ -28,6 +28,7 @@ _QWEN_NEXT = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
 # the sliding layers' (theta 1e4, the trunk's full attention 5e5): a head that read the trunk's would differ
 _MELLUM = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=8, initializer_range=0.1,
                sliding_window=64)
+_TRUNK_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
 STYLES = ("deepseek", "qwen3_next", "mellum")
 _FAMILY = {"deepseek": "deepseek_v3", "qwen3_next": "qwen3_next", "mellum": "mellum"}
 
