@@ -38,7 +38,7 @@ def mtp_tensors(head: DraftHead, shared: dict[str, Tensor | None], dtype=None) -
         if shared.get(which) is None:
             raise ValueError(f"the {style} layout's MTP layers carry the target's {which} ({name}, as its published "
                              "checkpoints do): pass the target (--target) so it can be copied")
-        tensors[name] = shared[which]
+        tensors[name] = shared[which].detach().clone()  # one copy per layer: safetensors refuses shared memory
     return float_tensors(tensors, dtype)
 
 
