@@ -144,6 +144,14 @@ class MtpHead(DraftHead):
         return [f"- the target's final post-norm hidden state and the next token's embedding; **{n}** MTP layer(s) "
                 f"of the target's own family, {layout} layout; drafts with the target's own lm_head"]
 
+    def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        """No engine loads MTP layers alone: stitch them into a copy of the target's folder and serve that
+        (docs/mtp.md; the vLLM line is its method name for a target's own MTP layers, not run here)."""
+        return ["Engines serve a target's own MTP layers: stitch them into a copy of the target's folder, then serve "
+                "that copy:", "", *export_step("mtp"), "```bash", f"draftsmith stitch {serve_dir} {served} STITCHED_DIR",
+                "vllm serve STITCHED_DIR --speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'",
+                "```", ""]
+
     def __init__(self, config: MtpConfig) -> None:
         super().__init__(config)
         family = family_config_of(config)

@@ -30,7 +30,7 @@ TensorRT-LLM") lists the engine loader code each format was checked against.
 
 One module per engine family: ``eagle3`` (vLLM / SGLang / TensorRT-LLM), ``speculators``, ``eagle``
 (vLLM EAGLE-1/2), ``medusa`` (vLLM and TGI), ``dflash`` (z-lab's layout, exported and imported),
-``public`` (importing public EAGLE-3 checkpoints), all on
+``public`` (importing public EAGLE-3 checkpoints), ``mtp`` (a target's own MTP layers, its family's names), all on
 the shared checks in ``validation``. This module holds the registry (``FORMATS``: one ``Format`` record
 each) and the export driver.
 """

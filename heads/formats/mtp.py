@@ -17,6 +17,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from draftsmith.heads.common import DraftHead, text_config
 from draftsmith.heads.formats.validation import (PROVENANCE_KEY, Artifact, dtype_name, float_tensors,
                                                 provenance_record)
+from draftsmith.heads.mtp import MtpConfig, MtpHead
 from draftsmith.heads.mtp_layout import MTP_LAYOUTS, carried_names, is_mtp_name
 from draftsmith.heads.mtp_native import (checkpoint_name, fill_native, head_name, native_state_dict, read_native,
                                          target_mtp_layers)
@@ -85,8 +86,6 @@ def _mtp_problems(config: dict[str, Any], tensors: dict[str, Tensor]) -> list[st
 def import_mtp(path: str | Path) -> DraftHead:
     """An MTP head from an ``--to mtp`` export, or from a folder whose checkpoint holds MTP layers (a stitched
     target): its tensors, bit for bit."""
-    from draftsmith.heads.auto import build_head
-
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise ValueError(f"{path}: an MTP export or a target folder with MTP layers is read from a local folder "
@@ -94,20 +93,25 @@ def import_mtp(path: str | Path) -> DraftHead:
     config = json.loads((folder / "config.json").read_text())
     if MTP_ARCHITECTURE not in (config.get("architectures") or []):
         target = text_config(AutoConfig.from_pretrained(folder))
-        head = build_head("mtp", target, init="native")
+        head = _mtp_head(target)
         style, layers = head.config.style, target.num_hidden_layers
         fill_native(head, read_native(folder, style, layers, head.config.num_mtp_layers), f"{folder}'s MTP tensors")
         return head
     family = config["family_config"]
     target = CONFIG_MAPPING[family["model_type"]].from_dict(family)
     target._name_or_path = config.get(PROVENANCE_KEY, {}).get("target", {}).get("name_or_path", "")
-    head = build_head("mtp", target, init="native", num_mtp_layers=config["num_mtp_layers"])
+    head = _mtp_head(target, num_mtp_layers=config["num_mtp_layers"])
     style, layers = config["mtp_layout"], config["target_num_hidden_layers"]
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         tensors = {ours: f.get_tensor(k) for k in f.keys()
                    if (ours := head_name(style, layers, config["num_mtp_layers"], k)) is not None}
     fill_native(head, tensors, f"{folder}'s tensors")
     return head
+
+
+def _mtp_head(target, **options: Any) -> DraftHead:
+    """An MTP head shaped for ``target`` (a config), to be filled with checkpoint tensors."""
+    return MtpHead(MtpConfig(**{**MtpHead.config_from_target(target), "init": "native", **options}))
 
 
 def is_mtp_source(config: dict[str, Any]) -> bool:
