@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 from support.formats import perturb
 from support.mtp_targets import STYLES, make_mtp_target
 from transformers import AutoModelForCausalLM
@@ -39,6 +40,20 @@ def _load(folder):
     return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").float().eval()
 
 
+def _index_is_whole(folder) -> dict[str, str]:
+    """The index names every safetensors file of ``folder`` and every tensor in it, each once (an engine that
+    globs ``*.safetensors`` finds no stale MTP tensors)."""
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    on_disk = {}
+    for path in folder.glob("*.safetensors"):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                assert name not in on_disk, (name, path.name, on_disk[name])
+                on_disk[name] = path.name
+    assert on_disk == index
+    return index
+
+
 def _native_is(head, folder) -> None:
     """``head.init=native`` from ``folder`` gives ``head``'s tensors, in the family's names and in the head's."""
     again = build_head("mtp", _load(folder))
@@ -58,7 +73,7 @@ def test_stitched_copy_gives_the_head_back_and_is_the_same_target(made, source, 
     _native_is(head, out)
     with torch.no_grad():
         assert torch.equal(_load(out)(PROMPT).logits, t.model(PROMPT).logits)
-    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    index = _index_is_whole(out)
     assert {k for k, f in index.items() if f == MTP_SHARD} == set(native_state_dict(head)) | (
         {"model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight"}
         if head.config.style == "deepseek" else set())
@@ -72,8 +87,7 @@ def test_a_one_file_checkpoint_becomes_sharded(made, tmp_path):
     assert not (tmp_path / "resaved" / "model.safetensors.index.json").exists()
     out = stitch(str(export), tmp_path / "resaved", tmp_path / "stitched")
     assert sorted(p.name for p in out.glob("*.safetensors")) == sorted([MTP_SHARD, TRUNK_SHARD])
-    assert set(json.loads((out / "model.safetensors.index.json").read_text())["weight_map"].values()) == {
-        MTP_SHARD, TRUNK_SHARD}
+    assert set(_index_is_whole(out).values()) == {MTP_SHARD, TRUNK_SHARD}
     _native_is(head, out)
     with torch.no_grad():
         assert torch.equal(_load(out)(PROMPT).logits, t.model(PROMPT).logits)
