@@ -80,3 +80,4 @@ def test_a_tree_is_refused_in_one_line(two):
     with pytest.raises(ValueError, match=r"^an MTP head of 2 layers drafts chains \(level s uses layer s mod 2\), "
                                          r"not a DynamicTree: pass a chain$"):
         make_drafter(build_head("mtp", two.model), two.model, DynamicTree(depth=3, top_k=2, total_tokens=6))
+
