@@ -113,8 +113,7 @@ FORMATS: dict[str, Format] = {
     "dflash": Format(("dflash",), _dflash_artifact, _dflash_problems),
     "dspark": Format(("dflash",), _dspark_artifact, _dspark_problems,  # DSpark heads (head.variant=dspark) only
                      target_weights=("dflash",)),  # the target's embed_tokens and lm_head
-    "mtp": Format(("mtp",), _mtp_artifact, _mtp_problems,  # the family's own names; `draftsmith stitch` adds them
-                  target_weights=("mtp",)),  # DeepSeek-V3's MTP layers carry embed_tokens and shared_head.head
+    "mtp": Format(("mtp",), _mtp_artifact, _mtp_problems, target_weights=("mtp",)),  # DeepSeek's carry embed/lm_head
 }
 
 
@@ -169,7 +168,8 @@ def export_head(
     facts = _target_facts(head, target)
     if verifier is not None:
         facts["name_or_path"] = str(verifier)
-    context = max(getattr(head.config, "max_position_embeddings", 0) or 0, facts["max_position_embeddings"])
+    context = max(head.config.max_position_embeddings if kind not in ("medusa", "mtp") else 0,
+                  facts["max_position_embeddings"])
     options = {
         "dtype": dtype,
         "num_speculative_tokens": num_speculative_tokens,
