@@ -132,3 +132,18 @@ def test_an_export_for_another_layout_is_refused(made, tmp_path, capsys):
     line = _refusal(capsys, [export, elsewhere.folder, tmp_path / "out"])
     assert line.startswith(f"error: {export}: 1 MTP layer(s) in the {head.config.style} layout") and other in line
     assert not (tmp_path / "out").exists()
+
+
+def test_two_mtp_layers_go_back_bit_for_bit(tmp_path):
+    """Both layers under their own names (model.layers.2.*, model.layers.3.*), each with its carried copies."""
+    from support.mtp_layers import make_layers_target
+
+    t = make_layers_target(tmp_path / "target")
+    head = perturb(build_head("mtp", t.model))
+    export = export_head(head, tmp_path / "export", "mtp", target=t.model)
+    before = _hashes(t.folder)
+    out = stitch(str(export), t.folder, tmp_path / "stitched")
+    assert _hashes(t.folder) == before
+    index = _index_is_whole(out)
+    assert {"model.layers.3.enorm.weight", "model.layers.3.shared_head.head.weight"} <= set(index)
+    _native_is(head, out)
