@@ -311,7 +311,7 @@ def train_lm(out_dir: str | Path, settings: LMSettings, *, tokenizer: PreTrained
     summary: dict = {}
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(model)
-        joint, extra = (model, {}) if isinstance(model, JointMtp) else (None, {})
+        joint, extra = (model if isinstance(model, JointMtp) else None), {}
         if joint is not None:  # demo:tiny-mtp: the trunk is saved as the LM, its MTP layer beside it
             model = joint.lm
             extra["heldout_mtp_loss"] = round(heldout_mtp_loss(joint, heldout_blocks, settings.batch_size,
