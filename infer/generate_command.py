@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import TextStreamer
 
-    from draftsmith.infer.drafters import AdaptiveLength, CostAwareLength
+    from draftsmith.infer.drafters import AdaptiveLength, ByTemperature, CostAwareLength
     from draftsmith.infer.drafters.free.lookup_first import LookupFirst
 
     gen, label = load_generator(args)
@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     out = gen.generate(ids, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)
     s = gen.last_stats
     drafter = gen.drafter.drafter if isinstance(gen.drafter, LookupFirst) else gen.drafter
+    drafter = drafter.active if isinstance(drafter, ByTemperature) else drafter  # the policy this decode drafted by
     adaptive = (", adaptive length" if isinstance(drafter, AdaptiveLength) else "") + \
         (f", lengths chosen {budgets(s.draft_budgets)}" if isinstance(drafter, CostAwareLength) else "") + \
         (", prompt lookup first" if args.lookup_first else "")
