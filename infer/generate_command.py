@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "to root; docs/traversal.md), both lossless; typical (Medusa's, lossy)")
     p.add_argument("--tree", default="default",
                    help="the draft's shape: default (the head kind's for the device; EAGLE on CPU: a chain adapting its "
-                        "length, 4 to 16), tree (Medusa's static or an EAGLE dynamic tree), chainN (a chain of N), "
+                        "length, 4 to 16, greedy; sampled, its length chosen for tokens/s, 0 to 16), tree (Medusa's static or an EAGLE dynamic tree), chainN (a chain of N), "
                         "dynD-K-N (EAGLE: depth D, K children per node, N nodes verified) or medusaN")
     p.add_argument("--matches", type=cli_count(), help="--drafter ngram: prompt-lookup matches drafted (default 1)")
     for old in OLD_SHAPE_FLAGS:  # refused below with the --tree that says the same
