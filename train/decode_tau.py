@@ -111,6 +111,7 @@ def decode_row(drafter: Drafter, row: DecodeRow, max_new_tokens: int) -> tuple[i
     continuation."""
     p, seq, feats = row.prompt_length, row.sequence, row.features
     total = seq.shape[1] - p  # the tokens the decode emits (the first one by the prefill, not a step)
+    drafter.begin(GREEDY)  # as the generator's start: a drafter whose policy follows the sampling mode picks greedy
     state = drafter.new_rows([seq[:, :p]], [p + max_new_tokens])
     if total > 1:
         drafter.observe_rows(state, [feats[:, :p]], [seq[:, 1: p + 1]])

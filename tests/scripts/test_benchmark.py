@@ -97,7 +97,7 @@ def test_the_default_methods_include_what_infer_generate_decodes(bench_dirs):
     names = [m.name for m in methods]
     assert names == ["vanilla", "medusa:medusa:default", "medusa:medusa:chain4", "eagle3:eagle3:default",
                      "eagle3:eagle3:tree", "eagle3:eagle3:chain4"]
-    assert type(methods[3].generator.drafter).__name__ == "AdaptiveLength"
+    assert type(methods[3].generator.drafter.greedy).__name__ == "AdaptiveLength"  # the CPU default, greedy
     args.adaptive = True  # the same adaptive chain again: run once
     names.insert(3, "medusa:medusa:adaptive")  # after each head's trees
     assert [m.name for m in build_methods(args, target, AutoTokenizer.from_pretrained(root / "target"))] == names
