@@ -1,6 +1,6 @@
 """Sampled decoding's defaults (issue 56): the one categorical draw every sampled step makes (``infer.accept.categorical``),
-the CPU default chain's policy per sampling mode (``infer.drafters.free.by_temperature``), the chooser's probes, and
-the step that keeps only its root skipping the cache's compaction. Costs are given, never timed."""
+the CPU default chain's policy per sampling mode (``infer.drafters.free.by_temperature``), the chooser's probes,
+the step that keeps only its root skipping the cache's compaction, and the static cache's kept per-layer views. Costs are given, never timed."""
 from __future__ import annotations
 
 import pytest
@@ -150,3 +150,20 @@ def test_a_step_that_keeps_its_root_alone_skips_the_compaction_and_trees_still_c
 
     gen = SpeculativeGenerator(target, RootOnly([ref[0]], shape="chain"))
     assert torch.equal(gen.generate(ids, max_new_tokens=16), ref) and gen.last_stats.steps == 15
+
+
+def test_the_cache_writes_each_layer_into_its_buffer_after_it_grows():
+    """The static cache keeps each layer's views of its buffer (a one-token step's writes then index nothing but
+    their slots). Plant: the views kept from the buffer before ``grow`` (writes after it land in the old one)."""
+    from draftsmith.infer.cache import StaticKVCache
+
+    cache = StaticKVCache(2, 4)
+    k, v = torch.randn(1, 1, 2, 3), torch.randn(1, 1, 2, 3)
+    cache.slots = torch.tensor([0, 1])
+    for layer in (0, 1):
+        cache.update(k, v, layer)
+    cache.grow(8)
+    cache.slots = torch.tensor([[5, 6]])  # one row's (B, T) slots
+    keys, values = cache.update(2 * k, 3 * v, 1)
+    assert keys.shape[2] == 8 and torch.equal(keys[:, :, 5:7], 2 * k) and torch.equal(values[:, :, 5:7], 3 * v)
+    assert torch.equal(cache.buffer[1, 0, :, :, 5:7], 2 * k) and torch.equal(cache.buffer[1, 1, :, :, :2], v)
