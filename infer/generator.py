@@ -465,6 +465,8 @@ class SpeculativeGenerator:
         emitted, accepted = self._settle(dec, new, length,
                                          lambda b, a: (features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
         stats.step_tokens += sum(tokens.shape[0] for tokens in emitted)
+        for b in live:  # vLLM's acceptance counts: the drafts each row's verify accepted, the bonus left out
+            stats.count_draft(drafts[b].tokens.shape[0] - 1, accepted[b] - 1)
         clock.mark("observe")
         state.cache.compact_rows(state.lengths, nodes[:, : max(accepted)])
         clock.mark("compact")
