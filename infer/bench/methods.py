@@ -168,6 +168,15 @@ def build_methods(args, target, tokenizer, skipped: dict[str, str] | None = None
     return build.methods
 
 
+ACCEPTANCE_COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos",
+                     "acceptance_histogram")
+
+
+def acceptance_counts(stats) -> dict:
+    """A generator call's acceptance counts in vLLM's names (``GenerationStats``), to pool over prompts."""
+    return {k: getattr(stats, k) for k in ACCEPTANCE_COUNTS}
+
+
 def time_methods(methods: list[Method], prompts, args, target, counter: ForwardCounter,
                  deadline: float | None = None) -> int:
     """Time every method on every prompt, methods interleaved per prompt; fills ``method.runs``.
@@ -211,6 +220,7 @@ def time_methods(methods: list[Method], prompts, args, target, counter: ForwardC
                 "tau": (len(new) - 1) / max(1, forwards - 1),
                 "peak_mem_mb": peak_memory_mib(device),
                 "tokens": new,
+                **({"acceptance": acceptance_counts(method.generator.last_stats)} if method.generator else {}),
             })
         if deadline is not None and time.monotonic() > deadline and p_idx + 1 < len(prompts):
             bar.close()

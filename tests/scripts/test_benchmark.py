@@ -219,3 +219,36 @@ def test_assistant_head_needs_the_assistant(capsys):
     with pytest.raises(SystemExit) as err:
         load_script().parse_args(["--target", "t", "--assistant-head", "h"])
     assert err.value.code == 2 and "--assistant-head guesses the assistant's drafts: pass --assistant" in capsys.readouterr().err
+
+
+def test_sampled_decoding_at_each_temperature_with_vllms_acceptance_names(bench_dirs):
+    """--temperatures 0,1: the greedy table as before (with vLLM's acceptance names pooled over prompts), plus HF's
+    sampled generate and each generator method at T = 1, seeded per prompt: τ with its interval, tokens/s, speedup."""
+    root, heads, prompts = bench_dirs
+    out = root / "out-sampled"
+    result = load_script().main([
+        "--target", str(root / "target"), "--heads", heads[1], "--prompts", str(prompts), "--num-prompts", "2",
+        "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4", "--no-prompt-lookup",
+        "--no-hf-static", "--trees", "default", "--temperatures", "0,1", "--top-k", "20", "--out", str(out)])
+    head_row = result["rows"][1]
+    counts = [r["acceptance"] for r in result["runs"][head_row["method"]]]
+    drafts, accepted = sum(c["num_drafts"] for c in counts), sum(c["num_accepted_tokens"] for c in counts)
+    assert drafts > 0 and head_row["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    sampled = result["sampled"]
+    assert [(r["method"], r["temperature"]) for r in sampled] == [("hf-sampled", 1.0), (head_row["method"], 1.0)]
+    row = sampled[1]
+    assert row["tokens_per_s"] > 0 and row["speedup"] > 0 and row["num_drafts"] > 0
+    assert row["tau"] == row["step_tokens"] / row["steps"] and row["tau_low"] <= row["tau"] <= row["tau_high"]
+    assert row["mean_acceptance_length"] == pytest.approx(1 + row["num_accepted_tokens"] / row["num_drafts"])
+    assert "Sampled decoding" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("option, value, said", [("--temperatures", "0,-1", "'-1' is no temperature"),
+                                                 ("--temperatures", "0,inf", "'inf' is no temperature"),
+                                                 ("--temperatures", "1,1", "'1' is listed twice"),
+                                                 ("--top-p", "0", "got '0'"), ("--top-k", "-3", "got '-3'")])
+def test_a_sampling_value_no_rule_takes_is_refused_in_one_line(option, value, said, capsys):
+    with pytest.raises(SystemExit):
+        load_script().parse_args(["--target", "demo:tiny", option, value])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert option in err and said in err
