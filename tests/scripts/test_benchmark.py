@@ -252,3 +252,19 @@ def test_a_sampling_value_no_rule_takes_is_refused_in_one_line(option, value, sa
         load_script().parse_args(["--target", "demo:tiny", option, value])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert option in err and said in err
+
+
+def test_a_methods_acceptance_pools_its_prompts_counts():
+    """mean_acceptance_length over prompts is 1 + all accepted / all drafts (1.75 here), not the mean of the
+    prompts' own (4 and 1: 2.5)."""
+    from draftsmith.infer.bench.methods import Method
+    from draftsmith.infer.bench.report import pooled_acceptance
+
+    long = {"num_drafts": 1, "num_draft_tokens": 3, "num_accepted_tokens": 3, "num_accepted_tokens_per_pos": [1, 1, 1],
+            "acceptance_histogram": {3: 1}}
+    short = {"num_drafts": 3, "num_draft_tokens": 9, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": [],
+             "acceptance_histogram": {0: 3}}
+    pooled = pooled_acceptance(Method("head", "head", None, runs=[{"acceptance": long}, {"acceptance": short}]))
+    assert pooled["mean_acceptance_length"] == 1.75
+    assert pooled["acceptance"]["acceptance_rate_per_pos"] == [0.25, 0.25, 0.25]
+    assert pooled_acceptance(Method("vanilla", "vanilla", None, runs=[{"tokens": []}])) == {}

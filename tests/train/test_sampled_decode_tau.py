@@ -65,7 +65,7 @@ def _generator_counts(target, head, decode_set, temperature, seed=0):
     return counts
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("temperature", [1.0, 0.3])
 def test_sampled_decode_tau_is_the_generators_on_the_same_seeds(temperature):
     target = _target()
     head = _copying_eagle3(target)
@@ -75,6 +75,8 @@ def test_sampled_decode_tau_is_the_generators_on_the_same_seeds(temperature):
     tau = sum(t for _, t in ours) / sum(s for s, _ in ours)
     assert tau > 1.5  # drafts are accepted: the comparison is not between two runs of plain decoding
     assert sampled_row_counts(head, target, decode_set, temperature, seed=1) != ours  # the seed matters
+    other = 0.3 if temperature == 1.0 else 1.0  # and the temperature (this target's 0.7 samples as its 1.0 does)
+    assert _generator_counts(target, head, decode_set, other) != ours
 
 
 def test_two_evaluations_agree_and_leave_the_random_stream_alone():
