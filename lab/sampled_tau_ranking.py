@@ -1,7 +1,7 @@
 """Does decode τ at T > 0, as training computes it, rank heads as their real τ at that T does? (issue 57)
 
     python lab/sampled_tau_ranking.py HEAD [HEAD ...] [--temperature 1] [--prompts 24] [--max-new-tokens 128]
-        [--prompt-tokens 32] [--eval-rows N] [--out FILE.json]
+        [--prompt-tokens 32] [--eval-rows N] [--real-from FILE.json] [--out FILE.json]
 
 Each HEAD is a training run's output_dir or one of its checkpoints (RUN/checkpoints/step-N), as ``draftsmith
 rank-heads`` reads them; every head must come from runs of one target and held-out set. Training's decode τ at T:
@@ -33,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=cli_count(), default=32)
     p.add_argument("--eval-rows", type=cli_count(), default=None,
                    help="train.eval_decode_rows for training's decode τ (default: the run's)")
+    p.add_argument("--real-from", type=Path, default=None,
+                   help="take each head's real τ from this earlier --out (same heads, prompts and T) instead of decoding")
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -80,10 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     real_args = argparse.Namespace(temperatures=[args.temperature], max_new_tokens=args.max_new_tokens, top_p=1.0,
                                    top_k=0)
     key, real_key = decode_tau_key(args.temperature), decode_tau_key(args.temperature, "real_tau")
-    rows = []
+    rows, known = [], {}
+    if args.real_from is not None:  # real τ measured before on the same prompts: its rows' real_tau* and acceptance
+        for old in json.loads(args.real_from.read_text())["rows"]:
+            known[old["head"]] = {k: v for k, v in old.items() if k.startswith(("real_tau", "tokens_per_s",
+                                                                                 "mean_acceptance_length", "acceptance"))}
     for head_dir, head in zip(args.heads, heads):
         decoded = decode_at(accelerator, head, target, decode_set, args.temperature)
-        real = real_taus(target, head, prompts, [], real_args)
+        real = known.get(str(head_dir)) or real_taus(target, head, prompts, [], real_args)
         record = eval_record(head_dir)  # the set is training's: greedy decode τ on it is the run's logged one
         greedy = decode_at(accelerator, head, target, decode_set, 0.0)["decode_tau"]
         row = {"head": str(head_dir), "step": record["step"], **decoded, "greedy_decode_tau": greedy,
