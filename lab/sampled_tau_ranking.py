@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         decoded = decode_at(accelerator, head, target, decode_set, args.temperature)
         real = known.get(str(head_dir)) or real_taus(target, head, prompts, [], real_args)
         record = eval_record(head_dir)  # the set is training's: greedy decode τ on it is the run's logged one
-        greedy = decode_at(accelerator, head, target, decode_set, 0.0)["decode_tau"]
+        greedy = decode_at(accelerator, head, target, decode_set, 0.0)["decode_tau"] if args.eval_rows is None else None
         row = {"head": str(head_dir), "step": record["step"], **decoded, "greedy_decode_tau": greedy,
                "logged": {k: v for k, v in record.items() if k.startswith("decode_tau")},
                **{k: v for k, v in real.items() if k != "identical"}}
-        if args.eval_rows is None and "decode_tau" in record and abs(greedy - record["decode_tau"]) > 1e-9:
+        if greedy is not None and "decode_tau" in record and abs(greedy - record["decode_tau"]) > 1e-9:
             raise ValueError(f"{head_dir}: decode τ on this set is {greedy}, the run logged {record['decode_tau']}: "
                              "not the run's decode set")
         rows.append(row)
