@@ -73,6 +73,12 @@ class AutoHead:
                     f"{path_or_repo}: cannot read the head's weights {files} ({err}); the checkpoint is "
                     "incomplete or corrupt, save or download it again"
                 ) from err
+        from draftsmith.heads.formats.mtp import is_mtp_source
+
+        if is_mtp_source(config_dict):  # an --to mtp export, or a (stitched) target folder holding MTP layers
+            from draftsmith.heads.formats import import_mtp
+
+            return import_mtp(path_or_repo)
         if any(a in PUBLIC_EAGLE3_ARCHITECTURES for a in config_dict.get("architectures") or []):
             from draftsmith.heads.formats import import_eagle3
 

@@ -33,6 +33,8 @@ from draftsmith.heads.mtp_native import load_native, target_mtp_layers
 
 MTP_STYLES = ("deepseek", "qwen3_next")
 MTP_INITS = ("native", "fresh")
+# what a target's config records of this copy, not of its family (an export and a warm start compare the rest)
+_NOT_FAMILY = ("_name_or_path", "dtype", "transformers_version")
 
 
 class MtpConfig(DraftHeadConfig):
@@ -133,6 +135,7 @@ class _FamilyCache:
 class MtpHead(DraftHead):
     config_class = MtpConfig
     title = "MTP (multi-token prediction)"
+    reads_formats = ("mtp",)
 
     def card_input_lines(self, export_config: dict[str, Any] | None) -> list[str]:
         n = self.config.num_mtp_layers or 1
@@ -140,6 +143,14 @@ class MtpHead(DraftHead):
                   else "Qwen3-Next / Qwen3.5 (`mtp.*`)")
         return [f"- the target's final post-norm hidden state and the next token's embedding; **{n}** MTP layer(s) "
                 f"of the target's own family, {layout} layout; drafts with the target's own lm_head"]
+
+    def card_serving_lines(self, served: str, serve_dir: str, export_step, fmt: str | None) -> list[str]:
+        """No engine loads MTP layers alone: stitch them into a copy of the target's folder and serve that
+        (docs/mtp.md; the vLLM line is its method name for a target's own MTP layers, not run here)."""
+        return ["Engines serve a target's own MTP layers: stitch them into a copy of the target's folder, then serve "
+                "that copy:", "", *export_step("mtp"), "```bash", f"draftsmith stitch {serve_dir} {served} STITCHED_DIR",
+                "vllm serve STITCHED_DIR --speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'",
+                "```", ""]
 
     def __init__(self, config: MtpConfig) -> None:
         super().__init__(config)
@@ -167,7 +178,7 @@ class MtpHead(DraftHead):
             **cls.config_class.identity_kwargs(target),
             "num_mtp_layers": layers or 1,
             "style": style,
-            "family_config": config.to_dict(),
+            "family_config": {k: v for k, v in config.to_dict().items() if k not in _NOT_FAMILY},
             "hidden_size": config.hidden_size,
             "vocab_size": config.vocab_size,
             "initializer_range": getattr(config, "initializer_range", 0.02),

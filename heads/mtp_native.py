@@ -25,7 +25,9 @@ from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 from transformers.core_model_loading import convert_and_load_state_dict_in_model
 from transformers.modeling_utils import LoadStateDictConfig
 
+from draftsmith.data.base.names import looks_like_path
 from draftsmith.heads.common import text_config
+from draftsmith.heads.mtp_layout import is_mtp_name
 
 _DEEPSEEK_OWN = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "shared_head.norm": "post_norm"}
 _DEEPSEEK_SHARED = ("embed_tokens.", "shared_head.head.")
@@ -87,11 +89,21 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
+def mtp_files(folder: Path, style: str, num_layers: int, mtp_layers: int) -> list[Path]:
+    """The safetensors files of ``folder`` that hold MTP tensors: those its index maps them to, else every one
+    (a download of the MTP shards alone has the others absent)."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return checkpoint_files(folder)
+    weight_map = json.loads(index.read_text())["weight_map"]
+    return [folder / f for f in sorted({f for k, f in weight_map.items() if is_mtp_name(style, num_layers, mtp_layers, k)})]
+
+
 def read_native(folder: Path, style: str, num_layers: int, mtp_layers: int) -> dict[str, Tensor]:
     """The MTP layers' tensors of the checkpoint in ``folder``, under the head's names (block tensors still in
     the family's checkpoint form)."""
     found: dict[str, Tensor] = {}
-    for path in checkpoint_files(folder):
+    for path in mtp_files(folder, style, num_layers, mtp_layers):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 ours = head_name(style, num_layers, mtp_layers, name)
@@ -109,25 +121,41 @@ def load_native(head: nn.Module, target: nn.Module) -> None:
     if not declared:
         raise ValueError(f"head.init=native: target {where} declares no MTP layer (no num_nextn_predict_layers or "
                          "mtp_num_hidden_layers in its config); use head.init=fresh to train one from scratch")
-    folder = Path(where)
-    if not folder.is_dir():
-        raise ValueError(f"head.init=native reads the MTP tensors from the target's checkpoint folder; {where} is not "
-                         "a local folder (download it first)")
-    n = head.config.num_mtp_layers or 1
-    tensors = read_native(folder, style, config.num_hidden_layers, n)
+    folder = native_folder(where, style, config.num_hidden_layers, head.config.num_mtp_layers or 1)
+    tensors = read_native(folder, style, config.num_hidden_layers, head.config.num_mtp_layers or 1)
     prefix = f"model.layers.{config.num_hidden_layers}." if style == "deepseek" else "mtp."
     if not tensors:
         raise ValueError(f"head.init=native: {folder} holds no MTP tensors ({prefix}*), although its config declares "
                          f"{declared} MTP layer(s); the checkpoint was saved without them (transformers drops them at load)")
-    mapping = get_checkpoint_conversion_mapping(config.model_type) or []
+    fill_native(head, tensors, f"{folder}'s MTP tensors ({prefix}*)")
+
+
+def native_folder(where: str, style: str, num_layers: int, mtp_layers: int) -> Path:
+    """The local folder holding the target's checkpoint: ``where`` itself, or for a Hub id a download of its
+    index and MTP shards only (``heads.mtp_hub``)."""
+    folder = Path(where)
+    if folder.is_dir():
+        return folder
+    if looks_like_path(where) or where.count("/") != 1:
+        raise ValueError(f"head.init=native reads the MTP tensors from the target's checkpoint; {where} is neither a "
+                         "local folder nor a Hub id")
+    from draftsmith.heads.mtp_hub import hub_mtp_folder
+
+    return hub_mtp_folder(where, style, num_layers, mtp_layers)
+
+
+def fill_native(head: nn.Module, tensors: dict[str, Tensor], what: str) -> None:
+    """Load ``tensors`` (head names, the family's checkpoint form) into ``head`` through transformers' conversion
+    mapping of the family; one-line error naming ``what`` when they do not fill it exactly."""
+    mapping = get_checkpoint_conversion_mapping(head.config.family_config["model_type"]) or []
     load = LoadStateDictConfig(weight_mapping=mapping, dtype=next(head.parameters()).dtype)
     info, _ = convert_and_load_state_dict_in_model(head, tensors, load)
     head.__dict__.pop("_weight_conversions", None)  # left by the loader: the head saves in its modules' own form
     missing = sorted(info.missing_keys)
     unexpected = sorted(info.unexpected_keys)
     if missing or unexpected:
-        raise ValueError(f"head.init=native: {folder}'s MTP tensors ({prefix}*) do not fill the head: missing "
-                         f"{missing[:6]}, unexpected {unexpected[:6]}")
+        raise ValueError(f"head.init=native: {what} do not fill the head: missing {missing[:6]}, unexpected "
+                         f"{unexpected[:6]}")
 
 
 @torch.no_grad()

@@ -195,6 +195,11 @@ class StaticHeadCache:
         """Each row's valid entries (the first layer's; every layer agrees between forwards)."""
         return list(self._lengths[0]) if self._lengths else [0] * self.rows
 
+    def layer_lengths(self, layer_idx: int) -> list[int]:
+        """Each row's entries in layer ``layer_idx`` (a head whose layers run at different draft levels, as an
+        MTP block of several layers does, has them differ within a draft)."""
+        return list(self._lengths[layer_idx]) if layer_idx < len(self._lengths) else [0] * self.rows
+
     def _allocate(self, layer_idx: int, key: Tensor, value: Tensor) -> None:
         if layer_idx != len(self._keys):
             raise RuntimeError(f"StaticHeadCache: layer {layer_idx} written before layer {len(self._keys)}")

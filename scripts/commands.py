@@ -4,6 +4,7 @@
     draftsmith launch --num_processes 2 --multi_gpu [--config FILE] [key=value ...]  # that launch, exit code 2 on a mistake
     draftsmith generate --head DIR --prompt "..." --compare
     draftsmith export --head DIR --to vllm --out DIR
+    draftsmith stitch EXPORT_OR_HEAD TARGET_DIR OUT_DIR  # scripts/stitch.py (MTP heads)
     draftsmith check-export DIR --head H --target T    # scripts/check_export.py
     draftsmith check-target TARGET                     # scripts/check_target.py
     draftsmith bench --target DIR --heads DIR ...      # scripts/benchmark.py
@@ -35,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "launch": ("draftsmith.scripts.launch", "cli", "accelerate launch of the training (several processes), ending with its own exit code"),
     "generate": ("draftsmith.infer.generate_command", "cli", "speculative generation with a head or a classic drafter"),
     "export": ("draftsmith.scripts.export", "cli", "export a head for vLLM, SGLang, TensorRT-LLM or TGI"),
+    "stitch": ("draftsmith.scripts.stitch", "cli", "a copy of a target's folder with an MTP head's tensors in its own names"),
     "check-export": ("draftsmith.scripts.check_export", "cli", "an export run by its consumer's own code drafts what the head does"),
     "check-target": ("draftsmith.scripts.check_target", "cli",
                      "whether speculative decoding can be exact on a target (its verify against its one-token decode)"),

@@ -6,7 +6,8 @@
 
 Formats: vllm and sglang (EAGLE-3, the same directory serves both and TensorRT-LLM), speculators
 (EAGLE-3 or DFlash, `vllm serve DIR` alone), eagle-vllm (EAGLE-1/2), medusa-vllm, medusa-tgi, dflash
-(z-lab's layout: SGLang). The export is
+(z-lab's layout: SGLang), mtp (an MTP head in its target family's own names: `draftsmith stitch` puts it into a
+copy of the target's folder, docs/mtp.md). The export is
 validated after writing and refused when an engine would load it wrong; README.md ("Serve with vLLM / SGLang / TensorRT-LLM") has the
 launch commands. `draftsmith check-export DIR --head HEAD --target T` then compares the export's drafts, loaded by the
 consumer's own code, with the head's (scripts/check_export.py).

@@ -19,7 +19,7 @@ _FREE_KEYS = {"target_name_or_path", "target_base_name_or_path", "target_archite
               "target_max_position_embeddings", "_name_or_path", "transformers_version", "architectures", "dtype",
               "torch_dtype"}
 # An imported checkpoint records no training-time settings of ours; these never change its weights' meaning
-_IMPORT_FREE = {"max_position_embeddings", "initializer_range"}
+_IMPORT_FREE = {"max_position_embeddings", "initializer_range", "init"}  # init: MTP's native/fresh start, replaced
 
 
 def _native(source: str) -> bool:

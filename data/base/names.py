@@ -55,7 +55,7 @@ def is_head_model_type(model_type: object) -> bool:
 
 # The engine formats a head exports to: the keys of heads.formats.FORMATS (tests/scripts/test_cli_entry.py checks),
 # here so that the export and push commands check --to/--format before torch loads.
-EXPORT_FORMATS = ("vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash", "dspark")
+EXPORT_FORMATS = ("vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash", "dspark", "mtp")
 
 # The precisions stored features take: the keys of data.feature_store.DTYPES (tests/scripts/test_cli_entry.py checks), here
 # so that scripts/dump_features.py and scripts/cost.py check --dtype/--feature-dtype before torch loads.

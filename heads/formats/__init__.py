@@ -13,6 +13,8 @@
 |                 | (dflash2, domino variants)          | (DFlash2: z-lab's; Domino: SpecForge's)           |
 | `dspark`        | dflash | model.safetensors          | SGLang DSPARK, DeepSpec's `Qwen3DSparkModel`      |
 |                 | (dspark variant)                    |                                                   |
+| `mtp`           | mtp    | model.safetensors          | the target's own checkpoint, after `draftsmith    |
+|                 |        | (the family's own names)   | stitch` (vLLM / SGLang MTP, transformers)         |
 
 `vllm` and `sglang` name the same directory: one export serves all three EAGLE-3 engines.
 
@@ -28,7 +30,7 @@ TensorRT-LLM") lists the engine loader code each format was checked against.
 
 One module per engine family: ``eagle3`` (vLLM / SGLang / TensorRT-LLM), ``speculators``, ``eagle``
 (vLLM EAGLE-1/2), ``medusa`` (vLLM and TGI), ``dflash`` (z-lab's layout, exported and imported),
-``public`` (importing public EAGLE-3 checkpoints), all on
+``public`` (importing public EAGLE-3 checkpoints), ``mtp`` (a target's own MTP layers, its family's names), all on
 the shared checks in ``validation``. This module holds the registry (``FORMATS``: one ``Format`` record
 each) and the export driver.
 """
@@ -57,6 +59,7 @@ from draftsmith.heads.formats.variants.dspark import _dspark_artifact, _dspark_p
 from draftsmith.heads.formats.eagle import _eagle_artifact, _eagle_problems
 from draftsmith.heads.formats.eagle3 import (_eagle3_artifact, _eagle3_problems, _sglang_eagle3_artifact,
                                             aux_layer_ids_from_config, draft_vocab_problems)
+from draftsmith.heads.formats.mtp import MTP_ARCHITECTURE, _mtp_artifact, _mtp_problems, import_mtp
 from draftsmith.heads.formats.medusa import _medusa_tgi_artifact, _medusa_tgi_problems, _medusa_vllm_artifact, _medusa_vllm_problems
 from draftsmith.heads.formats.parity import checked_section
 from draftsmith.heads.formats.public import import_eagle3
@@ -79,7 +82,7 @@ __all__ = [
     "EAGLE3_ARCHITECTURE", "ENGINE_AUX_LAYERS", "FORMATS", "FORMAT_VERSION", "Format", "HF_CONVENTION",
     "PROVENANCE_KEY", "SPECULATORS_LAYER_PREFIX", "Artifact", "aux_layer_ids_from_config", "draft_vocab_problems",
     "export_head", "import_eagle3", "validate_artifact", "validate_export", "DFLASH_ARCHITECTURE", "import_dflash",
-    "import_speculators_dflash", "import_dspark", "needs_target_weights",
+    "import_speculators_dflash", "import_dspark", "needs_target_weights", "MTP_ARCHITECTURE", "import_mtp",
 ]
 
 
@@ -110,6 +113,7 @@ FORMATS: dict[str, Format] = {
     "dflash": Format(("dflash",), _dflash_artifact, _dflash_problems),
     "dspark": Format(("dflash",), _dspark_artifact, _dspark_problems,  # DSpark heads (head.variant=dspark) only
                      target_weights=("dflash",)),  # the target's embed_tokens and lm_head
+    "mtp": Format(("mtp",), _mtp_artifact, _mtp_problems, target_weights=("mtp",)),  # DeepSeek's carry embed/lm_head
 }
 
 
@@ -164,7 +168,8 @@ def export_head(
     facts = _target_facts(head, target)
     if verifier is not None:
         facts["name_or_path"] = str(verifier)
-    context = max(head.config.max_position_embeddings if kind != "medusa" else 0, facts["max_position_embeddings"])
+    context = max(head.config.max_position_embeddings if kind not in ("medusa", "mtp") else 0,
+                  facts["max_position_embeddings"])
     options = {
         "dtype": dtype,
         "num_speculative_tokens": num_speculative_tokens,

@@ -51,6 +51,11 @@ CHECKED_AGAINST = {
                f"vLLM `qwen3_dflash.py` (non-causal through `layer_types`), {_SOURCE}"],
 }
 CHECKED_AGAINST["sglang"] = CHECKED_AGAINST["vllm"]
+CHECKED_AGAINST["mtp"] = [
+    "the names vLLM's `deepseek_mtp.py` / `qwen3_next_mtp.py` loaders read and the published checkpoints' index files "
+    "hold (docs/export-keys.md, tests/heads/test_export_keys.py), checked on export and on read-back",
+    "`draftsmith stitch` into a copy of the target's folder: transformers loads the copy as the same target, and "
+    "`head.init=native` reads these tensors back bit for bit (tests/scripts/test_stitch.py); no engine run here"]
 
 
 def checked_section(fmt: str) -> str:

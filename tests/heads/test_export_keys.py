@@ -10,6 +10,7 @@ import torch
 from support.targets import make_tiny_target
 from safetensors.torch import load_file
 from support.formats import perturb
+from support.mtp_targets import make_mtp_target
 
 from draftsmith.heads import build_head
 from draftsmith.heads.formats import export_head
@@ -109,6 +110,26 @@ ROWS = {
     "domino/shift_label": ("domino", "dflash_config.shift_label", True),
     "domino/prefix_gru": ("domino", "tensors:prefix_gru.weight_hh_l0", "present"),
     "domino/embed_proj": ("domino", "tensors:embed_proj.2.weight", "present"),
+    "mtp/architectures": ("mtp-deepseek", "architectures", ["DraftsmithMtpLayers"]),
+    "mtp/mtp_layout": ("mtp-qwen", "mtp_layout", "qwen3_next"),
+    "mtp/target_num_hidden_layers": ("mtp-deepseek", "target_num_hidden_layers", 2),
+    "mtp/num_mtp_layers": ("mtp-deepseek", "num_mtp_layers", 1),
+    "mtp-deepseek/enorm": ("mtp-deepseek", "tensors:model.layers.2.enorm.weight", "present"),
+    "mtp-deepseek/hnorm": ("mtp-deepseek", "tensors:model.layers.2.hnorm.weight", "present"),
+    "mtp-deepseek/eh_proj": ("mtp-deepseek", "tensors:model.layers.2.eh_proj.weight", "present"),
+    "mtp-deepseek/shared_head_norm": ("mtp-deepseek", "tensors:model.layers.2.shared_head.norm.weight", "present"),
+    "mtp-deepseek/mtp_block": ("mtp-deepseek", "tensors:model.layers.2.self_attn.kv_a_proj_with_mqa.weight", "present"),
+    "mtp-deepseek/experts": ("mtp-deepseek", "tensors:model.layers.2.mlp.experts.0.gate_proj.weight", "present"),
+    "mtp-deepseek/embed_tokens": ("mtp-deepseek", "tensors:model.layers.2.embed_tokens.weight", "the target's"),
+    "mtp-deepseek/shared_head_head": ("mtp-deepseek", "tensors:model.layers.2.shared_head.head.weight",
+                                      "the target's lm_head"),
+    "mtp-qwen/fc": ("mtp-qwen", "tensors:mtp.fc.weight", "present"),
+    "mtp-qwen/pre_fc_norm_embedding": ("mtp-qwen", "tensors:mtp.pre_fc_norm_embedding.weight", "present"),
+    "mtp-qwen/pre_fc_norm_hidden": ("mtp-qwen", "tensors:mtp.pre_fc_norm_hidden.weight", "present"),
+    "mtp-qwen/norm": ("mtp-qwen", "tensors:mtp.norm.weight", "present"),
+    "mtp-qwen/layers": ("mtp-qwen", "tensors:mtp.layers.0.mlp.experts.0.gate_proj.weight", "present"),
+    "mtp-qwen/embed_tokens": ("mtp-qwen", "tensors:mtp.embed_tokens.weight", ABSENT),
+    "mtp-qwen/lm_head": ("mtp-qwen", "tensors:lm_head.weight", ABSENT),
 }
 
 
@@ -129,6 +150,9 @@ def exports(tmp_path_factory):
     made = {"domino": (domino, "dflash", qwen), "spec-peagle": (peagle, "speculators", llama), "spec-dspark": (dspark, "speculators", qwen), "dspark": (dspark, "dspark", qwen), "vllm": (flagged, "vllm", llama), "vllm-plain": (plain, "vllm", llama),
             "spec-eagle3": (flagged, "speculators", llama), "spec-eagle3-plain": (plain, "speculators", llama),
             "spec-dflash": (dflash, "speculators", qwen), "dflash": (dflash, "dflash", qwen)}
+    for style, name in (("deepseek", "mtp-deepseek"), ("qwen3_next", "mtp-qwen")):  # the target's own MTP layers
+        mtp = make_mtp_target(style, root / f"{style}-target").model
+        made[name] = (perturb(build_head("mtp", mtp)), "mtp", mtp)
     out = {}
     for name, (head, fmt, target) in made.items():
         path = export_head(head, root / name, fmt, target=target)
@@ -158,6 +182,8 @@ def test_export_writes_what_the_reader_takes(exports, row):
             assert tensor is None
         elif want == "the target's":
             assert torch.equal(tensor, target.get_input_embeddings().weight)
+        elif want == "the target's lm_head":
+            assert torch.equal(tensor, target.get_output_embeddings().weight)
         elif want == "the target's, the mask row the head's":
             mask = head.config.mask_token_id
             assert torch.equal(tensor[mask], head.mask_embedding)

@@ -501,7 +501,7 @@ def test_export_cli(tmp_path, target, eagle3_reduced, capsys):
     assert _config(out)["torch_dtype"] == "bfloat16" and "exported as 'vllm'" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         export.main(["--head", str(tmp_path / "head"), "--to", "tensorrt", "--out", str(tmp_path / "x")])
-    assert set(FORMATS) == {"vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash", "dspark"}
+    assert set(FORMATS) == {"vllm", "sglang", "speculators", "eagle-vllm", "medusa-vllm", "medusa-tgi", "dflash", "dspark", "mtp"}
 
 
 @pytest.mark.parametrize("where", ["same", "inside", "parent"])
@@ -536,7 +536,7 @@ def test_formats_are_one_module_per_engine_family():
     assert not (root.parent / "formats.py").exists()
     assert {p.stem for p in root.glob("*.py")} == {"__init__", "validation", "eagle3", "speculators", "eagle",
                                                    "medusa", "public", "dflash", "parity", "consumer_speculators",
-                                                   "differences"}
+                                                   "differences", "mtp"}
     assert {p.stem for p in (root / "variants").glob("*.py")} == {"__init__", "dspark", "peagle"}
     assert max(len(p.read_text().splitlines()) for p in root.rglob("*.py")) < 300
 

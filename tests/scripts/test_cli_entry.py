@@ -118,6 +118,7 @@ MISTAKES = {
     "calibrate-layer-skip": ["--target", "t", "--depth", "0"],
     "rank-heads": ["r", "--no-such-option"],
     "plot-runs": ["--runs", "r"],
+    "stitch": ["e", "t"],  # OUT_DIR missing
 }
 # The file each command runs on its own (python FILE ARGS), where it has one.
 FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generate": "infer/generate_command.py",
@@ -129,7 +130,7 @@ FILES = {"train": "train/train_head.py", "launch": "scripts/launch.py", "generat
          "cost": "scripts/cost.py", "drift": "scripts/drift.py", "speculation-plan": "scripts/speculation_plan.py",
          "dump-features": "scripts/dump_features.py",
          "calibrate-layer-skip": "scripts/calibrate_layer_skip.py", "rank-heads": "scripts/rank_heads.py",
-         "plot-runs": "scripts/plot_runs.py"}
+         "plot-runs": "scripts/plot_runs.py", "stitch": "scripts/stitch.py"}
 
 
 def test_every_command_has_a_mistake_and_a_file():

@@ -1,7 +1,8 @@
 """MTP: the target's own MTP block fine-tuned with multi-step cross-entropy and step decay (FastMTP, speculators:
 step k weighs ``train.loss_decay``**k, 0.6 unless set), unrolled as EAGLE's training-time test: step k at
 position i reads the block's own step k-1 output and token i+1+k, and matches the target's law of token
-i+2+k. The target, its embedding and its lm_head stay frozen (the head holds none of them)."""
+i+2+k (a block of n layers: step k runs layer k mod n, ``train.mtp_unroll``). The target, its embedding and
+its lm_head stay frozen (the head holds none of them)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ from draftsmith.train.losses import LossOutput, decayed_sum, restrict_to_draft_v
 from draftsmith.train.objectives.base import Objective, no_grad_embeds, target_logits
 from draftsmith.train.objectives.eagle3 import Eagle3Features
 from draftsmith.train.settings import OptimConfig, TrainConfig
-from draftsmith.train.unroll import unroll
+from draftsmith.train.mtp_unroll import mtp_unroll
 
 MTP_STEP_DECAY = 0.6  # FastMTP's and speculators' step decay beta
 MTP_STEPS = 3  # draft steps unrolled per position (FastMTP trains 3)
@@ -49,7 +50,7 @@ class MtpObjective(Objective):
     def forward(self, features: Features, lm_head: nn.Module | None = None) -> LossOutput:
         f = features
         steps = [ttt_step_loss(lm_head(out), f.targets, f.loss_mask, k, self.loss)
-                 for k, out in enumerate(unroll(self.head, f.hidden, f.embeds, self.ttt_steps))]
+                 for k, out in enumerate(mtp_unroll(self.head, f.hidden, f.embeds, self.ttt_steps))]
         return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
                           *(torch.cat([getattr(s, n) for s in steps]) for n in ("step_losses", "correct", "count",
                                                                                  "accept")))
@@ -57,7 +58,7 @@ class MtpObjective(Objective):
     @staticmethod
     @torch.no_grad()
     def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> torch.Tensor:
-        return torch.stack([lm_head(out).argmax(-1) for out in unroll(head, features.hidden, features.embeds, depth)])
+        return torch.stack([lm_head(out).argmax(-1) for out in mtp_unroll(head, features.hidden, features.embeds, depth)])
 
     @staticmethod
     def eval_depth(head: nn.Module, cfg: TrainConfig) -> int:
