@@ -1,6 +1,6 @@
 """Every decoding method on one target, the same prompts, the same run — against the physical bound.
 
-    python scripts/benchmark.py --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
+    draftsmith bench --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
         [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--trees default,tree,chain4]
         [--adaptive] [--lookup-first] [--profile] [--train-throughput] [--batch-sizes 1,4] [--temperatures 0,0.7,1] [--out DIR]
 
