@@ -268,3 +268,16 @@ def test_a_methods_acceptance_pools_its_prompts_counts():
     assert pooled["mean_acceptance_length"] == 1.75
     assert pooled["acceptance"]["acceptance_rate_per_pos"] == [0.25, 0.25, 0.25]
     assert pooled_acceptance(Method("vanilla", "vanilla", None, runs=[{"tokens": []}])) == {}
+
+
+def test_heads_with_one_folder_name_get_their_parents_and_variants_in_the_label():
+    """Two runs' best/ folders (a DFlash and a DSpark head) were one label 'dflash:best:default' in the tables."""
+    from draftsmith.infer.bench.methods import head_label
+
+    target = make_tiny_target("llama", vocab_size=64, num_layers=4)
+    dflash, dspark = build_head("dflash", target, block_size=4), build_head("dflash", target, block_size=4,
+                                                                             variant="dspark")
+    dirs = ["runs/demo-dflash/best", "runs/demo-dspark/best", "runs/other"]
+    assert [head_label(dflash, dirs[0], dirs), head_label(dspark, dirs[1], dirs), head_label(dflash, dirs[2], dirs)] == [
+        "dflash:demo-dflash/best", "dspark:demo-dspark/best", "dflash:other"]
+    assert head_label(dspark, dirs[1], dirs[1:2]) == "dspark"
