@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         (", prompt lookup first" if args.lookup_first else "")
     compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
     print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "
-          f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{adaptive})", file=sys.stderr)
+          f"tau {s.tau:.2f}, mean_acceptance_length {s.mean_acceptance_length:.2f} ({s.target_forwards} target forwards, "
+          f"{label}{adaptive})", file=sys.stderr)
     return compare(gen, args, ids, out, sampling) if args.compare else 0
 
 

@@ -467,6 +467,8 @@ class SpeculativeGenerator:
         emitted, accepted = self._settle(dec, new, length,
                                          lambda b, a: (features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
         stats.step_tokens += sum(tokens.shape[0] for tokens in emitted)
+        for b in live:  # vLLM's acceptance counts: the drafts each row's verify accepted, the bonus left out
+            stats.count_draft(drafts[b].tokens.shape[0] - 1, accepted[b] - 1)
         clock.mark("observe")
         if max(accepted) > 1:  # a row that kept its root alone has it at its slot already: nothing to move
             state.cache.compact_rows(state.lengths, nodes[:, : max(accepted)])

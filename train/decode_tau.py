@@ -128,13 +128,15 @@ def decode_row(drafter: Drafter, row: DecodeRow, max_new_tokens: int) -> tuple[i
 
 
 @torch.no_grad()
+def row_counts(drafter: Drafter, decode_set: DecodeSet) -> list[tuple[int, int]]:
+    """(verification steps, tokens they emitted) of each row of ``decode_set``, each decoded alone."""
+    return [decode_row(drafter, row, decode_set.max_new_tokens) for row in decode_set.rows]
+
+
 def decode_counts(drafter: Drafter, decode_set: DecodeSet) -> tuple[int, int]:
     """(verification steps, tokens they emitted) over every row of ``decode_set``, each decoded alone."""
-    steps = tokens = 0
-    for row in decode_set.rows:
-        s, t = decode_row(drafter, row, decode_set.max_new_tokens)
-        steps, tokens = steps + s, tokens + t
-    return steps, tokens
+    counts = row_counts(drafter, decode_set)
+    return sum(s for s, _ in counts), sum(t for _, t in counts)
 
 
 def decode_tau(steps: float, tokens: float) -> float:

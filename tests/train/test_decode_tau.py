@@ -235,7 +235,7 @@ def test_decode_prompts_end_before_the_first_trained_token_or_after_prompt_token
 
 def test_best_by():
     def cfg(best_by):
-        return SimpleNamespace(train=SimpleNamespace(best_by=best_by))
+        return SimpleNamespace(train=SimpleNamespace(best_by=best_by, eval_temperature=[0.0]))
 
     assert best_metric(cfg("auto"), {"tau": 2.0, "decode_tau": 1.5}) == "decode_tau"
     assert best_metric(cfg("auto"), {"tau": 2.0}) == "tau"
