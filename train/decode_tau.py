@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.drafters import Drafter, Sampling, adaptive_chain, make_drafter
+from draftsmith.infer.drafters import ByTemperature, Drafter, Sampling, adaptive_chain, make_drafter
 from draftsmith.target.recurrent import is_hybrid
 from draftsmith.target.model import target_forward
 
@@ -55,6 +55,15 @@ def default_drafter(head: nn.Module, target: nn.Module) -> Drafter:
     drafter = adaptive_chain(head, target) if is_hybrid(target) else make_drafter(head, target)
     drafter.compile_with(False)
     return drafter
+
+
+def head_drafter(head: nn.Module, target: nn.Module) -> Drafter:
+    """The drafter decode τ measures a head with at every temperature: ``default_drafter``, whose length policy
+    at temperature > 0 (the CPU default's cost-aware chain, ``ByTemperature``) is replaced by its greedy one (the
+    adaptive chain): the cost-aware choice follows this machine's measured step costs, not the head, and drafts
+    nothing on most sampled steps of a weak head, so τ would rank machines instead of heads."""
+    drafter = default_drafter(head, target)
+    return drafter.greedy if isinstance(drafter, ByTemperature) else drafter
 
 
 def not_decodable(drafter: Drafter) -> str | None:

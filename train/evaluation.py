@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from draftsmith.train.checkpoint import BEST
 from draftsmith.train.config import TrainConfig
 from draftsmith.infer.seeded_decode import interval_sums, tau_interval
-from draftsmith.train.decode_tau import (DecodeSet, default_drafter, greedy_continuations, not_decodable, row_counts,
+from draftsmith.train.decode_tau import (DecodeSet, head_drafter, greedy_continuations, not_decodable, row_counts,
                                         with_features)
 from draftsmith.train.sampled_decode import sampled_row_counts
 from draftsmith.train.settings import decode_tau_key
@@ -102,7 +102,7 @@ def decode_set_for(accelerator: Accelerator, head: nn.Module, target: nn.Module,
             raise ValueError(f"train.{key} must be >= 0, got {getattr(opt, key)}")
     decode_set, why = None, None
     if opt.eval_decode_rows and opt.eval_decode_tokens:
-        drafter = default_drafter(head, target)
+        drafter = head_drafter(head, target)
         why = _skip_reason(accelerator, cfg, drafter)
         if why is None:  # this process's share of the prompts
             n, rank = accelerator.num_processes, accelerator.process_index
@@ -139,7 +139,7 @@ def decode_at(accelerator: Accelerator, head: nn.Module, target: nn.Module, deco
     head.eval()
     try:
         with accelerator.autocast():
-            counts = (row_counts(default_drafter(head, target), decode_set) if temperature == 0 else
+            counts = (row_counts(head_drafter(head, target), decode_set) if temperature == 0 else
                       sampled_row_counts(head, target, decode_set, temperature))
     finally:
         head.train(was_training)

@@ -34,8 +34,11 @@ def real_taus(target, head, prompts, references, args) -> dict:
     (``real_tau``, ``real_tau_t<T>``, ...); ``identical``: every greedy decode equals its reference."""
     from draftsmith.infer.generator import SpeculativeGenerator
     from draftsmith.infer.seeded_decode import seeded_stats, tau_report
+    from draftsmith.train.decode_tau import head_drafter
 
-    gen, row = SpeculativeGenerator(target, head), {"identical": True, "acceptance": {}}
+    # the head's own draft policy at every temperature, as decode τ (the CPU default's cost-aware choice at T > 0
+    # follows this machine's step costs, not the head)
+    gen, row = SpeculativeGenerator(target, head_drafter(head, target)), {"identical": True, "acceptance": {}}
     for t in args.temperatures:
         outs, stats = seeded_stats(gen, prompts, max_new_tokens=args.max_new_tokens, temperature=t,
                                    top_p=args.top_p, top_k=args.top_k)

@@ -89,6 +89,7 @@ def test_real_tau_at_each_temperature_beside_decode_tau_at_it(tiny_files, tmp_pa
     from draftsmith.data.corpus import continuation_prompts
     from draftsmith.data.targets import load_target, load_target_tokenizer
     from draftsmith.heads import AutoHead
+    from draftsmith.infer.drafters import adaptive_chain
     from draftsmith.infer.generator import SpeculativeGenerator
     from draftsmith.infer.seeded_decode import seeded_stats
 
@@ -107,13 +108,17 @@ def test_real_tau_at_each_temperature_beside_decode_tau_at_it(tiny_files, tmp_pa
     target = load_target(str(tiny_files["target"]), attn_implementation="sdpa").eval()
     tokenizer = load_target_tokenizer(str(tiny_files["target"]))
     prompts = [torch.tensor(p)[None] for p in continuation_prompts(tokenizer, 2, 8, 12)]
-    gen = SpeculativeGenerator(target, AutoHead.from_pretrained(str(out)).eval())
+    head = AutoHead.from_pretrained(str(out)).eval()
+    gen = SpeculativeGenerator(target, adaptive_chain(head, target))  # the head's policy at every T, as decode τ's
     _, stats = seeded_stats(gen, prompts, max_new_tokens=12, temperature=1.0)
+    assert sum(s.num_drafts for s in stats) > 0
     assert row["real_tau_t1"] == sum(s.step_tokens for s in stats) / sum(s.steps for s in stats)
     drafts, accepted = sum(s.num_drafts for s in stats), sum(s.num_accepted_tokens for s in stats)
     assert row["mean_acceptance_length_t1"] == row["acceptance"]["1"]["mean_acceptance_length"] == 1 + accepted / drafts
-    assert row["acceptance"]["1"]["num_accepted_tokens_per_pos"][0] == sum(
-        s.num_accepted_tokens_per_pos[0] for s in stats if s.num_accepted_tokens_per_pos)
+    depth = max(len(s.num_accepted_tokens_per_pos) for s in stats)
+    assert row["acceptance"]["1"]["num_accepted_tokens_per_pos"] == [
+        sum(s.num_accepted_tokens_per_pos[i] for s in stats if i < len(s.num_accepted_tokens_per_pos))
+        for i in range(depth)]
 
 
 @pytest.mark.parametrize("option, value", [("--temperatures", "0.7,-0.5"), ("--temperatures", "nan"),

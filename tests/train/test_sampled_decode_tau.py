@@ -12,6 +12,7 @@ from support.targets import make_tiny_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
+from draftsmith.infer.drafters import adaptive_chain
 from draftsmith.infer.generator import SpeculativeGenerator
 from draftsmith.infer.seeded_decode import interval_sums, prompt_seed, seeded_generate, tau_interval
 from draftsmith.train import decode_tau as dt
@@ -54,8 +55,10 @@ def _decode_set(target, n: int = 4) -> dt.DecodeSet:
 
 
 def _generator_counts(target, head, decode_set, temperature, seed=0):
-    """The real generator, ``SpeculativeGenerator(target, head)``, each prompt after torch.manual_seed of its seed."""
-    gen = SpeculativeGenerator(target, head)
+    """The real generator drafting the head's adaptive chain (what decode τ measures at every temperature; the
+    CPU default would choose lengths for this machine's speed at T > 0), each prompt after torch.manual_seed of
+    its seed."""
+    gen = SpeculativeGenerator(target, adaptive_chain(head, target))
     counts = []
     for row in decode_set.rows:
         prompt = row.sequence[:, :row.prompt_length]
