@@ -147,7 +147,7 @@ def _usage_lines(head: DraftHead, repo_id: str | None, fmt: str | None) -> list[
     def export_step(to: str) -> list[str]:
         if not native:
             return []
-        return ["```bash", f"python scripts/export.py --head {head_ref} --to {to} --out {serve_dir}", "```"]
+        return ["```bash", f"draftsmith export --head {head_ref} --to {to} --out {serve_dir}", "```"]
 
     served = target  # what an engine loads: a demo name is ours alone
     if is_demo(target):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.accept import (Accepted, chain_sample_accept, greedy_accept_rows, tree_sample_accept,
+from draftsmith.infer.accept import (Accepted, categorical, chain_sample_accept, greedy_accept_rows, tree_sample_accept,
                                      typical_accept)
 from draftsmith.infer.drafters import Draft, Sampling
 from draftsmith.infer.traversal import traversal_accept
@@ -61,7 +61,7 @@ def accept_rows(logits: Tensor, drafts: list[Draft], live: list[int], sampling: 
         for b in live:
             draft = drafts[b]
             if draft.tokens.shape[0] == 1 and acceptance == "exact":  # the root alone: its bonus is a draw from p,
-                bonus[b] = torch.multinomial(sampling.probs(logits[b, :1]), 1)[0, 0]  # as tree_sample_accept draws it
+                bonus[b] = categorical(sampling.probs(logits[b, 0]))  # as tree_sample_accept draws it
                 nodes[b, 0] = 0
                 continue
             accepted = sample_accept(logits[b, : draft.tokens.shape[0]], draft, sampling, acceptance, typical)

@@ -79,7 +79,7 @@ class StaticKVCache:
         if self.buffer is None:
             self.dims = (key.shape[-1], value.shape[-1])
             shape = (self.num_layers, 2, *key.shape[:2], self.max_len, max(self.dims))
-            self.buffer = key.new_zeros(shape)
+            self._set_buffer(key.new_zeros(shape))
             if not torch.compiler.is_compiling():
                 torch._dynamo.mark_static_address(self.buffer)  # fixed address: CUDA graphs replay on it
         if self.slots is None or self.slots.shape[-1] != key.shape[-2]:
@@ -90,19 +90,40 @@ class StaticKVCache:
                 f"needs every layer to share batch, heads and key/value dims {tuple(self.buffer.shape[2:4])}, "
                 f"{self.dims}: targets whose layers differ in KV shape are not supported"
             )
-        keys, values = self.buffer[layer_idx, 0], self.buffer[layer_idx, 1]  # views: (B, H_kv, M, D)
-        if self.dims[0] != self.dims[1]:  # MLA latents: each its own first dims, (B, H_kv, M, D_k or D_v)
-            keys, values = keys[..., : self.dims[0]], values[..., : self.dims[1]]
-        if self.slots.dim() == 2:  # (B, T): each row writes at its own slots (a batch of ragged rows)
-            index = self.slots[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
-            keys.scatter_(2, index, key.to(keys.dtype))
-            values.scatter_(2, index[..., :1].expand(-1, -1, -1, value.shape[-1]), value.to(values.dtype))
+        keys, values = self._layer(layer_idx)  # views: (B, H_kv, M, D), MLA's each its own first dims
+        key, value = key.to(keys.dtype), value.to(values.dtype)  # no-ops in the buffer's dtype
+        slots = self.slots
+        if slots.dim() == 2 and slots.shape[0] == 1:  # one row: its slots are every row's (index_copy_: fewer ops)
+            slots = slots[0]
+        if slots.dim() == 2:  # (B, T): each row writes at its own slots (a batch of ragged rows)
+            index = slots[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
+            keys.scatter_(2, index, key)
+            values.scatter_(2, index[..., :1].expand(-1, -1, -1, value.shape[-1]), value)
         else:
-            keys.index_copy_(2, self.slots, key.to(keys.dtype))
-            values.index_copy_(2, self.slots, value.to(values.dtype))
+            keys.index_copy_(2, slots, key)
+            values.index_copy_(2, slots, value)
         if self.window is not None:
             return keys[:, :, : self.window], values[:, :, : self.window]  # views, no copy
         return keys, values
+
+    def _set_buffer(self, buffer: Tensor) -> None:
+        """The buffer, and each layer's (keys, values) views of it, made once (a decode step's update of
+        every layer then indexes no tensor but its slots: a one-token step is dominated by such small ops)."""
+        self.buffer = buffer
+        views = [(buffer[i, 0], buffer[i, 1]) for i in range(buffer.shape[0])]
+        if self.dims is not None and self.dims[0] != self.dims[1]:  # MLA latents: (B, H_kv, M, D_k or D_v)
+            views = [(k[..., : self.dims[0]], v[..., : self.dims[1]]) for k, v in views]
+        self._views = views
+
+    def _layer(self, layer_idx: int) -> tuple[Tensor, Tensor]:
+        """Layer ``layer_idx``'s (keys, values) views of the buffer (indexed anew while compiling: a traced step
+        reads the static buffer itself)."""
+        if torch.compiler.is_compiling():
+            keys, values = self.buffer[layer_idx, 0], self.buffer[layer_idx, 1]
+            if self.dims[0] != self.dims[1]:
+                keys, values = keys[..., : self.dims[0]], values[..., : self.dims[1]]
+            return keys, values
+        return self._views[layer_idx]
 
     @property
     def attended(self) -> int:
@@ -120,7 +141,7 @@ class StaticKVCache:
         if self.buffer is not None:
             bigger = self.buffer.new_zeros(*self.buffer.shape[:4], max_len, self.buffer.shape[-1])
             bigger[..., : self.max_len, :] = self.buffer
-            self.buffer = bigger
+            self._set_buffer(bigger)
         self.max_len = max_len
 
     def compact_rows(self, lengths: Tensor, nodes: Tensor) -> None:

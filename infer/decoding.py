@@ -2,6 +2,7 @@
 its instruments and its state, kept apart (``Decoding``), and the stats a call leaves (``GenerationStats``)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +40,77 @@ class GenerationStats:
     # target "rollback" too), filled only by a generator built with profile=True (it synchronises the device at every
     # phase end, so profiled runs are slower on GPU).
     phase_times: dict[str, float] = field(default_factory=dict)
+    # Acceptance in vLLM's names (vllm/v1/spec_decode/metrics.py, SpecDecodingStats), counted per row-step that
+    # drafted at least one token (a "draft"); accepted drafts leave the bonus out and are counted before a row's cut
+    # at EOS or its budget, as vLLM's scheduler counts them. Pool calls with ``pooled`` (counts summed, then divided).
+    num_drafts: int = 0
+    num_draft_tokens: int = 0  # tokens drafted (a tree's nodes, root left out)
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # [i]: drafts whose position i was accepted
+    # accepted drafts of one draft -> how many drafts accepted that many (ours; per_pos is its cumulative form)
+    acceptance_histogram: dict[int, int] = field(default_factory=dict)
 
     def count_budget(self, drafted: int) -> None:
         """One row-step that drafted ``drafted`` tokens."""
         self.draft_budgets[drafted] = self.draft_budgets.get(drafted, 0) + 1
+
+    def count_draft(self, drafted: int, accepted: int) -> None:
+        """One row-step's draft of ``drafted`` tokens of which the verify accepted ``accepted`` (the bonus left
+        out); a step that drafted nothing is no draft (vLLM counts the requests it scheduled drafts for)."""
+        if drafted < 1:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        per_pos = self.num_accepted_tokens_per_pos
+        per_pos.extend([0] * (accepted - len(per_pos)))
+        for i in range(accepted):
+            per_pos[i] += 1
+        self.acceptance_histogram[accepted] = self.acceptance_histogram.get(accepted, 0) + 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's: 1 + accepted drafts per draft (the bonus included; 1.0 before any draft)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        """vLLM's: accepted drafts over drafted tokens (nan before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else float("nan")
+
+    @property
+    def acceptance_rate_per_pos(self) -> list[float]:
+        """vLLM's per-position acceptance rate: drafts accepted at position i over drafts."""
+        return [n / self.num_drafts for n in self.num_accepted_tokens_per_pos] if self.num_drafts else []
+
+    def acceptance(self) -> dict:
+        """The acceptance counts and vLLM's rates from them, under vLLM's names (JSON-ready)."""
+        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens,
+                "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+                "acceptance_histogram": {str(k): v for k, v in sorted(self.acceptance_histogram.items())},
+                "mean_acceptance_length": self.mean_acceptance_length,
+                "draft_acceptance_rate": self.draft_acceptance_rate if self.num_draft_tokens else None,
+                "acceptance_rate_per_pos": self.acceptance_rate_per_pos}
+
+    @classmethod
+    def pooled(cls, stats: "list[GenerationStats]") -> "GenerationStats":
+        """Several calls as one: every count, time and per-key or per-position count summed (so τ and vLLM's
+        rates of the result are ratios of sums over the calls, never means of per-call ratios)."""
+        out = cls()
+        for one in stats:
+            for f in dataclasses.fields(cls):
+                mine, theirs = getattr(out, f.name), getattr(one, f.name)
+                if isinstance(mine, dict):
+                    for k, v in theirs.items():
+                        mine[k] = mine.get(k, 0) + v
+                elif isinstance(mine, list):
+                    mine.extend([0] * (len(theirs) - len(mine)))
+                    for i, v in enumerate(theirs):
+                        mine[i] += v
+                else:
+                    setattr(out, f.name, mine + theirs)
+        return out
 
     @property
     def tau(self) -> float:

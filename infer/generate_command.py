@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "to root; docs/traversal.md), both lossless; typical (Medusa's, lossy)")
     p.add_argument("--tree", default="default",
                    help="the draft's shape: default (the head kind's for the device; EAGLE on CPU: a chain adapting its "
-                        "length, 4 to 16), tree (Medusa's static or an EAGLE dynamic tree), chainN (a chain of N), "
+                        "length, 4 to 16, greedy; sampled, its length chosen for tokens/s, 0 to 16), tree (Medusa's static or an EAGLE dynamic tree), chainN (a chain of N), "
                         "dynD-K-N (EAGLE: depth D, K children per node, N nodes verified) or medusaN")
     p.add_argument("--matches", type=cli_count(), help="--drafter ngram: prompt-lookup matches drafted (default 1)")
     for old in OLD_SHAPE_FLAGS:  # refused below with the --tree that says the same
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import TextStreamer
 
-    from draftsmith.infer.drafters import AdaptiveLength, CostAwareLength
+    from draftsmith.infer.drafters import AdaptiveLength, ByTemperature, CostAwareLength
     from draftsmith.infer.drafters.free.lookup_first import LookupFirst
 
     gen, label = load_generator(args)
@@ -313,12 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     out = gen.generate(ids, max_new_tokens=args.max_new_tokens, streamer=streamer, **sampling)
     s = gen.last_stats
     drafter = gen.drafter.drafter if isinstance(gen.drafter, LookupFirst) else gen.drafter
+    drafter = drafter.active if isinstance(drafter, ByTemperature) else drafter  # the policy this decode drafted by
     adaptive = (", adaptive length" if isinstance(drafter, AdaptiveLength) else "") + \
         (f", lengths chosen {budgets(s.draft_budgets)}" if isinstance(drafter, CostAwareLength) else "") + \
         (", prompt lookup first" if args.lookup_first else "")
     compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
     print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "
-          f"tau {s.tau:.2f} ({s.target_forwards} target forwards, {label}{adaptive})", file=sys.stderr)
+          f"tau {s.tau:.2f}, mean_acceptance_length {s.mean_acceptance_length:.2f} ({s.target_forwards} target forwards, "
+          f"{label}{adaptive})", file=sys.stderr)
     return compare(gen, args, ids, out, sampling) if args.compare else 0
 
 

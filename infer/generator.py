@@ -39,6 +39,7 @@ from draftsmith.data.base.device import default_device, sync
 from draftsmith.data.targets import load_target, load_target_config, load_target_tokenizer, resolve_target
 from draftsmith.heads import AutoHead
 from draftsmith.heads.common import text_config
+from draftsmith.infer.accept import categorical
 from draftsmith.infer.batch_accept import ACCEPTANCE_RULES, accept_rows
 from draftsmith.infer.cache import StaticKVCache, buffer_size
 from draftsmith.infer.call_checks import batch_mask, check_call, eos_ids, pad_id
@@ -242,7 +243,7 @@ class SpeculativeGenerator:
         """First new token from the prefill's last logits (V,), as HF's loop picks it."""
         if sampling.greedy:
             return logits.float().argmax()
-        return torch.multinomial(sampling.probs(logits), 1)[0]
+        return categorical(sampling.probs(logits))
 
     def verify(self, cache: StaticKVCache, draft: Draft | list[Draft],
                stats: GenerationStats | None = None) -> tuple[int, TargetOutput]:
@@ -409,6 +410,7 @@ class SpeculativeGenerator:
         turns into ``generate``'s output (arguments as ``generate``'s)."""
         sampling = Sampling(float(temperature), top_k, float(top_p))
         check_call(self.target, input_ids, max_new_tokens, sampling)
+        self.drafter.begin(sampling)  # before new_rows: a drafter whose policy follows the sampling mode picks it
         prepare_costs(self, input_ids.shape[0], sampling)  # a drafter choosing lengths by cost: its step costs
         mask = batch_mask(input_ids, attention_mask, streamer, self.device)
         clock = PhaseClock(self.device, self.profile)
@@ -465,8 +467,11 @@ class SpeculativeGenerator:
         emitted, accepted = self._settle(dec, new, length,
                                          lambda b, a: (features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
         stats.step_tokens += sum(tokens.shape[0] for tokens in emitted)
+        for b in live:  # vLLM's acceptance counts: the drafts each row's verify accepted, the bonus left out
+            stats.count_draft(drafts[b].tokens.shape[0] - 1, accepted[b] - 1)
         clock.mark("observe")
-        state.cache.compact_rows(state.lengths, nodes[:, : max(accepted)])
+        if max(accepted) > 1:  # a row that kept its root alone has it at its slot already: nothing to move
+            state.cache.compact_rows(state.lengths, nodes[:, : max(accepted)])
         clock.mark("compact")
         self.rollback.after_accept(dec, verify, new, accepted, width)
         state.host_lengths = [n + a for n, a in zip(state.host_lengths, accepted)]

@@ -3,7 +3,8 @@
     python lab/acceptance_curve.py [--budgets 300,1200,4800]
         [--recipes eagle3,dflash-old,dflash-new,dflash-dpace,peagle,dspark]
         [--on-policy-steps N] [--target demo:tiny] [--prompt "class Queue:"] [--max-new-tokens 96] [--rounds 3]
-        [--runs runs/acceptance-curve] [--out docs/acceptance-curve] [--phase all|train|measure] [--set key=value ...]
+        [--temperatures 0,0.7,1] [--runs runs/acceptance-curve] [--out docs/acceptance-curve]
+        [--phase all|train|measure] [--set key=value ...]
 
 Per budget and recipe (``RECIPES``: a config file and its overrides, all on the demo's self-distilled data,
 ``SELF_DISTILLED``) it trains a head for that many steps, then continues it with the on-policy stage
@@ -13,7 +14,9 @@ warm-up and anchors; ``CONTROL``), so the stage's gain is read against the same 
 (``SUPERVISED_ONLY`` recipes, P-EAGLE's and DSpark's, have neither).
 Each head is measured three ways: the held-out simulated τ of training's evaluation, and one greedy decode
 of ``--prompt`` against the target's own ``generate`` (``infer.generate_command``'s ``--compare``: ``--rounds``
-rounds alternating, the same process): its τ (tokens per target forward) and its speedup. Writes
+rounds alternating, the same process), at each of ``--temperatures`` (default 0, 0.7 and 1; at T > 0 against the
+target's sampled ``generate``, every round from the prompt's seed, ``infer.seeded_decode.prompt_seed``): its τ
+(tokens per target forward; ``tau``, ``tau_t0.7``, ...), tokens/s, speedup and vLLM's mean acceptance length. Writes
 results.json (after every head: a long run keeps what it measured), curve.md and curve.png to ``--out``.
 ``--set`` overrides go to every training run (after the recipe's). Heads go to ``--runs``.
 
@@ -33,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from draftsmith.data.base.checks import cli_count
+from draftsmith.data.base.checks import cli_count, cli_temperatures
 
 ROOT = Path(__file__).resolve().parents[1]
 # The demo's self-distilled data (configs/demo.yaml): the target continues 768 stdlib chunks greedily, once, cached
@@ -89,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt", default="class Queue:")
     p.add_argument("--max-new-tokens", type=cli_count(), default=96)
     p.add_argument("--rounds", type=cli_count(), default=3)
+    p.add_argument("--temperatures", type=cli_temperatures, default=[0.0, 0.7, 1.0],
+                   help="comma-separated temperatures each head is measured at (0 = greedy)")
     p.add_argument("--runs", type=Path, default=Path("runs/acceptance-curve"))
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "acceptance-curve")
     p.add_argument("--phase", choices=("all", "train", "measure"), default="all",
@@ -116,24 +121,37 @@ def train(config: str, overrides: list[str]):
     return setup(load_config(ROOT / config, overrides))
 
 
-def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, rounds: int) -> dict:
-    """Real τ and speedup of a greedy decode of ``prompt``, as ``python -m draftsmith.infer.generate_command --compare`` measures them."""
+def measure(target: str, head_dir: Path, prompt: str, max_new_tokens: int, rounds: int,
+            temperatures: list[float] = (0.0,)) -> dict:
+    """Real τ, tokens/s, speedup and vLLM's mean acceptance length of decodes of ``prompt`` at each temperature, as
+    ``python -m draftsmith.infer.generate_command --compare`` measures them (T > 0: against the target's sampled
+    ``generate``, both from the prompt's seed); keys ``tau``, ``speedup``, ... at 0 (and ``identical``), with
+    ``_t<T>`` after them at T > 0."""
     import torch
 
     from draftsmith.infer.generate_command import compare_rounds, encode
     from draftsmith.infer.generator import SpeculativeGenerator
+    from draftsmith.infer.seeded_decode import prompt_seed
+    from draftsmith.train.settings import decode_tau_key
 
     gen = SpeculativeGenerator.from_pretrained(target, str(head_dir), device="cpu")
     ids = encode(gen.tokenizer, prompt, False)
     gen.generate(ids, max_new_tokens=4)  # warm-up
     pad = gen.tokenizer.pad_token_id if gen.tokenizer.pad_token_id is not None else gen.tokenizer.eos_token_id
-    hf = {"attention_mask": torch.ones_like(ids), "pad_token_id": pad, "do_sample": False}
     with torch.inference_mode():
-        gen.target.generate(ids, max_new_tokens=4, **hf)  # warm-up
-    spec, vanilla = compare_rounds(gen, ids, max_new_tokens, rounds, 0, {"temperature": 0.0}, hf)
-    tau = gen.last_stats.tau
-    return {"tau": tau, "speedup": spec.tokens_per_s / vanilla.tokens_per_s,
-            "identical": spec.output_equal_to(vanilla)}
+        gen.target.generate(ids, max_new_tokens=4, attention_mask=torch.ones_like(ids), pad_token_id=pad)  # warm-up
+    row: dict = {"measured_at": list(temperatures)}
+    for t in temperatures:
+        hf = {"attention_mask": torch.ones_like(ids), "pad_token_id": pad, "do_sample": t > 0,
+              **({"temperature": t, "top_k": 0} if t > 0 else {})}
+        spec, vanilla = compare_rounds(gen, ids, max_new_tokens, rounds, prompt_seed(ids), {"temperature": t}, hf)
+        for name, value in (("tau", gen.last_stats.tau), ("tokens_per_s", spec.tokens_per_s),
+                            ("speedup", spec.tokens_per_s / vanilla.tokens_per_s),
+                            ("mean_acceptance_length", gen.last_stats.mean_acceptance_length)):
+            row[decode_tau_key(t, name)] = value
+        if t == 0:
+            row["identical"] = spec.output_equal_to(vanilla)
+    return row
 
 
 def recipe_kind_lr(config: str, overrides: list[str]) -> tuple[str, float]:
@@ -198,7 +216,7 @@ def run_curve(args: argparse.Namespace, recipes: dict[str, tuple[str, list[str]]
     args.out.mkdir(parents=True, exist_ok=True)
     commit = code_revision()
     measuring = {"target": args.target, "prompt": args.prompt, "max_new_tokens": args.max_new_tokens,
-                 "rounds": args.rounds}
+                 "rounds": args.rounds, "temperatures": args.temperatures}
     for budget in args.budgets:
         for name in args.recipes:
             for label, config, overrides in stages(args, budget, name, recipes):
@@ -214,12 +232,13 @@ def run_curve(args: argparse.Namespace, recipes: dict[str, tuple[str, list[str]]
                            "train_minutes": (time.perf_counter() - start) / 60,
                            "simulated_tau": result.metrics.get("tau"), "commit": commit, "settings": settings}
                     rows.append(row)
-                if row is not None and "tau" not in row and args.phase != "train":
-                    row.update(measure(args.target, Path(row["head"]), args.prompt, args.max_new_tokens, args.rounds))
+                if row is not None and "measured_at" not in row and args.phase != "train":
+                    row.update(measure(args.target, Path(row["head"]), args.prompt, args.max_new_tokens, args.rounds,
+                                       args.temperatures))
                 if row is not None:
                     print(json.dumps(row), file=sys.stderr, flush=True)
                     results.write_text(json.dumps(rows, indent=1) + "\n")  # a long run keeps what it has
-    measured = [r for r in rows if "tau" in r]
+    measured = [r for r in rows if "measured_at" in r]
     if measured:
         write_table(measured, args, args.out / "curve.md")
         plot(measured, args.out / "curve.png")
@@ -227,21 +246,35 @@ def run_curve(args: argparse.Namespace, recipes: dict[str, tuple[str, list[str]]
 
 
 def write_table(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
+    from draftsmith.train.settings import decode_tau_key
+
     command = "python lab/acceptance_curve.py " + " ".join(
         [f"--budgets {','.join(map(str, args.budgets))}", f"--recipes {','.join(args.recipes)}",
          *([f"--on-policy-steps {args.on_policy_steps}"] if args.on_policy_steps is not None else []),
+         f"--temperatures {','.join(f'{t:g}' for t in args.temperatures)}",
          f"--target {args.target}", *([f"--set {' '.join(args.overrides)}"] if args.overrides else [])])
+    temps = args.temperatures
     lines = [f"# Acceptance against training steps ({args.target})", "", f"`{command}`", "",
-             f"Real τ and speedup: one greedy decode of `{args.prompt}`, {args.max_new_tokens} new tokens, "
-             f"{args.rounds} rounds alternating with the target's own `generate`.", "",
+             f"Real τ, tokens/s and speedup: decodes of `{args.prompt}`, {args.max_new_tokens} new tokens, "
+             f"{args.rounds} rounds alternating with the target's own `generate` (greedy at T = 0, sampled from the "
+             "prompt's seed at T > 0).", "",
              "`+opd`: the on-policy stage; `+sup`: its control, the same steps, loss and lr without the rollout.", "",
-             "| recipe | budget | steps | train min | simulated τ | real τ | speedup | identical | commit |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| recipe | budget | steps | train min | simulated τ | "
+             + " | ".join(f"real τ T={t:g} | tokens/s T={t:g} | speedup T={t:g}" for t in temps)
+             + " | identical | commit |",
+             "|---|---:|---:|---:|---:|" + "---:|---:|---:|" * len(temps) + "---|---|"]
+
+    def cell(r: dict, name: str, t: float, form: str) -> str:
+        value = r.get(decode_tau_key(t, name))
+        return "—" if value is None else format(value, form)
+
     for r in rows:
         sim = "—" if r["simulated_tau"] is None else f"{r['simulated_tau']:.3f}"
+        measured = " | ".join(f"{cell(r, 'tau', t, '.2f')} | {cell(r, 'tokens_per_s', t, '.1f')} | "
+                              f"{cell(r, 'speedup', t, '.2f')}×" for t in temps)
+        same = "—" if "identical" not in r else "yes" if r["identical"] else "NO"
         lines.append(f"| {r['recipe']} | {r['budget']} | {r['steps']} | {r['train_minutes']:.1f} | {sim} | "
-                     f"{r['tau']:.2f} | {r['speedup']:.2f}× | {'yes' if r['identical'] else 'NO'} | "
-                     f"{r.get('commit', '—')[:12]} |")
+                     f"{measured} | {same} | {r.get('commit', '—')[:12]} |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -257,7 +290,7 @@ def plot(rows: list[dict], path: Path) -> None:
         budgets = [r["budget"] for r in mine]
         style = {"+opd": "--", "+sup": ":"}.get(recipe[-4:], "-")
         for ax, key in zip(axes, ("simulated_tau", "tau", "speedup")):
-            ax.plot(budgets, [float("nan") if r[key] is None else r[key] for r in mine], style, marker="o",
+            ax.plot(budgets, [float("nan") if r.get(key) is None else r[key] for r in mine], style, marker="o",
                     label=recipe)
     for ax, title in zip(axes, ("simulated τ (held-out)", "real τ (--compare)", "speedup (--compare)")):
         ax.set_xscale("log")

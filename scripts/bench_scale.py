@@ -1,7 +1,7 @@
 """Decoding speed at real model shapes without downloading a model: random weights, an oracle drafter.
 
-    python scripts/bench_scale.py --shape llama3.1-8b --out docs/bench-gpu-8b
-    python scripts/bench_scale.py --shape smollm2-135m --out docs/bench-gpu-135m
+    draftsmith bench-scale --shape llama3.1-8b --out docs/bench-gpu-8b
+    draftsmith bench-scale --shape smollm2-135m --out docs/bench-gpu-135m
 
 Builds a randomly initialised target of the shape (bf16, sdpa, on CUDA when present) and measures,
 on the same prompts in one run:

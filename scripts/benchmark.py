@@ -1,43 +1,43 @@
 """Every decoding method on one target, the same prompts, the same run — against the physical bound.
 
-    python scripts/benchmark.py --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
+    draftsmith bench --target DIR --heads HEAD_DIR [HEAD_DIR ...] [--assistant DIR]
         [--prompts FILE.jsonl] [--num-prompts 8] [--max-new-tokens 128] [--trees default,tree,chain4]
-        [--adaptive] [--lookup-first] [--profile] [--train-throughput] [--batch-sizes 1,4] [--out DIR]
+        [--adaptive] [--lookup-first] [--profile] [--train-throughput] [--batch-sizes 1,4] [--temperatures 0,0.7,1] [--out DIR]
 
 Methods: vanilla greedy ``generate`` (eager, DynamicCache); ``hf-static``: HF ``generate`` with
-``cache_implementation="static"`` (HF compiles it on CUDA: the vanilla baseline that counts on a
-GPU; ``--no-hf-static`` skips it); HF assisted generation (``--assistant``, a small LM sharing
-the tokenizer) next to our draft-model drafter with the same LM (a chain of 4, and adaptive), and the
-same chain with the LM's own drafts guessed by prompt lookup or by ``--assistant-head``; HF
-prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our n-gram drafter (chain, tree of
-3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length chain, with
-``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.free.lookup_first``); each head with every
-draft shape in ``--trees`` (``infer.tree_shape``, the language ``draftsmith generate --tree`` reads: default, tree,
-chainN, dynD-K-N, medusaN; by default ``default,tree,chain4``; a shape equal to an earlier one runs once, one the
-head's kind cannot draft is skipped). Per method: median tokens/s over prompts
-and repeats (after warm-up), speedup over vanilla, τ (tokens per verification forward), the mean
-number of tokens each verification forward carried, peak memory (CUDA only), and whether the
-greedy output is identical to vanilla's. Speedups are reported against vanilla and against
-hf-static. Heads run on the one decode path (a preallocated static cache), compiled or not per
-``--compile`` (default: the device's, ``infer.generator.default_compile``); t(N) is that verify step's.
+``cache_implementation="static"`` (HF compiles it on CUDA: the vanilla baseline that counts on a GPU;
+``--no-hf-static`` skips it); HF assisted generation (``--assistant``, a small LM sharing the tokenizer) next to our
+draft-model drafter with the same LM (a chain of 4, and adaptive), and the same chain with the LM's own drafts guessed
+by prompt lookup or by ``--assistant-head``; HF prompt-lookup decoding (unless ``--no-prompt-lookup``) next to our
+n-gram drafter (chain, tree of 3 matches, adaptive); with ``--adaptive`` each head also drafts an adaptive-length
+chain, with ``--lookup-first`` its default draft behind prompt lookup (``infer.drafters.free.lookup_first``); each
+head with every draft shape in ``--trees`` (``infer.tree_shape``, the language ``draftsmith generate --tree`` reads:
+default, tree, chainN, dynD-K-N, medusaN; by default ``default,tree,chain4``; a shape equal to an earlier one runs
+once, one the head's kind cannot draft is skipped). Per method: median tokens/s over prompts and repeats (after
+warm-up), speedup over vanilla, τ (tokens per verification forward), the mean number of tokens each verification
+forward carried, peak memory (CUDA only), and whether the greedy output is identical to vanilla's. Speedups are
+reported against vanilla and against hf-static. Heads run on the one decode path (a preallocated static cache),
+compiled or not per ``--compile`` (default: the device's, ``infer.generator.default_compile``); t(N) is that verify
+step's.
 
-The bound: a verification forward over N tokens costs t(N) on this hardware; a method with
-acceptance τ verifying N tokens per step can at best be τ·t(1)/t(N) times faster than vanilla
-(drafting for free). efficiency = t(N) / measured seconds per step says how much of that we keep
-(every column is defined in ``infer.bench.report.COLUMNS`` and under the table).
+The bound: a verification forward over N tokens costs t(N) on this hardware; a method with acceptance τ verifying N
+tokens per step can at best be τ·t(1)/t(N) times faster than vanilla (drafting for free). efficiency = t(N) / measured
+seconds per step says how much of that we keep (every column is defined in ``infer.bench.report.COLUMNS`` and under
+the table).
 
-``--batch-sizes 1,4`` adds batch speculation: per batch size, the first B prompts left-padded into
-one batch, HF's batched ``generate(cache_implementation="static")`` against every speculative
-method whose verify runs eager (``infer.bench.batch``), tokens/s over all rows.
+``--batch-sizes 1,4`` adds batch speculation: per batch size, the first B prompts left-padded into one batch, HF's
+batched ``generate(cache_implementation="static")`` against every speculative method whose verify runs eager
+(``infer.bench.batch``), tokens/s over all rows.
 
-``--profile`` adds where a speculative step's time goes per head method (draft, observe, verify,
-accept, compact, emit; on a hybrid target "rollback": the recurrent states' restore and replay of the
-accepted tokens, with the checkpoint copy inside "draft"). ``--train-throughput`` adds head-training tokens/s against the target's
-forward-only tokens/s. Writes results.json, results.md and PNG plots to --out.
+``--profile`` adds where a speculative step's time goes per head method (draft, observe, verify, accept, compact,
+emit; on a hybrid target "rollback": the recurrent states' restore and replay of the accepted tokens, with the
+checkpoint copy inside "draft"). ``--train-throughput`` adds head-training tokens/s against the target's forward-only
+tokens/s. ``--temperatures 0,0.7,1`` adds sampled decoding at each T > 0 (``infer.bench.sampled``: HF's against every
+generator method, seeded per prompt; τ with its interval, vLLM's acceptance names). Writes results.json, results.md, plots.
 
-A hybrid target (``target.recurrent``: Gated DeltaNet, Mamba, short-conv layers, e.g. demo:tiny-hybrid)
-runs every method that drafts chains; HF's assisted generation and prompt lookup (transformers refuses
-stateful models) and trees are skipped, each named with its reason under the table.
+A hybrid target (``target.recurrent``: Gated DeltaNet, Mamba, short-conv layers, e.g. demo:tiny-hybrid) runs every
+method that drafts chains; HF's assisted generation and prompt lookup (transformers refuses stateful models) and trees
+are skipped, each named with its reason under the table.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from draftsmith.data.base.checks import cli_count, cli_counts, cli_real
+from draftsmith.data.base.checks import cli_count, cli_counts, cli_real, cli_temperatures
 from draftsmith.data.base.paths import claim_report_dir
 from draftsmith.data.entry_point import prog
 from draftsmith.infer.bench.prompts import load_prompts
@@ -60,8 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory, hub id, demo:<size> or demo:smollm2")
     p.add_argument("--heads", nargs="*", default=[], help="trained head directories")
-    p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation (a directory, "
-                   "Hub id or demo:assistant)")
+    p.add_argument("--assistant", help="small LM sharing the tokenizer, for HF assisted generation (dir, hub id, demo:assistant)")
     p.add_argument("--assistant-head", help="a head trained on --assistant: the assistant's drafts guessed by it "
                    "(draft-lm+head:chain4, infer.drafters.free.hierarchical)")
     p.add_argument("--prompts", help="JSONL with {'prompt': str} or {'messages': [...]} rows, or demo:mtbench")
@@ -91,10 +90,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=cli_count(), default=None,
                    help="torch CPU threads (default: OMP_NUM_THREADS, else 1 or all cores, whichever a short probe measures faster)")
     p.add_argument("--train-throughput", action="store_true", help="also measure head-training tokens/s")
-    p.add_argument("--profile", action="store_true",
-                   help="also time each phase of a speculative step per head method (an extra, untimed pass)")
+    p.add_argument("--profile", action="store_true", help="also time each phase of a head method's step (an extra pass)")
     p.add_argument("--batch-sizes", type=cli_counts(), default=[],
                    help="comma-separated batch sizes, e.g. 1,4: batch speculation against HF's batched static generate")
+    p.add_argument("--temperatures", type=cli_temperatures, default=[0.0],
+                   help="comma-separated temperatures: each T > 0 adds sampled decoding (e.g. 0,0.7,1; 0 = greedy)")
+    p.add_argument("--top-p", type=cli_real(0, 1, above=True), default=1.0, help="top-p at T > 0 (1 = off)")
+    p.add_argument("--top-k", type=cli_count(0), default=0, help="top-k at T > 0 (0 = off)")
     p.add_argument("--max-minutes", type=cli_real(0, above=True), default=None,
                    help="start no new prompt after this many minutes (every method keeps the same prompts; "
                         "the report counts the prompts timed)")
@@ -128,8 +130,7 @@ def train_throughput(target: str) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Run every method (``infer.bench.run``), write results.json, results.md and plots to ``--out``; returns the
-    results."""
+    """Run every method (``infer.bench.run``), write results.json, results.md and plots to ``--out``; returns them."""
     args = parse_args(argv)
     claim_report_dir(args.out)  # before minutes of timing: a folder of someone else's files is refused now
     # torch, transformers and the decoders load only now: an argument mistake is one line in a second

@@ -1,6 +1,6 @@
 """Choose the layer-skip ``k`` for a target by measurement, and save it where ``--drafter layer-skip`` looks.
 
-    python scripts/calibrate_layer_skip.py --target DIR|demo:tiny [--layers 1,2,3] [--depth 4]
+    draftsmith calibrate-layer-skip --target DIR|demo:tiny [--layers 1,2,3] [--depth 4]
         [--num-prompts 4] [--prompt-tokens 128] [--max-new-tokens 64] [--device cpu] [--dtype float32]
 
 Decodes held-out demo-corpus prompts (or ``--prompts FILE.jsonl``) greedily with the target's first k

@@ -1,6 +1,6 @@
 """What a training config costs before launch: per-GPU memory, feature disk, tokens and time per step.
 
-    python scripts/cost.py --config F [key=value ...] --gpus N [--nodes M] [--gpu-memory-gib 80]
+    draftsmith cost --config F [key=value ...] --gpus N [--nodes M] [--gpu-memory-gib 80]
         [--tokens-per-s T] [--rows R] [--feature-dtype bfloat16] [--measure]
 
 Per GPU: the frozen target (whole, or its FSDP shard with ``train.target_sharding=fsdp``), the head

@@ -1,6 +1,6 @@
 """How confident a head's drafts are against how often greedy verification accepts them.
 
-    python scripts/draft_calibration.py --target DIR --heads HEAD_DIR [HEAD_DIR ...]
+    draftsmith draft-calibration --target DIR --heads HEAD_DIR [HEAD_DIR ...]
         [--num-prompts 8] [--prompt-tokens 128] [--max-new-tokens 96]
 
 Decodes held-out demo-corpus prompts greedily with one draft per step (``Chain(1)``) and reports,

@@ -1,7 +1,7 @@
 """How much a head loses when its target changes (e.g. base -> a PEFT adapter on it, or Medusa-2's
 merged target), and whether retraining it is worth it.
 
-    python scripts/drift.py --head runs/demo-medusa --target ADAPTER_DIR [--old-target demo:tiny]
+    draftsmith drift --head runs/demo-medusa --target ADAPTER_DIR [--old-target demo:tiny]
 
 Both targets decode the same held-out prompts greedily with the head (``--old-target`` defaults to the
 head's own target). Reported per target: τ (tokens per target forward) and the held-out loss of the

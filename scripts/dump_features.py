@@ -1,6 +1,6 @@
 """Store the frozen target's hidden states for a training config once, then train from them (issue 19).
 
-    python scripts/dump_features.py --config configs/demo.yaml --out features/demo-eagle3 [--dtype fp8]
+    draftsmith dump-features --config configs/demo.yaml --out features/demo-eagle3 [--dtype fp8]
     accelerate launch train/train_head.py --config configs/demo.yaml data.features=features/demo-eagle3
 
 ``--config`` and ``key=value`` overrides are the training run's (``train/train_head.py --help``): the

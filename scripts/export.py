@@ -1,8 +1,8 @@
 """Export a trained head for a serving engine (vLLM, SGLang, TensorRT-LLM, TGI).
 
-    python scripts/export.py --head runs/demo-eagle3 --to vllm --out exports/demo-eagle3
-    python scripts/export.py --head user/my-head --to speculators --out exports/spec --target org/target-model
-    python scripts/export.py --head runs/medusa --to medusa-tgi --out exports/medusa-tgi --dtype bfloat16
+    draftsmith export --head runs/demo-eagle3 --to vllm --out exports/demo-eagle3
+    draftsmith export --head user/my-head --to speculators --out exports/spec --target org/target-model
+    draftsmith export --head runs/medusa --to medusa-tgi --out exports/medusa-tgi --dtype bfloat16
 
 Formats: vllm and sglang (EAGLE-3, the same directory serves both and TensorRT-LLM), speculators
 (EAGLE-3 or DFlash, `vllm serve DIR` alone), eagle-vllm (EAGLE-1/2), medusa-vllm, medusa-tgi, dflash

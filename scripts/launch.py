@@ -1,6 +1,6 @@
 """``accelerate launch train/train_head.py`` whose exit code is the training's own.
 
-    python scripts/launch.py [ACCELERATE OPTIONS] [--config FILE] [key=value ...]
+    draftsmith launch [ACCELERATE OPTIONS] [--config FILE] [key=value ...]
     draftsmith launch --num_processes 2 --multi_gpu --config configs/demo.yaml train.max_steps=50
 
 accelerate's own launcher turns any failing training process into exit code 1 and a traceback of its

@@ -1,9 +1,9 @@
 """Make (or reuse) the offline demo target: a Llama LM pretrained on the Python stdlib.
 
-    python scripts/make_demo_target.py --size tiny                 # shipped built: copied, else ~9 min on 2 idle cores
-    python scripts/make_demo_target.py --size assistant            # drafter sharing tiny's tokenizer
-    python scripts/make_demo_target.py --out DIR --size tiny --max-steps 20
-    python scripts/make_demo_target.py --size tiny --ship          # after a recipe change: refresh the shipped copy
+    draftsmith make-demo --size tiny                 # shipped built: copied, else ~9 min on 2 idle cores
+    draftsmith make-demo --size assistant            # drafter sharing tiny's tokenizer
+    draftsmith make-demo --out DIR --size tiny --max-steps 20
+    draftsmith make-demo --size tiny --ship          # after a recipe change: refresh the shipped copy
 
 Without --out the result goes to the cache (``$DRAFTSMITH_CACHE``, default ``~/.cache/draftsmith``)
 under a key of corpus and settings; an existing matching build is reused, never retrained. ``demo:tiny``

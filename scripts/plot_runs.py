@@ -1,6 +1,6 @@
 """Held-out simulated τ against training step for several runs, on one plot.
 
-    python scripts/plot_runs.py --runs runs/a runs/b [--labels A B] --out docs/plot.png
+    draftsmith plot-runs --runs runs/a runs/b [--labels A B] --out docs/plot.png
 
 Reads each run's ``metrics.jsonl`` (the evaluation records, those with ``tau``); a run with none is
 named in a one-line error. Prints each run's last and best τ. ``--out`` is a new file or a plot this

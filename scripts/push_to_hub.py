@@ -1,7 +1,7 @@
 """Publish a trained head on the Hugging Face Hub with a generated model card.
 
-    python scripts/push_to_hub.py --head runs/demo-eagle3 --repo-id USER/demo-eagle3
-    python scripts/push_to_hub.py --head runs/demo-eagle3 --repo-id USER/demo-eagle3-vllm --format vllm --private
+    draftsmith push --head runs/demo-eagle3 --repo-id USER/demo-eagle3
+    draftsmith push --head runs/demo-eagle3 --repo-id USER/demo-eagle3-vllm --format vllm --private
 
 Uploads config.json, the weights, README.md (target, input convention, training data, measured τ,
 usage for draftsmith, vLLM and SGLang) and the training loop's metrics.jsonl/config.yaml when the head

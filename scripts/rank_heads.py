@@ -1,15 +1,19 @@
 """Real τ of trained heads beside their training-time metrics, and how well each metric ranks the heads.
 
-    python scripts/rank_heads.py RUN_DIR [RUN_DIR ...] [--target demo:tiny] [--prompts 24]
-        [--max-new-tokens 128] [--prompt-tokens 32] [--out results.json]
+    draftsmith rank-heads RUN_DIR [RUN_DIR ...] [--target demo:tiny] [--prompts 24] [--max-new-tokens 128]
+        [--prompt-tokens 32] [--temperatures 0,0.7,1] [--top-p 1] [--top-k 0] [--out results.json]
 
 Each RUN_DIR is a training run's output_dir (the final head, its metrics.jsonl) or one of its checkpoints
-(RUN/checkpoints/step-N: that step's head and evaluation). Real τ: every head decodes
-the same held-out stdlib prompts (``data.corpus.continuation_prompts``, the benchmarks' prompts) greedily
-with ``SpeculativeGenerator`` and its default draft shape (on CPU the adaptive chain), one prompt at a time;
-τ = the verification steps' tokens over the steps, pooled over the prompts (``GenerationStats``). Every
-decode is checked against the target's own greedy ``generate``. Beside it: the run's last evaluation's
-simulated τ (``tau``) and decode τ (``decode_tau``), and the Spearman rank correlation of each with real τ.
+(RUN/checkpoints/step-N: that step's head and evaluation). Real τ: at each of ``--temperatures`` every head decodes
+the same held-out stdlib prompts (``data.corpus.continuation_prompts``, the benchmarks' prompts) with
+``SpeculativeGenerator`` and its default draft shape (on CPU the adaptive chain), one prompt at a time, each under
+its own seed (``infer.seeded_decode``: training's decode τ draws alike); τ = the verification steps' tokens over
+the steps, pooled over the prompts, with its 95% interval over them, tokens/s, and vLLM's acceptance names
+(``mean_acceptance_length``, ``num_accepted_tokens_per_pos``, the acceptance histogram: counts summed over the
+prompts first). Every greedy decode is checked against the target's own ``generate``. Beside it: the run's last
+evaluation's simulated τ (``tau``) and decode τ at each temperature it measured (``decode_tau``,
+``decode_tau_t<T>``), and the Spearman rank correlation of each with real τ at its temperature (simulated τ: at
+the first of ``--temperatures``).
 """
 from __future__ import annotations
 
@@ -19,9 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from draftsmith.data.base.checks import cli_count
+from draftsmith.data.base.checks import cli_count, cli_real, cli_temperatures
 from draftsmith.data.base.paths import claim_report_file, json_with_keys
 from draftsmith.data.entry_point import run
+from draftsmith.train.ranking import correlations, ranks, real_taus, spearman  # noqa: F401  (re-exported)
+from draftsmith.train.settings import decode_tau_key
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,6 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=cli_count(), default=24)
     p.add_argument("--max-new-tokens", type=cli_count(), default=128)
     p.add_argument("--prompt-tokens", type=cli_count(), default=32)
+    p.add_argument("--temperatures", type=cli_temperatures, default=[0.0, 0.7, 1.0],
+                   help="comma-separated sampling temperatures to decode at (0 = greedy)")
+    p.add_argument("--top-p", type=cli_real(0, 1, above=True), default=1.0, help="top-p at T > 0 (1 = off)")
+    p.add_argument("--top-k", type=cli_count(0), default=0, help="top-k at T > 0 (0 = off)")
     p.add_argument("--out", type=Path, default=None, help="write the rows and correlations as JSON here")
     args = p.parse_args(argv)
     for run in args.runs:
@@ -39,30 +49,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.out is not None:  # before any decoding: a user's file or a folder is refused (one line), never replaced
         claim_report_file(args.out, json_with_keys("rows", "spearman"), "head ranking")
     return args
-
-
-def ranks(values: list[float]) -> list[float]:
-    """1-based ranks, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
-
-
-def spearman(x: list[float], y: list[float]) -> float:
-    """Spearman's rank correlation: Pearson's of the ranks (nan when either side has no spread)."""
-    rx, ry = ranks(x), ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return cov / var if var else float("nan")
 
 
 def run_of(head_dir: Path) -> tuple[Path, int | None]:
@@ -97,20 +83,6 @@ def load_head(head_dir: Path, scratch: Path):
     return AutoHead.from_pretrained(str(head_dir)).eval()
 
 
-def real_tau(target, head, prompts, references, max_new_tokens: int) -> tuple[float, bool]:
-    """(pooled τ of greedy decodes of ``prompts``, whether every decode equals its reference)."""
-    from draftsmith.infer.generator import SpeculativeGenerator
-
-    gen = SpeculativeGenerator(target, head)
-    steps = tokens = 0
-    identical = True
-    for prompt, reference in zip(prompts, references):
-        out = gen.generate(prompt, max_new_tokens=max_new_tokens)
-        identical &= bool(out.shape == reference.shape and (out == reference).all())
-        steps, tokens = steps + gen.last_stats.steps, tokens + gen.last_stats.step_tokens
-    return tokens / steps if steps else 0.0, identical
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
@@ -129,20 +101,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     scratch = Path(tempfile.mkdtemp())
     for run in args.runs:
-        head = load_head(run, scratch)
-        tau, identical = real_tau(target, head, prompts, references, args.max_new_tokens)
         record = eval_record(run)
-        rows.append({"run": str(run), "step": record["step"], "real_tau": tau, "identical": identical,
-                     "simulated_tau": record["tau"], "decode_tau": record.get("decode_tau")})
-        print(f"{run}: real τ {tau:.3f} | decode τ {record.get('decode_tau', float('nan')):.3f} | simulated τ "
-              f"{record['tau']:.3f} | step {record['step']} | identical {identical}", flush=True)
-    real = [r["real_tau"] for r in rows]
-    correlations = {key: spearman([r[key] for r in rows], real) for key in ("simulated_tau", "decode_tau")
-                    if all(r[key] is not None for r in rows)}
-    print("Spearman with real τ: " + ", ".join(f"{k} {v:.3f}" for k, v in correlations.items()))
+        measured = real_taus(target, load_head(run, scratch), prompts, references, args)
+        decoded = {k: v for k, v in record.items() if k.startswith("decode_tau")}
+        rows.append({"run": str(run), "step": record["step"], **measured, "simulated_tau": record["tau"],
+                     "decode_tau": record.get("decode_tau"), **decoded})
+        for t in args.temperatures:
+            real, dec = decode_tau_key(t, "real_tau"), decode_tau_key(t)
+            print(f"{run} T={t:g}: real τ {measured[real]:.3f} | decode τ {record.get(dec, float('nan')):.3f} | "
+                  f"mean_acceptance_length {measured[decode_tau_key(t, 'mean_acceptance_length')]:.3f} | "
+                  f"{measured[decode_tau_key(t, 'tokens_per_s')]:.1f} tokens/s | simulated τ {record['tau']:.3f} | "
+                  f"step {record['step']} | identical {measured['identical']}", flush=True)
+    found = correlations(rows, args.temperatures)
+    print("Spearman with real τ: " + ", ".join(f"{k} {v:.3f}" for k, v in found.items()))
     if args.out is not None:
-        args.out.write_text(json.dumps({"rows": rows, "spearman": correlations, "prompts": args.prompts,
-                                        "max_new_tokens": args.max_new_tokens}, indent=1) + "\n")
+        args.out.write_text(json.dumps({"rows": rows, "spearman": found, "prompts": args.prompts,
+                                        "max_new_tokens": args.max_new_tokens, "temperatures": args.temperatures,
+                                        "top_p": args.top_p, "top_k": args.top_k}, indent=1) + "\n")
     return 0 if all(r["identical"] for r in rows) else 1
 
 

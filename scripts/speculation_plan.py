@@ -1,7 +1,7 @@
 """When to speculate, per batch size: measure tokens/s for each draft length and write the plan the
 generator follows by default.
 
-    python scripts/speculation_plan.py --target DIR --head HEAD_DIR [--batch-sizes 1,2,4,8]
+    draftsmith speculation-plan --target DIR --head HEAD_DIR [--batch-sizes 1,2,4,8]
         [--lengths 0,1,2,3,4] [--num-prompts 8] [--prompt-tokens 128] [--max-new-tokens 64]
         [--repeats 1] [--threads N] [--out PATH]
 

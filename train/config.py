@@ -10,6 +10,7 @@ This module names no kind.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -19,7 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from draftsmith.data.base.names import HEAD_KINDS
-from draftsmith.train.settings import ConfigError, HeadConfig, TrainConfig, plain
+from draftsmith.train.settings import ConfigError, HeadConfig, TrainConfig, decode_tau_key, plain
 
 # ---------------------------------------------------------------- parsing
 
@@ -384,6 +385,7 @@ def _validate(cfg: TrainConfig) -> None:
     if data.feature_cache is not None and opt.target_sharding == "fsdp":
         raise ConfigError("data.feature_cache with train.target_sharding=fsdp: processes reading the cache would skip "
                           "the sharded target's collective forward while others run it; use data.features (a dump)")
+    _check_eval_temperature(opt)
     if not opt.lr > 0:
         raise ConfigError(f"train.lr must be > 0, got {opt.lr}")
     if opt.max_minutes is not None and not opt.max_minutes > 0:
@@ -408,6 +410,24 @@ def _validate(cfg: TrainConfig) -> None:
     from draftsmith.train.objectives import objective_class  # torch: after the checks that need none
 
     objective_class(head.kind, head.variant).configure(cfg)  # last: it may rely on every check above
+
+
+def _check_eval_temperature(opt) -> None:
+    """``train.eval_temperature`` made a list of distinct temperatures >= 0; ``train.best_by`` one of the
+    records' keys it allows."""
+    temps = opt.eval_temperature if isinstance(opt.eval_temperature, list) else [opt.eval_temperature]
+    if not temps:
+        raise ConfigError("train.eval_temperature: give at least one temperature (0 = greedy), e.g. [0, 1]")
+    for t in temps:
+        if not (math.isfinite(t) and t >= 0):
+            raise ConfigError(f"train.eval_temperature: {t} is no temperature (a number >= 0; 0 = greedy)")
+    if len(set(temps)) < len(temps):
+        raise ConfigError(f"train.eval_temperature: {temps} lists a temperature twice")
+    opt.eval_temperature = [float(t) for t in temps]
+    allowed = ["auto", "simulated_tau", *(decode_tau_key(t) for t in opt.eval_temperature)]
+    if opt.best_by not in allowed:
+        raise ConfigError(f"train.best_by: {opt.best_by!r} is none of {', '.join(allowed)} (decode_tau_<T> needs T "
+                          "in train.eval_temperature)")
 
 
 def _validate_recipe(cfg: TrainConfig) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from draftsmith.infer.drafters import Drafter, Sampling, adaptive_chain, make_drafter
+from draftsmith.infer.drafters import ByTemperature, Drafter, Sampling, adaptive_chain, make_drafter
 from draftsmith.target.recurrent import is_hybrid
 from draftsmith.target.model import target_forward
 
@@ -55,6 +55,15 @@ def default_drafter(head: nn.Module, target: nn.Module) -> Drafter:
     drafter = adaptive_chain(head, target) if is_hybrid(target) else make_drafter(head, target)
     drafter.compile_with(False)
     return drafter
+
+
+def head_drafter(head: nn.Module, target: nn.Module) -> Drafter:
+    """The drafter decode τ measures a head with at every temperature: ``default_drafter``, whose length policy
+    at temperature > 0 (the CPU default's cost-aware chain, ``ByTemperature``) is replaced by its greedy one (the
+    adaptive chain): the cost-aware choice follows this machine's measured step costs, not the head, and drafts
+    nothing on most sampled steps of a weak head, so τ would rank machines instead of heads."""
+    drafter = default_drafter(head, target)
+    return drafter.greedy if isinstance(drafter, ByTemperature) else drafter
 
 
 def not_decodable(drafter: Drafter) -> str | None:
@@ -111,6 +120,7 @@ def decode_row(drafter: Drafter, row: DecodeRow, max_new_tokens: int) -> tuple[i
     continuation."""
     p, seq, feats = row.prompt_length, row.sequence, row.features
     total = seq.shape[1] - p  # the tokens the decode emits (the first one by the prefill, not a step)
+    drafter.begin(GREEDY)  # as the generator's start: a drafter whose policy follows the sampling mode picks greedy
     state = drafter.new_rows([seq[:, :p]], [p + max_new_tokens])
     if total > 1:
         drafter.observe_rows(state, [feats[:, :p]], [seq[:, 1: p + 1]])
@@ -127,13 +137,15 @@ def decode_row(drafter: Drafter, row: DecodeRow, max_new_tokens: int) -> tuple[i
 
 
 @torch.no_grad()
+def row_counts(drafter: Drafter, decode_set: DecodeSet) -> list[tuple[int, int]]:
+    """(verification steps, tokens they emitted) of each row of ``decode_set``, each decoded alone."""
+    return [decode_row(drafter, row, decode_set.max_new_tokens) for row in decode_set.rows]
+
+
 def decode_counts(drafter: Drafter, decode_set: DecodeSet) -> tuple[int, int]:
     """(verification steps, tokens they emitted) over every row of ``decode_set``, each decoded alone."""
-    steps = tokens = 0
-    for row in decode_set.rows:
-        s, t = decode_row(drafter, row, decode_set.max_new_tokens)
-        steps, tokens = steps + s, tokens + t
-    return steps, tokens
+    counts = row_counts(drafter, decode_set)
+    return sum(s for s, _ in counts), sum(t for _, t in counts)
 
 
 def decode_tau(steps: float, tokens: float) -> float:

@@ -16,8 +16,11 @@ from torch.utils.data import DataLoader
 
 from draftsmith.train.checkpoint import BEST
 from draftsmith.train.config import TrainConfig
-from draftsmith.train.decode_tau import (DecodeSet, decode_counts, decode_tau, default_drafter, greedy_continuations,
-                                        not_decodable, with_features)
+from draftsmith.infer.seeded_decode import interval_sums, tau_interval
+from draftsmith.train.decode_tau import (DecodeSet, head_drafter, greedy_continuations, not_decodable, row_counts,
+                                        with_features)
+from draftsmith.train.sampled_decode import sampled_row_counts
+from draftsmith.train.settings import decode_tau_key
 from draftsmith.train.metrics import AcceptanceMeter, format_acceptance, step_correctness
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.resume import TrainState
@@ -99,7 +102,7 @@ def decode_set_for(accelerator: Accelerator, head: nn.Module, target: nn.Module,
             raise ValueError(f"train.{key} must be >= 0, got {getattr(opt, key)}")
     decode_set, why = None, None
     if opt.eval_decode_rows and opt.eval_decode_tokens:
-        drafter = default_drafter(head, target)
+        drafter = head_drafter(head, target)
         why = _skip_reason(accelerator, cfg, drafter)
         if why is None:  # this process's share of the prompts
             n, rank = accelerator.num_processes, accelerator.process_index
@@ -119,43 +122,65 @@ def decode_set_for(accelerator: Accelerator, head: nn.Module, target: nn.Module,
                         opt.eval_decode_tokens, type(drafter).__name__)
         else:
             logger.info("decode tau is not computed for head kind %s: %s", cfg.head.kind, why)
-    if opt.best_by == "decode_tau" and decode_set is None:
-        raise ValueError(f"train.best_by=decode_tau, but decode tau is not computed: "
+    if opt.best_by.startswith("decode_tau") and decode_set is None:
+        raise ValueError(f"train.best_by={opt.best_by}, but decode tau is not computed: "
                          f"{why or 'train.eval_decode_rows or train.eval_decode_tokens is 0'}")
     _DECODE_SETS[loader] = decode_set
     return decode_set
 
 
-def evaluate_decoding(accelerator: Accelerator, head: nn.Module, target: nn.Module, loader: DataLoader,
-                      cfg: TrainConfig) -> dict:
-    """``decode_tau`` (tokens per verification step over every process's prompts) and its counts and
-    seconds; empty when decode τ is not computed for this run."""
-    decode_set = decode_set_for(accelerator, head, target, loader, cfg)
-    if decode_set is None:
-        return {}
+def decode_at(accelerator: Accelerator, head: nn.Module, target: nn.Module, decode_set: DecodeSet,
+              temperature: float) -> dict:
+    """Decode τ at ``temperature`` (0: the greedy replay; > 0: the generator, seeded per prompt) over every
+    process's prompts, its 95% interval over the prompts, its counts and seconds, under ``decode_tau_key``'s
+    names; empty when no process had a prompt. Every process's sums are added before anything is divided."""
     started = time.perf_counter()
     was_training = head.training
     head.eval()
     try:
         with accelerator.autocast():
-            counts = decode_counts(default_drafter(head, target), decode_set)
+            counts = (row_counts(head_drafter(head, target), decode_set) if temperature == 0 else
+                      sampled_row_counts(head, target, decode_set, temperature))
     finally:
         head.train(was_training)
-    steps, tokens = accelerator.reduce(torch.tensor(counts, dtype=torch.float64, device=accelerator.device),
-                                       reduction="sum").tolist()
-    if not steps:  # no prompt anywhere (said when the set was made)
+    sums = accelerator.reduce(torch.tensor(interval_sums(counts), dtype=torch.float64, device=accelerator.device),
+                              reduction="sum").tolist()
+    if not sums[1]:  # no prompt anywhere (said when the set was made)
         return {}
-    return {"decode_tau": decode_tau(steps, tokens), "decode_steps": int(steps), "decode_tokens": int(tokens),
-            "decode_seconds": time.perf_counter() - started}
+    tau, low, high = tau_interval(sums)
+    key = decode_tau_key(temperature)
+    out = {key: tau, decode_tau_key(temperature, "decode_steps"): int(sums[1]),
+           decode_tau_key(temperature, "decode_tokens"): int(sums[2]),
+           decode_tau_key(temperature, "decode_seconds"): time.perf_counter() - started}
+    if low is not None:
+        out.update({f"{key}_low": low, f"{key}_high": high})
+    return out
+
+
+def evaluate_decoding(accelerator: Accelerator, head: nn.Module, target: nn.Module, loader: DataLoader,
+                      cfg: TrainConfig) -> dict:
+    """Decode τ at every ``train.eval_temperature`` (``decode_at``); empty when decode τ is not computed for this
+    run."""
+    decode_set = decode_set_for(accelerator, head, target, loader, cfg)
+    if decode_set is None:
+        return {}
+    metrics = {}
+    for temperature in cfg.train.eval_temperature:
+        metrics.update(decode_at(accelerator, head, target, decode_set, temperature))
+    return metrics
 
 
 def best_metric(cfg: TrainConfig, metrics: dict) -> str:
-    """The record key ``output_dir/best`` is chosen by: ``train.best_by``, auto = decode τ where computed."""
-    if cfg.train.best_by == "simulated_tau" or (cfg.train.best_by == "auto" and "decode_tau" not in metrics):
+    """The record key ``output_dir/best`` is chosen by: ``train.best_by``; auto = decode τ at the first
+    ``train.eval_temperature`` where it is computed, else simulated τ."""
+    by = cfg.train.best_by
+    if by == "simulated_tau":
         return "tau"
-    if "decode_tau" not in metrics:
-        raise ValueError("train.best_by=decode_tau, but no held-out prompt was decoded (see the log)")
-    return "decode_tau"
+    if by == "auto":
+        return next((k for k in map(decode_tau_key, cfg.train.eval_temperature) if k in metrics), "tau")
+    if by not in metrics:
+        raise ValueError(f"train.best_by={by}, but no held-out prompt was decoded (see the log)")
+    return by
 
 
 def eval_and_keep_best(accelerator, head, target, loader, cfg, depth, state: TrainState, metrics_log) -> dict:

@@ -66,12 +66,25 @@ class AcceptanceMeter:
         return {"acc": acc, "cond_acc": cond_acc, "tau": tau, "positions": int(chains)}
 
 
+def format_decoding(metrics: dict) -> str:
+    """The record's decode τ at each temperature (``train.eval_temperature``), e.g. ``decode tau 3.10 [2.85, 3.35]
+    (496 tokens in 160 steps) | decode tau T=1 1.52 [1.41, 1.63] (...) | `` (the 95% interval where there is one)."""
+    parts = []
+    for key in metrics:
+        if not (key == "decode_tau" or key.startswith("decode_tau_t")) or key.endswith(("_low", "_high")):
+            continue
+        suffix = key[len("decode_tau"):]  # "" or "_t<T>"
+        label = f"decode tau T={suffix[2:]}" if suffix else "decode tau"
+        ci = f" [{metrics[key + '_low']:.3f}, {metrics[key + '_high']:.3f}]" if key + "_low" in metrics else ""
+        parts.append(f"{label} {metrics[key]:.3f}{ci} ({metrics['decode_tokens' + suffix]} tokens in "
+                     f"{metrics['decode_steps' + suffix]} steps) | ")
+    return "".join(parts)
+
+
 def format_acceptance(metrics: dict) -> str:
     """One human-readable line, e.g. ``decode tau 3.10 (... steps) | simulated tau 2.31 | acc_k 0.62 0.41 ... |
     cond_acc_k 0.62 0.58 ...`` (decode τ where the record has it: ``train.decode_tau``)."""
     acc = " ".join(f"{a:.3f}" for a in metrics["acc"])
     cond = " ".join(f"{a:.3f}" for a in metrics["cond_acc"])
-    decoded = (f"decode tau {metrics['decode_tau']:.3f} ({metrics['decode_tokens']} tokens in {metrics['decode_steps']} "
-               f"steps) | " if "decode_tau" in metrics else "")
-    return (f"{decoded}simulated tau {metrics['tau']:.3f} | acc_k {acc} | cond_acc_k {cond} "
+    return (f"{format_decoding(metrics)}simulated tau {metrics['tau']:.3f} | acc_k {acc} | cond_acc_k {cond} "
             f"({metrics['positions']} positions)")

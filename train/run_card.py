@@ -18,7 +18,8 @@ def run_card(head: nn.Module, output_dir: Path, data_summary, final: dict, state
         decoded = f"decode τ {final['decode_tau']:.3f}, " if "decode_tau" in final else ""
         lines.append(f"- this directory holds the **final** head: {decoded}simulated τ {final['tau']:.3f} at step {state.step} "
                      f"(acc_k {', '.join(f'{a:.3f}' for a in final['acc'])})")
-        by = "decode τ" if final.get("best_by") == "decode_tau" else "simulated τ"
+        by = final.get("best_by", "tau")
+        by = "simulated τ" if by == "tau" else f"decode τ at T = {by[12:] or 0}"  # decode_tau, decode_tau_t<T>
         lines.append(f"- the best head by {by} ({state.best_tau:.3f}, step {state.best_step}) is in `{BEST}/`")
     lines.append(f"- {state.step} optimizer steps, {state.tokens} training tokens")
     if vocab is not None:

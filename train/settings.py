@@ -20,6 +20,12 @@ DEFAULT_TTT_STEPS = 7  # the EAGLE-3 authors' training code (docs/recipes.md)
 DEFAULT_FEATURE_NOISE = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features (docs/recipes.md)
 
 
+def decode_tau_key(temperature: float, name: str = "decode_tau") -> str:
+    """The eval record's key of a decode-τ figure at ``temperature``: ``name`` at 0 (greedy), else
+    ``name_t<T>`` (``decode_tau_t1``, ``decode_steps_t0.7``)."""
+    return name if temperature == 0 else f"{name}_t{temperature:g}"
+
+
 class ConfigError(ValueError):
     """A configuration problem; the message names the offending key."""
 
@@ -190,8 +196,14 @@ class OptimConfig:
         "draft shape (on CPU the adaptive chain), verified against the target's greedy continuation (made once "
         "per run); 0 = off", 8)
     eval_decode_tokens: int = _doc("decode tau: new tokens per held-out prompt", 64)
-    best_by: Literal["auto", "decode_tau", "simulated_tau"] = _doc(
-        "what output_dir/best keeps the best head by: auto = decode tau where it is computed, else simulated tau",
+    eval_temperature: float | list[float] = _doc(
+        "decode tau: the temperature(s) it is measured at, each a number >= 0 (0 = greedy, replayed without the "
+        "target; > 0 = the generator itself, sampling, each prompt under a seed fixed by its tokens), e.g. "
+        "[0, 0.7, 1]; logged as decode_tau (0) and decode_tau_t<T> (T > 0, e.g. decode_tau_t1), each with its 95% "
+        "interval over the prompts (_low, _high)", [0.0])
+    best_by: str = _doc(
+        "what output_dir/best keeps the best head by: auto = decode tau at the first train.eval_temperature where "
+        "it is computed, else simulated tau; simulated_tau; decode_tau (T = 0); decode_tau_t<T> (a listed T > 0)",
         "auto")
     save_every: int = _doc("save a full training checkpoint every N steps (0 = never)", 500)
     keep_last_checkpoints: int = _doc("checkpoints kept on disk (oldest deleted first)", 2)

@@ -47,7 +47,8 @@ def cli(argv: list[str] | None = None) -> int:
         if result.metrics:
             print(format_acceptance(result.metrics))
         if result.best_dir is not None:
-            by = "decode" if result.metrics.get("best_by") == "decode_tau" else "simulated"
+            by = result.metrics.get("best_by", "tau")
+            by = "simulated" if by == "tau" else f"decode (T = {by[12:] or 0})"  # decode_tau, decode_tau_t<T>
             print(f"best {by} tau {result.best_tau:.3f} (head in {result.best_dir.resolve()})")
     return 0
 

@@ -72,6 +72,29 @@ def cli_choices(choices: tuple[str, ...]):
     return parse
 
 
+def cli_temperatures(text: str) -> list[float]:
+    """An argparse ``type``: comma-separated sampling temperatures, each a finite number >= 0 (0 = greedy), none
+    twice (e.g. ``0,0.7,1``); a bad one is named in the one-line error."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"comma-separated temperatures >= 0 expected (0 = greedy), got {text!r}")
+    values = []
+    for item in items:
+        try:
+            value = float(item)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0):
+            raise argparse.ArgumentTypeError(f"{item!r} is no temperature (a number >= 0; 0 = greedy) in {text!r}")
+        if value in values:
+            raise argparse.ArgumentTypeError(f"{item!r} is listed twice in {text!r}")
+        values.append(value)
+    return values
+
+
+cli_temperatures.__name__ = "temperatures"
+
+
 def cli_real(least: float = 0.0, most: float = math.inf, *, above: bool = False):
     """An argparse ``type``: a finite number in [``least``, ``most``], or in (``least``, ``most``] with
     ``above`` (a timeout of 0 seconds or a top-p of 0 is no value)."""

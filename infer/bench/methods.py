@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
@@ -127,7 +128,7 @@ class _Builder:
         with an adaptive chain when asked."""
         args, target = self.args, self.target
         head = self.loaded[head_dir] = AutoHead.from_pretrained(head_dir).eval()
-        prefix = f"{head.head_kind}:{Path(head_dir).name}" if len(args.heads) > 1 else head.head_kind
+        prefix = head_label(head, head_dir, args.heads)
         seen = []  # the drafts already run for this head: "default" is often "tree" or a chain on its own
         for variant in args.trees:
             tree = None if variant == "default" else tree_from_spec(variant, head, target.device)
@@ -166,6 +167,15 @@ def build_methods(args, target, tokenizer, skipped: dict[str, str] | None = None
     for head_dir in args.heads:
         build.head(head_dir)
     return build.methods
+
+
+ACCEPTANCE_COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos",
+                     "acceptance_histogram")
+
+
+def acceptance_counts(stats) -> dict:
+    """A generator call's acceptance counts in vLLM's names (``GenerationStats``), to pool over prompts."""
+    return {k: getattr(stats, k) for k in ACCEPTANCE_COUNTS}
 
 
 def time_methods(methods: list[Method], prompts, args, target, counter: ForwardCounter,
@@ -211,6 +221,7 @@ def time_methods(methods: list[Method], prompts, args, target, counter: ForwardC
                 "tau": (len(new) - 1) / max(1, forwards - 1),
                 "peak_mem_mb": peak_memory_mib(device),
                 "tokens": new,
+                **({"acceptance": acceptance_counts(method.generator.last_stats)} if method.generator else {}),
             })
         if deadline is not None and time.monotonic() > deadline and p_idx + 1 < len(prompts):
             bar.close()
@@ -218,3 +229,14 @@ def time_methods(methods: list[Method], prompts, args, target, counter: ForwardC
             return p_idx + 1
     bar.close()
     return len(prompts)
+
+
+def head_label(head: nn.Module, head_dir: str, head_dirs: list[str]) -> str:
+    """A head's name in the tables: its variant (DSpark, Domino, ...) or kind, then, beside other heads, its
+    folder's name, with the parent's in front where two folders share a name (``runs/a/best``, ``runs/b/best``)."""
+    kind = getattr(head.config, "variant", None) or head.head_kind
+    if len(head_dirs) == 1:
+        return kind
+    names = [Path(d).name for d in head_dirs]
+    path = Path(head_dir)
+    return f"{kind}:{path.parent.name}/{path.name}" if names.count(path.name) > 1 else f"{kind}:{path.name}"

@@ -16,7 +16,9 @@ from draftsmith.data.base.paths import claim_report_dir
 from draftsmith.infer.bench.batch import batch_markdown
 from draftsmith.infer.bench.cost import bound as cost_bound
 from draftsmith.infer.bench.methods import Method
+from draftsmith.infer.decoding import GenerationStats
 from draftsmith.infer.bench.profile import plot_profile, profile_markdown
+from draftsmith.infer.bench.sampled import sampled_markdown
 
 COLUMNS = (
     "Columns: tokens/s = new tokens / seconds over all prompts (each prompt's median over repeats); "
@@ -49,6 +51,14 @@ def tokens_per_s(m: Method) -> float:
     return sum(r["new_tokens"] for r in m.runs) / sum(r["seconds"] for r in m.runs)
 
 
+def pooled_acceptance(m: Method) -> dict:
+    """vLLM's acceptance names of a generator method over its prompts (counts summed first; {} for HF's)."""
+    if not m.runs or "acceptance" not in m.runs[0]:
+        return {}
+    stats = GenerationStats.pooled([GenerationStats(**r["acceptance"]) for r in m.runs])
+    return {"acceptance": stats.acceptance(), "mean_acceptance_length": stats.mean_acceptance_length}
+
+
 def summarise(methods: list[Method], costs: dict[int, float]) -> list[dict]:
     """One row per method (vanilla first): speeds, τ, the bound and efficiency (see ``COLUMNS``)."""
     vanilla = methods[0]
@@ -74,6 +84,7 @@ def summarise(methods: list[Method], costs: dict[int, float]) -> list[dict]:
             "timings_unstable": bool(limit) and t1 * tps / limit > 1.0,  # see UNSTABLE
             "peak_mem_mb": max(mem) if mem else None,
             "identical": all(r["tokens"] == v["tokens"] for r, v in zip(m.runs, vanilla.runs)),
+            **pooled_acceptance(m),
         })
     return rows
 
@@ -192,7 +203,7 @@ def write_report(out: Path, result: dict) -> None:
     (out / "results.json").write_text(json.dumps(result, indent=1))
     rows, costs = result["rows"], result["verification_cost_s"]
     table = markdown(rows, costs, result["meta"]) + throughput_markdown(result.get("train_throughput"))
-    table += batch_markdown(result.get("batch"))
+    table += batch_markdown(result.get("batch")) + sampled_markdown(result.get("sampled"))
     if result.get("profile"):
         table += "\n" + profile_markdown(result["profile"])
         plot_profile(result["profile"], out)

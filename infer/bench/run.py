@@ -15,6 +15,7 @@ from draftsmith.infer.bench.methods import build_methods, time_methods
 from draftsmith.infer.bench.profile import profile_heads
 from draftsmith.infer.bench.prompts import load_prompts
 from draftsmith.infer.bench.report import summarise
+from draftsmith.infer.bench.sampled import time_sampled
 from draftsmith.infer.bench.timing import ForwardCounter, hardware
 from draftsmith.target.recurrent import check_supported
 from draftsmith.target.threads import choose_threads
@@ -57,6 +58,10 @@ def run_benchmark(args, command: str) -> dict:
     }
     result = {"meta": meta, "rows": rows, "verification_cost_s": costs,
               "runs": {m.name: m.runs for m in methods}}
+    temperatures = getattr(args, "temperatures", [0.0])
+    if any(t > 0 for t in temperatures):  # sampled decoding: HF's sampled generate against every generator method
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        result["sampled"] = time_sampled(methods, prompts, args, target, pad)
     if args.profile:
         result["profile"] = profile_heads(methods, prompts, args, device)
     if args.batch_sizes:

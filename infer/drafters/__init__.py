@@ -2,8 +2,8 @@
 named ``DRAFTER``), one per variant with a class of its own in ``variants/`` (``<variant>.py``, a subclass of
 its kind's drafter), the lookup from a head to its drafter, and in ``free/`` the drafters that are no head
 kind: ``adaptive`` (a chain whose length follows the acceptance), ``chooser`` (a chain whose length is chosen for
-tokens per second, 0 allowed), ``lm_drafter`` (a small LM), ``layer_skip``
-(the target's first layers), ``ngram`` (prompt lookup), ``lookup_first`` (prompt lookup, else another
+tokens per second, 0 allowed), ``by_temperature`` (one of those two per sampling mode: the CPU default),
+``lm_drafter`` (a small LM), ``layer_skip`` (the target's first layers), ``ngram`` (prompt lookup), ``lookup_first`` (prompt lookup, else another
 drafter) and ``hierarchical`` (a draft LM whose own drafts are guessed). Import those from their modules."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from draftsmith.infer.drafters.free.adaptive import AdaptiveLength
+from draftsmith.infer.drafters.free.by_temperature import ByTemperature
 from draftsmith.infer.drafters.free.chooser import CostAwareLength
 from draftsmith.infer.drafters.base import (
     Chain,
@@ -59,15 +60,15 @@ def default_tree(kind: str, device: torch.device | str) -> TreeOption:
 
 
 def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = None,
-                 confidence: float | None = None) -> HeadDrafter | AdaptiveLength:
+                 confidence: float | None = None) -> HeadDrafter | ByTemperature:
     """The drafter for a head's kind drafting ``tree``; ``tree=None``: the kind's default on the
-    target's device (``default_tree``, or ``adaptive_chain`` where the kind ``adapts_by_default``:
-    EAGLE heads on CPU); ``confidence``: EAGLE greedy chains stop a level early below this head
-    probability."""
+    target's device (``default_tree``, or ``default_chain`` where the kind ``adapts_by_default``:
+    EAGLE heads on CPU, adaptive at temperature 0 and cost-aware above); ``confidence``: EAGLE greedy
+    chains stop a level early below this head probability."""
     cls = head_drafter_class(head)
     device = target.get_input_embeddings().weight.device
     if tree is None and cls.adapts_by_default(device):
-        return adaptive_chain(head, target, confidence)
+        return default_chain(head, target, confidence)
     return cls(head, target, tree or fit_chain(head, cls.default_tree(device)), confidence)
 
 
@@ -90,6 +91,17 @@ def adaptive_chain(head: nn.Module, target: nn.Module, confidence: float | None 
     return AdaptiveLength(cls(head, target, Chain(longest), confidence), initial=min(4, longest), maximum=longest)
 
 
+def default_chain(head: nn.Module, target: nn.Module, confidence: float | None = None) -> ByTemperature:
+    """The head's chain where its kind ``adapts_by_default`` (EAGLE heads on CPU), one drafter under two length
+    policies (``ByTemperature``): at temperature 0 the adaptive chain (``adaptive_chain``'s), above it the cost-aware
+    one (``chosen_chain``'s, 0 allowed: sampled drafts are kept too seldom to draft every step)."""
+    cls = head_drafter_class(head)
+    longest = cls.longest_chain(head)
+    inner = cls(head, target, Chain(longest), confidence)
+    return ByTemperature(AdaptiveLength(inner, initial=min(4, longest), maximum=longest),
+                         CostAwareLength(inner, maximum=longest))
+
+
 def chosen_chain(head: nn.Module, target: nn.Module, confidence: float | None = None) -> CostAwareLength:
     """The head's chain with each step's length chosen for tokens per second from the rows' acceptance and the
     measured step costs (``CostAwareLength``: 0 to the longest chain the kind drafts). Opt-in (``--choose``): on the
@@ -99,6 +111,7 @@ def chosen_chain(head: nn.Module, target: nn.Module, confidence: float | None = 
     return CostAwareLength(cls(head, target, Chain(longest), confidence), maximum=longest)
 
 
-__all__ = ["AdaptiveLength", "CostAwareLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling",
+__all__ = ["AdaptiveLength", "ByTemperature", "CostAwareLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling",
            "StaticTree", "TreeOption", "chain_buffers", "chain_draft", "root_only", "drafter_class", "head_drafter_class",
-           "default_branching_tree", "default_tree", "make_drafter", "adaptive_chain", "chosen_chain", "fit_chain"]
+           "default_branching_tree", "default_tree", "make_drafter", "adaptive_chain", "default_chain", "chosen_chain",
+           "fit_chain"]

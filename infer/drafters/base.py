@@ -145,6 +145,10 @@ class Drafter:
         accepted tokens in slots [pads[b], lengths[b]). Called by an eager generator before every
         ``propose_rows``; a drafter that shares the target's KV (layer skip) drafts into it."""
 
+    def begin(self, sampling: Sampling) -> None:
+        """A decode with this ``sampling`` starts: called by the generator before ``new_rows``; a drafter whose
+        policy depends on the sampling mode (``free.by_temperature``) picks it here, a wrapper passes it on."""
+
     def compile_with(self, compile: bool | str) -> None:
         """The generator's ``compile`` switch (``infer.compiling.compiled``), given once it is built: a
         drafter with a fixed-shape draft step compiles it; the rest draft eagerly."""

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from draftsmith.data.base.checks import probability
+from draftsmith.infer.accept import categorical
 from draftsmith.infer.cache import SlotWrites, StaticHeadCache, block_slot_mask, buffer_size, slot_mask
 from draftsmith.infer.compiling import compiled, step_begin
 from draftsmith.infer.drafters.base import (Chain, Draft, DynamicTree, HeadDrafter, Sampling, StaticTree,
@@ -67,6 +68,14 @@ class EagleDrafter(HeadDrafter):
     def _to_target(self, ids: Tensor) -> Tensor:
         """Target ids of draft-vocab ids (the same vocab here)."""
         return ids
+
+    def _law_over_target(self, q: Tensor) -> Tensor:
+        """A draft law (rows, V or Vd) over target ids (rows, V): the law itself where the head drafts the target's
+        vocabulary, else scattered to the target ids of the draft ids (0 elsewhere)."""
+        if q.shape[1] == self.vocab_size and not getattr(getattr(self.head, "config", None), "reduced_vocab", False):
+            return q
+        ids = self._to_target(torch.arange(q.shape[1], device=q.device))
+        return q.new_zeros(q.shape[0], self.vocab_size).index_copy_(1, ids, q)
 
     def _project(self, features: Tensor) -> Tensor:
         """The head's input from the target's features of accepted tokens."""
@@ -154,10 +163,8 @@ class EagleDrafter(HeadDrafter):
                         confident.append(logits.softmax(-1).max(-1).values >= self.confidence)
                 else:
                     q = sampling.probs(logits)
-                    draft_ids = torch.multinomial(q, 1)[:, 0]
-                    q_full = q.new_zeros(q.shape[0], self.vocab_size)  # (rows, V): the draft law over target ids
-                    q_full[:, self._to_target(torch.arange(q.shape[1], device=q.device))] = q
-                    qs.append(q_full)
+                    draft_ids = categorical(q)
+                    qs.append(self._law_over_target(q))
                 tokens.append(self._to_target(draft_ids))
                 if i + 1 < levels:  # each row's chain is contiguous after its prefix: causal attention
                     hidden = self._batched_step(cache, hidden, tokens[-1][:, None])

@@ -125,7 +125,7 @@ def test_an_off_entry_decodes_with_the_default_adaptive_chain(tmp_path):
     (tmp_path / "head" / PLAN_FILE).write_text('{"lengths": {"1": 0, "2": 2}}')
     gen = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), str(tmp_path / "head"), device="cpu",
                                                threads=1)
-    assert type(gen.drafter).__name__ == "AdaptiveLength"
+    assert type(gen.drafter).__name__ == "ByTemperature" and type(gen.drafter.greedy).__name__ == "AdaptiveLength"
     prompt = [5, 6, 7, 8]
     out = gen.generate(torch.tensor([prompt]), max_new_tokens=10)
     assert torch.equal(out[0, 4:], _alone(model, prompt, 10))

@@ -27,7 +27,7 @@ def test_the_curve_trains_measures_and_writes_its_table(tiny_files, tmp_path):  
     args = acceptance_curve.parse_args([
         "--budgets", "2", "--recipes", "eagle3,dflash-new", "--on-policy-steps", "1", "--target",
         str(tiny_files["target"]), "--max-new-tokens", "8", "--rounds", "1", "--runs", str(tmp_path / "runs"),
-        "--out", str(tmp_path / "out"), "--set", "data.self_distill.rows=0", f"cache_dir={tmp_path / 'cache'}"])
+        "--out", str(tmp_path / "out"), "--temperatures", "0,1", "--set", "data.self_distill.rows=0", f"cache_dir={tmp_path / 'cache'}"])
     args.phase = "train"  # first only train (what a busy machine does), then measure what results.json lists
     trained = acceptance_curve.run_curve(args, recipes)
     assert not any("tau" in r for r in trained) and not (tmp_path / "out" / "curve.md").exists()
@@ -37,6 +37,9 @@ def test_the_curve_trains_measures_and_writes_its_table(tiny_files, tmp_path):  
     assert [(r["recipe"], r["steps"]) for r in rows] == [("eagle3", 2), ("eagle3+opd", 1), ("eagle3+sup", 1),
                                                           ("dflash-new", 2), ("dflash-new+opd", 1), ("dflash-new+sup", 1)]
     assert all(r["identical"] and r["tau"] >= 1 and r["speedup"] > 0 and r["simulated_tau"] >= 1 for r in rows), rows
+    # and sampled, at T = 1 (--temperatures 0,1): τ, tokens/s, speedup and vLLM's mean acceptance length
+    assert all(r["measured_at"] == [0.0, 1.0] and r["tau_t1"] >= 1 and r["tokens_per_s_t1"] > 0 and r["speedup_t1"] > 0
+               and r["mean_acceptance_length_t1"] >= 1 for r in rows), rows
     assert json.loads((tmp_path / "out" / "results.json").read_text()) == rows
     # the on-policy stage continues at a fraction of the recipe's lr (the recipe's own undid a trained head):
     # a hundredth for EAGLE-3, a tenth for DFlash
@@ -54,6 +57,7 @@ def test_the_curve_trains_measures_and_writes_its_table(tiny_files, tmp_path):  
         assert control["init_from"] == stage["init_from"] and control["max_steps"] == stage["max_steps"] == 1
     table = (tmp_path / "out" / "curve.md").read_text()
     assert "--budgets 2 --recipes eagle3,dflash-new --on-policy-steps 1" in table and table.count("| yes |") == 6
+    assert "--temperatures 0,1" in table and "| real τ T=1 | tokens/s T=1 | speedup T=1 |" in table
     assert (tmp_path / "out" / "curve.png").stat().st_size > 1000
 
 
@@ -77,7 +81,8 @@ def _fake_curve(monkeypatch, tmp_path):
 
     monkeypatch.setattr(acceptance_curve, "train", lambda config, overrides: calls.append(overrides) or Result(overrides))
     monkeypatch.setattr(acceptance_curve, "recipe_kind_lr", lambda config, overrides: ("dflash", 1e-4))
-    monkeypatch.setattr(acceptance_curve, "measure", lambda *a: {"tau": 2.5, "speedup": 1.1, "identical": True})
+    monkeypatch.setattr(acceptance_curve, "measure", lambda *a: {"tau": 2.5, "speedup": 1.1, "identical": True,
+                                                                "measured_at": [0.0]})
     monkeypatch.setattr(acceptance_curve, "plot", lambda rows, path: None)
     recipes = {"r": ("c.yaml", [])}
     return calls, lambda *argv: acceptance_curve.run_curve(acceptance_curve.parse_args(
@@ -154,7 +159,7 @@ def test_the_dspark_recipe_loads_and_both_supervised_only_recipes_train_one_row_
         recipes[name] = (str(path), acceptance_curve.RECIPES[name][1])  # the recipe's own overrides
     args = acceptance_curve.parse_args([
         "--budgets", "2", "--recipes", "peagle,dspark", "--target", str(tiny_files["target"]), "--phase", "train",
-        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--set", "data.self_distill.rows=0",
+        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--temperatures", "0,1", "--set", "data.self_distill.rows=0",
         f"cache_dir={tmp_path / 'cache'}"])
     rows = acceptance_curve.run_curve(args, recipes)
     assert [(r["recipe"], r["steps"]) for r in rows] == [("peagle", 2), ("dspark", 2)]

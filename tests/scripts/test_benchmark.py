@@ -97,7 +97,7 @@ def test_the_default_methods_include_what_infer_generate_decodes(bench_dirs):
     names = [m.name for m in methods]
     assert names == ["vanilla", "medusa:medusa:default", "medusa:medusa:chain4", "eagle3:eagle3:default",
                      "eagle3:eagle3:tree", "eagle3:eagle3:chain4"]
-    assert type(methods[3].generator.drafter).__name__ == "AdaptiveLength"
+    assert type(methods[3].generator.drafter.greedy).__name__ == "AdaptiveLength"  # the CPU default, greedy
     args.adaptive = True  # the same adaptive chain again: run once
     names.insert(3, "medusa:medusa:adaptive")  # after each head's trees
     assert [m.name for m in build_methods(args, target, AutoTokenizer.from_pretrained(root / "target"))] == names
@@ -219,3 +219,65 @@ def test_assistant_head_needs_the_assistant(capsys):
     with pytest.raises(SystemExit) as err:
         load_script().parse_args(["--target", "t", "--assistant-head", "h"])
     assert err.value.code == 2 and "--assistant-head guesses the assistant's drafts: pass --assistant" in capsys.readouterr().err
+
+
+def test_sampled_decoding_at_each_temperature_with_vllms_acceptance_names(bench_dirs):
+    """--temperatures 0,1: the greedy table as before (with vLLM's acceptance names pooled over prompts), plus HF's
+    sampled generate and each generator method at T = 1, seeded per prompt: τ with its interval, tokens/s, speedup."""
+    root, heads, prompts = bench_dirs
+    out = root / "out-sampled"
+    result = load_script().main([
+        "--target", str(root / "target"), "--heads", heads[1], "--prompts", str(prompts), "--num-prompts", "2",
+        "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4", "--no-prompt-lookup",
+        "--no-hf-static", "--trees", "default", "--temperatures", "0,1", "--top-k", "20", "--out", str(out)])
+    head_row = result["rows"][1]
+    counts = [r["acceptance"] for r in result["runs"][head_row["method"]]]
+    drafts, accepted = sum(c["num_drafts"] for c in counts), sum(c["num_accepted_tokens"] for c in counts)
+    assert drafts > 0 and head_row["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    sampled = result["sampled"]
+    assert [(r["method"], r["temperature"]) for r in sampled] == [("hf-sampled", 1.0), (head_row["method"], 1.0)]
+    row = sampled[1]
+    assert row["tokens_per_s"] > 0 and row["speedup"] > 0 and row["num_drafts"] > 0
+    assert row["tau"] == row["step_tokens"] / row["steps"] and row["tau_low"] <= row["tau"] <= row["tau_high"]
+    assert row["mean_acceptance_length"] == pytest.approx(1 + row["num_accepted_tokens"] / row["num_drafts"])
+    assert "Sampled decoding" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("option, value, said", [("--temperatures", "0,-1", "'-1' is no temperature"),
+                                                 ("--temperatures", "0,inf", "'inf' is no temperature"),
+                                                 ("--temperatures", "1,1", "'1' is listed twice"),
+                                                 ("--top-p", "0", "got '0'"), ("--top-k", "-3", "got '-3'")])
+def test_a_sampling_value_no_rule_takes_is_refused_in_one_line(option, value, said, capsys):
+    with pytest.raises(SystemExit):
+        load_script().parse_args(["--target", "demo:tiny", option, value])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert option in err and said in err
+
+
+def test_a_methods_acceptance_pools_its_prompts_counts():
+    """mean_acceptance_length over prompts is 1 + all accepted / all drafts (1.75 here), not the mean of the
+    prompts' own (4 and 1: 2.5)."""
+    from draftsmith.infer.bench.methods import Method
+    from draftsmith.infer.bench.report import pooled_acceptance
+
+    long = {"num_drafts": 1, "num_draft_tokens": 3, "num_accepted_tokens": 3, "num_accepted_tokens_per_pos": [1, 1, 1],
+            "acceptance_histogram": {3: 1}}
+    short = {"num_drafts": 3, "num_draft_tokens": 9, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": [],
+             "acceptance_histogram": {0: 3}}
+    pooled = pooled_acceptance(Method("head", "head", None, runs=[{"acceptance": long}, {"acceptance": short}]))
+    assert pooled["mean_acceptance_length"] == 1.75
+    assert pooled["acceptance"]["acceptance_rate_per_pos"] == [0.25, 0.25, 0.25]
+    assert pooled_acceptance(Method("vanilla", "vanilla", None, runs=[{"tokens": []}])) == {}
+
+
+def test_heads_with_one_folder_name_get_their_parents_and_variants_in_the_label():
+    """Two runs' best/ folders (a DFlash and a DSpark head) were one label 'dflash:best:default' in the tables."""
+    from draftsmith.infer.bench.methods import head_label
+
+    target = make_tiny_target("llama", vocab_size=64, num_layers=4)
+    dflash, dspark = build_head("dflash", target, block_size=4), build_head("dflash", target, block_size=4,
+                                                                             variant="dspark")
+    dirs = ["runs/demo-dflash/best", "runs/demo-dspark/best", "runs/other"]
+    assert [head_label(dflash, dirs[0], dirs), head_label(dspark, dirs[1], dirs), head_label(dflash, dirs[2], dirs)] == [
+        "dflash:demo-dflash/best", "dspark:demo-dspark/best", "dflash:other"]
+    assert head_label(dspark, dirs[1], dirs[1:2]) == "dspark"

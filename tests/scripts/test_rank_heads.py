@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from support.house import REPO
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
@@ -80,3 +81,50 @@ def test_real_tau_of_a_run_and_its_checkpoint(tiny_files, tmp_path):
     for row in rows:  # each head beside its own evaluation
         assert (row["simulated_tau"], row["decode_tau"]) == (evals[row["step"]]["tau"], evals[row["step"]]["decode_tau"])
         assert row["real_tau"] >= 1
+
+
+def test_real_tau_at_each_temperature_beside_decode_tau_at_it(tiny_files, tmp_path):
+    """--temperatures 0,1: real τ at T = 1 is the generator's over the same prompts, each under its own seed
+    (pooled: tokens over steps summed first), ranked against the run's decode_tau_t1; vLLM's names per temperature."""
+    from draftsmith.data.corpus import continuation_prompts
+    from draftsmith.data.targets import load_target, load_target_tokenizer
+    from draftsmith.heads import AutoHead
+    from draftsmith.infer.drafters import adaptive_chain
+    from draftsmith.infer.generator import SpeculativeGenerator
+    from draftsmith.infer.seeded_decode import seeded_stats
+
+    out = tmp_path / "run"
+    setup(tiny_config(tiny_files, out, "train.max_steps=6", "train.eval_every=3", "train.save_every=3",
+                      "train.eval_temperature=[0,1]"))
+    report = tmp_path / "rank.json"
+    heads = [str(out), str(out / "checkpoints" / "step-0000003")]
+    assert main([*heads, "--target", str(tiny_files["target"]), "--prompts", "2", "--max-new-tokens", "12",
+                 "--prompt-tokens", "8", "--temperatures", "0,1", "--out", str(report)]) == 0
+    found = json.loads(report.read_text())
+    assert set(found["spearman"]) == {"simulated_tau", "decode_tau", "decode_tau_t1"}
+    row = found["rows"][0]
+    assert row["decode_tau_t1"] == [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                                    if "tau" in r][-1]["decode_tau_t1"]
+    target = load_target(str(tiny_files["target"]), attn_implementation="sdpa").eval()
+    tokenizer = load_target_tokenizer(str(tiny_files["target"]))
+    prompts = [torch.tensor(p)[None] for p in continuation_prompts(tokenizer, 2, 8, 12)]
+    head = AutoHead.from_pretrained(str(out)).eval()
+    gen = SpeculativeGenerator(target, adaptive_chain(head, target))  # the head's policy at every T, as decode τ's
+    _, stats = seeded_stats(gen, prompts, max_new_tokens=12, temperature=1.0)
+    assert sum(s.num_drafts for s in stats) > 0
+    assert row["real_tau_t1"] == sum(s.step_tokens for s in stats) / sum(s.steps for s in stats)
+    drafts, accepted = sum(s.num_drafts for s in stats), sum(s.num_accepted_tokens for s in stats)
+    assert row["mean_acceptance_length_t1"] == row["acceptance"]["1"]["mean_acceptance_length"] == 1 + accepted / drafts
+    depth = max(len(s.num_accepted_tokens_per_pos) for s in stats)
+    assert row["acceptance"]["1"]["num_accepted_tokens_per_pos"] == [
+        sum(s.num_accepted_tokens_per_pos[i] for s in stats if i < len(s.num_accepted_tokens_per_pos))
+        for i in range(depth)]
+
+
+@pytest.mark.parametrize("option, value", [("--temperatures", "0.7,-0.5"), ("--temperatures", "nan"),
+                                           ("--top-p", "1.5"), ("--top-k", "x")])
+def test_a_sampling_value_is_refused_in_one_line(tmp_path, option, value, capsys):
+    with pytest.raises(SystemExit):
+        parse_args([str(_fake_run(tmp_path)), option, value])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert option in err and repr(value) in err

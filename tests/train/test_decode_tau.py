@@ -83,7 +83,7 @@ def test_decode_tau_is_the_generators_tau_for_an_eagle3_head_that_accepts():
     head = _copying_eagle3(target)
     prompts = _prompts()
     drafter = dt.default_drafter(head, target)
-    assert type(drafter).__name__ == "AdaptiveLength"  # the CPU default: the adaptive chain
+    assert type(drafter.greedy).__name__ == "AdaptiveLength"  # the CPU default, greedy: the adaptive chain
     ours, theirs = _decode_counts(target, drafter, prompts), _generator_counts(target, head, prompts)
     assert ours == theirs
     assert _tau(ours) == _tau(theirs) > 3  # long accepted runs and short ones
@@ -235,7 +235,7 @@ def test_decode_prompts_end_before_the_first_trained_token_or_after_prompt_token
 
 def test_best_by():
     def cfg(best_by):
-        return SimpleNamespace(train=SimpleNamespace(best_by=best_by))
+        return SimpleNamespace(train=SimpleNamespace(best_by=best_by, eval_temperature=[0.0]))
 
     assert best_metric(cfg("auto"), {"tau": 2.0, "decode_tau": 1.5}) == "decode_tau"
     assert best_metric(cfg("auto"), {"tau": 2.0}) == "tau"

@@ -8,8 +8,10 @@ E(k) = 1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens (the bonus token, then each ac
 ``StepCosts.step_seconds(k)`` seconds (``infer.cost_model``: measured per target, drafter, device, dtype and thread
 count, per batch size and sampling mode); the row drafts the k with the most E(k) / seconds(k), the shorter on a
 tie. A row at 0 learns nothing, so after ``probe_every`` steps at 0 it drafts one level (a probe) to find out
-whether drafting pays again; a probe that misses doubles the wait before the next one (up to ``MAX_WAIT`` times
-``probe_every``), an accepted one resets it.
+whether drafting pays again; each probe doubles the wait before the next one (up to ``MAX_WAIT`` times
+``probe_every``), and the wait starts over only when the row chooses to draft again. (A hit used to start it over
+too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted level costs, half the probes
+hit and the row probed every 8 steps for nothing.)
 
 A row at 0 costs what plain decoding costs: its drafter does not observe the accepted tokens then; they wait and
 are observed at once (one head forward) before the row drafts again. Only what is drafted changes: acceptance is
@@ -17,6 +19,7 @@ the generator's, as for any drafter (lossless).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -57,14 +60,22 @@ def acceptance(hits: list[float], tries: list[float], prior: float, weight: floa
     return estimates
 
 
+@functools.lru_cache(maxsize=64)
+def step_table(costs: StepCosts, longest: int) -> tuple[float, ...]:
+    """``costs.step_seconds(k)`` for k = 0..``longest``, computed once per curve (a step reads it, not the curve)."""
+    return tuple(costs.step_seconds(k) for k in range(longest + 1))
+
+
 def best_length(p: list[float], costs: StepCosts, longest: int) -> int:
     """The draft length in 0..``longest`` with the most expected tokens per second (the shorter on a tie)."""
-    best, best_rate = 0, 1.0 / costs.step_seconds(0)
+    longest = min(longest, len(p))
+    seconds = step_table(costs, longest)
+    best, best_rate = 0, 1.0 / seconds[0]
     expected, survive = 1.0, 1.0
-    for k in range(1, min(longest, len(p)) + 1):
+    for k in range(1, longest + 1):
         survive *= p[k - 1]
         expected += survive
-        rate = expected / costs.step_seconds(k)
+        rate = expected / seconds[k]
         if rate > best_rate:
             best, best_rate = k, rate
     return best
@@ -102,6 +113,9 @@ class CostAwareLength(Drafter):
     def compile_with(self, compile: bool | str) -> None:
         self.drafter.compile_with(compile)
 
+    def begin(self, sampling: Sampling) -> None:
+        self.drafter.begin(sampling)
+
     def before_draft(self, cache: Any, lengths: list[int], pads: list[int]) -> None:
         self.drafter.before_draft(cache, lengths, pads)
 
@@ -115,8 +129,8 @@ class CostAwareLength(Drafter):
         tokens wait for the row's next draft to be observed."""
         for state, feats, tokens in zip(states, features, next_tokens):
             accepted = tokens.shape[1] - 1
-            if state.probing:  # a miss waits twice as long for the next probe, a hit starts again
-                state.wait = self.probe_every if accepted else min(2 * state.wait, MAX_WAIT * self.probe_every)
+            if state.probing:  # the next probe waits twice as long, unless the row drafts again by choice (_choose)
+                state.wait = min(2 * state.wait, MAX_WAIT * self.probe_every)
             for d in range(min(state.proposed, accepted + 1)):  # depths reached: every accepted one, then a miss
                 state.tries[d] = DECAY * state.tries[d] + 1.0
                 state.hits[d] = DECAY * state.hits[d] + (1.0 if d < accepted else 0.0)
@@ -140,6 +154,8 @@ class CostAwareLength(Drafter):
         state.probing = k == 0 and state.idle >= state.wait
         if state.probing:
             k = min(1, longest)
+        elif k:  # drafting pays again: the waits between probes start over
+            state.wait = self.probe_every
         state.idle = 0 if k else state.idle + 1
         return k
 

@@ -57,6 +57,9 @@ class LookupFirst(Drafter):
     def compile_with(self, compile: bool | str) -> None:
         self.drafter.compile_with(compile)
 
+    def begin(self, sampling: Sampling) -> None:
+        self.drafter.begin(sampling)
+
     def observe_rows(self, states: list[LookupFirstState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
         self.lookup.observe_rows([s.lookup for s in states], features, next_tokens)
         for state, feats, tokens in zip(states, features, next_tokens):
