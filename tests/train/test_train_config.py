@@ -104,7 +104,7 @@ def test_the_default_config_takes_any_head_kind_and_a_short_run(capsys):
         assert cfg.head.kind == kind and cfg.head.draft_vocab_size is None and cfg.head.aux_layer_ids is None
         note = capsys.readouterr().err
         assert note.count("\n") == 1 and "head.draft_vocab_size" in note and "eagle3" in note
-        assert "train.labels (eagle3 only)" in note and cfg.train.labels == "soft"  # the file's top-1 labels
+        assert "train.labels (eagle3/mtp only)" in note and cfg.train.labels == "soft"  # the file's top-1 labels
     cfg = parse_args(["train.max_steps=5"], default_config=DEMO_CONFIG)  # its warm-up is 10 steps
     assert cfg.train.max_steps == 5
     with pytest.raises(ConfigError, match="head.draft_vocab_size applies only"):  # set by the user: refused
