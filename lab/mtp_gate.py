@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=cli_count(), default=32)
     p.add_argument("--speed-prompts", type=cli_count(0), default=8, help="0: no speed comparison")
     p.add_argument("--speed-rounds", type=cli_count(), default=3)
+    p.add_argument("--threads", type=cli_count(), default=1,
+                   help="torch threads (1, as README's --compare: two threads on a busy box slowed ours 3x)")
     p.add_argument("--out", type=Path)
     return p.parse_args(argv)
 
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftsmith.target.threads import choose_threads
 
-    print(choose_threads(), flush=True)
+    print(choose_threads(args.threads), flush=True)
     target, drafters, prompts, references = load_all(args)
     rows = tau_rows(target, drafters, prompts, references, args.max_new_tokens)
     native = rows[0]["real_tau"]
