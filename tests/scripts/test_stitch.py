@@ -147,3 +147,27 @@ def test_two_mtp_layers_go_back_bit_for_bit(tmp_path):
     index = _index_is_whole(out)
     assert {"model.layers.3.enorm.weight", "model.layers.3.shared_head.head.weight"} <= set(index)
     _native_is(head, out)
+
+
+def test_transformers_own_mtp_decoding_reads_the_stitched_layer(tmp_path):
+    """Mellum (the family whose MTP layers transformers' ``generate(use_mtp=True)`` finds through its config):
+    transformers' ``MtpModel.from_pretrained`` on the stitched copy loads the tuned head's tensors, not the
+    target's own, and its MTP decoding of the copy is the copy's greedy text."""
+    from transformers.modeling_layers import MtpModel
+
+    t = make_mtp_target("mellum", tmp_path / "target", vocab=8, sharpen=4.0)
+    head = perturb(build_head("mtp", t.model))
+    export = export_head(head, tmp_path / "export", "mtp", target=t.model)
+    out = stitch(str(export), t.folder, tmp_path / "copy")
+    copy, original = _load(out), _load(t.folder)
+    with safe_open(str(export / "model.safetensors"), framework="pt") as f:
+        exported = [f.get_tensor(k) for k in f.keys()]
+    mine = {k: v for k, v in MtpModel.from_pretrained(copy).state_dict().items()  # the layer's own (experts merged)
+            if not any(part in k for part in ("embed", "shared_head", "experts"))}
+    theirs = MtpModel.from_pretrained(original).state_dict()
+    assert mine and any(not torch.equal(v, theirs[k]) for k, v in mine.items())  # the tuned layer, not the original
+    assert all(any(v.shape == e.shape and torch.equal(v, e) for e in exported) for v in mine.values())  # the export's
+    again = build_head("mtp", copy)  # head.init=native: the same tensors transformers read
+    assert all(torch.equal(v, native_state_dict(again)[k]) for k, v in native_state_dict(head).items())
+    want = copy.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    assert torch.equal(copy.generate(PROMPT, max_new_tokens=16, do_sample=False, use_mtp=True), want)
