@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 from support.oracle import Oracle
-from support.targets import make_tiny_target
+from support.copying import copying_eagle3, repeating_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
 from draftsmith.heads import build_head
@@ -23,35 +23,6 @@ from draftsmith.train.run import setup
 from draftsmith.train.unroll import unroll
 
 NEW_TOKENS = 40
-
-
-def _target(eos: int | None = None):
-    """A tiny Llama with tied embeddings whose last two layers pass the residual through unchanged (the state
-    entering layer 4 is the final one) and whose first four write 3x their random outputs: its greedy text
-    repeats a token for a while, then moves on (a copying head's accepted runs vary)."""
-    target = make_tiny_target("llama", vocab_size=96, num_layers=6, tie_word_embeddings=True)
-    with torch.no_grad():
-        for i, layer in enumerate(target.model.layers):
-            layer.self_attn.o_proj.weight.mul_(3.0 if i < 4 else 0.0)
-            layer.mlp.down_proj.weight.mul_(3.0 if i < 4 else 0.0)
-    target.generation_config.eos_token_id = eos
-    return target
-
-
-def _copying_eagle3(target, **options):
-    """An EAGLE-3 head that drafts the token it reads again and again: fc keeps the aux layer 4 state (the
-    target's final one), the decoder layer adds nothing, norm and lm_head are the target's. Its chains are
-    accepted while the target repeats a token."""
-    head = build_head("eagle3", target, aux_layer_ids=[1, 2, 4], **options).eval()
-    width = target.config.hidden_size
-    with torch.no_grad():
-        head.fc.weight.zero_()
-        head.fc.weight[:, 2 * width:] = torch.eye(width)
-        head.midlayer.self_attn.o_proj.weight.zero_()
-        head.midlayer.mlp.down_proj.weight.zero_()
-        head.norm.weight.copy_(target.model.norm.weight)
-        head.lm_head.weight.copy_(target.lm_head.weight)
-    return head
 
 
 def _prompts(n: int = 4) -> list[torch.Tensor]:
@@ -79,8 +50,8 @@ def _tau(counts) -> float:
 
 
 def test_decode_tau_is_the_generators_tau_for_an_eagle3_head_that_accepts():
-    target = _target()
-    head = _copying_eagle3(target)
+    target = repeating_target()
+    head = copying_eagle3(target)
     prompts = _prompts()
     drafter = dt.default_drafter(head, target)
     assert type(drafter.greedy).__name__ == "AdaptiveLength"  # the CPU default, greedy: the adaptive chain
@@ -91,12 +62,12 @@ def test_decode_tau_is_the_generators_tau_for_an_eagle3_head_that_accepts():
 
 
 def test_a_row_cut_at_eos_counts_as_the_generators():
-    probe = _target()
+    probe = repeating_target()
     prompt = _prompts(1)
     continuation = dt.greedy_continuations(probe, prompt, NEW_TOKENS)[0]
     eos = int(continuation.sequence[0, continuation.prompt_length + NEW_TOKENS // 2])  # a token it writes
-    target = _target(eos=eos)
-    head = _copying_eagle3(target)
+    target = repeating_target(eos=eos)
+    head = copying_eagle3(target)
     rows = dt.greedy_continuations(target, prompt, NEW_TOKENS)
     assert rows[0].sequence.shape[1] - rows[0].prompt_length <= NEW_TOKENS // 2 + 1  # cut after the EOS
     drafter = dt.default_drafter(head, target)
@@ -105,7 +76,7 @@ def test_a_row_cut_at_eos_counts_as_the_generators():
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "dflash", "early-exit"])
 def test_decode_tau_is_the_generators_tau_for_every_kind(kind):
-    target = _target()
+    target = repeating_target()
     torch.manual_seed(0)
     head = build_head(kind, target).eval()
     prompts = _prompts(3)
@@ -117,7 +88,7 @@ def test_decode_tau_is_the_generators_tau_for_every_kind(kind):
 def test_a_wrong_draft_before_right_ones_accepts_none_as_the_generator():
     """Acceptance is a leading run: chains of a wrong draft and then the true tokens accept nothing, in decode tau as
     in the generator (tau 1.0); counting the drafts that match per position would accept the true ones."""
-    target = _target()
+    target = repeating_target()
     prompts = _prompts(3)
     refs = [row.sequence[0] for row in dt.greedy_continuations(target, prompts, NEW_TOKENS)]
     counts = _decode_counts(target, Oracle(refs, shape="late", right=3), prompts)
@@ -131,8 +102,8 @@ def test_a_wrong_draft_before_right_ones_accepts_none_as_the_generator():
 
 
 def test_decode_tau_of_a_dynamic_tree_is_the_generators():
-    target = _target()
-    head = _copying_eagle3(target)
+    target = repeating_target()
+    head = copying_eagle3(target)
     tree = DynamicTree(depth=4, top_k=2, total_tokens=8)
     prompts = _prompts(3)
     counts = _decode_counts(target, make_drafter(head, target, tree), prompts)
@@ -143,7 +114,7 @@ def test_decode_tau_of_a_dynamic_tree_is_the_generators():
 def _attending_copier(target, norm_output: bool):
     """The copying head with a random attention output (o_proj at 0.3 of a unit scale): what it drafts now depends
     on what its attention reads (its cache of earlier positions, the RoPE positions, the mask)."""
-    head = _copying_eagle3(target, norm_output=norm_output)
+    head = copying_eagle3(target, norm_output=norm_output)
     with torch.no_grad():
         weight = head.midlayer.self_attn.o_proj.weight
         weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)) * 0.3 / weight.shape[1] ** 0.5)
@@ -180,7 +151,7 @@ def test_a_decoded_chain_drafts_what_the_training_unroll_drafts(norm_output):
     (up to and with the first rejected draft) has the unroll's logits (docs/objectives.md, "Decoded against
     teacher-forced acceptance"). Planted: unroll's RoPE positions one later per step, its steps >= 1 blind to
     their own earlier entries, or the drafter's chain positions one later: each fails this."""
-    target = _target()
+    target = repeating_target()
     head = _attending_copier(target, norm_output)
     rows = dt.greedy_continuations(target, _prompts(), NEW_TOKENS)
     dt.with_features(target, rows, tuple(head.feature_layer_ids))
@@ -214,8 +185,8 @@ _real_accepted = dt.accepted_drafts
 
 def test_the_check_fails_on_an_off_by_one(monkeypatch):
     """The checks can fail: with the drafts verified one token late the counts are no longer the generator's."""
-    target = _target()
-    head = _copying_eagle3(target)
+    target = repeating_target()
+    head = copying_eagle3(target)
     prompts = _prompts()
     theirs = _generator_counts(target, head, prompts)
     monkeypatch.setattr(dt, "accepted_drafts", _off_by_one)

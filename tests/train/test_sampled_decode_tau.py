@@ -8,10 +8,9 @@ import json
 
 import pytest
 import torch
-from support.targets import make_tiny_target
+from support.copying import copying_eagle3, repeating_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 
-from draftsmith.heads import build_head
 from draftsmith.infer.drafters import adaptive_chain
 from draftsmith.infer.generator import SpeculativeGenerator
 from draftsmith.infer.seeded_decode import interval_sums, prompt_seed, seeded_generate, tau_interval
@@ -21,32 +20,6 @@ from draftsmith.train.run import setup
 from draftsmith.train.sampled_decode import sampled_row_counts
 
 NEW_TOKENS = 40
-
-
-def _target():
-    """A tiny Llama whose greedy text repeats a token for a while (tests/train/test_decode_tau.py's)."""
-    target = make_tiny_target("llama", vocab_size=96, num_layers=6, tie_word_embeddings=True)
-    with torch.no_grad():
-        for i, layer in enumerate(target.model.layers):
-            layer.self_attn.o_proj.weight.mul_(3.0 if i < 4 else 0.0)
-            layer.mlp.down_proj.weight.mul_(3.0 if i < 4 else 0.0)
-    target.generation_config.eos_token_id = None
-    return target
-
-
-def _copying_eagle3(target):
-    """An EAGLE-3 head drafting the target's own next token law at the last position it read: long accepted runs
-    where the target repeats itself, at T = 1 too."""
-    head = build_head("eagle3", target, aux_layer_ids=[1, 2, 4]).eval()
-    width = target.config.hidden_size
-    with torch.no_grad():
-        head.fc.weight.zero_()
-        head.fc.weight[:, 2 * width:] = torch.eye(width)
-        head.midlayer.self_attn.o_proj.weight.zero_()
-        head.midlayer.mlp.down_proj.weight.zero_()
-        head.norm.weight.copy_(target.model.norm.weight)
-        head.lm_head.weight.copy_(target.lm_head.weight)
-    return head
 
 
 def _decode_set(target, n: int = 4) -> dt.DecodeSet:
@@ -70,8 +43,8 @@ def _generator_counts(target, head, decode_set, temperature, seed=0):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.3])
 def test_sampled_decode_tau_is_the_generators_on_the_same_seeds(temperature):
-    target = _target()
-    head = _copying_eagle3(target)
+    target = repeating_target()
+    head = copying_eagle3(target)
     decode_set = _decode_set(target)
     ours = sampled_row_counts(head, target, decode_set, temperature)
     assert ours == _generator_counts(target, head, decode_set, temperature)
@@ -83,8 +56,8 @@ def test_sampled_decode_tau_is_the_generators_on_the_same_seeds(temperature):
 
 
 def test_two_evaluations_agree_and_leave_the_random_stream_alone():
-    target = _target()
-    head = _copying_eagle3(target)
+    target = repeating_target()
+    head = copying_eagle3(target)
     decode_set = _decode_set(target, 3)
     torch.manual_seed(123)
     state = torch.get_rng_state()
@@ -94,8 +67,8 @@ def test_two_evaluations_agree_and_leave_the_random_stream_alone():
 
 
 def test_a_seeded_generate_is_the_seeded_call():
-    target = _target()
-    head = _copying_eagle3(target)
+    target = repeating_target()
+    head = copying_eagle3(target)
     gen = SpeculativeGenerator(target, head)
     prompt = torch.tensor([[5, 6, 7, 8]])
     out = seeded_generate(gen, prompt, 3, max_new_tokens=12, temperature=1.0)
