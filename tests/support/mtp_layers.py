@@ -5,18 +5,17 @@ context (the target's states) and to the draft positions it produced itself, eve
 scratch with the decoder blocks of transformers' own (L+2)-layer model (no cache)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from support.hybrids import _COMMON
-from support.mtp_targets import _DEEPSEEK, _norm, _own_tensors
+from support.mtp_targets import _DEEPSEEK, _norm, _own_tensors, save_release
 
 TRUNK = 2
 
@@ -50,14 +49,7 @@ def make_layers_target(folder: Path, n: int = 2, *, vocab: int = 8, seed: int = 
                     p + "eh_proj.weight": own[i]["eh_proj"], p + "shared_head.norm.weight": own[i]["post_norm"],
                     p + "embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
                     p + "shared_head.head.weight": tensors["lm_head.weight"].clone()})
-    AutoConfig.for_model("deepseek_v3", **trunk).save_pretrained(folder)
-    files = {"model-00001-of-00002.safetensors": tensors, "model-00002-of-00002.safetensors": mtp}
-    for name, part in files.items():
-        save_file({k: v.contiguous() for k, v in part.items()}, str(folder / name), metadata={"format": "pt"})
-    weight_map = {k: name for name, part in files.items() for k in part}
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").float().eval()
-    model.generation_config.eos_token_id = None
+    model = save_release(folder, AutoConfig.for_model("deepseek_v3", **trunk), tensors, mtp)
     blocks = [big.model.layers[TRUNK + i] for i in range(n)]
     return LayersTarget(model, folder, blocks, big.model.rotary_emb, type(blocks[0].input_layernorm), own)
 

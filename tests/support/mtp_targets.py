@@ -82,6 +82,20 @@ def _release_names(style: str, layers: int, own: dict[str, Tensor], block: dict[
     return {**out, **{"mtp.layers.0." + k: v for k, v in block.items()}}
 
 
+def save_release(folder: Path, config, trunk: dict[str, Tensor], mtp: dict[str, Tensor]) -> nn.Module:
+    """Save ``config`` and the tensors as releases do (the trunk's shard, then one holding the MTP layers, with
+    their index) in ``folder``; the target loaded from it (fp32, no EOS): transformers ignores the MTP tensors."""
+    config.save_pretrained(folder)
+    files = {"model-00001-of-00002.safetensors": trunk, "model-00002-of-00002.safetensors": mtp}
+    for name, part in files.items():
+        save_file({k: v.contiguous() for k, v in part.items()}, str(folder / name), metadata={"format": "pt"})
+    weight_map = {k: name for name, part in files.items() for k in part}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").float().eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
 def make_mtp_target(style: str, folder: Path, *, vocab: int = 96, seed: int = 0, sharpen: float = 1.0) -> MtpTarget:
     """A tiny DeepSeek-V3-style or Qwen3-Next-style target saved in ``folder`` with its MTP layer in a second shard."""
     trunk, full = _configs(style, vocab)
@@ -100,14 +114,7 @@ def make_mtp_target(style: str, folder: Path, *, vocab: int = 96, seed: int = 0,
     own = _own_tensors(style, trunk["hidden_size"], torch.Generator().manual_seed(seed + 1))
     shared = {"embed": tensors["model.embed_tokens.weight"], "head": tensors["lm_head.weight"]}
     mtp = _release_names(style, layers, own, block, shared)
-    AutoConfig.for_model(model_type, **trunk).save_pretrained(folder)
-    files = {"model-00001-of-00002.safetensors": tensors, "model-00002-of-00002.safetensors": mtp}
-    for name, part in files.items():
-        save_file({k: v.contiguous() for k, v in part.items()}, str(folder / name), metadata={"format": "pt"})
-    weight_map = {k: name for name, part in files.items() for k in part}
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").float().eval()
-    model.generation_config.eos_token_id = None
+    model = save_release(folder, AutoConfig.for_model(model_type, **trunk), tensors, mtp)
     norm_cls = type(big.model.layers[layers].input_layernorm)
     rotary = big.model.rotary_emb
     if style == "mellum":  # RoPE per layer type: the MTP layer's is the last layer's (sliding attention)
