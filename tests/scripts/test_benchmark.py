@@ -243,6 +243,38 @@ def test_sampled_decoding_at_each_temperature_with_vllms_acceptance_names(bench_
     assert "Sampled decoding" in (out / "results.md").read_text()
 
 
+def test_sampled_timing_starts_after_the_chains_step_costs_are_measured(bench_dirs, tmp_path, monkeypatch):
+    """At T > 0 the CPU default chain measures its step costs (infer.cost_profile) on its first sampled decode, once
+    per key; with --warmup 0 the bench measures them before its first timed decode, so no tokens/s counts them (a
+    one-prompt run on demo:smollm2 read 0.6 tokens/s for the head against 12.5 for HF's sampled generate)."""
+    from draftsmith.infer import cost_profile
+    from draftsmith.infer.bench import sampled
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))  # no stored step costs: this run measures them
+    timing, measured = [False], []
+    measure, median = cost_profile.measure_curve, sampled._median_seconds
+
+    def recorded_measure(*args, **kwargs):
+        measured.append(timing[0])
+        return measure(*args, **kwargs)
+
+    def timed_median(*args, **kwargs):
+        timing[0] = True
+        try:
+            return median(*args, **kwargs)
+        finally:
+            timing[0] = False
+
+    monkeypatch.setattr(cost_profile, "measure_curve", recorded_measure)
+    monkeypatch.setattr(sampled, "_median_seconds", timed_median)
+    root, heads, prompts = bench_dirs
+    load_script().main([
+        "--target", str(root / "target"), "--heads", heads[1], "--prompts", str(prompts), "--num-prompts", "1",
+        "--max-new-tokens", "4", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1", "--no-prompt-lookup",
+        "--no-hf-static", "--trees", "default", "--temperatures", "0,1", "--out", str(tmp_path / "out")])
+    assert measured == [False]  # measured once, outside every timed call
+
+
 @pytest.mark.parametrize("option, value, said", [("--temperatures", "0,-1", "'-1' is no temperature"),
                                                  ("--temperatures", "0,inf", "'inf' is no temperature"),
                                                  ("--temperatures", "1,1", "'1' is listed twice"),
