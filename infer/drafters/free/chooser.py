@@ -163,7 +163,10 @@ class CostAwareLength(Drafter):
                      max_depths: list[int]) -> list[Draft]:
         """The rows that draft observe their waiting tokens, then draft at once; the others verify their root."""
         curve = self._curve(sampling.greedy) if self.forced is None else None
+        cuts = self.drafter.use_step_costs(curve)  # DSpark cuts each row's block by its confidence under them
         lengths = [self._choose(s, curve, d) for s, d in zip(states, max_depths)]
+        if cuts:  # a row that drafts drafts its whole block: what is verified of it, the drafter chooses
+            lengths = [min(d, self.maximum) if k else 0 for k, d in zip(lengths, max_depths)]
         drafting = [i for i, k in enumerate(lengths) if k > 0]
         drafts = [root_only(root) for root in roots]
         for state in states:
