@@ -36,7 +36,7 @@ FAMILIES = {
 }
 
 
-def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """The families' RMSNorm (``LlamaRMSNorm.forward``): in float32, scaled by the weight in the input's dtype."""
     dtype = x.dtype
     x = x.to(torch.float32)
@@ -77,9 +77,9 @@ class LeanStack:
     def __init__(self, backbone: nn.Module, layers: list[nn.Module], attention: Callable, layer_types) -> None:
         self.embed = backbone.embed_tokens.weight
         self.rotary = backbone.rotary_emb
-        self.norm = _norm(backbone.norm)
+        self.norm = norm_weights(backbone.norm)
         self.attention = attention
-        self.layers = [_layer(layer, i, layer_types) for i, layer in enumerate(layers)]
+        self.layers = [build_layer(layer, i, layer_types) for i, layer in enumerate(layers)]
         self.rope_per_type = FAMILIES[type(layers[0]).__name__][2]
 
     def __call__(self, input_ids: Tensor, mask: Tensor | dict[str, Tensor], positions: Tensor, cache,
@@ -97,36 +97,44 @@ class LeanStack:
             if layer.index in aux_layer_ids:
                 entering[layer.index] = h
             m = mask if not isinstance(mask, dict) else mask[layer.layer_type]
-            h = self._layer(layer, h, *rope[layer.layer_type], m, cache)
+            h = run_layer(layer, self.attention, h, *rope[layer.layer_type], m, cache)
         aux = torch.cat([entering[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
-        return _rms(h, *self.norm), aux
+        return rms(h, *self.norm), aux
 
-    def _layer(self, layer: _Layer, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache) -> Tensor:
-        shape = (*h.shape[:-1], -1, layer.head_dim)
-        x = _rms(h, *layer.norm_in)
-        q, k = F.linear(x, *layer.q).view(shape), F.linear(x, *layer.k).view(shape)
-        if layer.q_norm is not None:
-            q, k = _rms(q, *layer.q_norm), _rms(k, *layer.k_norm)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), F.linear(x, *layer.v).view(shape).transpose(1, 2)
-        q = (q * cos) + (_rotate_half(q) * sin)
-        k = (k * cos) + (_rotate_half(k) * sin)
+
+
+def run_layer(layer: _Layer, attention: Callable, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+              cache) -> Tensor:
+    """One decoder layer (``build_layer``'s) over the residual stream ``h`` (B, T, H) at the rotary ``cos``/``sin``
+    (B, 1, T, D), as its module's forward: the family's norms, projections, rotary, ``cache.update`` (None: no
+    cache), transformers' ``attention`` function and gated MLP."""
+    shape = (*h.shape[:-1], -1, layer.head_dim)
+    x = rms(h, *layer.norm_in)
+    q, k = F.linear(x, *layer.q).view(shape), F.linear(x, *layer.k).view(shape)
+    if layer.q_norm is not None:
+        q, k = rms(q, *layer.q_norm), rms(k, *layer.k_norm)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), F.linear(x, *layer.v).view(shape).transpose(1, 2)
+    q = (q * cos) + (_rotate_half(q) * sin)
+    k = (k * cos) + (_rotate_half(k) * sin)
+    if cache is not None:
         k, v = cache.update(k, v, layer.index)
-        out, _ = self.attention(layer.attn, q, k, v, mask, dropout=0.0, scaling=layer.scaling, **layer.extra)
-        h = h + F.linear(out.reshape(*h.shape[:-1], -1).contiguous(), *layer.o)
-        x = _rms(h, *layer.norm_post)
-        return h + F.linear(layer.act(F.linear(x, *layer.gate)) * F.linear(x, *layer.up), *layer.down)
+    out, _ = attention(layer.attn, q, k, v, mask, dropout=0.0, scaling=layer.scaling, **layer.extra)
+    h = h + F.linear(out.reshape(*h.shape[:-1], -1).contiguous(), *layer.o)
+    x = rms(h, *layer.norm_post)
+    return h + F.linear(layer.act(F.linear(x, *layer.gate)) * F.linear(x, *layer.up), *layer.down)
 
 
-def _linear(module: nn.Module) -> tuple[Tensor, Tensor | None]:
+def linear_weights(module: nn.Module) -> tuple[Tensor, Tensor | None]:
     if type(module) is not nn.Linear:
-        raise _NotLean(f"{type(module).__name__} is not a plain nn.Linear")
+        raise NotLean(f"{type(module).__name__} is not a plain nn.Linear")
     return module.weight, module.bias
 
 
-def _norm(module: nn.Module) -> tuple[Tensor, float]:
+def norm_weights(module: nn.Module) -> tuple[Tensor, float]:
+    """(weight, eps) of one of ``FAMILIES``' RMSNorms (``LlamaRMSNorm``'s formula; not Gemma's or Qwen3-Next's 1 + w)."""
     name = type(module).__name__
-    if not name.endswith("RMSNorm") or not _own(type(module)):
-        raise _NotLean(f"{name} is not the family's RMSNorm")
+    if name not in {f.replace("DecoderLayer", "RMSNorm") for f in FAMILIES} or not _own(type(module)):
+        raise NotLean(f"{name} is not one of the families' RMSNorms")
     return module.weight, module.variance_epsilon
 
 
@@ -134,15 +142,18 @@ def _own(cls: type) -> bool:
     return cls.__module__.startswith("transformers.models.")
 
 
-def _layer(layer: nn.Module, index: int, layer_types) -> _Layer:
+def build_layer(layer: nn.Module, index: int, layer_types) -> _Layer:
+    """A decoder layer of one of ``FAMILIES`` as tensors (``run_layer`` runs it); ``NotLean`` for anything else."""
+    if type(layer).__name__ not in FAMILIES or not _own(type(layer)):
+        raise NotLean(f"a {type(layer).__name__}")
     extra_kind, qk_norm, _ = FAMILIES[type(layer).__name__]
     attn, mlp = layer.self_attn, layer.mlp
     if type(attn).__name__ != type(layer).__name__.replace("DecoderLayer", "Attention"):
-        raise _NotLean(f"{type(attn).__name__} is not the family's attention")
+        raise NotLean(f"{type(attn).__name__} is not the family's attention")
     if type(mlp).__name__ != type(layer).__name__.replace("DecoderLayer", "MLP"):
-        raise _NotLean(f"{type(mlp).__name__} is not the family's MLP")
+        raise NotLean(f"{type(mlp).__name__} is not the family's MLP")
     if getattr(attn, "layer_idx", index) != index:
-        raise _NotLean(f"layer {index}'s attention has layer_idx {attn.layer_idx}")
+        raise NotLean(f"layer {index}'s attention has layer_idx {attn.layer_idx}")
     extra = {}
     if extra_kind == "config":
         extra = {"sliding_window": getattr(attn.config, "sliding_window", None)}
@@ -151,60 +162,62 @@ def _layer(layer: nn.Module, index: int, layer_types) -> _Layer:
     act = mlp.act_fn
     if isinstance(act, nn.Module):
         act = act.forward
-    return _Layer(attn, index, _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm),
-                  _linear(attn.q_proj), _linear(attn.k_proj), _linear(attn.v_proj), _linear(attn.o_proj),
-                  _norm(attn.q_norm) if qk_norm else None, _norm(attn.k_norm) if qk_norm else None,
-                  _linear(mlp.gate_proj), _linear(mlp.up_proj), _linear(mlp.down_proj), act,
+    lin = linear_weights
+    return _Layer(attn, index, norm_weights(layer.input_layernorm), norm_weights(layer.post_attention_layernorm),
+                  lin(attn.q_proj), lin(attn.k_proj), lin(attn.v_proj), lin(attn.o_proj),
+                  norm_weights(attn.q_norm) if qk_norm else None, norm_weights(attn.k_norm) if qk_norm else None,
+                  lin(mlp.gate_proj), lin(mlp.up_proj), lin(mlp.down_proj), act,
                   attn.head_dim, attn.scaling, extra, None if layer_types is None else layer_types[index])
 
 
-def _foreign_hooks(module: nn.Module) -> list:
+def foreign_hooks(module: nn.Module) -> list:
     """``module``'s forward hooks but transformers' own output capturing (inactive unless a forward asks it for
     outputs: the lean stack computes the states it needs itself)."""
     hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
     return [h for h in hooks if getattr(h, "__module__", None) != "transformers.utils.output_capturing"]
 
 
-class _NotLean(Exception):
+class NotLean(Exception):
     """Why a target runs its own forward."""
 
 
-def _attention_function(config, family_module) -> Callable:
+def attention_function(config, family_module) -> Callable:
+    """transformers' attention function the family's attention calls under ``config`` (sdpa or eager)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     impl = getattr(config, "_attn_implementation", None)
-    if impl == "eager":
+    if impl in (None, "eager"):  # None: a module built on its own (an MTP head's layers), eager as transformers runs it
         return family_module.eager_attention_forward
     if impl == "sdpa":
         return ALL_ATTENTION_FUNCTIONS["sdpa"]
-    raise _NotLean(f"attention {impl!r}")
+    raise NotLean(f"attention {impl!r}")
 
 
 def build_lean_stack(model: nn.Module) -> LeanStack:
-    """The lean stack of ``model`` (a *ForCausalLM), or ``_NotLean`` naming what it cannot reproduce."""
+    """The lean stack of ``model`` (a *ForCausalLM), or ``NotLean`` naming what it cannot reproduce."""
     from draftsmith.target.model import backbone_of, causal_lm_of, decoder_layers
 
     if causal_lm_of(model) is not model:
-        raise _NotLean("a PEFT wrapper")
+        raise NotLean("a PEFT wrapper")
     backbone = backbone_of(model)
     layers = list(decoder_layers(model))[: model.config.num_hidden_layers]
     names = {type(layer).__name__ for layer in layers}
     if len(names) != 1 or not names <= FAMILIES.keys() or not _own(type(layers[0])):
-        raise _NotLean(f"decoder layers {sorted(names)}")
+        raise NotLean(f"decoder layers {sorted(names)}")
     if model.training:
-        raise _NotLean("training mode")
+        raise NotLean("training mode")
     from torch.nn.modules import module as module_globals
 
     if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
-        raise _NotLean("global forward hooks")
+        raise NotLean("global forward hooks")
     for m in model.modules():
-        if _foreign_hooks(m) or hasattr(m, "_hf_hook") or (m is not model and "forward" in vars(m)):
-            raise _NotLean(f"a forward hook or a replaced forward on {type(m).__name__}")
+        if foreign_hooks(m) or hasattr(m, "_hf_hook") or (m is not model and "forward" in vars(m)):
+            raise NotLean(f"a forward hook or a replaced forward on {type(m).__name__}")
     if type(backbone.embed_tokens) is not nn.Embedding or type(backbone.rotary_emb).__name__ != \
             type(layers[0]).__name__.replace("DecoderLayer", "RotaryEmbedding"):
-        raise _NotLean("the embedding or rotary embedding is not the family's")
+        raise NotLean("the embedding or rotary embedding is not the family's")
     layer_types = getattr(model.config, "layer_types", None)
-    attention = _attention_function(model.config, sys.modules[type(layers[0]).__module__])
+    attention = attention_function(model.config, sys.modules[type(layers[0]).__module__])
     return LeanStack(backbone, layers, attention, layer_types)
 
 
@@ -217,7 +230,7 @@ def lean_stack(model: nn.Module) -> LeanStack | None:
     versions); None otherwise (the caller runs the backbone)."""
     try:
         stack = build_lean_stack(model)
-    except _NotLean:
+    except NotLean:
         return None
     if model not in _CHECKED:
         _CHECKED[model] = _agrees(model, stack)
@@ -247,4 +260,5 @@ def _agrees(model: nn.Module, stack: LeanStack) -> bool:
     return torch.equal(ours, theirs)
 
 
-__all__ = ["FAMILIES", "LeanStack", "build_lean_stack", "lean_stack"]
+__all__ = ["FAMILIES", "LeanStack", "NotLean", "attention_function", "build_layer", "build_lean_stack", "foreign_hooks",
+           "lean_stack", "linear_weights", "norm_weights", "rms", "run_layer"]
