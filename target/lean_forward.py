@@ -233,7 +233,10 @@ def lean_stack(model: nn.Module) -> LeanStack | None:
     except NotLean:
         return None
     if model not in _CHECKED:
-        _CHECKED[model] = _agrees(model, stack)
+        try:
+            _CHECKED[model] = _agrees(model, stack)
+        except Exception:  # noqa: BLE001  (a transformers release whose backbone takes these arguments otherwise)
+            _CHECKED[model] = False
     return stack if _CHECKED[model] else None
 
 
