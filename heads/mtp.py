@@ -20,7 +20,7 @@ decoder layer, norm and rotary classes, so the math is the target's own.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -166,7 +166,7 @@ class MtpHead(DraftHead):
         self.rotary_emb = rotary_cls(config=family)
         # Mellum: RoPE per layer type (MtpModel's has_per_layer_rope): each MTP layer's rotary reads its type
         nested = family.nested_rope_parameter_keys(getattr(family, "rope_parameters", None) or {})
-        self._rope_types = list(family.layer_types) if nested and getattr(family, "layer_types", None) else None
+        self.rope_types = list(family.layer_types) if nested and getattr(family, "layer_types", None) else None
         self._family = family
         self.post_init()
 
@@ -209,15 +209,18 @@ class MtpHead(DraftHead):
         attention_mask: Tensor | None = None,  # additive (B, 1, T, S) or None = causal
         past_key_values: HeadCache | None = None,
         layer: int = 0,
+        run: Callable | None = None,
     ) -> HeadOutput:
         """MTP layer ``layer`` at every position: its post-norm output (B, T, H), whose ``target.lm_head``
-        logits predict t_{i+2}."""
+        logits predict t_{i+2}. ``run``: what runs the layer, called as it is (None: the layer itself; a drafter
+        passes ``target.lean_mtp``'s, the same ops without the module machinery)."""
         t = hidden_states.shape[1]
         cache = None if past_key_values is None else _FamilyCache(past_key_values)
         if attention_mask is None and t > 1 and past_key_values is not None and past_key_values.get_seq_length():
             attention_mask = causal_mask(t, past_key_values.get_seq_length() + t, hidden_states.dtype,
                                          hidden_states.device)
-        rope = ((self._rope_types[layer],) if self._rope_types else ())
-        out = self.layers[layer](inputs_embeds, hidden_states, self.rotary_emb(inputs_embeds, position_ids, *rope),
-                                 attention_mask, position_ids, cache)
+        rope = ((self.rope_types[layer],) if self.rope_types else ())
+        position_embeddings = self.rotary_emb(inputs_embeds, position_ids, *rope)
+        out = (run or self.layers[layer])(inputs_embeds, hidden_states, position_embeddings, attention_mask,
+                                          position_ids, cache)
         return HeadOutput(hidden_states=out, past_key_values=past_key_values)

@@ -64,6 +64,11 @@ class StepCosts:
         lo, hi = self.lengths[i - 1], self.lengths[i]
         return values[i - 1] + (values[i] - values[i - 1]) * (k - lo) / (hi - lo)
 
+    def after_drafting(self, k: int, drafted: int) -> float:
+        """Seconds of a step that drafted ``drafted`` levels and verifies the first ``k`` (k <= drafted): the
+        drafting of ``drafted``, the verify of k + 1 tokens and the rest at k (a block drafter's cut)."""
+        return self._at(self.draft, drafted) + self._at(self.verify, k) + self._at(self.other, k)
+
     def step_seconds(self, k: int) -> float:
         """Seconds of a step drafting ``k`` levels: drafting + the verify of k + 1 tokens + the rest."""
         return self._at(self.draft, k) + self._at(self.verify, k) + self._at(self.other, k)

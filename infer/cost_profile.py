@@ -21,6 +21,7 @@ from draftsmith.infer.cost_model import StepCosts, curve_name, load_costs
 from draftsmith.infer.decoding import PhaseClock
 from draftsmith.infer.drafters import Sampling
 from draftsmith.infer.drafters.free.chooser import CostAwareLength
+from draftsmith.target.lean_forward import lean_stack
 from draftsmith.target.model import loaded_target_identity
 
 PROMPT_TOKENS = 48
@@ -36,11 +37,13 @@ def chooser_of(drafter: Any) -> CostAwareLength | None:
 
 
 def cost_key(gen: Any, chooser: CostAwareLength) -> dict:
-    """What a generator's step costs depend on: target, device, dtype, CPU threads, the drafter and its head."""
+    """What a generator's step costs depend on: target, device, dtype, CPU threads, the target's forward (its
+    lean stack or its own modules, ``target.lean_forward``), the drafter and its head."""
     weight = gen.target.get_input_embeddings().weight
     threads = torch.get_num_threads() if weight.device.type == "cpu" else 0
+    lean = gen.lean and not gen.compile and lean_stack(gen.target) is not None
     return {**loaded_target_identity(gen.target), "device": weight.device.type, "dtype": str(weight.dtype),
-            "threads": threads, "wrapper": type(gen.drafter).__name__, **chooser.identity, "longest": chooser.maximum}
+            "threads": threads, "forward": "lean" if lean else "modules", "wrapper": type(gen.drafter).__name__, **chooser.identity, "longest": chooser.maximum}
 
 
 def prepare_costs(gen: Any, batch: int, sampling: Sampling) -> None:

@@ -54,6 +54,7 @@ from draftsmith.infer.masked_forward import attention_masks, masked_forward, pre
 from draftsmith.target.recurrent import check_chain_drafter, check_supported, is_hybrid
 from draftsmith.infer.rollback import make_rollback
 from draftsmith.infer.speculation_plan import SpeculationPlan, find_plan
+from draftsmith.target.lean_forward import lean_stack
 from draftsmith.target.model import TargetOutput, decoder_layers
 from draftsmith.target.threads import choose_threads
 from draftsmith.infer.tree import pad_tree
@@ -134,6 +135,8 @@ class SpeculativeGenerator:
             per-token rule where ``target.delta_rule`` finds it applies (``per_token_modules``); False = their
             chunked rule (what ``lab/bench_rollback.py --rules chunked`` times). Only that rule choice: the
             routing exactness needs (Mamba mixers per token, Mamba-2 scans without the dt clamp) stays either way.
+        lean: eager decodes run the target as ``target.lean_forward.LeanStack`` where it applies (its modules' ops
+            bit for bit, without their per-call machinery); False = the target's own modules always.
     """
 
     def __init__(
@@ -150,6 +153,7 @@ class SpeculativeGenerator:
         plan: SpeculationPlan | str | os.PathLike | None = None,
         rollback: str | None = None,
         per_token: bool = True,
+        lean: bool = True,
     ) -> None:
         check_family(target)  # first: a stateful model it cannot decode is named with its layer kind (or its check)
         attn = getattr(target.config, "_attn_implementation", None)
@@ -177,9 +181,10 @@ class SpeculativeGenerator:
         self.drafter.compile_with(self.compile)  # the same switch for the draft step
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
-        per_token = flag("per_token", per_token)
+        self.lean, self._lean = flag("lean", lean), None  # _lean: the LeanStack of an eager decode, built at each prefill
         # what a hybrid's verify and replay forwards route (target.delta_rule): the Gated DeltaNet rule (per_token),
         # and whatever keeps them equal to the target's own decode (always)
+        per_token = flag("per_token", per_token)
         self.per_token_modules = per_token_modules(target, gated_delta_rule=per_token) if hybrid else ()
         self._arange_cache: Tensor | None = None  # arange(budget): the verify step's slot offsets
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
@@ -290,7 +295,7 @@ class SpeculativeGenerator:
         shape = (*tokens.shape, cache.max_len)
         first = shape not in self._compiled_shapes and bool(self.compile)
         if first:
-            self._sync()
+            sync(self.device)  # only around compilation, to time it
             start = time.perf_counter()
         if self.compile:
             step_begin(self.device)
@@ -304,15 +309,12 @@ class SpeculativeGenerator:
                 out = masked_forward(self.drafter.entry_model, tokens, slots, mask, positions, cache,
                                      self.drafter.aux_layer_ids, inputs_embeds=entries)
             else:
-                out = self._verify_fn(self.target, tokens, slots, mask, positions, cache, self.drafter.aux_layer_ids)
+                out = self._verify_fn(self.target, tokens, slots, mask, positions, cache, self.drafter.aux_layer_ids, lean=self._lean)
         if first:
-            self._sync()
+            sync(self.device)  # only around compilation, to time it
             stats.compile_time += time.perf_counter() - start
             self._compiled_shapes.add(shape)
         return out
-
-    def _sync(self) -> None:
-        sync(self.device)  # sync: only around compilation, to time it
 
     def prefill(self, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | None = None) -> TargetOutput:
         """The prompts' forward (B, P), left-padded per ``attention_mask`` (None: no padding), into the
@@ -325,8 +327,9 @@ class SpeculativeGenerator:
         positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
         padding = mask if attention_mask is not None and bool((mask == 0).any()) else None  # sync
         masks = attention_masks(text_config(self.target), prefill_mask(mask, self.dtype), positions, positions, padding)
+        self._lean = lean_stack(self.target) if self.lean and not self.compile else None
         out = masked_forward(self.target, ids, torch.arange(ids.shape[1], device=self.device), masks,
-                             positions, cache, self.drafter.aux_layer_ids)
+                             positions, cache, self.drafter.aux_layer_ids, lean=self._lean)
         cache.length = ids.shape[1]
         return out
 
@@ -361,10 +364,9 @@ class SpeculativeGenerator:
 
     def _arange(self, n: int) -> Tensor:
         """arange(n) on the device, kept while n repeats (a verify's slot offsets)."""
-        cached = self._arange_cache
-        if cached is None or cached.shape[0] != n:
-            cached = self._arange_cache = torch.arange(n, device=self.device)
-        return cached
+        if self._arange_cache is None or self._arange_cache.shape[0] != n:
+            self._arange_cache = torch.arange(n, device=self.device)
+        return self._arange_cache
 
     def _settle(self, dec: Decoding, new: Tensor, length: Tensor,
                 seen: Callable[[int, int], tuple[Tensor, Tensor]]) -> tuple[list[Tensor], list[int]]:

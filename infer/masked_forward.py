@@ -29,19 +29,26 @@ from torch import Tensor, nn
 from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.cache import StaticKVCache
 from draftsmith.target.cache_keywords import cache_kwargs
+from draftsmith.target.lean_forward import LeanStack
 from draftsmith.target.recurrent import RECURRENT_MASK_KEYS, is_hybrid
 from draftsmith.target.model import TargetOutput, backbone_of, causal_lm_of
 
 
 def masked_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, mask: Tensor | dict[str, Tensor],
                    positions: Tensor, cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = (),
-                   inputs_embeds: Tensor | None = None) -> TargetOutput:
+                   inputs_embeds: Tensor | None = None, lean: LeanStack | None = None) -> TargetOutput:
     """One target forward over ``cache`` for a batch: input_ids (B, T) written at ``slots`` ((T,)
     shared, or (B, T) per row), under the additive ``mask`` (B, 1, T, cache.attended) at
     ``positions`` (B, T); a dict of such masks per layer type for a target that mixes sliding and
     full layers (``attention_masks``). ``inputs_embeds`` (B, T, H) replaces the tokens' embeddings
-    (a view of the target's later layers fed the states entering them: ``Drafter.entry_model``)."""
+    (a view of the target's later layers fed the states entering them: ``Drafter.entry_model``). ``lean``: the
+    target's ``target.lean_forward.LeanStack``, the same ops without the module machinery (not with
+    ``inputs_embeds``)."""
     cache.slots = slots
+    if lean is not None and inputs_embeds is None:
+        final_hidden, aux = lean(input_ids, mask, positions, cache, aux_layer_ids)
+        logits = causal_lm_of(model).get_output_embeddings()(final_hidden)
+        return TargetOutput(logits=logits, final_hidden=final_hidden, aux_hidden=aux, past_key_values=cache)
     backbone = backbone_of(model)
     out = backbone(input_ids=None if inputs_embeds is not None else input_ids, inputs_embeds=inputs_embeds,
                    attention_mask=mask, position_ids=positions, use_cache=True, **cache_kwargs(backbone, cache),

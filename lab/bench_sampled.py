@@ -1,14 +1,18 @@
 """Sampled decoding's speed against the target's own (issue 56, docs/benchmarks.md), in one process.
 
-    python lab/bench_sampled.py --head runs/demo-s0/best [--prompt "class Queue:"] [--temperatures 0,0.7,1]
-        [--rounds 12] [--max-new-tokens 64] [--threads 1] [--out FILE.json]
+    python lab/bench_sampled.py --head runs/demo-s0/best [--prompt "class Queue:" | --held-out 24]
+        [--temperatures 0,0.7,1] [--rounds 12] [--max-new-tokens 64] [--threads 1] [--out FILE.json]
 
 Per temperature, each round decodes the prompt once with every method in turn (a load change on a shared
 machine hits them alike), no EOS, from the same seed: the target's own ``generate`` ("hf"), the generator's
 default drafter ("default"), the generator with a plan of no drafting ("plain": its own plain step) and a chain
-of one draft ("chain1"). Time is the thread's CPU time (``time.thread_time``: another process's bursts on a busy
-box slow it less than the wall clock). Per method: the least seconds per token over the rounds, its speed over
-hf's least, and each round's speed over hf's that round (median and range).
+of one draft ("chain1"), the first two also on the target's own modules instead of its lean stack
+("default-modules", "plain-modules": ``SpeculativeGenerator(lean=False)``, the decoder before
+``target.lean_forward``). ``--held-out N``: round r decodes held-out prompt r mod N (64 tokens of
+``data.corpus.continuation_prompts``) instead of ``--prompt``. Time is the thread's CPU time
+(``time.thread_time``: another process's bursts on a busy box slow it less than the wall clock). Per method: the
+least seconds per token over the rounds, its speed over hf's least, each round's speed over hf's that round
+(median and range), and the total tokens over the total seconds against hf's ("speed_over_hf_total").
 """
 from __future__ import annotations
 
@@ -29,8 +33,10 @@ from draftsmith.infer.speculation_plan import SpeculationPlan
 def methods(gen: SpeculativeGenerator) -> dict[str, SpeculativeGenerator | None]:
     """The decoders compared: None is the target's own ``generate``."""
     target, head, tok = gen.target, gen.head, gen.tokenizer
-    return {"hf": None, "default": gen,
-            "plain": SpeculativeGenerator(target, head, tok, tree=Chain(1), plan=SpeculationPlan({1: 0})),
+    plain = SpeculationPlan({1: 0})
+    return {"hf": None, "default": gen, "default-modules": SpeculativeGenerator(target, head, tok, lean=False),
+            "plain": SpeculativeGenerator(target, head, tok, tree=Chain(1), plan=plain),
+            "plain-modules": SpeculativeGenerator(target, head, tok, tree=Chain(1), plan=plain, lean=False),
             "chain1": SpeculativeGenerator(target, head, tok, tree=Chain(1))}
 
 
@@ -54,23 +60,26 @@ def decode_seconds(gen: SpeculativeGenerator | None, target, ids: torch.Tensor, 
     return time.thread_time() - start
 
 
-def measure(gen: SpeculativeGenerator, ids: torch.Tensor, temperatures: list[float], rounds: int, n: int) -> dict:
-    """Per temperature and method: least seconds per token, speed over hf's least, per-round speeds over hf's."""
+def measure(gen: SpeculativeGenerator, prompts: list[torch.Tensor], temperatures: list[float], rounds: int,
+            n: int) -> dict:
+    """Per temperature and method: least seconds per token, speed over hf's least, per-round speeds over hf's,
+    total tokens over total seconds against hf's. Round r decodes ``prompts[r % len(prompts)]``."""
     decoders = methods(gen)
     report = {}
     for temperature in temperatures:
         for d in decoders.values():  # warm-up: first-call allocations, a chooser's step-cost profile
-            decode_seconds(d, gen.target, ids, 4, temperature, 0)
+            decode_seconds(d, gen.target, prompts[0], 4, temperature, 0)
         seconds = {name: [] for name in decoders}
         for r in range(rounds):
             for name, d in decoders.items():
-                seconds[name].append(decode_seconds(d, gen.target, ids, n, temperature, r))
+                seconds[name].append(decode_seconds(d, gen.target, prompts[r % len(prompts)], n, temperature, r))
         hf = seconds["hf"]
         rows = {}
         for name, s in seconds.items():
             ratios = sorted(h / x for h, x in zip(hf, s))
             rows[name] = {"ms_per_token_least": 1e3 * min(s) / n, "speed_over_hf_least": min(hf) / min(s),
-                          "speed_over_hf_median": statistics.median(ratios), "range": [ratios[0], ratios[-1]]}
+                          "speed_over_hf_median": statistics.median(ratios), "range": [ratios[0], ratios[-1]],
+                          "speed_over_hf_total": sum(hf) / sum(s)}
         report[str(temperature)] = rows
     return report
 
@@ -79,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--head", required=True)
     p.add_argument("--prompt", default="class Queue:")
+    p.add_argument("--held-out", type=int, default=0, help="decode this many held-out prompts instead, in turn")
     p.add_argument("--temperatures", default="0,0.7,1")
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -87,11 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     head = AutoHead.from_pretrained(args.head)
     gen = SpeculativeGenerator.from_pretrained(head.config.target_name_or_path, head, device="cpu", threads=args.threads)
-    ids = gen.tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    if args.held_out:
+        from draftsmith.data.corpus import continuation_prompts
+
+        prompts = [torch.tensor([p]) for p in continuation_prompts(gen.tokenizer, args.held_out, 64, args.max_new_tokens)]
+    else:
+        prompts = [gen.tokenizer(args.prompt, return_tensors="pt")["input_ids"]]
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").is_file() else None
-    report = {"head": args.head, "prompt": args.prompt, "rounds": args.rounds, "max_new_tokens": args.max_new_tokens,
-              "load_before": load, "temperatures": measure(gen, ids, [float(t) for t in args.temperatures.split(",")],
-                                                         args.rounds, args.max_new_tokens)}
+    report = {"head": args.head, "prompt": f"{args.held_out} held-out" if args.held_out else args.prompt,
+              "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "load_before": load,
+              "temperatures": measure(gen, prompts, [float(t) for t in args.temperatures.split(",")], args.rounds,
+                                      args.max_new_tokens)}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -15,7 +15,7 @@ steps, pooled; every decode is checked against the target's own greedy ``generat
 Speed: per round and prompt, interleaved: transformers' ``generate(use_mtp=True)`` (its MTPCandidateGenerator
 loads the MTP layer from the checkpoint on every call: that load is timed apart and reported with and without),
 then ours with the same native layer as the default (adaptive) chain, fixed chains of 1 (transformers' shape) and
-2, and the CPU dynamic tree. Outputs must be
+2, the CPU dynamic tree and a tree of the root's two best children. Outputs must be
 transformers' own. Ratios are of pooled tokens/s.
 """
 from __future__ import annotations
@@ -74,12 +74,14 @@ def speed_rows(target, native, prompts, max_new_tokens: int, rounds: int) -> dic
     from draftsmith.infer import SpeculativeGenerator
     from draftsmith.infer.drafters.mtp import MtpDrafter
 
-    from draftsmith.infer import Chain
+    from draftsmith.infer import Chain, DynamicTree
 
     ours = {"ours-chain": SpeculativeGenerator(target, native),  # the CPU default: a chain that adapts its length
             "ours-chain1": SpeculativeGenerator(target, native, tree=Chain(1)),  # transformers' shape (one layer)
             "ours-chain2": SpeculativeGenerator(target, native, tree=Chain(2)),
-            "ours-tree": SpeculativeGenerator(target, native, tree=MtpDrafter.branching_tree(torch.device("cpu")))}
+            "ours-tree": SpeculativeGenerator(target, native, tree=MtpDrafter.branching_tree(torch.device("cpu"))),
+            # the root's two most likely children only: what a layer keeping ~40% of its first drafts pays for
+            "ours-tree-1x2": SpeculativeGenerator(target, native, tree=DynamicTree(depth=1, top_k=2, total_tokens=3))}
     seconds = {"transformers-use_mtp": 0.0, "mtp-load": 0.0, **{k: 0.0 for k in ours}}
     tokens, identical, steps = 0, {k: True for k in ours}, {k: [0, 0] for k in ours}
     for _ in range(rounds):

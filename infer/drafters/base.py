@@ -149,6 +149,12 @@ class Drafter:
         """A decode with this ``sampling`` starts: called by the generator before ``new_rows``; a drafter whose
         policy depends on the sampling mode (``free.by_temperature``) picks it here, a wrapper passes it on."""
 
+    def use_step_costs(self, costs: Any) -> bool:
+        """The step costs (``infer.cost_model.StepCosts``) a cost-aware chooser drafts this step under, or None
+        (its profile's forced steps). True: this drafter cuts its drafts itself under them (DSpark's confidence),
+        so a row the chooser lets draft drafts as much as it may and is cut after drafting."""
+        return False
+
     def compile_with(self, compile: bool | str) -> None:
         """The generator's ``compile`` switch (``infer.compiling.compiled``), given once it is built: a
         drafter with a fixed-shape draft step compiles it; the rest draft eagerly."""

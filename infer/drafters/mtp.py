@@ -19,6 +19,7 @@ from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.cache import StaticHeadCache
 from draftsmith.infer.drafters.base import Chain
 from draftsmith.infer.drafters.eagle import EagleDrafter
+from draftsmith.target.lean_mtp import lean_mtp_layers
 
 
 class MtpDrafter(EagleDrafter):
@@ -30,16 +31,25 @@ class MtpDrafter(EagleDrafter):
             raise ValueError(f"an MTP head of {self.num_layers} layers drafts chains (level s uses layer s mod "
                              f"{self.num_layers}), not a {type(tree).__name__}: pass a chain")
         super().__init__(head, target, tree, confidence)
+        self._lean: list | None = None  # eager: the layers as target.lean_mtp runs them, built at each decode
+        self._compiled = False
         self._layer = 0  # the MTP layer the next head step runs
         self._level: int | None = None  # the draft level of the next step (None: observing accepted tokens)
         self._start: Tensor | None = None  # (rows,) each row's accepted entries when its chain began
 
     def compile_with(self, compile: bool | str) -> None:
+        self._compiled = bool(compile if self.num_layers == 1 else False)
         super().compile_with(compile if self.num_layers == 1 else False)
 
+    def begin(self, sampling) -> None:
+        super().begin(sampling)
+        head = self.head
+        self._lean = None if self._compiled else lean_mtp_layers(head.layers, head.rotary_emb, head.rope_types)
+
     def _step(self, cache, hidden: Tensor, tokens: Tensor, position: Tensor, mask: Tensor | None) -> Tensor:
+        run = None if self._lean is None else self._lean[self._layer]
         return self.head(hidden_states=hidden, inputs_embeds=self.embed(tokens), position_ids=position,
-                         attention_mask=mask, past_key_values=cache, layer=self._layer).hidden_states
+                         attention_mask=mask, past_key_values=cache, layer=self._layer, run=run).hidden_states
 
     def _batched_step(self, cache: StaticHeadCache, hidden: Tensor, tokens: Tensor,
                       counts: list[int] | None = None) -> Tensor:

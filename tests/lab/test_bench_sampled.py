@@ -14,10 +14,14 @@ def test_every_method_decodes_and_is_reported_at_every_temperature():
     target = make_tiny_target("llama", dtype=torch.float32)
     torch.manual_seed(0)
     gen = SpeculativeGenerator(target, build_head("eagle3", target))
-    assert list(methods(gen)) == ["hf", "default", "plain", "chain1"]
-    report = measure(gen, torch.tensor([[5, 6, 7, 8]]), [0.0, 0.8], rounds=2, n=6)
+    names = ["hf", "default", "default-modules", "plain", "plain-modules", "chain1"]
+    decoders = methods(gen)
+    assert list(decoders) == names
+    assert [d.lean for d in list(decoders.values())[1:]] == [True, False, True, False, True]
+    report = measure(gen, [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10]])], [0.0, 0.8], rounds=2, n=6)
     assert list(report) == ["0.0", "0.8"]
     for rows in report.values():
-        assert list(rows) == ["hf", "default", "plain", "chain1"] and rows["hf"]["speed_over_hf_least"] == 1.0
+        assert list(rows) == names and rows["hf"]["speed_over_hf_least"] == 1.0
+        assert rows["hf"]["speed_over_hf_total"] == 1.0
         assert all(r["ms_per_token_least"] > 0 and r["range"][0] <= r["speed_over_hf_median"] <= r["range"][1]
                    for r in rows.values())

@@ -223,13 +223,14 @@ def test_assistant_head_needs_the_assistant(capsys):
 
 def test_sampled_decoding_at_each_temperature_with_vllms_acceptance_names(bench_dirs):
     """--temperatures 0,1: the greedy table as before (with vLLM's acceptance names pooled over prompts), plus HF's
-    sampled generate and each generator method at T = 1, seeded per prompt: τ with its interval, tokens/s, speedup."""
+    sampled generate and each generator method at T = 1, seeded per prompt: τ with its interval, tokens/s, speedup.
+    A chain of 2 drafts at every step (the default at T > 0 chooses from measured costs, and may draft nothing)."""
     root, heads, prompts = bench_dirs
     out = root / "out-sampled"
     result = load_script().main([
         "--target", str(root / "target"), "--heads", heads[1], "--prompts", str(prompts), "--num-prompts", "2",
         "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0", "--tree-sizes", "1,4", "--no-prompt-lookup",
-        "--no-hf-static", "--trees", "default", "--temperatures", "0,1", "--top-k", "20", "--out", str(out)])
+        "--no-hf-static", "--trees", "chain2", "--temperatures", "0,1", "--top-k", "20", "--out", str(out)])
     head_row = result["rows"][1]
     counts = [r["acceptance"] for r in result["runs"][head_row["method"]]]
     drafts, accepted = sum(c["num_drafts"] for c in counts), sum(c["num_accepted_tokens"] for c in counts)
