@@ -342,8 +342,7 @@ def test_the_cli_chooses_lengths_with_choose_and_adapts_them_by_default(saved, c
             "--max-new-tokens", "8", "--device", "cpu"]
     assert cli(argv + ["--choose"]) == 0
     err = capsys.readouterr().err
-    # the choices printed (the printed decode's rows start from the warm-up decode's counts, not the prior's 3)
-    assert type(made[-1].drafter) is CostAwareLength and re.search(r"lengths chosen( \d+:\d+)+\)", err), err
+    assert type(made[-1].drafter) is CostAwareLength and "lengths chosen" in err and " 3:1" in err  # the prior's 3
     assert cli(argv) == 0 and "adaptive length" in capsys.readouterr().err
     assert cli(argv + ["--choose", "--adaptive"]) == 2
 

@@ -13,10 +13,6 @@ whether drafting pays again; each probe doubles the wait before the next one (up
 too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted level costs, half the probes
 hit and the row probed every 8 steps for nothing.)
 
-A new row starts from what the rows of the last decode under the same sampling settings learned (their counts
-pooled per depth, scaled to at most ``CARRIED`` observations a depth), or from ``prior`` in the first decode: a
-sampled decode no longer spends its first steps drafting at a prior its head never reaches.
-
 A row at 0 costs what plain decoding costs: its drafter does not observe the accepted tokens then; they wait and
 are observed at once (one head forward) before the row drafts again. Only what is drafted changes: acceptance is
 the generator's, as for any drafter (lossless).
@@ -41,7 +37,6 @@ PRIOR = 0.6  # a new row's acceptance at depth 1 before it has drafted
 PRIOR_WEIGHT = 1.0  # the prior counts as this many observations
 PROBE_EVERY = 8  # steps at 0 before a one-level probe
 MAX_WAIT = 8  # the wait after missed probes grows to at most this many times probe_every
-CARRIED = 3.0  # a new row inherits the last decode's counts (same sampling settings) as at most this many observations
 
 
 @dataclass
@@ -114,39 +109,20 @@ class CostAwareLength(Drafter):
         self.aux_layer_ids = drafter.aux_layer_ids
         self.max_nodes = drafter.max_nodes
         self._batch = 1
-        self._settings: Sampling | None = None  # this decode's (``begin``)
-        self._rows: tuple[Sampling | None, list[ChooserState]] = (None, [])  # the last decode's rows
-        self._carried: dict[Sampling, tuple[list[float], list[float]]] = {}  # settings -> (hits, tries) a new row gets
 
     def compile_with(self, compile: bool | str) -> None:
         self.drafter.compile_with(compile)
 
     def begin(self, sampling: Sampling) -> None:
-        self._settings = sampling
         self.drafter.begin(sampling)
-
-    def _carry(self) -> None:
-        """Pool the last decode's rows' counts per depth, scaled to at most ``CARRIED`` tries, under its settings."""
-        settings, rows = self._rows
-        if settings is None or not rows:
-            return
-        hits = [sum(r.hits[d] for r in rows) for d in range(self.maximum)]
-        tries = [sum(r.tries[d] for r in rows) for d in range(self.maximum)]
-        scale = [min(1.0, CARRIED / t) if t > 0 else 0.0 for t in tries]
-        self._carried[settings] = ([h * c for h, c in zip(hits, scale)], [t * c for t, c in zip(tries, scale)])
 
     def before_draft(self, cache: Any, lengths: list[int], pads: list[int]) -> None:
         self.drafter.before_draft(cache, lengths, pads)
 
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[ChooserState]:
         self._batch = len(prompts)
-        self._carry()
-        hits, tries = self._carried.get(self._settings, ([0.0] * self.maximum, [0.0] * self.maximum))
-        rows = [ChooserState(inner, list(hits), list(tries), wait=self.probe_every)
+        return [ChooserState(inner, [0.0] * self.maximum, [0.0] * self.maximum, wait=self.probe_every)
                 for inner in self.drafter.new_rows(prompts, lengths)]
-        if self.forced is None:  # the profile's rows (every length forced) teach nothing about acceptance
-            self._rows = (self._settings, rows)
-        return rows
 
     def observe_rows(self, states: list[ChooserState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
         """Each row's acceptance counts from its last draft (next_tokens: the accepted drafts + the bonus); the
