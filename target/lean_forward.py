@@ -170,11 +170,19 @@ def build_layer(layer: nn.Module, index: int, layer_types) -> _Layer:
                   attn.head_dim, attn.scaling, extra, None if layer_types is None else layer_types[index])
 
 
-def foreign_hooks(module: nn.Module) -> list:
+def _foreign_hooks(module: nn.Module) -> list:
     """``module``'s forward hooks but transformers' own output capturing (inactive unless a forward asks it for
     outputs: the lean stack computes the states it needs itself)."""
     hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
     return [h for h in hooks if getattr(h, "__module__", None) != "transformers.utils.output_capturing"]
+
+
+def check_modules(root: nn.Module) -> None:
+    """``NotLean`` where a module under ``root`` has a forward hook (but transformers' own output capturing), an
+    accelerate hook or a replaced ``forward`` (a kernel swapped in): what the lean ops would skip."""
+    for m in root.modules():
+        if _foreign_hooks(m) or hasattr(m, "_hf_hook") or (m is not root and "forward" in vars(m)):
+            raise NotLean(f"a forward hook or a replaced forward on {type(m).__name__}")
 
 
 class NotLean(Exception):
@@ -210,9 +218,7 @@ def build_lean_stack(model: nn.Module) -> LeanStack:
 
     if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
         raise NotLean("global forward hooks")
-    for m in model.modules():
-        if foreign_hooks(m) or hasattr(m, "_hf_hook") or (m is not model and "forward" in vars(m)):
-            raise NotLean(f"a forward hook or a replaced forward on {type(m).__name__}")
+    check_modules(model)
     if type(backbone.embed_tokens) is not nn.Embedding or type(backbone.rotary_emb).__name__ != \
             type(layers[0]).__name__.replace("DecoderLayer", "RotaryEmbedding"):
         raise NotLean("the embedding or rotary embedding is not the family's")
@@ -263,5 +269,5 @@ def _agrees(model: nn.Module, stack: LeanStack) -> bool:
     return torch.equal(ours, theirs)
 
 
-__all__ = ["FAMILIES", "LeanStack", "NotLean", "attention_function", "build_layer", "build_lean_stack", "foreign_hooks",
+__all__ = ["FAMILIES", "LeanStack", "NotLean", "attention_function", "build_layer", "build_lean_stack", "check_modules",
            "lean_stack", "linear_weights", "norm_weights", "rms", "run_layer"]

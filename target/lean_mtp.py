@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from draftsmith.target.lean_forward import (NotLean, attention_function, build_layer, foreign_hooks, linear_weights,
+from draftsmith.target.lean_forward import (NotLean, attention_function, build_layer, check_modules, linear_weights,
                                             norm_weights, rms, run_layer)
 
 
@@ -28,9 +28,7 @@ class LeanMtpLayer:
             raise NotLean(f"a {type(layer).__name__}")
         if layer.training:
             raise NotLean("training mode")
-        for m in layer.modules():
-            if foreign_hooks(m) or "forward" in vars(m):
-                raise NotLean(f"a forward hook or a replaced forward on {type(m).__name__}")
+        check_modules(layer)
         block, config = layer.mtp_block, layer.config
         self.hidden_first = bool(getattr(config, "mtp_hidden_states_first", False))
         self.enorm, self.hnorm = norm_weights(layer.enorm), norm_weights(layer.hnorm)
