@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 from support.chooser import FLAT, LENGTHS, STEEP
+from support.dflash_infer import perturbed
 from support.reference import hf_greedy
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 from support.targets import make_tiny_target
@@ -32,11 +33,7 @@ SMALL = {"block_size": 5, "num_layers": 1, "markov_rank": 8, "variant": "dspark"
 
 def _moved(head, seed: int = 5, scale: float = 0.5):
     """A DSpark head whose confidences spread: every weight perturbed, the Markov factors large."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * (3.0 if "markov" in name else scale))
-    return head.eval()
+    return perturbed(head, lambda n: "markov" in n, seed, scale)
 
 
 # a verify costing 0.3 of a token's forward per extra token, drafting 0.01 a level: between FLAT and STEEP

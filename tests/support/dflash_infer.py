@@ -12,6 +12,16 @@ from draftsmith.train.losses import DraftTargets
 from draftsmith.train.objectives import objective_class
 
 
+def perturbed(head, large, seed: int = 5, scale: float = 0.5):
+    """``head`` in eval mode with every weight moved by noise of ``scale``, those whose name ``large`` picks by 3.0
+    (a variant's own part made to matter: DSpark's Markov factors, Domino's correction)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * (3.0 if large(name) else scale))
+    return head.eval()
+
+
 def successor_training_data(vocab: int):
     """The successor target and its greedy continuations of 96 random 4-token prompts (24 new tokens each),
     the trained-head tests' data."""

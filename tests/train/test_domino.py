@@ -14,7 +14,7 @@ import random
 
 import pytest
 import torch
-from support.dflash_infer import assert_loads_and_decodes_alike, assert_rows_alone, batch_target, fit_dflash, mean_tau_of_identical_decodes, successor_training_data
+from support.dflash_infer import assert_loads_and_decodes_alike, assert_rows_alone, batch_target, fit_dflash, mean_tau_of_identical_decodes, successor_training_data, perturbed
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 from support.targets import make_tiny_target
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
@@ -36,11 +36,7 @@ SMALL = {"block_size": 4, "num_layers": 1, "gru_hidden_dim": 8, "emb_dim": 8, "v
 
 def _moved(head, seed: int = 5, scale: float = 0.5):
     """A Domino head whose correction matters: every weight perturbed, the correction's output layer large."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * (3.0 if name.startswith("embed_proj") else scale))
-    return head.eval()
+    return perturbed(head, lambda n: n.startswith("embed_proj"), seed, scale)
 
 
 def _gru_by_hand(gru, x, h):

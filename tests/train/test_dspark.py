@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 from support.targets import ARCHES, make_tiny_target
-from support.dflash_infer import assert_loads_and_decodes_alike, assert_rows_alone, batch_target, fit_dflash, mean_tau_of_identical_decodes, successor_training_data
+from support.dflash_infer import assert_loads_and_decodes_alike, assert_rows_alone, batch_target, fit_dflash, mean_tau_of_identical_decodes, successor_training_data, perturbed
 from support.sampling import exact_law, joint_pvalue, sample_triples, small_target  # noqa: F401  (fixture)
 from support.reference import hf_greedy
 
@@ -36,11 +36,7 @@ def _gen(target, head, tree, threshold=None, compile=False):
 
 def _moved(head, seed: int = 5, scale: float = 0.5):
     """A DSpark head whose Markov bias and confidence matter: every weight perturbed, the Markov factors large."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * (3.0 if "markov" in name else scale))
-    return head.eval()
+    return perturbed(head, lambda n: "markov" in n, seed, scale)
 
 
 def _drafts(target, head, threshold: float | None, chain: int = 3, rows: int = 4):
