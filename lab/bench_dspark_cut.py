@@ -13,10 +13,8 @@ over "every", the pooled τ, and each round's speed over "every" (median and ran
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -24,6 +22,7 @@ from draftsmith.heads import AutoHead
 from draftsmith.infer.drafters import Chain, CostAwareLength, chosen_chain, make_drafter
 from draftsmith.infer.drafters.dflash import DFlashDrafter
 from draftsmith.infer.generator import SpeculativeGenerator
+from draftsmith.lab.bench_sampled import emit, load_average
 
 
 def methods(target, head) -> dict[str, SpeculativeGenerator]:
@@ -76,14 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     head = AutoHead.from_pretrained(args.head)
     gen = SpeculativeGenerator.from_pretrained(head.config.target_name_or_path, head, device="cpu", threads=args.threads)
     prompts = [torch.tensor([q]) for q in continuation_prompts(gen.tokenizer, args.held_out, 64, args.max_new_tokens)]
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").is_file() else None
-    report = {"head": args.head, "prompts": args.held_out, "max_new_tokens": args.max_new_tokens, "load_before": load,
+    report = {"head": args.head, "prompts": args.held_out, "max_new_tokens": args.max_new_tokens,
+              "load_before": load_average(),
               "temperatures": measure(gen.target, gen.head, prompts, [float(t) for t in args.temperatures.split(",")],
                                       args.max_new_tokens)}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

@@ -84,6 +84,20 @@ def measure(gen: SpeculativeGenerator, prompts: list[torch.Tensor], temperatures
     return report
 
 
+def load_average() -> list[str] | None:
+    """The 1, 5 and 15 minute load averages as /proc/loadavg says them (None where there is none)."""
+    path = Path("/proc/loadavg")
+    return path.read_text().split()[:3] if path.is_file() else None
+
+
+def emit(report: dict, out: str | None) -> None:
+    """Print ``report`` as JSON and write it to ``out`` when given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--head", required=True)
@@ -103,15 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [torch.tensor([p]) for p in continuation_prompts(gen.tokenizer, args.held_out, 64, args.max_new_tokens)]
     else:
         prompts = [gen.tokenizer(args.prompt, return_tensors="pt")["input_ids"]]
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").is_file() else None
     report = {"head": args.head, "prompt": f"{args.held_out} held-out" if args.held_out else args.prompt,
-              "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "load_before": load,
+              "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "load_before": load_average(),
               "temperatures": measure(gen, prompts, [float(t) for t in args.temperatures.split(",")], args.rounds,
                                       args.max_new_tokens)}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 
