@@ -9,8 +9,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.formats import perturb
-from support.mtp_targets import STYLES, make_mtp_target
+from support.mtp_targets import STYLES, tuned_export
 
 from draftsmith.heads import AutoHead, build_head
 from draftsmith.heads.formats import export_head
@@ -20,10 +19,7 @@ from draftsmith.train.warm_start import warm_start
 @pytest.fixture(scope="module", params=STYLES)
 def exported(request, tmp_path_factory):
     """(target, a tuned head (perturbed: not the checkpoint's), its export folder)."""
-    root = tmp_path_factory.mktemp(request.param)
-    t = make_mtp_target(request.param, root / "target")
-    head = perturb(build_head("mtp", t.model))
-    return t, head, export_head(head, root / "export", "mtp", target=t.model)
+    return tuned_export(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def _equal(a, b) -> bool:

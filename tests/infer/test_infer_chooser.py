@@ -7,10 +7,8 @@ import json
 
 import pytest
 import torch
-from support.chooser import CHEAP, FLAT, STEEP
-from support.targets import make_tiny_target
+from support.chooser import CHEAP, FLAT, STEEP, tiny_eagle3
 
-from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer import cost_profile
 from draftsmith.infer.cost_model import StepCosts, load_costs
@@ -116,10 +114,7 @@ def test_step_costs_refuse_bad_curves_and_smooth_noise():
 
 @pytest.fixture(scope="module")
 def tiny():
-    target = make_tiny_target("llama", dtype=torch.float32)
-    target.generation_config.eos_token_id = None
-    torch.manual_seed(0)
-    return target, build_head("eagle3", target)
+    return tiny_eagle3()
 
 
 def test_drafting_is_fitted_as_a_cost_per_step_and_per_level():

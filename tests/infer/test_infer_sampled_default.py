@@ -6,12 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from support.accept import chi_square_pvalue
-from support.chooser import CHEAP, STEEP
+from support.chooser import CHEAP, STEEP, tiny_eagle3
 from support.oracle import Oracle
 from support.reference import hf_greedy
-from support.targets import make_tiny_target
 
-from draftsmith.heads import build_head
 from draftsmith.infer import SpeculativeGenerator, cost_profile
 from draftsmith.infer.accept import categorical
 from draftsmith.infer.drafters import (AdaptiveLength, ByTemperature, Chain, CostAwareLength, Draft, Drafter, Sampling,
@@ -73,10 +71,7 @@ def test_categorical_draws_the_law_of_unnormalised_weights_and_never_a_zero():
 
 @pytest.fixture(scope="module")
 def tiny():
-    target = make_tiny_target("llama", dtype=torch.float32)
-    target.generation_config.eos_token_id = None
-    torch.manual_seed(0)
-    return target, build_head("eagle3", target)
+    return tiny_eagle3()
 
 
 def test_the_cpu_default_chain_adapts_greedy_and_chooses_sampled(tiny, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from support.formats import perturb
-from support.mtp_targets import STYLES, make_mtp_target
+from support.mtp_targets import STYLES, make_mtp_target, tuned_export
 from transformers import AutoModelForCausalLM
 
 from draftsmith.heads import build_head
@@ -25,10 +25,7 @@ PROMPT = torch.tensor([[1, 5, 3, 6, 7, 4, 7]])
 @pytest.fixture(scope="module", params=STYLES)
 def made(request, tmp_path_factory):
     """(target, a tuned head (perturbed: not the checkpoint's), its export)."""
-    root = tmp_path_factory.mktemp(request.param)
-    t = make_mtp_target(request.param, root / "target")
-    head = perturb(build_head("mtp", t.model))
-    return t, head, export_head(head, root / "export", "mtp", target=t.model)
+    return tuned_export(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def _hashes(folder) -> dict[str, str]:

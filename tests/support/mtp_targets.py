@@ -159,3 +159,17 @@ def reference_chain(t: MtpTarget, ids: Tensor, k: int) -> list[int]:
         hidden = torch.cat([hidden, out[:, -1:]], dim=1)  # the next level reads its own output
         tokens = torch.cat([tokens, draft[None]])
     return drafts
+
+
+def tuned_export(style: str, root: Path):
+    """(an MTP target of ``style`` under ``root/target``, a tuned head of it (perturbed: not the checkpoint's), the
+    head's ``export --to mtp`` folder under ``root/export``)."""
+    from support.formats import perturb
+
+    from draftsmith.heads import build_head
+    from draftsmith.heads.formats import export_head
+
+    t = make_mtp_target(style, root / "target")
+    head = perturb(build_head("mtp", t.model))
+    return t, head, export_head(head, root / "export", "mtp", target=t.model)
+
