@@ -68,6 +68,18 @@ def check_aux_layer_ids(ids: list[int], num_layers: int = 0) -> None:
         raise ValueError(f"aux_layer_ids {bad} are outside the target's layers 0..{num_layers - 1}")
 
 
+def check_draft_temperature(value) -> list[float] | None:
+    """A config's ``draft_temperature``: None, or a non-empty list of finite numbers > 0 (one per draft depth);
+    anything else refused in one line naming the value."""
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or not value
+            or any(isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s < float("inf") for s in value)):
+        raise ValueError(f"draft_temperature must be null or a non-empty list of finite numbers > 0 (one per draft "
+                         f"depth), got {value!r}")
+    return [float(s) for s in value]
+
+
 class Eagle3Config(EagleConfig):
     """EAGLE-3 head config (layer fields as ``EagleConfig``).
 
@@ -82,6 +94,9 @@ class Eagle3Config(EagleConfig):
         mask_token_id: P-EAGLE: the token id the speculators layout and vLLM embed at mask positions
             (``pard_token``); None = ``vocab_size - 1``.
         num_depths: P-EAGLE: drafts per forward K (mask positions K-1), trained and drafted; None = 8.
+        draft_temperature: per draft depth, what a sampled draft divides the head's logits by before the
+            serving temperature (fitted on held-out rows at each evaluation in training, docs/objectives.md; deeper
+            drafts use the last); None = 1 at every depth. Greedy drafts do not read it.
     """
 
     model_type = "draftsmith_eagle3"
@@ -92,8 +107,10 @@ class Eagle3Config(EagleConfig):
 
     def __init__(self, aux_layer_ids: list[int] | None = None, draft_vocab_size: int | None = None,
                  fc_norm: bool = False, norm_output: bool = False, variant: str | None = None,
-                 mask_token_id: int | None = None, num_depths: int | None = None, **kwargs):
+                 mask_token_id: int | None = None, num_depths: int | None = None,
+                 draft_temperature: list[float] | None = None, **kwargs):
         super().__init__(**kwargs)
+        self.draft_temperature = check_draft_temperature(draft_temperature)
         self._set_variant(variant, mask_token_id, num_depths, fc_norm or norm_output)
         for name, value in (("fc_norm", fc_norm), ("norm_output", norm_output)):
             if not isinstance(value, bool):

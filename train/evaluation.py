@@ -21,6 +21,7 @@ from draftsmith.train.decode_tau import (DecodeSet, head_drafter, greedy_continu
                                         with_features)
 from draftsmith.train.sampled_decode import sampled_row_counts
 from draftsmith.train.settings import decode_tau_key
+from draftsmith.train.draft_temperature import DraftTemperatureFit
 from draftsmith.train.metrics import AcceptanceMeter, format_acceptance, step_correctness
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.resume import TrainState
@@ -33,10 +34,14 @@ logger = logging.getLogger("draftsmith.train")
 def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loader: DataLoader, cfg: TrainConfig,
              depth: int) -> dict:
     """acc_k, cond_acc_k and simulated τ of ``head`` on this process's share of the held-out data,
-    summed over processes; plus the share of target top-1 tokens the draft vocab covers."""
+    summed over processes; plus the share of target top-1 tokens the draft vocab covers. Where the kind has one
+    (``fit_draft_temperature``), the draft temperature per depth fitted on the same positions
+    (``train/draft_temperature.py``), set in the head's config (its decode τ and its saves read it), with the
+    sampled survival chance per depth at it and untempered (``sampled_accept``, ``sampled_accept_untempered``)."""
     was_training = head.training
     head.eval()
     meter = AcceptanceMeter(depth, accelerator.device)
+    fit, fitted = DraftTemperatureFit(depth, accelerator.device), False
     covered = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # [in draft vocab, masked]
     lm_head = target.get_output_embeddings()
     t2d = getattr(head, "t2d", None)
@@ -47,6 +52,7 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
         with accelerator.autocast():
             features = objective.features(target, batch, head, need_top1=True)
             drafted = objective.draft_top1(head, features, depth, lm_head)
+            fitted = objective.fit_draft_temperature(head, features, depth, fit) or fitted
         meter.update(*step_correctness(drafted, features.top1, features.loss_mask))
         masked = features.loss_mask[:, 1:].bool()  # target top-1 at j predicts token j+1
         in_vocab = t2d[features.top1[:, :-1]] if t2d is not None else torch.ones_like(masked)
@@ -54,8 +60,14 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
     pad_target_passes(target, short)
     meter.state = accelerator.reduce(meter.state, reduction="sum")
     covered = accelerator.reduce(covered, reduction="sum")
+    fit.state = accelerator.reduce(fit.state, reduction="sum")
     head.train(was_training)
     metrics = meter.compute()
+    if fitted:  # every process fits (the same sums), so every process's drafter reads the same temperatures
+        metrics["draft_temperature"] = fit.best()
+        metrics["sampled_accept"] = fit.rates(metrics["draft_temperature"])
+        metrics["sampled_accept_untempered"] = fit.rates([1.0] * depth)
+        head.config.draft_temperature = metrics["draft_temperature"]
     metrics["draft_vocab_coverage"] = (covered[0] / covered[1].clamp(min=1)).item()
     return metrics
 

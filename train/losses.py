@@ -72,6 +72,25 @@ def mixed_labels(probs: Tensor, top1_share: float) -> Tensor:
     return (1 - top1_share) * probs + top1_share * top1_labels(probs)
 
 
+@torch.no_grad()
+def law_inverse_temperature(logits: Tensor, probs: Tensor, mask: Tensor, iters: int = 6) -> Tensor:
+    """The beta > 0 whose ``softmax(beta * logits)`` is closest to ``probs`` in soft CE over the rows ``mask`` keeps
+    (a scalar tensor; 1 when no row is kept). The CE is convex in beta (derivative E_q[z] - E_p[z], second
+    derivative Var_q[z]): Newton from 1, each step clamped to [1/4, 4] x beta and beta to [1/64, 64]."""
+    z = logits.float()[mask]  # (n, V)
+    if z.numel() == 0:
+        return torch.ones((), device=logits.device)
+    expected_p = (probs.float()[mask] * z).sum(-1).mean()
+    beta = torch.ones((), device=z.device)
+    for _ in range(iters):
+        q = (beta * z).softmax(-1)
+        mean = (q * z).sum(-1)
+        var = ((q * z * z).sum(-1) - mean * mean).clamp(min=0).mean()
+        step = (mean.mean() - expected_p) / var.clamp(min=1e-12)
+        beta = (beta - step).clamp(beta / 4, beta * 4).clamp(1 / 64, 64)
+    return beta
+
+
 def soft_ce(logits: Tensor, probs: Tensor) -> Tensor:
     """Cross-entropy of ``logits`` (..., V) against a distribution ``probs`` (..., V) -> (...)."""
     shape = logits.shape[:-1]
@@ -247,6 +266,15 @@ def ttt_step_loss(draft_logits: Tensor, targets: DraftTargets, loss_mask: Tensor
     correct = ((logits.argmax(-1) == probs.argmax(-1)) & mask).sum()
     accept = (acceptance_rate(logits.detach(), probs) * mask).sum()
     return LossOutput(value, value.detach()[None], correct.float()[None], n.float()[None], accept[None])
+
+
+def law_step_loss(draft_logits: Tensor, law: DraftTargets, loss_mask: Tensor, step: int, loss: str = "ce") -> Tensor:
+    """``train.law_weight``'s term of TTT step ``step``: ``loss`` of ``beta x draft_logits`` against the target's law,
+    beta (``law_inverse_temperature``, no grad) the logits' own inverse temperature on this batch: the law's shape
+    without pulling the top-1's margins in."""
+    logits, probs, mask = ttt_step_view(draft_logits, law, loss_mask, step)
+    value, _ = soft_loss(law_inverse_temperature(logits, probs, mask) * logits, probs, mask, loss)
+    return value
 
 
 def ttt_step_view(draft_logits: Tensor, targets: DraftTargets, loss_mask: Tensor,

@@ -86,5 +86,10 @@ def format_acceptance(metrics: dict) -> str:
     cond_acc_k 0.62 0.58 ...`` (decode τ where the record has it: ``train.decode_tau``)."""
     acc = " ".join(f"{a:.3f}" for a in metrics["acc"])
     cond = " ".join(f"{a:.3f}" for a in metrics["cond_acc"])
-    return (f"{format_decoding(metrics)}simulated tau {metrics['tau']:.3f} | acc_k {acc} | cond_acc_k {cond} "
+    line = (f"{format_decoding(metrics)}simulated tau {metrics['tau']:.3f} | acc_k {acc} | cond_acc_k {cond} "
             f"({metrics['positions']} positions)")
+    if "draft_temperature" in metrics:
+        line += (" | draft temperature " + " ".join(f"{s:.2f}" for s in metrics["draft_temperature"])
+                 + " (sampled accept_k " + " ".join(f"{a:.3f}" for a in metrics["sampled_accept"]) + ", at 1: "
+                 + " ".join(f"{a:.3f}" for a in metrics["sampled_accept_untempered"]) + ")")
+    return line

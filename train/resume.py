@@ -172,6 +172,8 @@ def resume(accelerator: Accelerator, cfg: TrainConfig, output_dir: Path, head: n
         for name in ("step", "epoch", "batch"):  # the loop position indexes the data: whole numbers >= 0
             count(f"{path}: {name}", loaded.state.get(name), least=0)
         checkpoint.apply(loaded, head=head, backbone=backbone, optimizer=optimizer, scheduler=scheduler)
+        if loaded.head_config.get("draft_temperature") is not None:  # the last evaluation's fit (train/draft_temperature.py)
+            head.config.draft_temperature = loaded.head_config["draft_temperature"]
         state.load_state_dict(loaded.state)
         return path
     raise AssertionError("unreachable")
@@ -181,7 +183,8 @@ def check_resumable(loaded: checkpoint.Checkpoint, head: nn.Module) -> None:
     """Fail loudly when a checkpoint was made for another head or target."""
     saved = loaded.head_config
     current = json.loads(head.config.to_json_string())
-    ignore = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype"}  # set by saving
+    # set by saving; the draft temperature is fitted at each evaluation and comes back with the checkpoint
+    ignore = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "draft_temperature"}
     diff = [f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}"
             for k in sorted((set(saved) | set(current)) - ignore) if saved.get(k) != current.get(k)]
     if diff:

@@ -178,6 +178,11 @@ class OptimConfig:
         "eagle3, train.labels=soft only: the share of the target's top-1 (one-hot) mixed into each step's soft label, "
         "in (0, 1): CE against it is that share of hard CE plus the rest of soft CE, one label for greedy and "
         "sampled verification (null = the law alone)", None)
+    law_weight: float | None = _doc(
+        "eagle3, train.labels=top1 only: add this weight x soft CE of the target's law against the step's logits "
+        "at their own temperature (1/beta, beta fitted per step and batch without grad, train.losses."
+        "law_inverse_temperature): the logits keep the top-1's margins for greedy drafts and, divided by a "
+        "temperature, the law's shape for sampled ones (docs/objectives.md; null = the top-1 alone)", None)
     feature_noise: float | None = _doc(
         f"eagle only: U(-a, a) noise on the input features (null = {DEFAULT_FEATURE_NOISE})", None)
     mixed_precision: Literal["no", "bf16", "fp16"] = _doc(

@@ -17,9 +17,10 @@ from draftsmith.data.targets import check_head_source
 # Config keys a warm start may change: which target the head is for, and what saving records.
 _FREE_KEYS = {"target_name_or_path", "target_base_name_or_path", "target_architecture", "target_model_type",
               "target_max_position_embeddings", "_name_or_path", "transformers_version", "architectures", "dtype",
-              "torch_dtype"}
+              "torch_dtype", "draft_temperature"}  # the last: fitted at each evaluation, carried below
 # An imported checkpoint records no training-time settings of ours; these never change its weights' meaning
-_IMPORT_FREE = {"max_position_embeddings", "initializer_range", "init"}  # init: MTP's native/fresh start, replaced
+_IMPORT_FREE = {"max_position_embeddings", "initializer_range", "init",  # init: MTP's native/fresh start, replaced
+                "draft_temperature"}
 
 
 def _native(source: str) -> bool:
@@ -75,3 +76,5 @@ def warm_start(head: nn.Module, source: str) -> None:
     if diff:
         raise ValueError(f"train.init_from={source}: the head does not fit this run's: " + "; ".join(diff))
     head.load_state_dict(trained.state_dict(), strict=True)
+    if getattr(trained.config, "draft_temperature", None) is not None:  # until this run's first evaluation fits its own
+        head.config.draft_temperature = trained.config.draft_temperature

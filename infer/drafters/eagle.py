@@ -45,6 +45,8 @@ class EagleDrafter(HeadDrafter):
         self.embed = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        # per draft depth, what a sampled draft's logits are divided by (the head's fitted draft temperature)
+        self.draft_temperature = tuple(getattr(getattr(head, "config", None), "draft_temperature", None) or ())
         if isinstance(tree, Chain):
             self.max_nodes = tree.length + 1
             self._explored = tree.length  # head-cache entries one draft writes past the prefix
@@ -64,6 +66,14 @@ class EagleDrafter(HeadDrafter):
     def _logits(self, hidden: Tensor) -> Tensor:
         """Draft logits (..., V) in float32 from head outputs (..., H)."""
         return self.lm_head(hidden).float()
+
+    def _sampled_law(self, logits: Tensor, sampling: Sampling, depth: int) -> Tensor:
+        """The law a sampled draft at ``depth`` (0 = the first) is drawn from: the head's ``logits`` over its
+        fitted draft temperature there (the last one past its depths; none: 1), then ``sampling``'s temperature,
+        top-k and top-p (docs/objectives.md, "One recipe for both temperatures")."""
+        if self.draft_temperature:
+            logits = logits / self.draft_temperature[min(depth, len(self.draft_temperature) - 1)]
+        return sampling.probs(logits)
 
     def _to_target(self, ids: Tensor) -> Tensor:
         """Target ids of draft-vocab ids (the same vocab here)."""
@@ -162,7 +172,7 @@ class EagleDrafter(HeadDrafter):
                     if self.confidence is not None:
                         confident.append(logits.softmax(-1).max(-1).values >= self.confidence)
                 else:
-                    q = sampling.probs(logits)
+                    q = self._sampled_law(logits, sampling, i)
                     draft_ids = categorical(q)
                     qs.append(self._law_over_target(q))
                 tokens.append(self._to_target(draft_ids))

@@ -209,6 +209,10 @@ def test_drift_finds_a_changed_signature():
     assert [line.split("(")[0] for line in drift(Objective, Unbound)] == ["Unbound.configure"]
 
 
+# settings a reader takes only beside another one (the objective refuses them alone in one line)
+COMPANIONS = {"train.law_weight": ["train.labels=top1"]}
+
+
 def _setting(setting: str) -> tuple[str, str]:
     """``(override, refusal)``: a value for ``setting`` away from its default, as ``key=value``, and the start of
     the config's message when a kind that does not read it is given it."""
@@ -253,6 +257,8 @@ def test_the_config_takes_a_setting_exactly_from_the_kinds_whose_objective_reads
         readers = [kind for kind in KINDS if setting in objective_class(kind).reads]
         for kind in KINDS:
             overrides = [f"head.kind={kind}", override, "train.init_from=x"]  # on-policy continues a trained head
+            if kind in readers:  # what a reader needs beside it (refused without: its own tests)
+                overrides += COMPANIONS.get(setting, [])
             variant = getattr(objective_class(kind), "variant_settings", {}).get(setting)
             if kind in readers and variant:
                 with pytest.raises(ConfigError, match=f"^{re.escape(override)} applies only to head.variant={variant} "):

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from draftsmith.heads import build_head
 from draftsmith.train.config import ConfigError, load_config
-from draftsmith.train.losses import soft_ce, step_slices
+from draftsmith.train.losses import law_inverse_temperature, soft_ce, step_slices
 from draftsmith.train.objectives import objective_class
 from draftsmith.train.run import setup
 from draftsmith.train.unroll import unroll
@@ -136,3 +136,54 @@ def test_top1_labels_are_refused_where_no_loss_reads_them():
         load_config(None, ["head.kind=eagle3", "train.labels=top1", "train.stage=on-policy", "train.init_from=runs/x"])
     with pytest.raises(ConfigError, match="train.labels applies only to head.kind=eagle3"):
         load_config(None, ["head.kind=dflash", "train.labels=top1"])
+
+
+def test_law_inverse_temperature_is_the_soft_ce_minimum_over_beta():
+    """Newton's beta is where soft CE of softmax(beta z) against p is least: a dense grid finds no lower CE, and a
+    beta 5% either side is higher."""
+    g = torch.Generator().manual_seed(3)
+    probs = (torch.randn(40, 30, generator=g) * 1.5).softmax(-1)
+    logits = 2.5 * probs.log() + 0.4 * torch.randn(40, 30, generator=g)  # sharper than the law, with noise
+    mask = torch.ones(40, dtype=torch.bool)
+    mask[::7] = False
+    beta = float(law_inverse_temperature(logits, probs, mask))
+
+    def ce(b):
+        return float(soft_ce(b * logits[mask], probs[mask]).mean())
+
+    grid = min(ce(b / 1000) for b in range(50, 2000))
+    assert 0.2 < beta < 0.8  # about 1 / 2.5
+    assert ce(beta) <= grid + 1e-6
+    assert ce(beta * 1.05) > ce(beta) and ce(beta / 1.05) > ce(beta)
+    assert float(law_inverse_temperature(logits, probs, torch.zeros(40, dtype=torch.bool))) == 1.0
+
+
+def test_a_law_weight_adds_the_laws_soft_ce_at_the_logits_own_temperature_to_top1_ce():
+    """train.law_weight=w with top-1 labels: each step's loss is hard CE on the top-1 + w x soft CE of the law against
+    beta x logits, beta the CE's minimiser over the same positions (a loss that ignores the setting, or uses the
+    logits untempered, fails)."""
+    top1, features, head = _step_losses(True, "train.labels=top1")
+    with_law, _, _ = _step_losses(True, "train.labels=top1", "train.law_weight=0.5")
+    in_vocab, loss_mask = features.targets.in_vocab, features.loss_mask.bool()
+    step_logits = _step_logits(head, features)
+    for k in range(2):
+        pos, tgt, label = step_slices(16, k)
+        trained = loss_mask[:, label] & in_vocab[:, tgt]
+        logits, probs = step_logits[k][:, pos][trained].float(), features.targets.probs[:, tgt][trained]
+        beta = law_inverse_temperature(logits, probs, torch.ones(len(logits), dtype=torch.bool))
+        law = float(soft_ce(beta * logits, probs).mean())
+        assert float(with_law.step_losses[k]) == pytest.approx(float(top1.step_losses[k]) + 0.5 * law, rel=1e-5)
+        assert abs(law - float(soft_ce(logits, probs).mean())) > 1e-3  # beta moved it
+    assert float(with_law.loss.detach()) > float(top1.loss.detach())
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.law_weight=0.5"], "train.law_weight=0.5 adds the law at the logits' own temperature to train.labels=top1"),
+    (["train.labels=top1", "train.law_weight=0"], r"train.law_weight=0.0: the law term's weight is > 0"),
+    (["train.labels=top1", "train.law_weight=1", "train.loss=dpace"], "train.law_weight=1.0 is not defined with"),
+    (["train.labels=top1", "train.law_weight=1", "head.variant=peagle"], "head.variant=peagle does not take it"),
+    (["train.law_weight=1", "head.kind=dflash"], "train.law_weight applies only to head.kind=eagle3"),
+])
+def test_a_law_weight_without_top1_labels_or_out_of_range_is_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["head.kind=eagle3", *overrides])

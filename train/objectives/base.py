@@ -112,6 +112,12 @@ class Objective(nn.Module):
         raise NotImplementedError
 
     @staticmethod
+    def fit_draft_temperature(head: nn.Module, features: Features, depth: int, fit) -> bool:
+        """Add this batch's held-out positions to ``fit`` (``train.draft_temperature.DraftTemperatureFit``) at draft
+        depths 0..depth-1; False when the kind's drafter has no draft temperature (nothing added)."""
+        return False
+
+    @staticmethod
     def prepare_head(head: nn.Module, setup: HeadSetup) -> Any:
         """Finish a fresh head before training (a draft vocabulary, an init from the target); returns
         a report for the run's card, or None."""

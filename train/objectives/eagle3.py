@@ -19,7 +19,7 @@ from draftsmith.train.examples import collate
 from draftsmith.train.features import Features
 from draftsmith.train.anchors import draw_anchors
 from draftsmith.train.losses import (DraftTargets, LossOutput, decayed_sum, dpace_weights, restrict_to_draft_vocab, soft_ce,
-                          mixed_labels, top1_labels, ttt_step_loss, ttt_step_view, weighted_mean)
+                          law_step_loss, mixed_labels, top1_labels, ttt_step_loss, ttt_step_view, weighted_mean)
 
 from draftsmith.train.objectives.base import HeadSetup, Objective, no_grad_embeds, target_logits
 from draftsmith.train.on_policy import Rollout, on_policy_output, verify_drafts
@@ -36,7 +36,7 @@ class Eagle3Features(Features):
 
 class Eagle3Objective(Objective):
     reads = ("head.ttt_steps", "head.init_from_target", "train.loss=dpace", "train.stage=on-policy",
-             "train.mask_out_of_vocab", "train.freeze_lm_head", "train.labels", "train.top1_share")
+             "train.mask_out_of_vocab", "train.freeze_lm_head", "train.labels", "train.top1_share", "train.law_weight")
 
     @classmethod
     def configure(cls, cfg: TrainConfig) -> None:
@@ -52,6 +52,13 @@ class Eagle3Objective(Objective):
         if cfg.train.top1_share is not None and cfg.train.labels == "top1":
             raise ConfigError(f"train.top1_share={cfg.train.top1_share} mixes the top-1 into soft labels; "
                               "train.labels=top1 is the top-1 alone")
+        if cfg.train.law_weight is not None and cfg.train.labels != "top1":
+            raise ConfigError(f"train.law_weight={cfg.train.law_weight} adds the law at the logits' own temperature to "
+                              "train.labels=top1; with soft labels the law is the label already")
+        if cfg.train.law_weight is not None and not cfg.train.law_weight > 0:
+            raise ConfigError(f"train.law_weight={cfg.train.law_weight}: the law term's weight is > 0 (null = none)")
+        if cfg.train.law_weight is not None and cfg.train.loss == "dpace":
+            raise ConfigError(f"train.law_weight={cfg.train.law_weight} is not defined with train.loss=dpace")
         if cfg.train.top1_share is not None and not 0 < cfg.train.top1_share < 1:
             raise ConfigError(f"train.top1_share={cfg.train.top1_share}: the top-1's share is in (0, 1) (1 is "
                               "train.labels=top1)")
@@ -62,7 +69,7 @@ class Eagle3Objective(Objective):
         self.loss, self.alpha = cfg.train.loss, cfg.train.dpace_alpha
         self.anchors, self.spacing = cfg.train.anchors_per_document, cfg.train.anchor_spacing
         self.mask_out_of_vocab, self.labels = cfg.train.mask_out_of_vocab, cfg.train.labels
-        self.top1_share = cfg.train.top1_share
+        self.top1_share, self.law_weight = cfg.train.top1_share, cfg.train.law_weight
 
     @staticmethod
     def aux_layer_ids(head: nn.Module) -> tuple[int, ...]:
@@ -83,20 +90,27 @@ class Eagle3Objective(Objective):
             return self.on_policy_forward(f)
         if not self.mask_out_of_vocab:  # every position trains, on the target's law renormalised over the draft vocab
             f = dataclasses.replace(f, targets=f.targets._replace(in_vocab=torch.ones_like(f.targets.in_vocab)))
+        law = f.targets if self.law_weight is not None else None
         if self.labels == "top1":  # the law's top-1 over the draft vocabulary, one-hot: greedy verification's event
             f = dataclasses.replace(f, targets=f.targets._replace(probs=top1_labels(f.targets.probs)))
         elif self.top1_share is not None:  # the law and its top-1, for greedy and sampled verification alike
             f = dataclasses.replace(f, targets=f.targets._replace(probs=mixed_labels(f.targets.probs, self.top1_share)))
-        return self.supervised_forward(f)
+        return self.supervised_forward(f, law)
 
-    def supervised_forward(self, f: Features) -> LossOutput:
+    def supervised_forward(self, f: Features, law: DraftTargets | None = None) -> LossOutput:
         """The supervised loss over labels as ``forward`` set them: the TTT steps' (P-EAGLE's objective: its
-        depths')."""
+        depths'); with ``law`` (``train.law_weight``) each step adds the law's soft CE at its logits' temperature."""
         outs = unroll(self.head, self.head.project(f.hidden), f.embeds, self.ttt_steps)
         if self.loss == "dpace":
             return self.dpace_forward(f, [self.head.compute_logits(out) for out in outs])
-        steps = [ttt_step_loss(self.head.compute_logits(out), f.targets, f.loss_mask, k, self.loss)
-                 for k, out in enumerate(outs)]
+        steps = []
+        for k, out in enumerate(outs):
+            logits = self.head.compute_logits(out)
+            step = ttt_step_loss(logits, f.targets, f.loss_mask, k, self.loss)
+            if law is not None:
+                total = step.loss + self.law_weight * law_step_loss(logits, law, f.loss_mask, k, self.loss)
+                step = step._replace(loss=total, step_losses=total.detach()[None])
+            steps.append(step)
         return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
                           *(torch.cat([getattr(s, n) for s in steps]) for n in ("step_losses", "correct", "count",
                                                                                  "accept")))
@@ -161,6 +175,17 @@ class Eagle3Objective(Objective):
     def draft_top1(head: nn.Module, features: Features, depth: int, lm_head: nn.Module | None = None) -> Tensor:
         return torch.stack([head.draft_to_target(head.compute_logits(out).argmax(-1))
                             for out in unroll(head, head.project(features.hidden), features.embeds, depth)])
+
+    @staticmethod
+    @torch.no_grad()
+    def fit_draft_temperature(head: nn.Module, features: Features, depth: int, fit) -> bool:
+        """Each unrolled step's logits against the target's law at the positions training scores (EAGLE-3's
+        chain drafter reads the fit; P-EAGLE drafts its depths in one forward and does not)."""
+        if head.config.variant != "eagle3":
+            return False
+        for k, out in enumerate(unroll(head, head.project(features.hidden), features.embeds, depth)):
+            fit.add(k, *ttt_step_view(head.compute_logits(out), features.targets, features.loss_mask, k))
+        return True
 
     @classmethod
     def prepare_head(cls, head: nn.Module, setup: HeadSetup):

@@ -41,11 +41,13 @@ class StaticPlan:
         return kept, [-1] + [index[self.parents[i]] for i in kept[1:]]
 
 
-def _children(logits: Tensor, count: int, sampling: Sampling, sampled: bool) -> tuple[Tensor, Tensor | None]:
-    """(draft-vocab ids (..., count) best first or drawn in order, their law (..., Vd) when drawn)."""
+def _children(drafter, logits: Tensor, depth: int, count: int, sampling: Sampling,
+              sampled: bool) -> tuple[Tensor, Tensor | None]:
+    """(draft-vocab ids (..., count) best first or drawn in order, their law (..., Vd) when drawn; ``depth``: the
+    children's draft depth, 0 = the root's)."""
     if not sampled or sampling.greedy:
         return logits.topk(count, dim=-1).indices, None
-    law = sampling.probs(logits)
+    law = drafter._sampled_law(logits, sampling, depth)
     flat = law.reshape(-1, law.shape[-1])
     drawn = torch.multinomial(flat, count, replacement=False)  # sequential draws without replacement, in order
     return drawn.reshape(*law.shape[:-1], count), law
@@ -103,7 +105,7 @@ def _fill_level(drafter, plan: StaticPlan, level: int, outputs: dict, tokens: Te
     for parent in parents:
         kids = [i for i, p in enumerate(plan.parents) if p == parent and i > 0]
         count = max(plan.ranks[i] for i in kids) + 1
-        ids, law = _children(drafter._logits(outputs[parent]), count, sampling, sampled)  # (rows, count)
+        ids, law = _children(drafter, drafter._logits(outputs[parent]), level - 1, count, sampling, sampled)  # (rows, count)
         for kid in kids:
             tokens[:, kid] = drafter._to_target(ids[:, plan.ranks[kid]])
         if law is not None:

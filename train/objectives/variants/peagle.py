@@ -143,6 +143,9 @@ class PEagleObjective(Eagle3Objective):
             raise ConfigError(f"head.variant=peagle trains its depths in one forward: train.loss=dpace and "
                               f"train.stage=on-policy (TTT chains) do not apply (train.loss={cfg.train.loss}, "
                               f"train.stage={cfg.train.stage})")
+        if cfg.train.law_weight is not None:
+            raise ConfigError(f"train.law_weight={cfg.train.law_weight} is EAGLE-3's chain recipe (its drafter's fitted "
+                              "draft temperature); head.variant=peagle does not take it")
         super().configure(cfg)
 
     @staticmethod
@@ -152,7 +155,8 @@ class PEagleObjective(Eagle3Objective):
         features = Eagle3Objective.from_states(target, batch, states, head, need_top1)
         return PEagleFeatures(**{f.name: getattr(features, f.name) for f in dataclasses.fields(features)})
 
-    def supervised_forward(self, f: Features) -> LossOutput:
+    def supervised_forward(self, f: Features, law: DraftTargets | None = None) -> LossOutput:
+        """P-EAGLE's depths in one forward (``law`` is never given: ``configure`` refuses ``train.law_weight``)."""
         rollouts = getattr(f, "rollouts", None)
         steps = peagle_losses(self.head, f, rollouts if rollouts is not None else self.draw_rollouts(f, 0), self.loss)
         return LossOutput(decayed_sum([s.loss for s in steps], self.decay),
