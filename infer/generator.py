@@ -412,7 +412,7 @@ class SpeculativeGenerator:
         turns into ``generate``'s output (arguments as ``generate``'s)."""
         sampling = Sampling(float(temperature), top_k, float(top_p))
         check_call(self.target, input_ids, max_new_tokens, sampling)
-        self.drafter.begin(sampling)  # before new_rows: a drafter whose policy follows the sampling mode picks it
+        self.drafter.begin(sampling, input_ids.shape[0])  # before new_rows: a policy following the mode or batch picks
         prepare_costs(self, input_ids.shape[0], sampling)  # a drafter choosing lengths by cost: its step costs
         mask = batch_mask(input_ids, attention_mask, streamer, self.device)
         clock = PhaseClock(self.device, self.profile)
@@ -466,8 +466,8 @@ class SpeculativeGenerator:
         clock.mark("verify")
         nodes, new, length = accept_rows(out.logits, drafts, live, dec.settings.sampling, self.acceptance, self.typical)
         clock.mark("accept")
-        emitted, accepted = self._settle(dec, new, length,
-                                         lambda b, a: (features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
+        emitted, accepted = self._settle(dec, new, length, lambda b, a: (  # a root alone: a slice copied, no gather
+            features[b: b + 1, :1].clone() if a == 1 else features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
         stats.step_tokens += sum(tokens.shape[0] for tokens in emitted)
         for b in live:  # vLLM's acceptance counts: the drafts each row's verify accepted, the bonus left out
             stats.count_draft(drafts[b].tokens.shape[0] - 1, accepted[b] - 1)

@@ -63,7 +63,7 @@ def make_drafter(head: nn.Module, target: nn.Module, tree: TreeOption | None = N
                  confidence: float | None = None) -> HeadDrafter | ByTemperature:
     """The drafter for a head's kind drafting ``tree``; ``tree=None``: the kind's default on the
     target's device (``default_tree``, or ``default_chain`` where the kind ``adapts_by_default``:
-    EAGLE heads on CPU, adaptive at temperature 0 and cost-aware above); ``confidence``: EAGLE greedy
+    EAGLE heads on CPU, adaptive for one greedy row and cost-aware otherwise); ``confidence``: EAGLE greedy
     chains stop a level early below this head probability."""
     cls = head_drafter_class(head)
     device = target.get_input_embeddings().weight.device
@@ -93,8 +93,9 @@ def adaptive_chain(head: nn.Module, target: nn.Module, confidence: float | None 
 
 def default_chain(head: nn.Module, target: nn.Module, confidence: float | None = None) -> ByTemperature:
     """The head's chain where its kind ``adapts_by_default`` (EAGLE heads on CPU), one drafter under two length
-    policies (``ByTemperature``): at temperature 0 the adaptive chain (``adaptive_chain``'s), above it the cost-aware
-    one (``chosen_chain``'s, 0 allowed: sampled drafts are kept too seldom to draft every step)."""
+    policies (``ByTemperature``): one row at temperature 0 the adaptive chain (``adaptive_chain``'s), above it or for
+    a batch the cost-aware one (``chosen_chain``'s, 0 allowed: sampled drafts are kept too seldom to draft every
+    step, and a batch's verify carries every row's chain)."""
     cls = head_drafter_class(head)
     longest = cls.longest_chain(head)
     inner = cls(head, target, Chain(longest), confidence)

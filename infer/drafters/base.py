@@ -145,9 +145,10 @@ class Drafter:
         accepted tokens in slots [pads[b], lengths[b]). Called by an eager generator before every
         ``propose_rows``; a drafter that shares the target's KV (layer skip) drafts into it."""
 
-    def begin(self, sampling: Sampling) -> None:
-        """A decode with this ``sampling`` starts: called by the generator before ``new_rows``; a drafter whose
-        policy depends on the sampling mode (``free.by_temperature``) picks it here, a wrapper passes it on."""
+    def begin(self, sampling: Sampling, rows: int = 1) -> None:
+        """A decode of ``rows`` rows with this ``sampling`` starts: called by the generator before ``new_rows``; a
+        drafter whose policy depends on the sampling mode or the batch (``free.by_temperature``) picks it here, a
+        wrapper passes it on."""
 
     def use_step_costs(self, costs: Any) -> bool:
         """The step costs (``infer.cost_model.StepCosts``) a cost-aware chooser drafts this step under, or None

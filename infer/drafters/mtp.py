@@ -41,8 +41,8 @@ class MtpDrafter(EagleDrafter):
         self._compiled = bool(compile if self.num_layers == 1 else False)
         super().compile_with(compile if self.num_layers == 1 else False)
 
-    def begin(self, sampling) -> None:
-        super().begin(sampling)
+    def begin(self, sampling, rows: int = 1) -> None:
+        super().begin(sampling, rows)
         head = self.head
         self._lean = None if self._compiled else lean_mtp_layers(head.layers, head.rotary_emb, head.rope_types)
 

@@ -13,7 +13,7 @@ from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer import cost_profile
 from draftsmith.infer.cost_model import StepCosts, load_costs
 from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_buffers, chosen_chain
-from draftsmith.infer.drafters.free.chooser import CostAwareLength, acceptance, best_length
+from draftsmith.infer.drafters.free.chooser import CostAwareLength, acceptance, batch_length, best_length
 
 LONGEST = 16
 
@@ -93,6 +93,60 @@ def test_the_chooser_learns_each_rows_acceptance_online():
     lengths = _run(CostAwareLength(Recorder(), LONGEST, CHEAP, probe_every=4), lambda k: k if next(steps) >= 40 else 0,
                    90)
     assert lengths[30:40].count(0) >= 8 and lengths[-1] == LONGEST  # text it can predict again: it drafts again
+
+
+def test_a_batch_drafts_one_length_for_the_sum_of_its_rows():
+    """The rows' expected tokens summed: one row that drafts well and three that do not draft nothing together
+    under steep costs, the longest under flat ones; a row's budget caps what it adds; one row is ``best_length``."""
+    good, bad = [0.99] * LONGEST, [0.05] * LONGEST
+    assert batch_length([good], [LONGEST], CHEAP, LONGEST) == best_length(good, CHEAP, LONGEST) == LONGEST
+    assert batch_length([good, bad, bad, bad], [LONGEST] * 4, STEEP, LONGEST) == 0
+    assert batch_length([good, bad, bad, bad], [LONGEST] * 4, FLAT, LONGEST) == LONGEST
+    assert batch_length([good, good], [2, 2], FLAT, LONGEST) == 2  # nothing past the budgets pays
+    assert batch_length([[0.99] * 3, [0.99] * 3], [LONGEST, LONGEST], FLAT, LONGEST) == 3  # nor past the estimates
+
+
+def test_every_row_of_a_batch_drafts_the_same_length_cut_to_its_budget():
+    """Two rows, one whose drafts are all kept and one whose drafts never are: one length for both (plant: each row
+    its own best length, the first drafting long while the second decodes plainly), the second cut to its room; the
+    profile's forced length the same way."""
+    chooser = CostAwareLength(Recorder(), LONGEST, CHEAP)
+    states = chooser.new_rows([torch.ones(1, 4, dtype=torch.long)] * 2, [1000, 1000])
+    for _ in range(12):
+        drafts = chooser.propose_rows(states, [torch.tensor(1)] * 2, Sampling(), [1000, 1000])
+        lengths = [d.tokens.shape[0] - 1 for d in drafts]
+        assert lengths[0] == lengths[1]
+        chooser.observe_rows(states, [torch.zeros(1, k + 1, 2) for k in (lengths[0], 0)],
+                             [torch.ones(1, lengths[0] + 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long)])
+    assert lengths[0] > 0  # the first row's acceptance carries the pair
+    drafts = chooser.propose_rows(states, [torch.tensor(1)] * 2, Sampling(), [1000, 2])
+    assert [d.tokens.shape[0] - 1 for d in drafts] == [lengths[0], min(lengths[0], 2)]
+    chooser.forced = 5
+    drafts = chooser.propose_rows(states, [torch.tensor(1)] * 2, Sampling(), [1000, 3])
+    assert [d.tokens.shape[0] - 1 for d in drafts] == [5, 3]
+
+
+def test_a_greedy_decode_starts_probing_where_the_last_one_of_its_size_ended():
+    """Drafts never accepted: the second greedy decode's first probe waits as long as the first decode's last wait
+    grew to (plant: every decode from ``probe_every``); a sampled decode starts from ``probe_every`` (its draws follow
+    its drafts: a seeded call must not depend on the calls before it), and so does a greedy one of another size."""
+    chooser = CostAwareLength(Recorder(), LONGEST, CHEAP, probe_every=4)
+
+    def first_probe(sampling, rows=1):
+        chooser.begin(sampling, rows)
+        states = chooser.new_rows([torch.ones(1, 4, dtype=torch.long)] * rows, [1000] * rows)
+        lengths = []
+        for _ in range(40):
+            drafts = chooser.propose_rows(states, [torch.tensor(1)] * rows, sampling, [1000] * rows)
+            lengths.append(drafts[0].tokens.shape[0] - 1)
+            chooser.observe_rows(states, [torch.zeros(1, 1, 2)] * rows, [torch.ones(1, 1, dtype=torch.long)] * rows)
+        first = lengths.index(0)
+        return lengths.index(1, first) - first  # steps at 0 before the first probe
+
+    assert first_probe(Sampling()) == 4  # then 8, 16: the decode ends waiting 32
+    assert first_probe(Sampling()) == 32
+    assert first_probe(Sampling(0.7)) == 4
+    assert first_probe(Sampling(), rows=2) == 4
 
 
 def test_a_chooser_without_costs_says_where_they_come_from():

@@ -96,6 +96,25 @@ def test_the_cpu_default_chain_adapts_greedy_and_chooses_sampled(tiny, tmp_path,
     assert isinstance(gen.drafter.active, AdaptiveLength) and gen.last_stats.draft_budgets[0] == 1
 
 
+def test_a_greedy_batch_is_the_choosers_and_each_row_stays_hfs(tiny, tmp_path, monkeypatch):
+    """Several greedy rows: the chooser drafts (a batch's verify carries every row's chain; with STEEP costs it decodes
+    plainly after its first probes), each row the target's own greedy continuation; one row again: the adaptive
+    chain. Plant: ``new_rows`` keeping the greedy policy for a batch (every step drafts, no cost asked for)."""
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
+    measured = []
+    monkeypatch.setattr(cost_profile, "measure_curve", lambda gen, d, b, s: measured.append((b, s.greedy)) or STEEP)
+    target, head = tiny
+    gen = SpeculativeGenerator(target, head)
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
+    out = gen.generate(ids, max_new_tokens=24)
+    for row in range(3):
+        assert torch.equal(out[row], hf_greedy(target, ids[row: row + 1], 24)[0])
+    assert isinstance(gen.drafter.active, CostAwareLength) and measured == [(3, True)]
+    assert gen.last_stats.draft_budgets.get(0, 0) >= 3 * 12
+    gen.generate(ids[:1], max_new_tokens=12)
+    assert isinstance(gen.drafter.active, AdaptiveLength) and gen.last_stats.draft_budgets[0] == 1
+
+
 def test_by_temperature_refuses_two_drafters_and_a_decode_it_did_not_begin(tiny):
     target, head = tiny
     one, other = make_drafter(head, target, Chain(3)), make_drafter(head, target, Chain(3))

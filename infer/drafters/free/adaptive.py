@@ -41,8 +41,8 @@ class AdaptiveLength(Drafter):
     def compile_with(self, compile: bool | str) -> None:
         self.drafter.compile_with(compile)
 
-    def begin(self, sampling: Sampling) -> None:
-        self.drafter.begin(sampling)
+    def begin(self, sampling: Sampling, rows: int = 1) -> None:
+        self.drafter.begin(sampling, rows)
 
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[AdaptiveState]:
         return [AdaptiveState(inner, self.initial) for inner in self.drafter.new_rows(prompts, lengths)]

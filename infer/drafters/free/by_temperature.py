@@ -1,14 +1,17 @@
-"""One drafter, a draft-length policy per sampling mode: the CPU default for EAGLE heads' chains.
+"""One drafter, a draft-length policy per sampling mode and batch: the CPU default for EAGLE heads' chains.
 
-``ByTemperature`` holds two wrappers of the same drafter: ``greedy`` drafts at temperature 0 (the adaptive chain,
-``AdaptiveLength``: +2 after a fully accepted step, -1 otherwise, never below 1), ``sampled`` above it (the
-cost-aware chain, ``CostAwareLength``: each step's length chosen for tokens per second, 0 allowed). Sampled
-drafts are accepted far less often than greedy ones (the demo head on README's prompt: about 0.4 of its first
-drafts at temperature 0.7 and 0.3 at 1.0, against nearly all at 0, docs/benchmarks.md), so a chain that never
-stops drafting decodes slower than the target alone there, while at temperature 0 the adaptive chain measured
-faster than the chooser. The generator says which decode starts (``begin``, before ``new_rows``); until then,
-and for a caller driving the verbs itself, the greedy one drafts. Only what is drafted changes: acceptance is
-the generator's (lossless).
+``ByTemperature`` holds two wrappers of the same drafter: ``greedy`` drafts a single row at temperature 0 (the
+adaptive chain, ``AdaptiveLength``: +2 after a fully accepted step, -1 otherwise, never below 1), ``sampled``
+everything else (the cost-aware chain, ``CostAwareLength``: each step's length chosen for tokens per second from
+the measured step costs of this batch size, 0 allowed). Sampled drafts are accepted far less often than greedy
+ones (the demo head on README's prompt: about 0.4 of its first drafts at temperature 0.7 and 0.3 at 1.0, against
+nearly all at 0, docs/benchmarks.md), so a chain that never stops drafting decodes slower than the target alone
+there; and a batch's verify carries every row's chain, so on a CPU the best fixed length shrinks with the batch
+(plain decoding at 16 rows: the adaptive chain measured 0.80-0.85x the best fixed plan at 4 rows and 0.48x at 16,
+docs/benchmarks.md), while a single greedy row drafting the adaptive chain measured faster than the chooser. The
+generator says which decode starts and with how many rows (``begin``, before ``new_rows``); until then, and for a
+caller driving the verbs itself, the greedy one drafts. Only what is drafted changes: acceptance is the
+generator's (lossless).
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from draftsmith.infer.drafters.base import Draft, Drafter, Sampling
 
 
 class ByTemperature(Drafter):
-    """``greedy`` at temperature 0, ``sampled`` above; both must wrap the same drafter (their ``drafter``)."""
+    """``greedy`` for one row at temperature 0, ``sampled`` above it or for several rows; both must wrap the same
+    drafter (their ``drafter``)."""
 
     def __init__(self, greedy: Drafter, sampled: Drafter) -> None:
         for name, wrapper in (("greedy", greedy), ("sampled", sampled)):
@@ -31,6 +35,7 @@ class ByTemperature(Drafter):
             raise ValueError("ByTemperature needs two wrappers of one drafter (greedy.drafter is sampled.drafter), "
                              f"got {type(greedy).__name__} and {type(sampled).__name__} of different ones")
         self.greedy, self.sampled, self.active = greedy, sampled, greedy
+        self.sampling = Sampling()  # the decode's, from ``begin``
         self.aux_layer_ids = inner.aux_layer_ids
         self.max_nodes = inner.max_nodes
 
@@ -39,9 +44,10 @@ class ByTemperature(Drafter):
         """The wrapper drafting this decode (what ``infer.cost_profile.chooser_of`` looks through)."""
         return self.active
 
-    def begin(self, sampling: Sampling) -> None:
-        self.active = self.greedy if sampling.greedy else self.sampled
-        self.active.begin(sampling)
+    def begin(self, sampling: Sampling, rows: int = 1) -> None:
+        self.sampling = sampling
+        self.active = self.greedy if sampling.greedy and rows == 1 else self.sampled
+        self.active.begin(sampling, rows)
 
     def compile_with(self, compile: bool | str) -> None:
         self.greedy.compile_with(compile)  # one inner drafter: once is enough
@@ -57,8 +63,8 @@ class ByTemperature(Drafter):
 
     def propose_rows(self, states: list[Any], roots: list[Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:
-        if sampling.greedy != (self.active is self.greedy):
-            raise ValueError(f"ByTemperature began a {'greedy' if self.active is self.greedy else 'sampled'} decode "
+        if sampling.greedy != self.sampling.greedy or (self.active is self.greedy and not sampling.greedy):
+            raise ValueError(f"ByTemperature began a {'greedy' if self.sampling.greedy else 'sampled'} decode "
                              f"but is asked for a draft at temperature {sampling.temperature}: call begin(sampling) "
                              "before new_rows")
         return self.active.propose_rows(states, roots, sampling, max_depths)

@@ -3,15 +3,20 @@
 ``CostAwareLength`` wraps a chain drafter. Each row keeps, per draft depth d, how often a draft that reached d was
 accepted (counts decayed by ``DECAY`` per observation, so the estimate follows the text), and reads its
 conditional acceptance p_d from them with a prior: depth 1's is ``prior``, depth d's the estimate at d - 1 (a
-depth never reached is trusted as much as the last one reached). A step drafting k levels is expected to emit
-E(k) = 1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens (the bonus token, then each accepted draft) and to take
-``StepCosts.step_seconds(k)`` seconds (``infer.cost_model``: measured per target, drafter, device, dtype and thread
-count, per batch size and sampling mode); the row drafts the k with the most E(k) / seconds(k), the shorter on a
-tie. A row at 0 learns nothing, so after ``probe_every`` steps at 0 it drafts one level (a probe) to find out
-whether drafting pays again; each probe doubles the wait before the next one (up to ``MAX_WAIT`` times
-``probe_every``), and the wait starts over only when the row chooses to draft again. (A hit used to start it over
-too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted level costs, half the probes
-hit and the row probed every 8 steps for nothing.)
+depth never reached is trusted as much as the last one reached). A row drafting k levels is expected to emit
+E(k) = 1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens (the bonus token, then each accepted draft), and a step of k
+levels takes ``StepCosts.step_seconds(k)`` seconds (``infer.cost_model``: measured per target, drafter, device,
+dtype and thread count, per batch size and sampling mode, every row of the batch at k). Every row of the batch
+drafts the one k with the most expected tokens per second, the rows' E(k) summed (a batch's verify carries its
+longest chain, so rows of different lengths would pay for the longest; each row is still cut to the levels it
+has room for), the shorter on a tie. At 0 the rows learn nothing, so after ``probe_every`` steps at 0 they draft
+one level (a probe) to find out whether drafting pays again; each probe doubles the wait before the next one (up
+to ``MAX_WAIT`` times ``probe_every``), and the wait starts over only when a probe makes them choose to draft. (A hit
+used to start it over too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted level
+costs, half the probes hit and the row probed every 8 steps for nothing.) A greedy decode starts with the wait
+the last greedy decode of its batch size ended with (on a 16-row CPU batch, where drafting never paid, each decode
+spent its first probes finding that out again); a sampled one starts from ``probe_every``, so that a seeded call
+samples the same whatever ran before it.
 
 A row at 0 costs what plain decoding costs: its drafter does not observe the accepted tokens then; they wait and
 are observed at once (one head forward) before the row drafts again. Only what is drafted changes: acceptance is
@@ -46,9 +51,6 @@ class ChooserState:
     tries: list[float]  # per depth: decayed count of drafts that reached d
     pending: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (features, next tokens) not yet observed
     proposed: int = 0  # levels of the last draft (0: none, nothing to learn)
-    idle: int = 0  # steps at 0 since the last draft
-    wait: int = PROBE_EVERY  # steps at 0 before the next probe
-    probing: bool = False  # the last draft was a probe
 
 
 def acceptance(hits: list[float], tries: list[float], prior: float, weight: float = PRIOR_WEIGHT) -> list[float]:
@@ -67,15 +69,26 @@ def step_table(costs: StepCosts, longest: int) -> tuple[float, ...]:
 
 
 def best_length(p: list[float], costs: StepCosts, longest: int) -> int:
-    """The draft length in 0..``longest`` with the most expected tokens per second (the shorter on a tie)."""
-    longest = min(longest, len(p))
+    """The draft length in 0..``longest`` with the most expected tokens per second for one row (the shorter on a
+    tie): ``batch_length`` of that row alone."""
+    return batch_length([p], [longest], costs, longest)
+
+
+def batch_length(rows: list[list[float]], budgets: list[int], costs: StepCosts, longest: int) -> int:
+    """The one draft length in 0..``longest`` for every row of a batch with the most expected tokens per second:
+    the rows' E_r(min(k, budget_r)) summed over a step of k levels' seconds (the profile's: every row at k), the
+    shorter on a tie. ``rows``: each row's conditional acceptance per depth; ``budgets``: the levels each may draft."""
+    longest = min(longest, max(len(p) for p in rows))
     seconds = step_table(costs, longest)
-    best, best_rate = 0, 1.0 / seconds[0]
-    expected, survive = 1.0, 1.0
+    best, best_rate = 0, len(rows) / seconds[0]
+    expected = [1.0] * len(rows)
+    survive = [1.0] * len(rows)
     for k in range(1, longest + 1):
-        survive *= p[k - 1]
-        expected += survive
-        rate = expected / seconds[k]
+        for r, p in enumerate(rows):
+            if k <= min(budgets[r], len(p)):
+                survive[r] *= p[k - 1]
+                expected[r] += survive[r]
+        rate = sum(expected) / seconds[k]
         if rate > best_rate:
             best, best_rate = k, rate
     return best
@@ -109,28 +122,46 @@ class CostAwareLength(Drafter):
         self.aux_layer_ids = drafter.aux_layer_ids
         self.max_nodes = drafter.max_nodes
         self._batch = 1
+        self.idle = 0  # this decode's steps at 0 since its last draft
+        self.wait = self.probe_every  # steps at 0 before the next probe
+        self.probing = False  # the last draft was a probe
+        self._chosen: tuple[int, int] | None = None  # (rows, k) last chosen; (rows, 0) stands while nothing is learnt
+        self._greedy = True  # this decode's sampling mode (``begin``)
+        self._waits: dict[int, int] = {}  # batch size -> the probe wait a greedy decode of that size ended with
+        self._probed = False  # the last draft was a probe, now observed
 
     def compile_with(self, compile: bool | str) -> None:
         self.drafter.compile_with(compile)
 
-    def begin(self, sampling: Sampling) -> None:
-        self.drafter.begin(sampling)
+    def begin(self, sampling: Sampling, rows: int = 1) -> None:
+        self._greedy = sampling.greedy
+        self.drafter.begin(sampling, rows)
 
     def before_draft(self, cache: Any, lengths: list[int], pads: list[int]) -> None:
         self.drafter.before_draft(cache, lengths, pads)
 
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[ChooserState]:
-        self._batch = len(prompts)
-        return [ChooserState(inner, [0.0] * self.maximum, [0.0] * self.maximum, wait=self.probe_every)
+        # a greedy decode starts probing as the last greedy decode of its size ended (what is drafted never changes a
+        # greedy output, so carrying this keeps every output the same); a sampled one from ``probe_every``: its draws
+        # follow its drafts, and a seeded call must sample the same whatever ran before it
+        wait = self._waits.get(len(prompts), self.probe_every) if self._greedy else self.probe_every
+        self._batch, self.idle, self.wait = len(prompts), 0, wait
+        self.probing, self._chosen, self._probed = False, None, False
+        return [ChooserState(inner, [0.0] * self.maximum, [0.0] * self.maximum)
                 for inner in self.drafter.new_rows(prompts, lengths)]
 
     def observe_rows(self, states: list[ChooserState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
         """Each row's acceptance counts from its last draft (next_tokens: the accepted drafts + the bonus); the
         tokens wait for the row's next draft to be observed."""
+        if self.probing:  # the next probe waits twice as long, unless the rows draft again by choice (_choose)
+            self.wait, self.probing = min(2 * self.wait, MAX_WAIT * self.probe_every), False
+            self._probed = True
+            if self._greedy:
+                self._waits[self._batch] = self.wait
         for state, feats, tokens in zip(states, features, next_tokens):
             accepted = tokens.shape[1] - 1
-            if state.probing:  # the next probe waits twice as long, unless the row drafts again by choice (_choose)
-                state.wait = min(2 * state.wait, MAX_WAIT * self.probe_every)
+            if state.proposed:  # counts change: the next step chooses again
+                self._chosen = None
             for d in range(min(state.proposed, accepted + 1)):  # depths reached: every accepted one, then a miss
                 state.tries[d] = DECAY * state.tries[d] + 1.0
                 state.hits[d] = DECAY * state.hits[d] + (1.0 if d < accepted else 0.0)
@@ -145,26 +176,34 @@ class CostAwareLength(Drafter):
                              "or decode with SpeculativeGenerator, which measures them (infer.cost_profile)")
         return curve
 
-    def _choose(self, state: ChooserState, curve: StepCosts, max_depth: int) -> int:
-        """This row's draft length for the next step (a probe of 1 after ``state.wait`` steps at 0)."""
-        longest = min(max_depth, self.maximum)
+    def _choose(self, states: list[ChooserState], curve: StepCosts, max_depths: list[int]) -> list[int]:
+        """The rows' draft lengths for the next step: one length for every row (``batch_length``: a batch's verify
+        carries its longest chain, and the profile timed every row at k), each row cut to its budget; a probe of 1
+        after ``self.wait`` steps at 0."""
         if self.forced is not None:
-            return min(self.forced, longest)
-        k = best_length(acceptance(state.hits, state.tries, self.prior), curve, longest)
-        state.probing = k == 0 and state.idle >= state.wait
-        if state.probing:
+            return [min(self.forced, d, self.maximum) for d in max_depths]
+        longest = min(max(max_depths), self.maximum)
+        if self._chosen == (len(states), 0):  # nothing drafted since, so no count changed: still 0 (smaller budgets
+            k = 0  # only lower what drafting is worth)
+        else:
+            k = batch_length([acceptance(s.hits, s.tries, self.prior) for s in states], max_depths, curve, longest)
+        self._chosen = (len(states), k)
+        self.probing = k == 0 and self.idle >= self.wait
+        if self.probing:
             k = min(1, longest)
-        elif k:  # drafting pays again: the waits between probes start over
-            state.wait = self.probe_every
-        state.idle = 0 if k else state.idle + 1
-        return k
+        elif k and self._probed:  # drafting pays again on a probe's evidence: the waits between probes start over
+            self.wait = self.probe_every  # (a new decode drafting at its prior keeps the wait it started with)
+            self._waits.pop(self._batch, None)
+        self._probed = False
+        self.idle = 0 if k else self.idle + 1
+        return [min(k, d, self.maximum) for d in max_depths]
 
     def propose_rows(self, states: list[ChooserState], roots: list[Tensor], sampling: Sampling,
                      max_depths: list[int]) -> list[Draft]:
         """The rows that draft observe their waiting tokens, then draft at once; the others verify their root."""
         curve = self._curve(sampling.greedy) if self.forced is None else None
         cuts = self.drafter.use_step_costs(curve)  # DSpark cuts each row's block by its confidence under them
-        lengths = [self._choose(s, curve, d) for s, d in zip(states, max_depths)]
+        lengths = self._choose(states, curve, max_depths)
         if cuts:  # a row that drafts drafts its whole block: what is verified of it, the drafter chooses
             lengths = [min(d, self.maximum) if k else 0 for k, d in zip(lengths, max_depths)]
         drafting = [i for i, k in enumerate(lengths) if k > 0]

@@ -57,8 +57,8 @@ class LookupFirst(Drafter):
     def compile_with(self, compile: bool | str) -> None:
         self.drafter.compile_with(compile)
 
-    def begin(self, sampling: Sampling) -> None:
-        self.drafter.begin(sampling)
+    def begin(self, sampling: Sampling, rows: int = 1) -> None:
+        self.drafter.begin(sampling, rows)
 
     def observe_rows(self, states: list[LookupFirstState], features: list[Tensor], next_tokens: list[Tensor]) -> None:
         self.lookup.observe_rows([s.lookup for s in states], features, next_tokens)
