@@ -24,7 +24,6 @@ class DraftTemperatureFit:
     """Summed survival chance per (depth, s in ``GRID``) over the positions ``add`` saw."""
 
     def __init__(self, depth: int, device: torch.device) -> None:
-        self.grid = torch.tensor(GRID, dtype=torch.float64, device=device)
         self.state = torch.zeros(depth, len(GRID) + 1, dtype=torch.float64, device=device)  # [..., -1]: count
 
     @torch.no_grad()
@@ -48,4 +47,3 @@ class DraftTemperatureFit:
         """Mean survival chance at each depth with its temperature from ``temperatures`` (a value of ``GRID``)."""
         counts = self.state[:, -1].clamp(min=1)
         return [float(self.state[d, GRID.index(s)] / counts[d]) for d, s in enumerate(temperatures)]
-

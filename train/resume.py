@@ -172,7 +172,7 @@ def resume(accelerator: Accelerator, cfg: TrainConfig, output_dir: Path, head: n
         for name in ("step", "epoch", "batch"):  # the loop position indexes the data: whole numbers >= 0
             count(f"{path}: {name}", loaded.state.get(name), least=0)
         checkpoint.apply(loaded, head=head, backbone=backbone, optimizer=optimizer, scheduler=scheduler)
-        if loaded.head_config.get("draft_temperature") is not None:  # the last evaluation's fit (train/draft_temperature.py)
+        if loaded.head_config.get("draft_temperature") is not None:  # the last evaluation's fit, as it was saved
             head.config.draft_temperature = loaded.head_config["draft_temperature"]
         state.load_state_dict(loaded.state)
         return path
