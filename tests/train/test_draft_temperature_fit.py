@@ -52,3 +52,14 @@ def test_each_evaluation_fits_it_and_the_saved_head_drafts_with_it(tiny_files, t
     assert final.config.draft_temperature == evals[-1]["draft_temperature"]
     target = AutoModelForCausalLM.from_pretrained(tiny_files["target"])
     assert make_drafter(loaded, target, Chain(2)).draft_temperature == tuple(best["draft_temperature"])
+
+
+def test_a_warm_start_carries_the_fit_until_its_own_evaluation(tiny_files, tmp_path):
+    """``train.init_from`` a head with a fitted temperature: a run without held-out data (no evaluation to refit)
+    saves the source's (plant: not carried, the head saved without one)."""
+    source = setup(tiny_config(tiny_files, tmp_path / "a", "head.kind=eagle3", "head.ttt_steps=2", "train.max_steps=6"))
+    fitted = AutoHead.from_pretrained(source.output_dir).config.draft_temperature
+    assert fitted is not None and len(fitted) == 2
+    warm = setup(tiny_config(tiny_files, tmp_path / "b", "head.kind=eagle3", "head.ttt_steps=2", "train.max_steps=2",
+                             f"train.init_from={source.output_dir}", "data.eval=null"))
+    assert AutoHead.from_pretrained(warm.output_dir).config.draft_temperature == fitted
