@@ -90,13 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=cli_count(), default=1)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
     from draftsmith.data.corpus import continuation_prompts
-    from draftsmith.data.targets import load_target, load_target_tokenizer, resolve_target
 
     head = AutoHead.from_pretrained(args.head).eval()
-    path = resolve_target(head.config.target_name_or_path or "demo:tiny")
-    target, tok = load_target(path, attn_implementation="sdpa").eval(), load_target_tokenizer(path)
+    gen = SpeculativeGenerator.from_pretrained(head.config.target_name_or_path, head, device="cpu", threads=args.threads)
+    target, tok = gen.target, gen.tokenizer
     prompts = continuation_prompts(tok, args.prompts, 64, args.max_new_tokens)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     for b in args.batch_sizes:

@@ -13,8 +13,6 @@ rounds, and the speed over hf's.
 from __future__ import annotations
 
 import argparse
-import time
-from pathlib import Path
 
 import torch
 
@@ -64,19 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=cli_count(), default=1)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
     from draftsmith.data.corpus import continuation_prompts
-    from draftsmith.data.targets import load_target, load_target_tokenizer, resolve_target
 
-    heads = {str(h): AutoHead.from_pretrained(h).eval() for h in args.heads}
-    names = {h.config.target_name_or_path or "demo:tiny" for h in heads.values()}
-    if len(names) != 1:
-        raise SystemExit(f"the heads were trained for different targets: {sorted(names)}")
-    path = resolve_target(names.pop())
-    target, tok = load_target(path, attn_implementation="sdpa").eval(), load_target_tokenizer(path)
+    heads = {name: AutoHead.from_pretrained(name).eval() for name in args.heads}
+    targets = {h.config.target_name_or_path for h in heads.values()}
+    if len(targets) != 1:
+        raise SystemExit(f"the heads were trained for different targets: {sorted(targets)}")
+    first = SpeculativeGenerator.from_pretrained(targets.pop(), heads[args.heads[0]], device="cpu", threads=args.threads)
+    target, tok = first.target, first.tokenizer
     prompts = [torch.tensor(q)[None] for q in continuation_prompts(tok, args.prompts, 32, args.max_new_tokens)]
-    gens = {Path(h).name if len({Path(x).name for x in heads}) == len(heads) else h: SpeculativeGenerator(target, head, tok)
-            for h, head in heads.items()}
+    gens = {name: SpeculativeGenerator(target, head, tok) for name, head in heads.items()}
     started = load_average()
     with torch.inference_mode():
         totals = measure(target, gens, prompts, args.temperatures, args.rounds, args.max_new_tokens)
