@@ -4,7 +4,8 @@ thread count, kept in the cache, read by the draft-length chooser (``infer.draft
 A ``StepCosts`` is one curve: for each profiled draft length k (0: plain decoding, the root alone), the seconds
 of a step's drafting (the drafter's observe of the last accepted tokens and its proposal of k levels), of its
 verify (one target forward over k + 1 tokens: t(N) at N = k + 1) and of the rest (accept, emit, compact, a
-hybrid's rollback). A ``CostModel`` holds one curve per batch size and sampling mode (sampled drafts and their
+hybrid's rollback). Beside the curve, ``probe``: the seconds of a step drafting one level after ``PROBE_IDLE``
+steps at 0, its drafter first observing every token it skipped (what the chooser's probe costs). A ``CostModel`` holds one curve per batch size and sampling mode (sampled drafts and their
 acceptance cost more than greedy ones), under the key of what they depend on; ``infer.cost_profile`` measures
 and saves them. Stored as the speculation plan is (``infer.speculation_plan``: JSON, a malformed file named),
 one file per key in the cache (``data.base.paths.keyed_cache_file``, as a layer-skip calibration): a key that no
@@ -21,19 +22,22 @@ from pathlib import Path
 from draftsmith.data.base.paths import keyed_cache_file
 
 COSTS_DIR = "step-costs"  # under the cache root: one JSON per key
-VERSION = 5  # of the measurement (2: the k interleaved over rounds; 3: drafting fitted per level; 5: medians again); a record of another version is measured again
+VERSION = 6  # of the measurement (2: the k interleaved over rounds; 3: drafting fitted per level; 5: medians again; 6: the probe); a record of another version is measured again
+PROBE_IDLE = 32  # steps at 0 before the one-level step ``StepCosts.probe`` times
 
 
 @dataclass(frozen=True)
 class StepCosts:
     """Seconds per step at the profiled draft ``lengths`` (ascending, starting at 0): ``draft``, ``verify`` and
     ``other`` for each. Between profiled lengths the seconds are interpolated; each phase is made non-decreasing
-    in k (``rising``: a longer draft never costs less, a dip is timing noise)."""
+    in k (``rising``: a longer draft never costs less, a dip is timing noise). ``probe``: the seconds of a one-level
+    step after ``PROBE_IDLE`` steps at 0 (0: not measured, a probe costs ``step_seconds(1)``)."""
 
     lengths: tuple[int, ...]
     draft: tuple[float, ...]
     verify: tuple[float, ...]
     other: tuple[float, ...]
+    probe: float = 0.0
 
     def __post_init__(self) -> None:
         lengths = tuple(self.lengths)
@@ -45,6 +49,9 @@ class StepCosts:
                 raise ValueError(f"step costs: {name} must be {len(lengths)} finite seconds >= 0, got {list(values)}")
             object.__setattr__(self, name, rising(values))
         object.__setattr__(self, "lengths", lengths)
+        if not 0 <= float(self.probe) < float("inf"):
+            raise ValueError(f"step costs: probe must be finite seconds >= 0, got {self.probe}")
+        object.__setattr__(self, "probe", float(self.probe))
         if self.draft[0] + self.verify[0] + self.other[0] <= 0:
             raise ValueError("step costs: a step without drafting (k = 0) must take some time, got 0 s")
 
@@ -73,9 +80,13 @@ class StepCosts:
         """Seconds of a step drafting ``k`` levels: drafting + the verify of k + 1 tokens + the rest."""
         return self._at(self.draft, k) + self._at(self.verify, k) + self._at(self.other, k)
 
+    def probe_seconds(self) -> float:
+        """Seconds of the chooser's probe: ``probe`` where measured, else a one-level step's."""
+        return self.probe or self.step_seconds(1)
+
     def to_json(self) -> dict:
         return {"lengths": list(self.lengths), "draft": list(self.draft), "verify": list(self.verify),
-                "other": list(self.other)}
+                "other": list(self.other), "probe": self.probe}
 
 
 def rising(values: tuple[float, ...]) -> tuple[float, ...]:
@@ -131,8 +142,8 @@ def load_costs(key: dict) -> CostModel:
         raw = json.loads(path.read_text())
         if raw.get("version") != VERSION or raw.get("key") != json.loads(json.dumps(key)):
             return CostModel({}, key, path)  # measured under something else: measure again
-        curves = {str(name): StepCosts(tuple(c["lengths"]), tuple(c["draft"]), tuple(c["verify"]), tuple(c["other"]))
-                  for name, c in raw["curves"].items()}
+        curves = {str(name): StepCosts(tuple(c["lengths"]), tuple(c["draft"]), tuple(c["verify"]), tuple(c["other"]),
+                                       c["probe"]) for name, c in raw["curves"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: not a step-cost record ({type(err).__name__}: {err}); delete it and the next "
                          "decode measures again") from err

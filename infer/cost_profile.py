@@ -5,7 +5,8 @@ curve for this batch size and sampling mode gets one, read from the cache under 
 (``cost_key``: the target's identity, device, dtype, thread count and the drafter's head), or measured there
 once and saved. Measuring decodes a fixed random prompt with every row drafting exactly k levels, for each
 profiled k, timing a few steps per k through the generator's own loop (draft, verify, the rest; a hybrid's
-rollback included), the k interleaved over a few rounds: a few seconds on a CPU for the demo target. Torch's random state is the same after it, so a
+rollback included), the k interleaved over a few rounds, and a probe (one level after ``PROBE_IDLE`` steps at 0)
+each round: a few seconds on a CPU for the demo target. Torch's random state is the same after it, so a
 seeded call samples what it would have without the profile. An injected ``StepCosts`` is never measured.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from draftsmith.data.base.device import sync
-from draftsmith.infer.cost_model import StepCosts, curve_name, load_costs
+from draftsmith.infer.cost_model import PROBE_IDLE, StepCosts, curve_name, load_costs
 from draftsmith.infer.decoding import PhaseClock
 from draftsmith.infer.drafters import Sampling
 from draftsmith.infer.drafters.free.chooser import CostAwareLength
@@ -26,6 +27,9 @@ from draftsmith.target.model import loaded_target_identity
 
 PROMPT_TOKENS = 48
 ROUNDS, WARM_STEPS, TIMED_STEPS = 5, 1, 2
+# plain steps right after a prefill run slow and speed up over about a dozen steps (16 CPU rows: 6.1 ms falling to
+# 5.0 by step 13, while a drafting step is steady from its second): k = 0 is timed after this many
+PLAIN_WARM_STEPS = 12
 PROFILED = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # draft lengths timed (up to the drafter's longest, which is too)
 
 
@@ -65,31 +69,31 @@ def prepare_costs(gen: Any, batch: int, sampling: Sampling) -> None:
 
 def measure_curve(gen: Any, drafter: CostAwareLength, batch: int, sampling: Sampling) -> StepCosts:
     """Seconds per phase of a step drafting exactly k levels per row, per k (``drafter``: ``gen``'s chooser): in each
-    of ``ROUNDS`` rounds every k decodes the fixed prompt, ``WARM_STEPS`` steps, then the least of ``TIMED_STEPS``
-    steps is its time that round; the verify's t(k + 1) and the rest are the medians over the rounds, drafting a
+    of ``ROUNDS`` rounds every k decodes the fixed prompt, ``WARM_STEPS`` steps (k = 0: ``PLAIN_WARM_STEPS``), then
+    the least of ``TIMED_STEPS`` steps is its time that round; the verify's t(k + 1) and the rest are the medians over the rounds, drafting a
     cost per step plus one per level through every round's (``per_level``). The k are interleaved round by round,
     so a burst of other work slows every k alike, not one of them. (The least over the rounds instead favours
     short steps on a busy machine: a 3.5 ms step fits in a scheduler slice, an 8 ms one is cut, so t(2)/t(1)
     read 2.3 where the medians read 1.0-1.5.)"""
     lengths = sorted({k for k in PROFILED if k < drafter.maximum} | {drafter.maximum})
     vocab = gen.target.get_input_embeddings().weight.shape[0]
+    budget = max((WARM_STEPS + TIMED_STEPS) * (drafter.maximum + 1), PLAIN_WARM_STEPS + TIMED_STEPS, PROBE_IDLE + 1) + 2
     ids = torch.randint(0, vocab, (batch, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0)).to(gen.device)
-    budget = (WARM_STEPS + TIMED_STEPS) * (drafter.maximum + 1) + 2
     rounds: dict[int, list[dict[str, float]]] = {k: [] for k in lengths}
+    probes = []
     devices = [gen.device] if gen.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         for _ in range(ROUNDS):
             for k in lengths:
-                drafter.forced = k
-                try:
-                    times = _timed_steps(gen, ids, budget, sampling)
-                finally:
-                    drafter.forced = None
+                warm = WARM_STEPS if k else PLAIN_WARM_STEPS
+                times = _timed_steps(gen, drafter, ids, budget, sampling, [k] * (warm + TIMED_STEPS), warm)
                 rounds[k].append(min(times, key=lambda t: sum(t.values())))
+            probe = _timed_steps(gen, drafter, ids, budget, sampling, [0] * PROBE_IDLE + [1], PROBE_IDLE)
+            probes.append(sum(probe[0].values()))
     phases = {name: tuple(statistics.median(r[name] for r in rounds[k]) for k in lengths) for name in ("verify", "other")}
     draft = per_level([(k, r["draft"]) for k in lengths[1:] for r in rounds[k]])
     return StepCosts(tuple(lengths), tuple(0.0 if k == 0 else draft(k) for k in lengths), phases["verify"],
-                     phases["other"])
+                     phases["other"], statistics.median(probes))
 
 
 def per_level(samples: list[tuple[int, float]]):
@@ -104,23 +108,30 @@ def per_level(samples: list[tuple[int, float]]):
     return lambda k: base + slope * k
 
 
-def _timed_steps(gen: Any, ids: torch.Tensor, budget: int, sampling: Sampling) -> list[dict[str, float]]:
-    """Per timed step: its drafting (the draft and observe phases), its verify and the rest, in seconds."""
-    dec = gen.start(ids, max_new_tokens=budget, temperature=sampling.temperature, top_k=sampling.top_k,
-                    top_p=sampling.top_p, eos_token_id=[])
-    clock = dec.instruments.clock = PhaseClock(gen.device, True)  # syncs at each phase's end
-    clock.start()
+def _timed_steps(gen: Any, drafter: CostAwareLength, ids: torch.Tensor, budget: int, sampling: Sampling,
+                 levels: list[int], warm: int) -> list[dict[str, float]]:
+    """One decode whose i-th step drafts ``levels[i]`` levels per row; per step after the first ``warm``: its
+    drafting (the draft and observe phases), its verify and the rest, in seconds."""
     times = []
-    for i in range(WARM_STEPS + TIMED_STEPS):
-        before = dict(clock.times)
-        sync(gen.device)
-        start = clock.last = time.perf_counter()  # the draft phase starts with the step
-        gen.step(dec)
-        sync(gen.device)
-        total = time.perf_counter() - start
-        spent = {name: clock.times.get(name, 0.0) - before.get(name, 0.0) for name in clock.times}
-        draft = spent.get("draft", 0.0) + spent.get("observe", 0.0)
-        verify = spent.get("verify", 0.0)
-        if i >= WARM_STEPS:
-            times.append({"draft": draft, "verify": verify, "other": max(total - draft - verify, 0.0)})
+    drafter.forced = levels[0]  # a start with a forced length measures nothing (``prepare_costs``)
+    try:
+        dec = gen.start(ids, max_new_tokens=budget, temperature=sampling.temperature, top_k=sampling.top_k,
+                        top_p=sampling.top_p, eos_token_id=[])
+        clock = dec.instruments.clock = PhaseClock(gen.device, True)  # syncs at each phase's end
+        clock.start()
+        for i, k in enumerate(levels):
+            drafter.forced = k
+            before = dict(clock.times)
+            sync(gen.device)
+            start = clock.last = time.perf_counter()  # the draft phase starts with the step
+            gen.step(dec)
+            sync(gen.device)
+            total = time.perf_counter() - start
+            spent = {name: clock.times.get(name, 0.0) - before.get(name, 0.0) for name in clock.times}
+            draft = spent.get("draft", 0.0) + spent.get("observe", 0.0)
+            verify = spent.get("verify", 0.0)
+            if i >= warm:
+                times.append({"draft": draft, "verify": verify, "other": max(total - draft - verify, 0.0)})
+    finally:
+        drafter.forced = None
     return times

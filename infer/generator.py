@@ -461,13 +461,13 @@ class SpeculativeGenerator:
         width = out.logits.shape[1]  # positions every row verified (its pending tokens, its draft, padding)
         out = _drop_front(out, verify.skip)  # the pending positions' outputs were read by the previous step
         features = self._features(out)
-        stats.target_forwards += 1
-        stats.steps += 1
+        stats.target_forwards, stats.steps = stats.target_forwards + 1, stats.steps + 1
         clock.mark("verify")
         nodes, new, length = accept_rows(out.logits, drafts, live, dec.settings.sampling, self.acceptance, self.typical)
         clock.mark("accept")
-        emitted, accepted = self._settle(dec, new, length, lambda b, a: (  # a root alone: a slice copied, no gather
-            features[b: b + 1, :1].clone() if a == 1 else features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
+        roots = features[:, :1].clone()  # a row that kept its root alone: one copy for the batch, no gather
+        emitted, accepted = self._settle(dec, new, length, lambda b, a: (
+            roots[b: b + 1] if a == 1 else features[b: b + 1, nodes[b, :a]], new[b: b + 1, :a]))
         stats.step_tokens += sum(tokens.shape[0] for tokens in emitted)
         for b in live:  # vLLM's acceptance counts: the drafts each row's verify accepted, the bonus left out
             stats.count_draft(drafts[b].tokens.shape[0] - 1, accepted[b] - 1)

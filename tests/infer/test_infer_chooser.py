@@ -3,6 +3,7 @@
 run, except in the one test that checks it leaves torch's random state as it was."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,9 +12,10 @@ from support.chooser import CHEAP, FLAT, STEEP, tiny_eagle3
 
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.infer import cost_profile
-from draftsmith.infer.cost_model import StepCosts, load_costs
+from draftsmith.infer.cost_model import PROBE_IDLE, StepCosts, load_costs
 from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_buffers, chosen_chain
-from draftsmith.infer.drafters.free.chooser import CostAwareLength, acceptance, batch_length, best_length
+from draftsmith.infer.drafters.free.chooser import (CostAwareLength, acceptance, batch_length, best_length,
+                                                   first_wait)
 
 LONGEST = 16
 
@@ -62,13 +64,17 @@ class Recorder(Drafter):
                 for r, d in zip(roots, max_depths)]
 
 
-def _run(chooser: CostAwareLength, accept, steps: int) -> list[int]:
-    """``steps`` steps of one row; ``accept(k)`` drafts of each k-level draft accepted. Returns the lengths drafted."""
+def _run(chooser: CostAwareLength, accept, steps: int, left: int | None = None,
+         sampling: Sampling = Sampling()) -> list[int]:
+    """``steps`` steps of one row; ``accept(k)`` drafts of each k-level draft accepted. Returns the lengths drafted.
+    ``left``: the tokens the row may still emit at the first step (None: always 1000), one fewer each step."""
+    chooser.begin(sampling)
     (state,) = chooser.new_rows([torch.ones(1, 4, dtype=torch.long)], [1000])
     chooser.observe_rows([state], [torch.zeros(1, 4, 2)], [torch.ones(1, 4, dtype=torch.long)])
     lengths = []
-    for _ in range(steps):
-        (draft,) = chooser.propose_rows([state], [torch.tensor(1)], Sampling(), [1000])
+    for step in range(steps):
+        depth = 1000 if left is None else left - step - 1
+        (draft,) = chooser.propose_rows([state], [torch.tensor(1)], sampling, [depth])
         k = draft.tokens.shape[0] - 1
         lengths.append(k)
         a = accept(k)
@@ -93,6 +99,26 @@ def test_the_chooser_learns_each_rows_acceptance_online():
     lengths = _run(CostAwareLength(Recorder(), LONGEST, CHEAP, probe_every=4), lambda k: k if next(steps) >= 40 else 0,
                    90)
     assert lengths[30:40].count(0) >= 8 and lengths[-1] == LONGEST  # text it can predict again: it drafts again
+
+
+def test_a_sampled_probe_waits_as_long_as_it_costs_and_only_where_tokens_are_left_to_use_it():
+    """Sampled, a probe step adding 1.01 plain steps' seconds (``STEEP``, its probe not measured: a one-level step)
+    waits ceil(1.01 / ``PROBE_SHARE``) = 21 steps at 0, then twice as many (plant: every probe after ``probe_every``,
+    as greedy: a probe after 4 steps); one adding 0.12 (``CHEAP``) waits ``probe_every``, the floor; a measured probe
+    its own cost. A row with fewer tokens left than the wait probes no more (plant: the tokens left ignored: a probe
+    at step 21 of a row emitting 30). Greedy, the first wait is ``probe_every`` (its misses carry, next test)."""
+    never, hot = (lambda k: 0), Sampling(1.0)  # noqa: E731
+    steep = CostAwareLength(Recorder(), LONGEST, STEEP, probe_every=4)
+    lengths = _run(steep, never, 120, sampling=hot)
+    assert [i for i, k in enumerate(lengths) if k] == [21, 21 + 43]
+    assert first_wait(STEEP, 4, greedy=False) == 21 and first_wait(CHEAP, 4, greedy=False) == 4
+    assert first_wait(dataclasses.replace(STEEP, probe=3.01), 4, greedy=False) == 41  # measured: 2.01 plain steps more
+    short = _run(CostAwareLength(Recorder(), LONGEST, STEEP, probe_every=4), never, 30, left=30, sampling=hot)
+    assert short == [0] * 30
+    lengths = _run(CostAwareLength(Recorder(), LONGEST, STEEP, probe_every=4), never, 50, left=42, sampling=hot)
+    assert [i for i, k in enumerate(lengths) if k] == [21]  # 21 tokens left then: the probe's wait is 21
+    greedy = CostAwareLength(Recorder(), LONGEST, STEEP, probe_every=4)
+    assert [i for i, k in enumerate(_run(greedy, never, 40)) if k] == [4, 4 + 9, 4 + 9 + 17]
 
 
 def test_a_batch_drafts_one_length_for_the_sum_of_its_rows():
@@ -207,6 +233,34 @@ def test_the_chosen_chain_measures_its_costs_once_per_key(tiny, tmp_path, monkey
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not a step-cost record"):
         load_costs(cost_profile.cost_key(gen, gen.drafter))
+
+
+def test_the_profile_times_a_probe_that_observes_every_skipped_token(tiny, monkeypatch):
+    """Plain steps are timed after ``PLAIN_WARM_STEPS``. Each round of the profile ends with a probe: ``PROBE_IDLE``
+    steps at 0, then one level, whose drafter observes the prompt and every skipped token at once (plant: the level drafted first, then the steps at 0: no such observe);
+    its seconds are the curve's ``probe``, kept in the record."""
+    target, head = tiny
+    gen = SpeculativeGenerator(target, chosen_chain(head, target))
+    inner, seen = gen.drafter.drafter, []
+    observe = inner.observe_rows
+    monkeypatch.setattr(inner, "observe_rows", lambda s, f, t: seen.append([x.shape[1] for x in t]) or observe(s, f, t))
+    timed, plain = cost_profile._timed_steps, []  # plain: (steps, timed steps) of each decode drafting nothing
+
+    def spy(gen, drafter, ids, budget, sampling, levels, warm):
+        times = timed(gen, drafter, ids, budget, sampling, levels, warm)
+        if not any(levels):
+            plain.append((len(levels), len(times)))
+        return times
+
+    monkeypatch.setattr(cost_profile, "_timed_steps", spy)
+    curve = cost_profile.measure_curve(gen, gen.drafter, 2, Sampling())
+    assert seen.count([cost_profile.PROMPT_TOKENS + PROBE_IDLE] * 2) == cost_profile.ROUNDS
+    # plain steps are timed after their warm-up (plant: after WARM_STEPS, as a drafting step's)
+    assert plain == [(cost_profile.PLAIN_WARM_STEPS + cost_profile.TIMED_STEPS, cost_profile.TIMED_STEPS)] * cost_profile.ROUNDS
+    assert curve.probe > 0 and curve.probe_seconds() == curve.probe
+    assert StepCosts(**{**curve.to_json(), "probe": 0.0}).probe_seconds() == curve.step_seconds(1)
+    with pytest.raises(ValueError, match="probe must be finite seconds"):
+        StepCosts((0, 1), (0, 0), (1, 1), (0, 0), -1.0)
 
 
 def test_the_profile_leaves_the_seeded_samples_as_they_were(tiny, tmp_path, monkeypatch):

@@ -63,3 +63,15 @@ def test_a_warm_start_carries_the_fit_until_its_own_evaluation(tiny_files, tmp_p
     warm = setup(tiny_config(tiny_files, tmp_path / "b", "head.kind=eagle3", "head.ttt_steps=2", "train.max_steps=2",
                              f"train.init_from={source.output_dir}", "data.eval=null"))
     assert AutoHead.from_pretrained(warm.output_dir).config.draft_temperature == fitted
+
+
+def test_a_resumed_run_keeps_its_checkpoints_fit_until_its_own_evaluation(tiny_files, tmp_path):
+    """``resume_from=latest`` after an evaluation: a run going on without another evaluation saves the fitted
+    temperature of its checkpoint (plant: not restored, the head saved without one)."""
+    args = ["head.kind=eagle3", "head.ttt_steps=2", "train.save_every=4", "train.eval_every=4"]
+    setup(tiny_config(tiny_files, tmp_path / "run", *args, "train.max_steps=4"))
+    saved = AutoHead.from_pretrained(tmp_path / "run").config
+    assert saved.draft_temperature is not None
+    resumed = setup(tiny_config(tiny_files, tmp_path / "run", *args, "data.eval=null", "train.max_steps=6",
+                                "resume_from=latest"))
+    assert AutoHead.from_pretrained(resumed.output_dir).config.draft_temperature == saved.draft_temperature

@@ -9,14 +9,20 @@ levels takes ``StepCosts.step_seconds(k)`` seconds (``infer.cost_model``: measur
 dtype and thread count, per batch size and sampling mode, every row of the batch at k). Every row of the batch
 drafts the one k with the most expected tokens per second, the rows' E(k) summed (a batch's verify carries its
 longest chain, so rows of different lengths would pay for the longest; each row is still cut to the levels it
-has room for), the shorter on a tie. At 0 the rows learn nothing, so after ``probe_every`` steps at 0 they draft
-one level (a probe) to find out whether drafting pays again; each probe doubles the wait before the next one (up
-to ``MAX_WAIT`` times ``probe_every``), and the wait starts over only when a probe makes them choose to draft. (A hit
-used to start it over too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted level
-costs, half the probes hit and the row probed every 8 steps for nothing.) A greedy decode starts with the wait
-the last greedy decode of its batch size ended with (on a 16-row CPU batch, where drafting never paid, each decode
-spent its first probes finding that out again); a sampled one starts from ``probe_every``, so that a seeded call
-samples the same whatever ran before it.
+has room for), the shorter on a tie. At 0 the rows learn nothing, so after a wait at 0 they draft one level (a
+probe) to find out whether drafting pays again; each probe that leaves the rows at 0 doubles the wait (up to
+``MAX_WAIT`` times the first), and the wait starts over only when a probe makes them choose to draft. (A hit used to
+start it over too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted level costs,
+half the probes hit and the row probed every 8 steps for nothing.) No probe is drafted when the longest row has
+fewer tokens left than the wait: what it could find would pay for fewer steps than the decode waited for it.
+
+A greedy decode's first wait is ``probe_every`` steps, doubled as often as the last greedy decode of its batch size
+missed (on a 16-row CPU batch, where drafting never paid, each decode spent its first probes finding that out
+again); what is drafted never changes a greedy output, so this carry keeps every output the same. A sampled decode's
+draws follow its drafts, and a seeded call must sample the same whatever ran before it, so it carries nothing: its
+first wait is ``probe_every`` steps or, if more, as many as make a probe's measured cost (``StepCosts.probe``: its
+drafter first observes every token it skipped; on a 16-row CPU batch several plain steps) ``PROBE_SHARE`` of
+their time.
 
 A row at 0 costs what plain decoding costs: its drafter does not observe the accepted tokens then; they wait and
 are observed at once (one head forward) before the row drafts again. Only what is drafted changes: acceptance is
@@ -27,6 +33,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +47,9 @@ from draftsmith.infer.drafters.base import Draft, Drafter, Sampling, root_only
 DECAY = 0.9  # per observation of a depth: about the last ten observations count
 PRIOR = 0.6  # a new row's acceptance at depth 1 before it has drafted
 PRIOR_WEIGHT = 1.0  # the prior counts as this many observations
-PROBE_EVERY = 8  # steps at 0 before a one-level probe
-MAX_WAIT = 8  # the wait after missed probes grows to at most this many times probe_every
+PROBE_EVERY = 8  # the fewest steps at 0 before a one-level probe
+PROBE_SHARE = 0.05  # a probe waits for steps at 0 costing at least what it adds over a plain step / this
+MAX_WAIT = 8  # the wait after missed probes grows to at most this many times the first
 
 
 @dataclass
@@ -94,6 +102,18 @@ def batch_length(rows: list[list[float]], budgets: list[int], costs: StepCosts, 
     return best
 
 
+def first_wait(curve: StepCosts, probe_every: int, greedy: bool) -> int:
+    """Steps at 0 before a decode's first probe. Greedy: ``probe_every`` (the misses carried from the last greedy
+    decode of the batch size lengthen it). Sampled (nothing carried): ``probe_every``, or the steps whose plain
+    decoding costs 1 / ``PROBE_SHARE`` times what a probe (``StepCosts.probe_seconds``) adds to a plain step, if
+    more."""
+    if greedy:
+        return probe_every
+    plain = curve.step_seconds(0)
+    excess = (curve.probe_seconds() - plain) / (PROBE_SHARE * plain)
+    return max(probe_every, math.ceil(excess - 1e-9))  # 1e-9: 4.000...1 is 4
+
+
 def head_identity(drafter: Drafter) -> dict:
     """What a drafter's step costs depend on besides the target: its class and its head's parameter shapes."""
     head = getattr(drafter, "head", None)
@@ -123,11 +143,11 @@ class CostAwareLength(Drafter):
         self.max_nodes = drafter.max_nodes
         self._batch = 1
         self.idle = 0  # this decode's steps at 0 since its last draft
-        self.wait = self.probe_every  # steps at 0 before the next probe
+        self.misses = 0  # probes since drafting last paid: the wait is ``first_wait`` x 2 ** misses
         self.probing = False  # the last draft was a probe
         self._chosen: tuple[int, int] | None = None  # (rows, k) last chosen; (rows, 0) stands while nothing is learnt
         self._greedy = True  # this decode's sampling mode (``begin``)
-        self._waits: dict[int, int] = {}  # batch size -> the probe wait a greedy decode of that size ended with
+        self._misses: dict[int, int] = {}  # batch size -> the misses a greedy decode of that size ended with
         self._probed = False  # the last draft was a probe, now observed
 
     def compile_with(self, compile: bool | str) -> None:
@@ -144,8 +164,8 @@ class CostAwareLength(Drafter):
         # a greedy decode starts probing as the last greedy decode of its size ended (what is drafted never changes a
         # greedy output, so carrying this keeps every output the same); a sampled one from ``probe_every``: its draws
         # follow its drafts, and a seeded call must sample the same whatever ran before it
-        wait = self._waits.get(len(prompts), self.probe_every) if self._greedy else self.probe_every
-        self._batch, self.idle, self.wait = len(prompts), 0, wait
+        misses = self._misses.get(len(prompts), 0) if self._greedy else 0
+        self._batch, self.idle, self.misses = len(prompts), 0, misses
         self.probing, self._chosen, self._probed = False, None, False
         return [ChooserState(inner, [0.0] * self.maximum, [0.0] * self.maximum)
                 for inner in self.drafter.new_rows(prompts, lengths)]
@@ -154,10 +174,10 @@ class CostAwareLength(Drafter):
         """Each row's acceptance counts from its last draft (next_tokens: the accepted drafts + the bonus); the
         tokens wait for the row's next draft to be observed."""
         if self.probing:  # the next probe waits twice as long, unless the rows draft again by choice (_choose)
-            self.wait, self.probing = min(2 * self.wait, MAX_WAIT * self.probe_every), False
+            self.misses, self.probing = min(self.misses + 1, int(math.log2(MAX_WAIT))), False
             self._probed = True
             if self._greedy:
-                self._waits[self._batch] = self.wait
+                self._misses[self._batch] = self.misses
         for state, feats, tokens in zip(states, features, next_tokens):
             accepted = tokens.shape[1] - 1
             if state.proposed:  # counts change: the next step chooses again
@@ -179,7 +199,7 @@ class CostAwareLength(Drafter):
     def _choose(self, states: list[ChooserState], curve: StepCosts, max_depths: list[int]) -> list[int]:
         """The rows' draft lengths for the next step: one length for every row (``batch_length``: a batch's verify
         carries its longest chain, and the profile timed every row at k), each row cut to its budget; a probe of 1
-        after ``self.wait`` steps at 0."""
+        after ``first_wait`` x 2 ** ``misses`` steps at 0, when the longest row has as many tokens left."""
         if self.forced is not None:
             return [min(self.forced, d, self.maximum) for d in max_depths]
         longest = min(max(max_depths), self.maximum)
@@ -188,12 +208,13 @@ class CostAwareLength(Drafter):
         else:
             k = batch_length([acceptance(s.hits, s.tries, self.prior) for s in states], max_depths, curve, longest)
         self._chosen = (len(states), k)
-        self.probing = k == 0 and self.idle >= self.wait
+        wait = first_wait(curve, self.probe_every, self._greedy) * 2 ** self.misses
+        self.probing = k == 0 and self.idle >= wait and max(max_depths) + 1 >= wait  # depths: tokens left - 1
         if self.probing:
             k = min(1, longest)
         elif k and self._probed:  # drafting pays again on a probe's evidence: the waits between probes start over
-            self.wait = self.probe_every  # (a new decode drafting at its prior keeps the wait it started with)
-            self._waits.pop(self._batch, None)
+            self.misses = 0  # (a new decode drafting at its prior keeps the wait it started with)
+            self._misses.pop(self._batch, None)
         self._probed = False
         self.idle = 0 if k else self.idle + 1
         return [min(k, d, self.maximum) for d in max_depths]
