@@ -5,11 +5,12 @@ A ``StepCosts`` is one curve: for each profiled draft length k (0: plain decodin
 of a step's drafting (the drafter's observe of the last accepted tokens and its proposal of k levels), of its
 verify (one target forward over k + 1 tokens: t(N) at N = k + 1) and of the rest (accept, emit, compact, a
 hybrid's rollback). Beside the curve, ``probe``: the seconds of a step drafting one level after ``PROBE_IDLE``
-steps at 0, its drafter first observing every token it skipped (what the chooser's probe costs). A ``CostModel`` holds one curve per batch size and sampling mode (sampled drafts and their
-acceptance cost more than greedy ones), under the key of what they depend on; ``infer.cost_profile`` measures
-and saves them. Stored as the speculation plan is (``infer.speculation_plan``: JSON, a malformed file named),
-one file per key in the cache (``data.base.paths.keyed_cache_file``, as a layer-skip calibration): a key that no
-longer matches (another thread count, dtype, drafter) is another file, measured again.
+steps at 0, its drafter first observing every token it skipped (what the chooser's probe costs). A ``CostModel``
+holds one curve per batch size and sampling mode (sampled drafts and their acceptance cost more than greedy ones),
+under the key of what they depend on; ``infer.cost_profile`` measures and saves them. Stored as the speculation
+plan is (``infer.speculation_plan``: JSON, a malformed file named), one file per key in the cache
+(``data.base.paths.keyed_cache_file``, as a layer-skip calibration): a key that no longer matches (another thread
+count, dtype, drafter) is another file, measured again.
 """
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from pathlib import Path
 from draftsmith.data.base.paths import keyed_cache_file
 
 COSTS_DIR = "step-costs"  # under the cache root: one JSON per key
-VERSION = 6  # of the measurement (2: the k interleaved over rounds; 3: drafting fitted per level; 5: medians again; 6: the probe); a record of another version is measured again
+# of the measurement (2: the k interleaved over rounds; 3: drafting fitted per level; 5: medians again; 6: the probe,
+# plain steps after their warm-up); a record of another version is measured again
+VERSION = 6
 PROBE_IDLE = 32  # steps at 0 before the one-level step ``StepCosts.probe`` times
 
 

@@ -70,14 +70,16 @@ def prepare_costs(gen: Any, batch: int, sampling: Sampling) -> None:
 def measure_curve(gen: Any, drafter: CostAwareLength, batch: int, sampling: Sampling) -> StepCosts:
     """Seconds per phase of a step drafting exactly k levels per row, per k (``drafter``: ``gen``'s chooser): in each
     of ``ROUNDS`` rounds every k decodes the fixed prompt, ``WARM_STEPS`` steps (k = 0: ``PLAIN_WARM_STEPS``), then
-    the least of ``TIMED_STEPS`` steps is its time that round; the verify's t(k + 1) and the rest are the medians over the rounds, drafting a
-    cost per step plus one per level through every round's (``per_level``). The k are interleaved round by round,
+    the least of ``TIMED_STEPS`` steps is its time that round; the verify's t(k + 1) and the rest are the medians
+    over the rounds, drafting a cost per step plus one per level through every round's (``per_level``); then a
+    probe, timed alone. The k are interleaved round by round,
     so a burst of other work slows every k alike, not one of them. (The least over the rounds instead favours
     short steps on a busy machine: a 3.5 ms step fits in a scheduler slice, an 8 ms one is cut, so t(2)/t(1)
     read 2.3 where the medians read 1.0-1.5.)"""
     lengths = sorted({k for k in PROFILED if k < drafter.maximum} | {drafter.maximum})
     vocab = gen.target.get_input_embeddings().weight.shape[0]
-    budget = max((WARM_STEPS + TIMED_STEPS) * (drafter.maximum + 1), PLAIN_WARM_STEPS + TIMED_STEPS, PROBE_IDLE + 1) + 2
+    steps = ((WARM_STEPS + TIMED_STEPS) * (drafter.maximum + 1), PLAIN_WARM_STEPS + TIMED_STEPS, PROBE_IDLE + 1)
+    budget = max(steps) + 2
     ids = torch.randint(0, vocab, (batch, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0)).to(gen.device)
     rounds: dict[int, list[dict[str, float]]] = {k: [] for k in lengths}
     probes = []

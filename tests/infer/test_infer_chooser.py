@@ -237,8 +237,8 @@ def test_the_chosen_chain_measures_its_costs_once_per_key(tiny, tmp_path, monkey
 
 def test_the_profile_times_a_probe_that_observes_every_skipped_token(tiny, monkeypatch):
     """Plain steps are timed after ``PLAIN_WARM_STEPS``. Each round of the profile ends with a probe: ``PROBE_IDLE``
-    steps at 0, then one level, whose drafter observes the prompt and every skipped token at once (plant: the level drafted first, then the steps at 0: no such observe);
-    its seconds are the curve's ``probe``, kept in the record."""
+    steps at 0, then one level, whose drafter observes the prompt and every skipped token at once (plant: the level
+    drafted first, then the steps at 0: no such observe); its seconds are the curve's ``probe``, kept in the record."""
     target, head = tiny
     gen = SpeculativeGenerator(target, chosen_chain(head, target))
     inner, seen = gen.drafter.drafter, []
@@ -256,7 +256,8 @@ def test_the_profile_times_a_probe_that_observes_every_skipped_token(tiny, monke
     curve = cost_profile.measure_curve(gen, gen.drafter, 2, Sampling())
     assert seen.count([cost_profile.PROMPT_TOKENS + PROBE_IDLE] * 2) == cost_profile.ROUNDS
     # plain steps are timed after their warm-up (plant: after WARM_STEPS, as a drafting step's)
-    assert plain == [(cost_profile.PLAIN_WARM_STEPS + cost_profile.TIMED_STEPS, cost_profile.TIMED_STEPS)] * cost_profile.ROUNDS
+    warm, timed_steps = cost_profile.PLAIN_WARM_STEPS, cost_profile.TIMED_STEPS
+    assert plain == [(warm + timed_steps, timed_steps)] * cost_profile.ROUNDS
     assert curve.probe > 0 and curve.probe_seconds() == curve.probe
     assert StepCosts(**{**curve.to_json(), "probe": 0.0}).probe_seconds() == curve.step_seconds(1)
     with pytest.raises(ValueError, match="probe must be finite seconds"):

@@ -162,7 +162,7 @@ class CostAwareLength(Drafter):
 
     def new_rows(self, prompts: list[Tensor], lengths: list[int]) -> list[ChooserState]:
         # a greedy decode starts probing as the last greedy decode of its size ended (what is drafted never changes a
-        # greedy output, so carrying this keeps every output the same); a sampled one from ``probe_every``: its draws
+        # greedy output, so carrying this keeps every output the same); a sampled one carries nothing: its draws
         # follow its drafts, and a seeded call must sample the same whatever ran before it
         misses = self._misses.get(len(prompts), 0) if self._greedy else 0
         self._batch, self.idle, self.misses = len(prompts), 0, misses
