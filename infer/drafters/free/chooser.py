@@ -11,10 +11,10 @@ drafts the one k with the most expected tokens per second, the rows' E(k) summed
 longest chain, so rows of different lengths would pay for the longest; each row is still cut to the levels it
 has room for), the shorter on a tie. At 0 the rows learn nothing, so after a wait at 0 they draft one level (a
 probe) to find out whether drafting pays again; each probe that leaves the rows at 0 doubles the wait (up to
-``MAX_WAIT`` times the first), and the wait starts over only when a probe makes them choose to draft. (A hit used to
-start it over too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted level costs,
-half the probes hit and the row probed every 8 steps for nothing.) No probe is drafted when the longest row has
-fewer tokens left than the wait: what it could find would pay for fewer steps than the decode waited for it.
+2 ** ``MAX_MISSES`` times the first), and the wait starts over only when a probe makes them choose to draft. (A
+hit used to start it over too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted
+level costs, half the probes hit and the row probed every 8 steps for nothing.) No probe is drafted when the
+longest row has fewer tokens left than the wait: what it found would pay for fewer steps than the decode waited.
 
 A greedy decode's first wait is ``probe_every`` steps, doubled as often as the last greedy decode of its batch size
 missed (on a 16-row CPU batch, where drafting never paid, each decode spent its first probes finding that out
@@ -49,7 +49,7 @@ PRIOR = 0.6  # a new row's acceptance at depth 1 before it has drafted
 PRIOR_WEIGHT = 1.0  # the prior counts as this many observations
 PROBE_EVERY = 8  # the fewest steps at 0 before a one-level probe
 PROBE_SHARE = 0.05  # a probe waits for steps at 0 costing at least what it adds over a plain step / this
-MAX_WAIT = 8  # the wait after missed probes grows to at most this many times the first
+MAX_MISSES = 3  # missed probes double the wait at most this many times (to 8 times the first)
 
 
 @dataclass
@@ -174,7 +174,7 @@ class CostAwareLength(Drafter):
         """Each row's acceptance counts from its last draft (next_tokens: the accepted drafts + the bonus); the
         tokens wait for the row's next draft to be observed."""
         if self.probing:  # the next probe waits twice as long, unless the rows draft again by choice (_choose)
-            self.misses, self.probing = min(self.misses + 1, int(math.log2(MAX_WAIT))), False
+            self.misses, self.probing = min(self.misses + 1, MAX_MISSES), False
             self._probed = True
             if self._greedy:
                 self._misses[self._batch] = self.misses
