@@ -126,11 +126,10 @@ class SpeculativeGenerator:
             size, the most draft levels per step (0: decode without drafting); None = draft as the
             drafter does at every batch size (``from_pretrained`` loads the plan saved next to a head).
         rollback: how a hybrid target's recurrent states go back to the accepted tokens after a partial accept
-            (``infer.rollback``, docs/hybrid.md): "merged" (restore the states from before the step and run the
-            accepted tokens again in front of the next step's draft, in its verify) or "replay" (restore, then
-            one more forward over the accepted tokens); None = "merged" where it applies (an eager verify whose
-            drafter does not draft into the target's own cache), else "replay". Ignored for attention-only
-            targets (``self.rollback`` is then a no-op).
+            (``infer.rollback``, docs/hybrid.md): "recorded" (the verify keeps every position's states, each row
+            the accepted one's), "merged" (restore the states from before the step and run the accepted tokens
+            again in front of the next step's draft, in its verify) or "replay" (restore, then one more forward
+            over them); None = the first that applies (``make_rollback``). Ignored for attention-only targets.
         per_token: a hybrid's short verify and replay forwards run its Gated DeltaNet layers with transformers'
             per-token rule where ``target.delta_rule`` finds it applies (``per_token_modules``); False = their
             chunked rule (what ``lab/bench_rollback.py --rules chunked`` times). Only that rule choice: the
@@ -190,7 +189,8 @@ class SpeculativeGenerator:
         if not (plan is None or isinstance(plan, (SpeculationPlan, str, os.PathLike))):
             raise ValueError(f"plan must be a SpeculationPlan, the path of one or None, got {type(plan).__name__}")
         self.plan = plan if plan is None or isinstance(plan, SpeculationPlan) else SpeculationPlan.load(plan)
-        self.rollback = make_rollback(rollback, target, hybrid, self.compile, self.drafter, self._forward_context)
+        self.rollback = make_rollback(rollback, target, hybrid, self.compile, self.drafter, self._forward_context,
+                                      self.per_token_modules)
         self.last_stats = GenerationStats()
 
     def _forward_context(self) -> AbstractContextManager:
@@ -299,7 +299,7 @@ class SpeculativeGenerator:
             start = time.perf_counter()
         if self.compile:
             step_begin(self.device)
-        with self._forward_context():
+        with self._forward_context(), self.rollback.recording():
             if from_entry:
                 hidden = next(d.entry for d in drafts if d.entry is not None)
                 entries = hidden.new_zeros(*tokens.shape, hidden.shape[-1])  # (B, N, H)

@@ -8,16 +8,17 @@ too. A ``Rollback`` is the generator's one hook for that, called three times per
   carries pending in front of them, and from which slots);
 - ``after_accept(dec, verify, new, accepted, width)``: each row's states after exactly the tokens it keeps.
 
-One implementation per rule (docs/hybrid.md): ``Replay`` ("replay": restore the checkpoint, then one more
-forward over the accepted tokens through the layers up to the last recurrent one) and ``Merged`` ("merged":
-restore, and run the accepted tokens again in front of the next step's draft, in its verify), both subclasses of
-``Rollback``, the hook itself, whose defaults roll nothing back: an attention-only target gets a plain
+One implementation per rule (docs/hybrid.md): ``Recorded`` ("recorded": the verify keeps every position's states,
+``target.positions``, and each row keeps its accepted one's; its ``recording()`` is the verify forward's context),
+``Replay`` ("replay": restore the checkpoint, then one more forward over the accepted tokens through the layers up to
+the last recurrent one) and ``Merged`` ("merged": restore, and run the accepted tokens again in front of the next
+step's draft, in its verify), all subclasses of ``Rollback``, the hook itself, whose defaults roll nothing back: an attention-only target gets a plain
 ``Rollback()``, which verifies the drafts as they are and keeps nothing. ``make_rollback`` picks one. A new rule
 is a subclass here and a name in ``RULES``.
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,11 +31,13 @@ from draftsmith.infer.drafters.base import Draft, Drafter, chain_buffers
 from draftsmith.target.views import shallow_backbone
 from draftsmith.target.cache_keywords import cache_kwargs
 from draftsmith.infer.masked_forward import attention_masks, verify_key_positions, verify_mask
+from draftsmith.target import positions
+from draftsmith.target.delta_rule import records_positions
 from draftsmith.target.recurrent import RECURRENT_LAYER_TYPES, Checkpoint, layer_types
 from draftsmith.target.model import backbone_of
 from draftsmith.infer.cache import StaticKVCache
 
-RULES = ("merged", "replay")
+RULES = ("recorded", "merged", "replay")
 # rollback="merged": the most tokens a row carries pending into the next verify (they widen it); past this,
 # or when a batch's rows disagree, they are replayed at once (docs/hybrid.md)
 MAX_PENDING = 16
@@ -77,6 +80,10 @@ class Rollback:
 
     def check_drafts(self, drafts: list[Draft], target: nn.Module) -> None:
         """Any tree verifies."""
+
+    def recording(self) -> AbstractContextManager:
+        """The context of the verify forward (``Recorded``: every position's states kept)."""
+        return nullcontext()
 
 
 class Replay(Rollback):
@@ -164,6 +171,33 @@ class Replay(Rollback):
         return self._stack
 
 
+class Recorded(Rollback):
+    """rollback="recorded": the verify keeps every position's recurrent state (``target.positions``) and each row
+    keeps the state after its accepted tokens: no checkpoint, nothing pending, nothing run again; rows may keep
+    different counts. Chains only, as every hybrid rollback."""
+
+    rule = "recorded"
+
+    def __init__(self) -> None:
+        self._record = False
+
+    def before_verify(self, dec: Decoding, drafts: list[Draft], before: Checkpoint | None) -> Verify:
+        self._record = max(d.tokens.shape[0] for d in drafts) > 1  # a verify of one token keeps all it runs
+        return Verify(drafts, dec.state.lengths)
+
+    def recording(self) -> AbstractContextManager:
+        return positions.recording() if self._record else nullcontext()
+
+    def after_accept(self, dec: Decoding, verify: Verify, new: Tensor, accepted: list[int], width: int) -> None:
+        if self._record:  # off again: a verify outside a step (``SpeculativeGenerator.verify``) records nothing
+            self._record = False
+            live = set(dec.live())
+            dec.state.cache.states.keep([a if b in live else 0 for b, a in enumerate(accepted)])
+        dec.instruments.clock.mark("rollback")
+
+    check_drafts = Replay.check_drafts
+
+
 class Merged(Replay):
     """rollback="merged": restore the checkpoint and carry the accepted tokens into the next verify, which runs
     them again in front of its draft; when rows disagree on how many they keep, or past ``MAX_PENDING``, replay."""
@@ -216,21 +250,28 @@ def _after_pending(pending: Tensor, draft: Draft) -> Draft:
 
 
 def make_rollback(rule: str | None, target: nn.Module, hybrid: bool, compile: bool | str, drafter: Drafter,
-                  route: Callable[[], AbstractContextManager]) -> Rollback:
-    """The generator's rollback: ``rule`` checked on every target ("merged", "replay" or None); an attention-only
-    target gets a plain ``Rollback`` (nothing to roll back). "merged" needs an eager verify (the pending tokens widen it past the budget a
-    compiled one is padded to) and a drafter that does not draft into the target's cache (layer skip's shared
-    KV: its draft would read states missing the pending tokens); None = "merged" where it applies, else "replay"."""
+                  route: Callable[[], AbstractContextManager], routes: tuple = ()) -> Rollback:
+    """The generator's rollback: ``rule`` checked on every target ("recorded", "merged", "replay" or None); an
+    attention-only target gets a plain ``Rollback`` (nothing to roll back). "recorded" and "merged" need an eager
+    verify (a compiled one has one shape: recording grows the conv windows, pending tokens widen it) and a drafter
+    that does not draft into the target's cache (layer skip's shared KV: its draft writes the states the verify
+    starts from); "recorded" also needs every recurrent layer's rule routed where it records
+    (``target.delta_rule.records_positions`` over the generator's ``routes``). None = the first of them that
+    applies."""
     if rule not in (None, *RULES):
-        raise ValueError(f"rollback must be 'merged', 'replay' or None, got {rule!r}")
+        raise ValueError(f"rollback must be 'recorded', 'merged', 'replay' or None, got {rule!r}")
     why = ("compile is on (a compiled verify has one shape)" if compile else
            f"{type(drafter).__name__} drafts into the target's cache" if drafter.entry_model is not None else None)
-    if rule == "merged" and why is not None and hybrid:
-        raise ValueError(f"rollback='merged' cannot run here: {why}; use rollback='replay' or None")
+    if rule in ("recorded", "merged") and why is not None and hybrid:
+        raise ValueError(f"rollback={rule!r} cannot run here: {why}; use rollback='replay' or None")
     if not hybrid:
         return Rollback()
-    rule = rule or ("merged" if why is None else "replay")
-    return (Merged if rule == "merged" else Replay)(target, route)
+    recordable = records_positions(target, routes)
+    if rule == "recorded" and not recordable:
+        raise ValueError(f"rollback='recorded' cannot run on {type(target).__name__}: its recurrent layers' rules are "
+                         "not routed where they keep every position's state (docs/hybrid.md); use 'merged' or None")
+    rule = rule or ("replay" if why is not None else "recorded" if recordable else "merged")
+    return Recorded() if rule == "recorded" else (Merged if rule == "merged" else Replay)(target, route)
 
 
-__all__ = ["MAX_PENDING", "RULES", "Merged", "Pending", "Replay", "Rollback", "Verify", "make_rollback"]
+__all__ = ["MAX_PENDING", "RULES", "Merged", "Pending", "Recorded", "Replay", "Rollback", "Verify", "make_rollback"]

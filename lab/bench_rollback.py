@@ -1,6 +1,6 @@
 """What rolling back a hybrid target's recurrent states costs, per rollback (docs/hybrid.md).
 
-    python lab/bench_rollback.py --target demo:tiny-hybrid [--heads HEAD_DIR ...] [--rollback merged,replay]
+    python lab/bench_rollback.py --target demo:tiny-hybrid [--heads HEAD_DIR ...] [--rollback recorded,merged,replay]
         [--prompts 4] [--max-new-tokens 128] [--threads 1] [--rules per-token,chunked]
         [--reference-target demo:tiny [--reference-heads HEAD_DIR ...]] [--out FILE.json]
     python lab/bench_rollback.py --oracle 4/1,4/3,8/3,8/6 --target random:gated-deltanet,random:mamba2 \
@@ -15,10 +15,9 @@ Two measurements on one target, in one process:
    every output equals plain decoding's, and per step: ms in the verify and in the rollback (restore, and
    the replay forwards of "replay" or of a "merged" step that falls back to one), tokens verified,
    replays, pending tokens re-verified;
-2. the verify's cost t(N) for N = 1..16 (one forward over a chain of N after the first prompt): a merged
-   step verifies its pending tokens and its draft in one t(p + N), a replayed one pays t(N) + t(p) (where
-   per-position states would cost N · t(1): N one-token forwards, the only way through transformers'
-   kernels to hold the state after every position);
+2. the verify's cost t(N) for N = 1..16 (one forward over a chain of N after the first prompt): a recorded
+   step pays t(N) and keeps the accepted position's states, a merged one verifies its pending tokens and its
+   draft in one t(p + N), a replayed one pays t(N) + t(p);
    with ``--rules per-token,chunked`` every method and every t(N) runs twice, interleaved: with the generator's
    routing of short verifies to the per-token Gated DeltaNet rule (target.delta_rule, "per-token", what the
    generator does) and without it (the Gated DeltaNet layers' multi-token forwards on the chunked rule,
@@ -53,7 +52,7 @@ from draftsmith.data.base.checks import cli_choices, cli_count, cli_counts
 from draftsmith.data.base.paths import claim_report_file, json_with_keys
 from draftsmith.data.entry_point import run
 
-MODES = ("merged", "replay")
+MODES = ("recorded", "merged", "replay")
 RULES = ("per-token", "chunked")  # short verifies on the per-token Gated DeltaNet rule (the generator's), or not
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 ORACLE_POINTS = "4/1,4/3,8/3,8/6"

@@ -334,10 +334,11 @@ def hybrid(lease: Lease) -> dict:
                 phase_ms={k: round(1e3 * v, 3) for k, v in stats.phase_times.items()},
                 rollback_share=round(stats.phase_times.get("rollback", 0.0) / stats.wall_time, 4),
                 verify_share=round(stats.phase_times.get("verify", 0.0) / stats.wall_time, 4),
-                # "merged": the accepted tokens of a partial accept are verified again in front of the next draft
+                # "merged" (a GPU's default): the accepted tokens of a partial accept are verified again in front of the
+                # next draft; "recorded" (the CPU's) verifies nothing twice
                 reverify_share=round(stats.pending_tokens / max(stats.verified_tokens, 1)
                                      * stats.phase_times.get("verify", 0.0) / stats.wall_time, 4),
-                rollback=getattr(gen, "rollback", None), pending_tokens=stats.pending_tokens)
+                rollback=gen.rollback.rule, pending_tokens=stats.pending_tokens)
     if not lease.over():
         costs = sweep(lease, target, prompt, lease.sizes((1, 2, 4, 8, 16), (1, 2, 4)), args, False)
         info.update(cost_rows(costs, hbm_bound_ms(target, lease, args.prompt_tokens + new)), sweep_backend="eager")

@@ -15,6 +15,12 @@ most ``PER_TOKEN_MAX`` tokens to the same module's ``torch_recurrent_gated_delta
 arguments; on exit (or an exception) the module's own function is back. Both are transformers' functions:
 nothing of the model is re-implemented, and the per-token rule is the one plain decoding runs.
 
+Inside ``target.positions.recording()`` (a verify whose rollback is "recorded") both routers keep the state after
+every token: a stateful Gated DeltaNet call of any length runs ``positions.recurrent_gated_delta_rule``
+(transformers' per-token rule with every state kept, bit for bit its outputs), a stateful Mamba-2 scan runs
+``positions.mamba2_scan``; each ``put``s the states for the cache (``records_positions`` says where that covers
+every recurrent layer).
+
 ``per_token_modules(model)`` picks the modules it applies to: only where both functions are transformers'
 torch reference (never when flash-linear-attention or a hub kernel provides them: their chunked kernels
 have no 64-token padding to avoid), the layer runs its class's own ``forward`` (a hub kernel may replace
@@ -37,6 +43,8 @@ from types import ModuleType
 
 from torch import nn
 
+from draftsmith.target import positions
+from draftsmith.target.recurrent import LAYER_KINDS, model_type
 from draftsmith.target.one_token import NO_LIMIT, clamped_mixers, one_token_mixers, one_token_steps
 
 CHUNKED = "torch_chunk_gated_delta_rule"  # transformers' name in every Gated DeltaNet modeling file (5.17 and 5.24)
@@ -78,6 +86,18 @@ def per_token_modules(model: nn.Module, gated_delta_rule: bool = True) -> tuple:
     if not gated_delta_rule:
         rules = tuple(m for m in rules if not hasattr(m, CHUNKED))
     return rules + mixers
+
+
+def records_positions(model: nn.Module, routes: tuple) -> bool:
+    """Whether a verify of ``model`` under ``routes`` (``per_token_modules``) keeps every position's states
+    (``target.positions``): its conv windows always do; its recurrent matrices where its family's rule is routed
+    here (Gated DeltaNet's, Mamba-2's scan), not where mixers run per token or keep no state routed here."""
+    if any(isinstance(r, nn.Module) for r in routes):
+        return False  # mixers stepped one token at a time (Jamba, Zamba, a clamping Mamba-2 off the CPU)
+    kind = LAYER_KINDS.get(model_type(model))
+    routed = {name for name in (CHUNKED, SCAN) for m in routes if hasattr(m, name)}
+    return (kind == "short conv" or (kind == "Gated DeltaNet" and CHUNKED in routed)
+            or (kind == "Mamba-2" and SCAN in routed))
 
 
 def _calls(cls: type, name: str) -> bool:
@@ -128,6 +148,12 @@ def _short_scan(chunked):
         if initial_states is not None:
             kwargs["dt_limit"] = NO_LIMIT
             chunk_size = min(chunk_size, hidden_states.shape[1])
+        if initial_states is not None and positions.on() and kwargs.get("return_final_states") and not args:
+            out, final, states = positions.mamba2_scan(  # a recorded verify: every position's state kept
+                hidden_states, dt, A, B, C, initial_states, kwargs.get("D"), kwargs.get("dt_bias"),
+                kwargs.get("dt_softplus", False), NO_LIMIT)
+            positions.put(final, states)
+            return out, final
         return chunked(hidden_states, dt, A, B, C, chunk_size, *args, initial_states=initial_states, **kwargs)
 
     scan.routes_short_calls = True
@@ -140,6 +166,11 @@ def _routed(module: ModuleType, chunked, max_tokens: int):
 
     def rule(query, key, value, g, beta, chunk_size: int = 64, initial_state=None, output_final_state: bool = False,
              use_qk_l2norm_in_kernel: bool = False, **kwargs):
+        if initial_state is not None and output_final_state and positions.on():  # a verify keeping every state
+            out, final, states = positions.recurrent_gated_delta_rule(query, key, value, g, beta, initial_state,
+                                                                      use_qk_l2norm_in_kernel)
+            positions.put(final, states)
+            return out, final
         if initial_state is not None and query.shape[1] <= max_tokens:
             return getattr(module, PER_TOKEN)(query, key, value, g=g, beta=beta, initial_state=initial_state,
                                               output_final_state=output_final_state,
@@ -185,4 +216,4 @@ def _swapped(modules: tuple[ModuleType, ...], max_tokens: int):
                     del _entered[(module.__name__, name)]
 
 
-__all__ = ["PER_TOKEN_MAX", "per_token_modules", "per_token_rule"]
+__all__ = ["PER_TOKEN_MAX", "per_token_modules", "per_token_rule", "records_positions"]

@@ -28,6 +28,8 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
+from draftsmith.target import positions
+
 try:  # transformers >= 5.24: one cache interface for every hybrid model's recurrent layers
     from transformers.cache_utils import LinearAttentionCacheLayerMixin, LinearAttentionLayer
 except ImportError:  # older transformers: hybrid models keep model-specific caches (refused by check_supported)
@@ -164,6 +166,9 @@ class LinearStates:
 
     def __init__(self) -> None:
         self.layers: dict = {}  # layer index -> LinearAttentionLayer
+        # inside ``positions.recording()``: (layer, "conv"|"recurrent", state index) -> every verified position's
+        # conv inputs behind the old window (B, C, K + T) or recurrent state after each token (B, T, ...)
+        self.recorded: dict[tuple[int, str, int], Tensor] = {}
 
     def _layer(self, layer_idx: int):
         layer = self.layers.get(layer_idx)
@@ -180,10 +185,38 @@ class LinearStates:
         return layer.recurrent_states[state_idx] if layer is not None and layer.has_previous_state[state_idx] else None
 
     def update_conv_state(self, conv_states: Tensor, layer_idx: int, state_idx: int = 0, **kwargs) -> Tensor:
-        return self._layer(layer_idx).update_conv_state(conv_states, state_idx, **kwargs)
+        layer = self._layer(layer_idx)
+        had_state = layer.has_previous_state[state_idx]
+        full = layer.update_conv_state(conv_states, state_idx, **kwargs)  # the old window, then the new inputs
+        if had_state and positions.on():
+            self.recorded[(layer_idx, "conv", state_idx)] = full
+        return full
 
     def update_recurrent_state(self, recurrent_states: Tensor, layer_idx: int, state_idx: int = 0, **kwargs) -> Tensor:
+        if positions.on() and self._layer(layer_idx).has_previous_state[state_idx]:
+            states = positions.take(recurrent_states)
+            if states is None:
+                raise RuntimeError(f"recurrent layer {layer_idx}'s rule kept no per-position states (it is not routed "
+                                   "through target.delta_rule): rollback='recorded' cannot run on this target")
+            self.recorded[(layer_idx, "recurrent", state_idx)] = states
         return self._layer(layer_idx).update_recurrent_state(recurrent_states, state_idx, **kwargs)
+
+    def keep(self, kept: list[int]) -> None:
+        """After a recorded verify: row b's states become those after its first ``kept[b]`` verified tokens, where
+        ``0 < kept[b] <`` the verified width (others keep the verify's). Every recurrent layer must have recorded."""
+        recorded, self.recorded = self.recorded, {}
+        for i, kind, s, tensor in _states(self.layers):
+            at = recorded.get((i, kind, s))
+            if at is None:
+                raise RuntimeError(f"recurrent layer {i} recorded no {kind} state in the verify: rollback='recorded' "
+                                   "cannot run on this target")
+            conv = kind == "conv"  # conv: the window ending at token k is columns k .. k + K of the old window + inputs
+            width = at.shape[-1] - tensor.shape[-1] if conv else at.shape[1]
+            short = {b: k for b, k in enumerate(kept) if 0 < k < width}
+            rows = [slice(None)] if len(short) == len(kept) and len(set(short.values())) == 1 else list(short)
+            for b in rows:
+                k = short[0 if isinstance(b, slice) else b]
+                tensor[b].copy_(at[b, ..., k: k + tensor.shape[-1]] if conv else at[b, k - 1])
 
     def is_recording_past(self, layer_idx: int) -> bool:
         return False  # rollback is by checkpoint and re-run (merged or replayed), never by recorded conv windows

@@ -73,7 +73,7 @@ def test_checks_name_the_value():
     ("scripts.benchmark", ["--target", "t", "--max-new-tokens", "2.5"], "argument --max-new-tokens: a whole number >= 1"),
     ("scripts.benchmark", ["--target", "t", "--warmup", "-1"], "argument --warmup: a whole number >= 0 expected"),
     ("lab.bench_rollback", ["--rollback", "merged,undo"],
-     "argument --rollback: comma-separated names of merged, replay expected, got 'merged,undo'"),
+     "argument --rollback: comma-separated names of recorded, merged, replay expected, got 'merged,undo'"),
     ("lab.gpu_report", ["--kinds", ","], "argument --kinds: comma-separated names of eagle3, eagle, medusa expected"),
 ])
 def test_benchmark_clis_refuse_bad_counts(script, argv, message, capsys):

@@ -1,10 +1,12 @@
-"""A hybrid target's two rollbacks after a partial accept (docs/hybrid.md): "merged" (the states go back to
-before the step; the accepted tokens run again in front of the next verify's draft) and "replay" (one more
-forward over them at once). Greedy output equals ``target.generate`` of each row alone under both, on the
+"""A hybrid target's three rollbacks after a partial accept (docs/hybrid.md): "recorded" (the verify keeps every
+position's states; each row keeps its accepted one's), "merged" (the states go back to before the step; the
+accepted tokens run again in front of the next verify's draft) and "replay" (one more forward over them at once).
+Greedy output equals ``target.generate`` of each row alone under each, on the
 issue's four families: one row, left-padded batches of rows of different lengths whose rows accept the same
 count (the merged path with B > 1) or not (its fallback), EOS mid-batch, a prompt one longer than the draft,
 n-grams and a head; the stats show which path ran. Planted bugs fail the same checks: pending tokens missing
-the first or the last accepted token, the restore skipped."""
+the first or the last accepted token, the restore skipped, the recorded states kept one token short or not at
+all, or only the conv window or only the recurrent matrix kept one short."""
 from __future__ import annotations
 
 import functools
@@ -25,7 +27,7 @@ from draftsmith.infer.rollback import MAX_PENDING, Merged
 
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 
-MODES = ("merged", "replay")
+MODES = ("recorded", "merged", "replay")
 
 
 def _alone(target, rows: list[torch.Tensor], max_new: int, eos: int | None = None) -> list[torch.Tensor]:
@@ -69,6 +71,9 @@ def test_one_row_is_lossless_under_both_rollbacks(arch, mode):
         stats = gen.last_stats
         if mode == "merged":  # the merged path ran: pending tokens re-verified, replays only past the cap
             assert stats.pending_tokens > 0 and 1 <= stats.replays < stats.steps // 2, stats
+        elif mode == "recorded":  # nothing runs twice
+            assert stats.pending_tokens == stats.replays == 0
+            assert stats.verified_tokens == stats.num_draft_tokens + stats.steps
         else:
             assert stats.pending_tokens == 0 and stats.replays >= stats.steps - 2
         drafters = (NgramDrafter(max_ngram=3, length=5), perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2])))
@@ -107,6 +112,8 @@ def test_left_padded_batch_is_each_row_alone(arch, mode):
         _check_left_padded(out, ids.shape[1], rows, alone)
         if mode == "merged" and isinstance(drafter, Oracle):
             assert gen.last_stats.pending_tokens > 0
+        if mode == "recorded":  # rows keeping different counts need no replay either
+            assert gen.last_stats.pending_tokens == 0 and gen.last_stats.replays == 0
 
 
 def test_the_steps_driven_by_hand_and_a_reused_generator_equal_generate():
@@ -116,7 +123,7 @@ def test_the_steps_driven_by_hand_and_a_reused_generator_equal_generate():
     rng = random.Random(4)
     first, second = hybrid_prompt(rng, 9), hybrid_prompt(rng, 12)
     refs = [hf_greedy(target, ids, 30) for ids in (first, second)]
-    gen = SpeculativeGenerator(target, Oracle([r[0] for r in refs], right=3))
+    gen = SpeculativeGenerator(target, Oracle([r[0] for r in refs], right=3), rollback="merged")
     assert gen.rollback.rule == "merged"
     dec = gen.start(first, max_new_tokens=30)
     pending = 0
@@ -130,12 +137,21 @@ def test_the_steps_driven_by_hand_and_a_reused_generator_equal_generate():
 
 def test_the_rollback_option_is_checked():
     target = hybrid_target("lfm2")
-    with pytest.raises(ValueError, match="rollback must be 'merged', 'replay' or None, got 'undo'"):
+    with pytest.raises(ValueError, match="rollback must be 'recorded', 'merged', 'replay' or None, got 'undo'"):
         SpeculativeGenerator(target, NgramDrafter(), rollback="undo")
-    with pytest.raises(ValueError, match="rollback='merged' cannot run here: compile is on"):
-        SpeculativeGenerator(target, NgramDrafter(max_ngram=3, length=4), compile="eager", rollback="merged")
+    for rule in ("recorded", "merged"):
+        with pytest.raises(ValueError, match=f"rollback='{rule}' cannot run here: compile is on"):
+            SpeculativeGenerator(target, NgramDrafter(max_ngram=3, length=4), compile="eager", rollback=rule)
     assert SpeculativeGenerator(target, NgramDrafter(max_ngram=3, length=4), compile="eager").rollback.rule == "replay"
-    assert SpeculativeGenerator(target, NgramDrafter()).rollback.rule == "merged"
+    for arch in MAIN:  # every main family records where it runs eagerly
+        assert SpeculativeGenerator(hybrid_target(arch), NgramDrafter()).rollback.rule == "recorded", arch
+    # Gated DeltaNet on its chunked rule (per_token=False) keeps no per-position state: merged
+    gdn = hybrid_target("qwen3_5_text")
+    assert SpeculativeGenerator(gdn, NgramDrafter(), per_token=False).rollback.rule == "merged"
+    with pytest.raises(ValueError, match="rollback='recorded' cannot run on Qwen3_5ForCausalLM: its recurrent"):
+        SpeculativeGenerator(gdn, NgramDrafter(), per_token=False, rollback="recorded")
+    # Jamba's mixers run per token (target.one_token): they record nothing, so merged
+    assert SpeculativeGenerator(hybrid_target("jamba"), NgramDrafter()).rollback.rule == "merged"
 
 
 # ------------------------------------------------------------------------------------- planted bugs
@@ -196,7 +212,7 @@ def test_pending_tokens_off_by_one_are_caught(monkeypatch, arch, bug):
     assert not _all_equal(_oracle_runs(arch), pending=True)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["merged", "replay"])  # "recorded" restores nothing: its plants are below
 def test_a_skipped_restore_is_caught(monkeypatch, mode):
     """Planted bug: the states are never put back to the checkpoint (they keep the rejected drafts, and merged
     runs the pending tokens through them twice). On Nemotron-H (Mamba-2): the tiny random Gated DeltaNet
@@ -207,13 +223,36 @@ def test_a_skipped_restore_is_caught(monkeypatch, mode):
     assert not _all_equal(_oracle_runs("nemotron_h", mode))
 
 
+@pytest.mark.parametrize("arch", ["nemotron_h", "qwen3_5_text"])
+@pytest.mark.parametrize("bug", ["one token short", "not kept", "conv one short", "recurrent one short"])
+def test_recorded_states_kept_wrong_are_caught(monkeypatch, arch, bug):
+    """Planted bugs in "recorded": every row keeps the states one token short of its accepted ones (both, or
+    only the conv window, or only the recurrent matrix), or keeps the verify's (rejected drafts and all)."""
+    assert _clean_runs_equal(arch, "recorded")
+    keep = LinearStates.keep
+
+    def planted(self, kept):
+        if bug == "not kept":
+            self.recorded = {}
+            return None
+        for key, positions in self.recorded.items():  # position t now holds t - 1's (the first kept as it was)
+            if bug in ("one token short", f"{key[1]} one short"):
+                dim = -1 if key[1] == "conv" else 1
+                first, rest = positions.split([1, positions.shape[dim] - 1], dim=dim)
+                self.recorded[key] = torch.cat([first, first, rest], dim=dim).narrow(dim, 0, positions.shape[dim])
+        return keep(self, kept)
+
+    monkeypatch.setattr(LinearStates, "keep", planted)
+    assert not _all_equal(_oracle_runs(arch, "recorded"))
+
+
 def test_pending_tokens_pile_up_to_the_cap_then_a_replay_flushes_them():
     """Every step accepting 3 of 4 drafts adds 4 pending tokens (the root and 3 drafts): they pile up to at
     most ``MAX_PENDING``, and the step that would pass it replays them instead."""
     target = hybrid_target("lfm2")
     ids = hybrid_prompt(random.Random(2), 14)
     ref = hf_greedy(target, ids, 64)
-    gen = SpeculativeGenerator(target, Oracle([ref[0]], right=3))
+    gen = SpeculativeGenerator(target, Oracle([ref[0]], right=3), rollback="merged")
     dec = gen.start(ids, max_new_tokens=64)
     carried = []
     while not dec.finished:

@@ -1,4 +1,4 @@
-"""lab/bench_rollback.py on a tiny saved hybrid: both rollbacks next to plain decoding (τ, speedup, identical
+"""lab/bench_rollback.py on a tiny saved hybrid: the three rollbacks next to plain decoding (τ, speedup, identical
 output, the rollback's cost per step, replays and pending tokens), t(N); an attention target and an unknown
 rollback are refused."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ def tokenizer():
     return train_tokenizer(train_fixtures.source_texts(), vocab_size=300)
 
 
-def test_it_reports_both_rollbacks_and_the_verify_cost(tmp_path, tokenizer):
+def test_it_reports_the_rollbacks_and_the_verify_cost(tmp_path, tokenizer):
     target = make_tiny_hybrid("qwen3_5_text", vocab=len(tokenizer))
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
@@ -30,13 +30,14 @@ def test_it_reports_both_rollbacks_and_the_verify_cost(tmp_path, tokenizer):
                  "--threads", "1", "--paths", "3", "--depth", "4", "--out", str(tmp_path / "r.json")]) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert set(result["t_paths_ms"]) == {"1", "3"} and result["t_paths_over_t_1_path"]["1"] == 1.0
-    assert set(result["methods"]) == {"ngram:merged", "ngram:replay"}
-    merged, replay = result["methods"]["ngram:merged"], result["methods"]["ngram:replay"]
-    for method in (merged, replay):
+    assert set(result["methods"]) == {"ngram:recorded", "ngram:merged", "ngram:replay"}
+    recorded, merged, replay = (result["methods"][f"ngram:{m}"] for m in ("recorded", "merged", "replay"))
+    for method in (recorded, merged, replay):
         assert method["identical"] and method["tau"] >= 1.0 and method["speedup"] > 0
         assert 0 <= method["rollback_share_of_step_time"] < 1
-    assert merged["tau"] == replay["tau"]  # the same tokens, drafts and accepts: only the rollback differs
+    assert recorded["tau"] == merged["tau"] == replay["tau"]  # the same drafts and accepts: only the rollback differs
     assert replay["pending_tokens_per_step"] == 0 and merged["replays_per_step"] <= replay["replays_per_step"]
+    assert recorded["pending_tokens_per_step"] == recorded["replays_per_step"] == 0
     assert set(result["t_verify_ms"]) == {"1", "2", "3", "4", "6", "8", "12", "16"}
     assert result["t_N_over_t_1"]["1"] == 1.0
 

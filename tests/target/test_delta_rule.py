@@ -19,7 +19,7 @@ from support.oracle import Oracle
 from support.reference import hf_greedy
 
 from draftsmith.infer import SpeculativeGenerator
-from draftsmith.target import delta_rule
+from draftsmith.target import delta_rule, positions
 from draftsmith.target.delta_rule import CHUNKED, PER_TOKEN, PER_TOKEN_MAX, SCAN, per_token_modules, per_token_rule
 from draftsmith.target.cache_keywords import cache_kwargs, returned_cache
 from draftsmith.infer.drafters.free.ngram import NgramDrafter
@@ -91,7 +91,7 @@ def test_short_verifies_run_the_per_token_rule_and_nothing_else_does(monkeypatch
     ids = hybrid_prompt(random.Random(5), 14)
     ref = hf_greedy(target, ids, 40)
     module = _module(target)
-    gen = SpeculativeGenerator(target, Oracle(ref, right=3))
+    gen = SpeculativeGenerator(target, Oracle(ref, right=3), rollback="merged")  # "recorded" runs its own loop
     spy = Spy(monkeypatch, module, gen)  # installed after the generator: its own rules, counted
     chunked = getattr(module, CHUNKED)
     assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)
@@ -244,19 +244,20 @@ def _long_refs(seeds=(2, 3, 4), max_new: int = 48) -> tuple[tuple[torch.Tensor, 
     return tuple((ids, hf_greedy(target, ids, max_new)) for ids in (hybrid_prompt(random.Random(s), 14) for s in seeds))
 
 
-def _runs(target):
+def _runs(target, rollback: str = "merged"):
     """(output, the target's own) for each prompt, with a partial accept at every step and with none, each decoded
     when asked for (``all`` stops at the first run that differs: a planted bug is caught there)."""
     for ids, ref in _long_refs():
         for drafter in (Oracle(ref, right=3), Oracle(ref, right=4, wrong=False)):
-            yield SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=ref.shape[1] - ids.shape[1]), ref
+            gen = SpeculativeGenerator(target, drafter, rollback=rollback)
+            yield gen.generate(ids, max_new_tokens=ref.shape[1] - ids.shape[1]), ref
 
 
 @functools.cache
-def _clean_long_runs_equal() -> bool:
-    """The unplanted runs equal the target's own: once per process, shared by both planted routers (each still
-    runs its planted decode itself)."""
-    return all(torch.equal(out, ref) for out, ref in _runs(_long_memory()))
+def _clean_long_runs_equal(rollback: str = "merged") -> bool:
+    """The unplanted runs equal the target's own: once per process and rollback, shared by the planted routers
+    (each still runs its planted decode itself)."""
+    return all(torch.equal(out, ref) for out, ref in _runs(_long_memory(), rollback))
 
 
 @pytest.mark.parametrize("bug", ["no initial state", "state one token short"])
@@ -287,12 +288,33 @@ def test_a_router_that_loses_the_state_is_caught(monkeypatch, bug):
     assert not all(torch.equal(out, ref) for out, ref in _runs(target))
 
 
+@pytest.mark.parametrize("bug", ["no initial state", "states one token late"])
+def test_a_recording_rule_that_loses_the_state_is_caught(monkeypatch, bug):
+    """rollback="recorded": the recording rule starts every verify from zeros, or hands the cache the states one
+    token late (position t holds t + 1's; the outputs and the final state right)."""
+    target = _long_memory()
+    assert _clean_long_runs_equal("recorded")
+    recording = positions.recurrent_gated_delta_rule
+
+    def planted(query, key, value, g, beta, initial_state, *args):
+        if bug == "no initial state":
+            return recording(query, key, value, g, beta, torch.zeros_like(initial_state), *args)
+        out, final, states = recording(query, key, value, g, beta, initial_state, *args)
+        return out, final, torch.cat([states[:, 1:], states[:, -1:]], dim=1)
+
+    monkeypatch.setattr(positions, "recurrent_gated_delta_rule", planted)
+    assert not all(torch.equal(out, ref) for out, ref in _runs(target, "recorded"))
+
+
 def test_a_short_scan_that_loses_the_state_is_caught(monkeypatch):
-    """Planted bug: the short Mamba-2 scan drops the layer's state (every verify starts from zeros)."""
+    """Planted bug: the short Mamba-2 scan drops the layer's state (every verify starts from zeros): merged decodes
+    another text; recorded finds no per-position states for the call and stops."""
     target = hybrid_target("nemotron_h")
     ids = hybrid_prompt(random.Random(7), 14)  # no near-tie (seed 8 has one: margin 5e-6)
     ref = hf_greedy(target, ids, 32)
     assert torch.equal(SpeculativeGenerator(target, Oracle(ref, right=3)).generate(ids, max_new_tokens=32), ref)
+    assert torch.equal(SpeculativeGenerator(target, Oracle(ref, right=3), rollback="merged").generate(
+        ids, max_new_tokens=32), ref)
     short_scan = delta_rule._short_scan
 
     def planted(chunked):
@@ -303,4 +325,7 @@ def test_a_short_scan_that_loses_the_state_is_caught(monkeypatch):
         return stateless
 
     monkeypatch.setattr(delta_rule, "_short_scan", planted)
-    assert not torch.equal(SpeculativeGenerator(target, Oracle(ref, right=3)).generate(ids, max_new_tokens=32), ref)
+    gen = SpeculativeGenerator(target, Oracle(ref, right=3), rollback="merged")
+    assert not torch.equal(gen.generate(ids, max_new_tokens=32), ref)
+    with pytest.raises(RuntimeError, match="recurrent layer 0's rule kept no per-position states"):  # loud
+        SpeculativeGenerator(target, Oracle(ref, right=3), rollback="recorded").generate(ids, max_new_tokens=32)

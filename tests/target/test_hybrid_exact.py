@@ -20,6 +20,7 @@ from support.reference import hf_greedy
 import draftsmith.target.decode_check as decode_check
 import draftsmith.target.delta_rule as delta_rule
 import draftsmith.target.one_token as one_token
+import draftsmith.target.positions as positions
 import draftsmith.target.recurrent as recurrent
 from draftsmith.infer import SpeculativeGenerator
 from draftsmith.target.decode_check import decode_gap, probe_ids
@@ -31,6 +32,9 @@ from draftsmith.scripts import check_target
 pytestmark = pytest.mark.skipif(LinearAttentionLayer is None, reason="hybrid targets need transformers >= 5.24")
 
 FAMILIES = sorted(HYBRIDS)
+# the families whose verify keeps every position's state (rollback="recorded", target.positions): not Kimi Delta
+# Attention (its rule is not routed) nor Jamba's and Zamba's Mamba-1 (their mixers run per token)
+RECORDED = set(FAMILIES) - {"kimi_linear", "bailing_hybrid", "jamba", "zamba"}
 CLAMPED = {"nemotron_h", "zamba2"}  # Mamba-2 mixers clamping dt in their chunked scan only (time_step_min)
 # transformers' multi-token cached path computes another function than its one-token step (docs/hybrid.md):
 # the least max |logit difference| of one verify of 8 on tests/support/hybrids.py's model
@@ -73,7 +77,8 @@ def _counting_steps(monkeypatch, into: list):
 
 
 def _counting_scans(monkeypatch, into: list):
-    """Each routed Mamba-2 scan, as (its tokens, whether it had a state, the dt_limit it ran with)."""
+    """Each routed Mamba-2 scan (the chunked one, or a recorded verify's), as (its tokens, whether it had a state,
+    the dt_limit it ran with)."""
     short_scan = delta_rule._short_scan
 
     def counting(chunked):
@@ -82,12 +87,19 @@ def _counting_scans(monkeypatch, into: list):
             return chunked(hidden_states, *args, initial_states=initial_states, **kwargs)
         return short_scan(recorded)
     monkeypatch.setattr(delta_rule, "_short_scan", counting)
+    recording = positions.mamba2_scan  # a recorded verify's scan (it replaces the chunked one there)
+
+    def counted(hidden_states, dt, A, B, C, initial_states, *args):
+        into.append((hidden_states.shape[1], initial_states is not None, args[-1]))
+        return recording(hidden_states, dt, A, B, C, initial_states, *args)
+    monkeypatch.setattr(positions, "mamba2_scan", counted)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_three_hundred_tokens_stay_exact(arch, monkeypatch):
-    """A rollback at every step (3 of 4 drafts right) over 300 tokens, each routing counted where it engaged
-    on multi-token verifies: the per-token Gated DeltaNet rule exactly on the Gated DeltaNet families, the
+    """A rollback at every step (3 of 4 drafts right) over 300 tokens, by default (recorded states where the family
+    keeps them, else merged), each routing counted where it engaged on multi-token verifies: the per-token Gated
+    DeltaNet rule (or its recording twin) exactly on the Gated DeltaNet families, the
     mixers one token at a time exactly on Jamba and Zamba (each such call ran one forward per token), and
     every stateful Mamba-2 scan without the dt clamp (on Nemotron-H and Zamba2, whose mixers clamp)."""
     target = hybrid_target(arch)
@@ -97,9 +109,13 @@ def test_three_hundred_tokens_stay_exact(arch, monkeypatch):
     for module in per_token_modules(target):
         if hasattr(module, PER_TOKEN):  # a Gated DeltaNet modeling module (not a Mamba-2 one, nor a mixer)
             monkeypatch.setattr(module, PER_TOKEN, _counted(getattr(module, PER_TOKEN), routed))
+    recording = positions.recurrent_gated_delta_rule  # where the verify keeps every position's state
+    monkeypatch.setattr(positions, "recurrent_gated_delta_rule", _counted(recording, routed))
     _counting_steps(monkeypatch, stepped)
     _counting_scans(monkeypatch, scans)
-    assert torch.equal(SpeculativeGenerator(target, Oracle(ref)).generate(ids, max_new_tokens=300), ref), arch
+    gen = SpeculativeGenerator(target, Oracle(ref))
+    assert torch.equal(gen.generate(ids, max_new_tokens=300), ref), arch
+    assert gen.rollback.rule == ("recorded" if arch in RECORDED else "merged"), arch
     assert (LAYER_KINDS[arch] == "Gated DeltaNet") == any(n > 1 for n in routed), (arch, routed[:20])
     per_token = [(n, calls) for n, calls in stepped if n > 1]
     assert bool(per_token) == (arch in one_token.ONE_TOKEN_FAMILIES), (arch, stepped[:20])
