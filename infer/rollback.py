@@ -1,7 +1,8 @@
 """A hybrid target's rollback: its recurrent states put back to exactly the accepted tokens after a partial accept.
 
 A verify runs a chain through the recurrent layers, whose states then hold every verified token, rejected ones
-too. A ``Rollback`` is the generator's one hook for that, called three times per step:
+too. A ``Rollback`` is the generator's one hook for that, called three times per step, and the context of its
+verify forward (``recording()``):
 - ``before_draft(dec)``: the states to roll back to (a checkpoint taken before anything of the step runs: a
   drafter sharing the target's cache, layer skip, writes states while drafting);
 - ``before_verify(dec, drafts, before)``: what the verify runs (``Verify``: the drafts, or the tokens a row
@@ -12,9 +13,9 @@ One implementation per rule (docs/hybrid.md): ``Recorded`` ("recorded": the veri
 ``target.positions``, and each row keeps its accepted one's; its ``recording()`` is the verify forward's context),
 ``Replay`` ("replay": restore the checkpoint, then one more forward over the accepted tokens through the layers up to
 the last recurrent one) and ``Merged`` ("merged": restore, and run the accepted tokens again in front of the next
-step's draft, in its verify), all subclasses of ``Rollback``, the hook itself, whose defaults roll nothing back: an attention-only target gets a plain
-``Rollback()``, which verifies the drafts as they are and keeps nothing. ``make_rollback`` picks one. A new rule
-is a subclass here and a name in ``RULES``.
+step's draft, in its verify), all subclasses of ``Rollback``, the hook itself, whose defaults roll nothing back: an
+attention-only target gets a plain ``Rollback()``, which verifies the drafts as they are and keeps nothing.
+``make_rollback`` picks one. A new rule is a subclass here and a name in ``RULES``.
 """
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def recurrent_gated_delta_rule(query: Tensor, key: Tensor, value: Tensor, g: Ten
     state after every token too: (outputs (B, T, H_v, d_v), final state (B, H_v, d_k, d_v), states (B, T, H_v, d_k,
     d_v)). query and key (B, T, H_k, d_k), value (B, T, H_v, d_v), g and beta (B, T, H_v)."""
     dtype = query.dtype
-    batch, length, k_heads, _ = key.shape
+    length, k_heads = key.shape[1:3]
     v_heads = value.shape[-2]
     if k_heads != v_heads:
         query = query.repeat_interleave(v_heads // k_heads, dim=2)
