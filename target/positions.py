@@ -82,11 +82,12 @@ def recurrent_gated_delta_rule(query: Tensor, key: Tensor, value: Tensor, g: Ten
     if use_qk_l2norm_in_kernel:
         query, key = l2norm(query, dim=-1, eps=1e-6), l2norm(key, dim=-1, eps=1e-6)
     query = (query / (query.shape[-1] ** 0.5)).unsqueeze(-1)  # (B, H, T, d_k, 1)
-    key, decay, beta = key.unsqueeze(-1), g.exp()[..., None, None], beta.unsqueeze(-1)  # as their loop, hoisted
+    key, beta = key.unsqueeze(-1), beta.unsqueeze(-1)  # views, hoisted; every arithmetic op as their loop runs it
     state = initial_state.to(value)
     outs, states = [], []
     for i in range(length):
-        state = state * decay[:, :, i]
+        # exp per token, as theirs: one vectorised exp over every token may round otherwise on another CPU's kernels
+        state = state * g[:, :, i].exp()[..., None, None]
         delta = (value[:, :, i] - (state * key[:, :, i]).sum(dim=-2)) * beta[:, :, i]
         state = state + key[:, :, i] * delta.unsqueeze(-2)
         outs.append((state * query[:, :, i]).sum(dim=-2))

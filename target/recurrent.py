@@ -219,7 +219,8 @@ class LinearStates:
                 tensor[b].copy_(at[b, ..., k: k + tensor.shape[-1]] if conv else at[b, k - 1])
 
     def is_recording_past(self, layer_idx: int) -> bool:
-        return False  # rollback is by checkpoint and re-run (merged or replayed), never by recorded conv windows
+        return False  # transformers' own past recording stays off (its windows would grow): a recorded verify keeps
+        # the concatenation ``update_conv_state`` returns itself (target.positions), the others re-run tokens
 
     def checkpoint(self) -> Checkpoint:
         """A copy of every state now held (taken before a step; ``restore`` puts it back)."""
