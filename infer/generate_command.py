@@ -23,7 +23,8 @@ layers. ``--drafter lm:DIR+ngram`` is the draft LM whose own drafts are guessed 
 ``--drafter lm:DIR+head:HEAD`` the same with a head trained on the draft LM (``target=DIR``) guessing.
 ``--adaptive`` lets the draft length follow the acceptance (+2 after a full accept, -1 otherwise: HF's heuristic);
 ``--choose`` chooses each step's length for tokens per second from the measured step costs, 0 allowed
-(``infer.drafters.free.chooser``); ``--tree chainD`` fixes it. ``--lookup-first`` drafts by prompt lookup
+(``infer.drafters.free.chooser``), or with ``--tree tree`` or ``dynD-K-N`` an EAGLE dynamic tree's depth;
+``--tree chainD`` fixes it. ``--lookup-first`` drafts by prompt lookup
 whenever it finds a continuation of at least 2 tokens and with the head otherwise (``infer.drafters.free.lookup_first``).
 ``--drafter head:DIR[+lookup-first]`` is ``--head DIR [--lookup-first]``; every spec is parsed by
 ``infer.drafter_spec`` (the benchmark's methods too). A ``speculation_plan.json`` next to ``--head`` (``scripts/speculation_plan.py``) is followed, as
@@ -64,8 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "draft LM), ngram, layer-skip[:K] (self-speculation: the target's first K layers draft; default the "
                    "calibrated K, else half of them), or head:DIR[+lookup-first] (as --head DIR [--lookup-first])")
     p.add_argument("--choose", action="store_true",
-                   help="each step's chain length (0 to the head's longest) chosen for tokens/s from the measured step "
-                        "costs (infer.drafters.free.chooser)")
+                   help="each step's chain length (0 to the head's longest), or with --tree tree or dynD-K-N the "
+                        "dynamic tree's depth, chosen for tokens/s from the measured step costs "
+                        "(infer.drafters.free.chooser)")
     p.add_argument("--adaptive", action="store_true",
                    help="draft length follows the acceptance (chains: +2 after a full accept, -1 otherwise)")
     p.add_argument("--lookup-first", action="store_true",
@@ -207,7 +209,7 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
     from draftsmith.data.base.device import default_device
     from draftsmith.heads import AutoHead
     from draftsmith.infer.drafter_spec import build_drafter
-    from draftsmith.infer.drafters import Chain, chosen_chain
+    from draftsmith.infer.drafters import Chain, DynamicTree, chosen_chain, chosen_tree
     from draftsmith.infer.generator import SpeculativeGenerator
     from draftsmith.infer.speculation_plan import find_plan
     from draftsmith.infer.tree_shape import build_tree
@@ -232,10 +234,13 @@ def load_generator(args: argparse.Namespace) -> tuple[SpeculativeGenerator, str]
     tree = build_tree(args.shape, head, device)  # None: the kind's default, fitted to the head by the generator
     if args.adaptive and tree is not None and not isinstance(tree, Chain):
         raise ValueError("--adaptive adapts a chain: pass --tree chainN (or default)")
-    if args.choose:  # the head's chain, its length chosen per step, built once the target is loaded
-        if tree is not None or args.adaptive or args.lookup_first:
-            raise ValueError("--choose chooses the chain's length itself: pass no --tree, --adaptive or --lookup-first")
-        head = lambda target, loaded=head: chosen_chain(loaded, target)  # noqa: E731
+    if args.choose:  # the head's chain (or dynamic tree), its length (depth) chosen per step, built with the target
+        if not (tree is None or isinstance(tree, DynamicTree)) or args.adaptive or args.lookup_first:
+            raise ValueError("--choose chooses a chain's length or a dynamic tree's depth itself: pass --tree default, "
+                             "tree or dynD-K-N (an EAGLE head's dynamic tree), and no --adaptive or --lookup-first")
+        head = lambda target, loaded=head, shape=tree: (  # noqa: E731
+            chosen_chain(loaded, target) if shape is None else chosen_tree(loaded, target, shape))
+        tree = None
     if args.adaptive or args.lookup_first:  # the drafter is built around the loaded head once the target is
         wrapped, loaded = DrafterSpec("head", path=args.head, lookup_first=args.lookup_first), {args.head: head}
         head = lambda target, tree=tree: build_drafter(wrapped, target, adaptive=args.adaptive,  # noqa: E731
@@ -315,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter = gen.drafter.drafter if isinstance(gen.drafter, LookupFirst) else gen.drafter
     drafter = drafter.active if isinstance(drafter, ByTemperature) else drafter  # the policy this decode drafted by
     adaptive = (", adaptive length" if isinstance(drafter, AdaptiveLength) else "") + \
-        (f", lengths chosen {budgets(s.draft_budgets)}" if isinstance(drafter, CostAwareLength) else "") + \
+        (f", drafted tokens per step {budgets(s.draft_budgets)}" if isinstance(drafter, CostAwareLength) else "") + \
         (", prompt lookup first" if args.lookup_first else "")
     compiled = f", {s.compile_time:.2f} s of it compiling" if s.compile_time else ""
     print(f"\n[speculative] {s.new_tokens} tokens in {s.wall_time:.2f} s{compiled}: {s.tokens_per_s:.1f} tok/s, "

@@ -1,8 +1,8 @@
 """Drafters: ``base`` (what every drafter is), one module per head kind (``<kind>.py``, its class
 named ``DRAFTER``), one per variant with a class of its own in ``variants/`` (``<variant>.py``, a subclass of
 its kind's drafter), the lookup from a head to its drafter, and in ``free/`` the drafters that are no head
-kind: ``adaptive`` (a chain whose length follows the acceptance), ``chooser`` (a chain whose length is chosen for
-tokens per second, 0 allowed), ``by_temperature`` (one of those two per sampling mode: the CPU default),
+kind: ``adaptive`` (a chain whose length follows the acceptance), ``chooser`` (a chain's length or a dynamic tree's
+depth chosen for tokens per second, 0 allowed), ``by_temperature`` (one of those two per sampling mode: the CPU default),
 ``lm_drafter`` (a small LM), ``layer_skip`` (the target's first layers), ``ngram`` (prompt lookup), ``lookup_first`` (prompt lookup, else another
 drafter) and ``hierarchical`` (a draft LM whose own drafts are guessed). Import those from their modules."""
 from __future__ import annotations
@@ -112,7 +112,19 @@ def chosen_chain(head: nn.Module, target: nn.Module, confidence: float | None = 
     return CostAwareLength(cls(head, target, Chain(longest), confidence), maximum=longest)
 
 
+def chosen_tree(head: nn.Module, target: nn.Module, tree: DynamicTree | None = None) -> CostAwareLength:
+    """The head's dynamic ``tree`` (None: its kind's, ``branching_tree`` on the target's device) with each step's
+    depth chosen as ``chosen_chain`` chooses a chain's length: 0 to the tree's depth, a tree cut to k levels keeping
+    its most likely nodes (at 1: the root's ``top_k`` best children). Opt-in (``--choose --tree tree`` or
+    ``dynD-K-N``)."""
+    cls = head_drafter_class(head)
+    tree = tree or cls.branching_tree(target.get_input_embeddings().weight.device)
+    if not isinstance(tree, DynamicTree) or not cls.fits(head, tree):
+        raise ValueError(f"a chosen tree is a dynamic tree a {head.head_kind} head drafts, got {tree!r}")
+    return CostAwareLength(cls(head, target, tree), maximum=tree.depth)
+
+
 __all__ = ["AdaptiveLength", "ByTemperature", "CostAwareLength", "Chain", "Draft", "Drafter", "DynamicTree", "HeadDrafter", "Sampling",
            "StaticTree", "TreeOption", "chain_buffers", "chain_draft", "root_only", "drafter_class", "head_drafter_class",
            "default_branching_tree", "default_tree", "make_drafter", "adaptive_chain", "default_chain", "chosen_chain",
-           "fit_chain"]
+           "chosen_tree", "fit_chain"]

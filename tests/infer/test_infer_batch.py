@@ -162,7 +162,7 @@ def test_batch_bad_inputs_raise_clear_errors():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["stub-full-tree", "eagle-chain", "eagle3-tree", "medusa-tree", "dflash-chain",
-                                  "eagle-chosen"])
+                                  "eagle-chosen", "eagle3-chosen-tree"])
 def test_padded_rows_sample_the_target_law(name):
     """Sampling per row: rows holding the sampling test's prompt behind left padding, batched with a
     longer prompt, draw their first three tokens from the target's exact law (chi-square; 2000 rows in

@@ -10,10 +10,12 @@ import pytest
 import torch
 from support.chooser import CHEAP, FLAT, STEEP, tiny_eagle3
 
-from draftsmith.infer import SpeculativeGenerator
+from draftsmith.heads import build_head
+from draftsmith.infer import DynamicTree, SpeculativeGenerator, StaticTree
 from draftsmith.infer import cost_profile
 from draftsmith.infer.cost_model import PROBE_IDLE, StepCosts, load_costs
-from draftsmith.infer.drafters import Draft, Drafter, Sampling, chain_buffers, chosen_chain
+from draftsmith.infer.drafters import Chain, Draft, Drafter, Sampling, chain_buffers, chosen_chain, chosen_tree
+from draftsmith.infer.tree import tree_from_parents
 from draftsmith.infer.drafters.free.chooser import (CostAwareLength, acceptance, batch_length, best_length,
                                                    first_wait)
 
@@ -275,3 +277,76 @@ def test_the_profile_leaves_the_seeded_samples_as_they_were(tiny, tmp_path, monk
         torch.manual_seed(3)
         outs.append(gen.generate(ids, max_new_tokens=10, temperature=0.9))
     assert torch.equal(*outs)
+
+
+def test_a_chosen_tree_drafts_its_dynamic_tree_cut_to_the_chosen_depth(tiny, monkeypatch):
+    """``chosen_tree``: each step's draft is the dynamic tree cut to the depth the chooser chose (at 1 the root's
+    top_k best children), within the tree's nodes; the counts are of the accepted path's depth; the profile times
+    a tree of every depth; the output is the target's own. Plant (the drafter given the tree's full depth whatever
+    was chosen, ``draft_by_batch`` ignoring ``max_depths``): the depths differ from the choices."""
+    target, head = tiny
+    chooser = chosen_tree(head, target, DynamicTree(depth=3, top_k=2, total_tokens=6))
+    assert chooser.maximum == 3
+    chosen, drafted = [], []
+    choose, propose = chooser._choose, chooser.drafter.propose_rows
+    monkeypatch.setattr(chooser, "_choose", lambda *a: chosen.append(choose(*a)[0]) or [chosen[-1]])
+    monkeypatch.setattr(chooser.drafter, "propose_rows", lambda *a: [
+        drafted.append((d.tree.retrieve_indices.shape[1] - 1, d.tokens.shape[0])) or d for d in propose(*a)])
+    measure = cost_profile.measure_curve
+    monkeypatch.setattr(cost_profile, "measure_curve", lambda gen, d, b, s: CHEAP)
+    gen = SpeculativeGenerator(target, chooser)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    ref = target.generate(ids, do_sample=False, max_new_tokens=40, pad_token_id=0)
+    assert torch.equal(gen.generate(ids, max_new_tokens=40), ref)
+    depths = [k for k in chosen if k]
+    assert depths[0] == 3 and 1 in depths  # the prior's 3 first, a random head's 1 later
+    # a tree keeps its most likely nodes: its depth is at most the one chosen, and at 1 it is the root's 2 children
+    assert len(drafted) == len(depths) and all(d <= k for (d, _), k in zip(drafted, depths))
+    assert all(nodes == 3 and d == 1 for (d, nodes), k in zip(drafted, depths) if k == 1)
+    assert all(nodes <= 6 for _, nodes in drafted) and max(d for d, _ in drafted) >= 2
+    drafted.clear()
+    measure(gen, chooser, 1, Sampling())  # forced depths, as chosen ones
+    assert {d for d, _ in drafted} >= {1, 2}
+
+
+class Bush(Drafter):
+    """A tree drafter stub: at every depth up to ``max_depth``, two children of the first node of the level above."""
+
+    max_nodes = 2 * LONGEST + 1
+
+    def new_rows(self, prompts, lengths):
+        return [None] * len(prompts)
+
+    def observe_rows(self, states, features, next_tokens):
+        pass
+
+    def propose_rows(self, states, roots, sampling, max_depths):
+        drafts = []
+        for root, depth in zip(roots, max_depths):
+            parents = [-1] + [p for d in range(depth) for p in (max(2 * d - 1, 0),) * 2]
+            drafts.append(Draft(torch.cat([root.reshape(1), torch.ones(2 * depth, dtype=torch.long)]),
+                                tree_from_parents(parents)))
+        return drafts
+
+
+def test_a_tree_counts_the_depths_its_accepted_path_reached():
+    """A tree of depth 2 (4 nodes) fully accepted counts a hit at depths 1 and 2 and nothing deeper (plant: the
+    draft's node count as its depth, a miss counted at depth 3), as a chain of 2 would."""
+    chooser = CostAwareLength(Bush(), 4, CHEAP)
+    chooser.forced = 2
+    chooser.begin(Sampling())
+    (state,) = chooser.new_rows([torch.ones(1, 4, dtype=torch.long)], [1000])
+    (draft,) = chooser.propose_rows([state], [torch.tensor(1)], Sampling(), [1000])
+    assert draft.tokens.shape[0] == 5 and state.proposed == 2
+    chooser.observe_rows([state], [torch.zeros(1, 3, 2)], [torch.ones(1, 3, dtype=torch.long)])
+    assert state.tries == [1.0, 1.0, 0.0, 0.0] and state.hits == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_a_chosen_tree_is_a_dynamic_tree_the_head_drafts(tiny):
+    target, head = tiny
+    assert chosen_tree(head, target).drafter.option == DynamicTree(depth=5, top_k=2, total_tokens=8)  # CPU's
+    for bad in (Chain(3), StaticTree(((0,), (1,)))):
+        with pytest.raises(ValueError, match="a chosen tree is a dynamic tree a eagle3 head drafts, got"):
+            chosen_tree(head, target, bad)
+    with pytest.raises(ValueError, match="a chosen tree is a dynamic tree a medusa head drafts, got StaticTree"):
+        chosen_tree(build_head("medusa", target), target)

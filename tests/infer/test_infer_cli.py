@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from draftsmith.heads import build_head
-from draftsmith.infer import SpeculativeGenerator
+from draftsmith.infer import DynamicTree, SpeculativeGenerator
 from draftsmith.infer.generate_command import main
 
 CHATML = (
@@ -342,9 +342,14 @@ def test_the_cli_chooses_lengths_with_choose_and_adapts_them_by_default(saved, c
             "--max-new-tokens", "8", "--device", "cpu"]
     assert cli(argv + ["--choose"]) == 0
     err = capsys.readouterr().err
-    assert type(made[-1].drafter) is CostAwareLength and "lengths chosen" in err and " 3:1" in err  # the prior's 3
+    assert type(made[-1].drafter) is CostAwareLength and "drafted tokens per step" in err and " 3:1" in err  # the prior's 3
     assert cli(argv) == 0 and "adaptive length" in capsys.readouterr().err
-    assert cli(argv + ["--choose", "--adaptive"]) == 2
+    assert cli(argv + ["--choose", "--tree", "dyn3-2-6"]) == 0  # a dynamic tree, its depth chosen
+    assert made[-1].drafter.drafter.option == DynamicTree(3, 2, 6) and made[-1].drafter.maximum == 3
+    assert " 5:1" in capsys.readouterr().err  # the prior's depth 3: 5 nodes
+    for flags in (["--adaptive"], ["--tree", "chain3"]):
+        assert cli(argv + ["--choose", *flags]) == 2
+        assert "--choose chooses a chain's length or a dynamic tree's depth itself" in capsys.readouterr().err
 
 
 def test_cli_defaults_fit_a_dflash_head_of_block_size_4(saved, tmp_path, capsys):

@@ -77,6 +77,8 @@ DRAFTERS = {
     "eagle3-tree": lambda m: (build_head("eagle3", m), DynamicTree(depth=2, top_k=3, total_tokens=5)),
     "eagle3-adaptive": lambda m: (AdaptiveLength(make_drafter(build_head("eagle3", m), m, Chain(6)), initial=2), None),
     "eagle3-chosen": lambda m: (CostAwareLength(make_drafter(build_head("eagle3", m), m, Chain(6)), 6, CHEAP), None),
+    "eagle3-chosen-tree": lambda m: (CostAwareLength(make_drafter(build_head("eagle3", m), m, DynamicTree(3, 2, 6)),
+                                                     3, CHEAP), None),
     "dflash": lambda m: (build_head("dflash", m, block_size=4, num_layers=2), Chain(3)),
     "medusa-chain": lambda m: (build_head("medusa", m), Chain(3)),
     "medusa-tree": lambda m: (build_head("medusa", m), StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0)))),

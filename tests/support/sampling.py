@@ -18,6 +18,7 @@ from draftsmith.infer.tree import tree_from_parents
 
 VOCAB = 8
 CHOSEN = "chosen"  # a CONFIGS tree: the draft-length chooser's chain
+CHOSEN_TREE = "chosen-tree"  # a CONFIGS tree: the chooser's dynamic tree (its depth chosen)
 PROMPT = torch.tensor([[1, 5, 3]])
 
 
@@ -128,16 +129,19 @@ CONFIGS = {
     "medusa-tree": ("medusa", StaticTree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0))), {"temperature": 0.7}),
     "stub-full-tree": (None, None, {"temperature": 1.0, "top_k": 6, "top_p": 0.95}),
     "eagle-chosen": ("eagle", CHOSEN, {"temperature": 0.8, "top_k": 6}),
+    "eagle3-chosen-tree": ("eagle3", CHOSEN_TREE, {"temperature": 1.0, "top_k": 6}),
 }
 
 
 def config_generator(model, kind: str | None, tree, compile=False) -> SpeculativeGenerator:
     """The generator of a ``CONFIGS`` entry (its head built from torch's current seed): the stub drafter, a head
-    drafting ``tree``, or (``CHOSEN``) a head's chain of 3 whose length the chooser picks from ``CHEAP`` costs."""
+    drafting ``tree``, or (``CHOSEN``, ``CHOSEN_TREE``) a head's chain of 3 or dynamic tree of depth 3 whose length
+    or depth the chooser picks from ``CHEAP`` costs."""
     if kind is None:
         return SpeculativeGenerator(model, FullWidthDrafter(), compile=compile)
     head = build_head(kind, model)
-    if tree is CHOSEN:
-        return SpeculativeGenerator(model, CostAwareLength(make_drafter(head, model, Chain(3)), 3, CHEAP),
+    if tree in (CHOSEN, CHOSEN_TREE):
+        shape = Chain(3) if tree == CHOSEN else DynamicTree(depth=3, top_k=3, total_tokens=8)
+        return SpeculativeGenerator(model, CostAwareLength(make_drafter(head, model, shape), 3, CHEAP),
                                     compile=compile)
     return SpeculativeGenerator(model, head, tree=tree, compile=compile)

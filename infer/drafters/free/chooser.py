@@ -1,20 +1,21 @@
 """The draft length chosen each step for tokens per second, 0 (plain decoding) allowed.
 
-``CostAwareLength`` wraps a chain drafter. Each row keeps, per draft depth d, how often a draft that reached d was
-accepted (counts decayed by ``DECAY`` per observation, so the estimate follows the text), and reads its
-conditional acceptance p_d from them with a prior: depth 1's is ``prior``, depth d's the estimate at d - 1 (a
-depth never reached is trusted as much as the last one reached). A row drafting k levels is expected to emit
-E(k) = 1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens (the bonus token, then each accepted draft), and a step of k
-levels takes ``StepCosts.step_seconds(k)`` seconds (``infer.cost_model``: measured per target, drafter, device,
-dtype and thread count, per batch size and sampling mode, every row of the batch at k). Every row of the batch
-drafts the one k with the most expected tokens per second, the rows' E(k) summed (a batch's verify carries its
-longest chain, so rows of different lengths would pay for the longest; each row is still cut to the levels it
-has room for), the shorter on a tie. At 0 the rows learn nothing, so after a wait at 0 they draft one level (a
-probe) to find out whether drafting pays again; each probe that leaves the rows at 0 doubles the wait (up to
-2 ** ``MAX_MISSES`` times the first), and the wait starts over only when a probe makes them choose to draft. (A
-hit used to start it over too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted
-level costs, half the probes hit and the row probed every 8 steps for nothing.) No probe is drafted when the
-longest row has fewer tokens left than the wait: what it found would pay for fewer steps than the decode waited.
+``CostAwareLength`` wraps a chain drafter, or a dynamic tree's (``chosen_tree``: k levels are the tree cut to depth k,
+its most likely nodes kept, and the counts below are of the accepted path's depth, as a chain's). Each row keeps, per
+draft depth d, how often a draft that reached d was accepted (counts decayed by ``DECAY`` per observation, so the
+estimate follows the text), and reads its conditional acceptance p_d from them with a prior: depth 1's is ``prior``,
+depth d's the estimate at d - 1 (a depth never reached is trusted as much as the last one reached). A row drafting k
+levels is expected to emit E(k) = 1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens (the bonus token, then each accepted
+draft), and a step of k levels takes ``StepCosts.step_seconds(k)`` seconds (``infer.cost_model``: measured per target,
+drafter, device, dtype and thread count, per batch size and sampling mode, every row of the batch at k). Every row of
+the batch drafts the one k with the most expected tokens per second, the rows' E(k) summed (a batch's verify carries
+its longest chain, so rows of different lengths would pay for the longest; each row is still cut to the levels it has
+room for), the shorter on a tie. At 0 the rows learn nothing, so after a wait at 0 they draft one level (a probe) to
+find out whether drafting pays again; each probe that leaves the rows at 0 doubles the wait (up to 2 ** ``MAX_MISSES``
+times the first), and the wait starts over only when a probe makes them choose to draft. (A hit used to start it over
+too: sampled, where about 0.4 of the demo head's drafts are kept, below what a drafted level costs, half the probes
+hit and the row probed every 8 steps for nothing.) No probe is drafted when the longest row has fewer tokens left than
+the wait: what it found would pay for fewer steps than the decode waited.
 
 A greedy decode's first wait is ``probe_every`` steps, doubled as often as the last greedy decode of its batch size
 missed (on a 16-row CPU batch, where drafting never paid, each decode spent its first probes finding that out
@@ -124,7 +125,7 @@ def head_identity(drafter: Drafter) -> dict:
 
 
 class CostAwareLength(Drafter):
-    """Wrap a chain ``drafter`` drafting at most ``maximum`` levels; ``costs``: a ``CostModel`` (None: the generator
+    """Wrap a chain or dynamic-tree ``drafter`` drafting at most ``maximum`` levels; ``costs``: a ``CostModel`` (None: the generator
     measures one, ``infer.cost_profile``) or one ``StepCosts`` for every batch size and sampling mode (a test's)."""
 
     def __init__(self, drafter: Drafter, maximum: int = 16, costs: CostModel | StepCosts | None = None,
