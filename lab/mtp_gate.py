@@ -15,8 +15,9 @@ steps, pooled; every decode is checked against the target's own greedy ``generat
 Speed: per round and prompt, interleaved: transformers' ``generate(use_mtp=True)`` (its MTPCandidateGenerator
 loads the MTP layer from the checkpoint on every call: that load is timed apart and reported with and without),
 then ours with the same native layer as the default (adaptive) chain, fixed chains of 1 (transformers' shape) and
-2, the CPU dynamic tree and a tree of the root's two best children. Outputs must be
-transformers' own. Ratios are of pooled tokens/s.
+2, the CPU dynamic tree, a tree of the root's two best children and the CPU dynamic tree with each step's depth
+chosen for tokens/s (``chosen_tree``), after one untimed call of each. Outputs must be transformers' own. Ratios
+are of pooled tokens/s.
 """
 from __future__ import annotations
 
@@ -75,13 +76,21 @@ def speed_rows(target, native, prompts, max_new_tokens: int, rounds: int) -> dic
     from draftsmith.infer.drafters.mtp import MtpDrafter
 
     from draftsmith.infer import Chain, DynamicTree
+    from draftsmith.infer.drafters import chosen_tree
 
     ours = {"ours-chain": SpeculativeGenerator(target, native),  # the CPU default: a chain that adapts its length
             "ours-chain1": SpeculativeGenerator(target, native, tree=Chain(1)),  # transformers' shape (one layer)
             "ours-chain2": SpeculativeGenerator(target, native, tree=Chain(2)),
             "ours-tree": SpeculativeGenerator(target, native, tree=MtpDrafter.branching_tree(torch.device("cpu"))),
             # the root's two most likely children only: what a layer keeping ~40% of its first drafts pays for
-            "ours-tree-1x2": SpeculativeGenerator(target, native, tree=DynamicTree(depth=1, top_k=2, total_tokens=3))}
+            "ours-tree-1x2": SpeculativeGenerator(target, native, tree=DynamicTree(depth=1, top_k=2, total_tokens=3)),
+            # the CPU dynamic tree with each step's depth chosen for tokens/s (0 to 5, infer.drafters.free.chooser)
+            "ours-tree-chosen": SpeculativeGenerator(target, chosen_tree(native, target))}
+    with torch.inference_mode():  # first calls (and the chosen tree's step-cost profile) are not timed
+        target.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), do_sample=False, max_new_tokens=8,
+                        use_mtp=True)
+        for gen in ours.values():
+            gen.generate(prompts[0], max_new_tokens=8)
     seconds = {"transformers-use_mtp": 0.0, "mtp-load": 0.0, **{k: 0.0 for k in ours}}
     tokens, identical, steps = 0, {k: True for k in ours}, {k: [0, 0] for k in ours}
     for _ in range(rounds):

@@ -2,13 +2,14 @@
 
     draftsmith make-demo --size tiny                 # shipped built: copied, else ~9 min on 2 idle cores
     draftsmith make-demo --size assistant            # drafter sharing tiny's tokenizer
+    draftsmith make-demo --size tiny-mtp             # shipped built too: a Mellum with its MTP layer (issue 55)
     draftsmith make-demo --out DIR --size tiny --max-steps 20
     draftsmith make-demo --size tiny --ship          # after a recipe change: refresh the shipped copy
 
 Without --out the result goes to the cache (``$DRAFTSMITH_CACHE``, default ``~/.cache/draftsmith``)
 under a key of corpus and settings; an existing matching build is reused, never retrained. ``demo:tiny``
-ships built in ``data/demo_targets/tiny-seed0/`` and is copied from there when its fingerprint is the one
-asked for (``data.demo``); ``--ship`` builds the default LM of ``--size``/``--seed`` when the shipped copy
+and ``demo:tiny-mtp`` ship built in ``data/demo_targets/<size>-seed0/`` and are copied from there when the
+fingerprint is the one asked for (``data.demo``); ``--ship`` builds the default LM of ``--size``/``--seed`` when the shipped copy
 no longer matches, and replaces the shipped copy with the build (docs/setup.md: what shipping it costs).
 On CPU the thread count follows the one policy (``target.threads``: one thread against all cores,
 measured; ``OMP_NUM_THREADS`` overrides): on a CPU shared with other jobs one thread trains several

@@ -1,4 +1,4 @@
-"""demo:tiny ships built (data/demo_targets/tiny-seed0): copied into the cache when it is the LM asked for and
+"""demo:tiny and demo:tiny-mtp ship built (data/demo_targets/SIZE-seed0): copied into the cache when it is the LM asked for and
 every file is as recorded; a changed recipe or a damaged file is said in one line and built instead."""
 from __future__ import annotations
 
@@ -20,22 +20,25 @@ def _record(folder: Path = SHIPPED_TINY) -> dict:
     return json.loads((folder / SUMMARY_FILE).read_text())
 
 
-def _todays_fingerprint() -> str:
-    """The fingerprint ``data.demo`` computes now for demo:tiny (size tiny, seed 0, its own tokenizer)."""
-    return demo.demo_target_dir("tiny", 0).name.rsplit("-", 1)[1]
+def _todays_fingerprint(size: str = "tiny") -> str:
+    """The fingerprint ``data.demo`` computes now for demo:``size`` (seed 0, its tokenizer)."""
+    return demo.demo_target_dir(size, 0).name.rsplit("-", 1)[1]
 
 
-def test_the_shipped_copy_is_todays_demo_tiny(monkeypatch):
-    """A recipe change (RECIPE_VERSION, a preset, the corpus rules) that forgets to refresh the shipped copy
-    fails here: refresh with `draftsmith make-demo --size tiny --ship`. The fingerprint is computed over the corpus
+@pytest.mark.parametrize("size", ["tiny", "tiny-mtp"])
+def test_the_shipped_copy_is_todays_demo_target(size, monkeypatch):
+    """A recipe change (RECIPE_VERSION, a preset, the corpus rules) that forgets to refresh a shipped copy
+    fails here: refresh with `draftsmith make-demo --size SIZE --ship`. The fingerprint is computed over the corpus
     fingerprint the copy records, so this holds on a Python whose standard library (the corpus) differs too (there
     the copy is built instead of used: test_a_shipped_copy_of_another_fingerprint_is_not_used)."""
-    record = _record()
-    assert changed_files(SHIPPED_TINY, record["files"]) == []  # a cut or LFS-pointer checkout fails here too
+    folder = demo.SHIPPED / f"{size}-seed0"
+    record = _record(folder)
+    assert changed_files(folder, record["files"]) == []  # a cut or LFS-pointer checkout fails here too
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(record["files"])
-    assert record["settings"] == settings_for("tiny", seed=0).cache_key()
+    assert settings_for(size, seed=0).cache_key().items() <= record["settings"].items()
     monkeypatch.setattr(demo, "corpus_fingerprint", lambda: record["corpus_fingerprint"])
-    assert record["fingerprint"] == _todays_fingerprint()
+    assert record["fingerprint"] == _todays_fingerprint(size)
+    assert sorted(p.name for p in demo.SHIPPED.iterdir() if p.is_dir()) == ["tiny-mtp-seed0", "tiny-seed0"]
 
 
 @pytest.fixture
