@@ -9,8 +9,8 @@
 Without --out the result goes to the cache (``$DRAFTSMITH_CACHE``, default ``~/.cache/draftsmith``)
 under a key of corpus and settings; an existing matching build is reused, never retrained. ``demo:tiny``
 and ``demo:tiny-mtp`` ship built in ``data/demo_targets/<size>-seed0/`` and are copied from there when the
-fingerprint is the one asked for (``data.demo``); ``--ship`` builds the default LM of ``--size``/``--seed`` when the shipped copy
-no longer matches, and replaces the shipped copy with the build (docs/setup.md: what shipping it costs).
+fingerprint is the one asked for (``data.demo``); ``--ship`` builds the default LM of ``--size``/``--seed`` when
+the shipped copy no longer matches, and replaces the shipped copy with the build (docs/setup.md: what shipping it costs).
 On CPU the thread count follows the one policy (``target.threads``: one thread against all cores,
 measured; ``OMP_NUM_THREADS`` overrides): on a CPU shared with other jobs one thread trains several
 times faster than two (threads stall waiting for each other), on an idle one two are faster.

@@ -1,9 +1,9 @@
 """Drafters: ``base`` (what every drafter is), one module per head kind (``<kind>.py``, its class
 named ``DRAFTER``), one per variant with a class of its own in ``variants/`` (``<variant>.py``, a subclass of
 its kind's drafter), the lookup from a head to its drafter, and in ``free/`` the drafters that are no head
-kind: ``adaptive`` (a chain whose length follows the acceptance), ``chooser`` (a chain's length or a dynamic tree's
-depth chosen for tokens per second, 0 allowed), ``by_temperature`` (one of those two per sampling mode: the CPU default),
-``lm_drafter`` (a small LM), ``layer_skip`` (the target's first layers), ``ngram`` (prompt lookup), ``lookup_first`` (prompt lookup, else another
+kind: ``adaptive`` (a chain whose length follows the acceptance), ``chooser`` (a chain's length or a dynamic
+tree's depth chosen for tokens per second, 0 allowed), ``by_temperature`` (one of those two per sampling mode: the
+CPU default), ``lm_drafter`` (a small LM), ``layer_skip`` (the target's first layers), ``ngram`` (prompt lookup), ``lookup_first`` (prompt lookup, else another
 drafter) and ``hierarchical`` (a draft LM whose own drafts are guessed). Import those from their modules."""
 from __future__ import annotations
 

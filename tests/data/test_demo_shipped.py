@@ -1,5 +1,5 @@
-"""demo:tiny and demo:tiny-mtp ship built (data/demo_targets/SIZE-seed0): copied into the cache when it is the LM asked for and
-every file is as recorded; a changed recipe or a damaged file is said in one line and built instead."""
+"""demo:tiny and demo:tiny-mtp ship built (data/demo_targets/SIZE-seed0): copied into the cache when it is the LM
+asked for and every file is as recorded; a changed recipe or a damaged file is said in one line and built instead."""
 from __future__ import annotations
 
 import json

@@ -125,8 +125,9 @@ def head_identity(drafter: Drafter) -> dict:
 
 
 class CostAwareLength(Drafter):
-    """Wrap a chain or dynamic-tree ``drafter`` drafting at most ``maximum`` levels; ``costs``: a ``CostModel`` (None: the generator
-    measures one, ``infer.cost_profile``) or one ``StepCosts`` for every batch size and sampling mode (a test's)."""
+    """Wrap a chain or dynamic-tree ``drafter`` drafting at most ``maximum`` levels; ``costs``: a ``CostModel``
+    (None: the generator measures one, ``infer.cost_profile``) or one ``StepCosts`` for every batch size and sampling
+    mode (a test's)."""
 
     def __init__(self, drafter: Drafter, maximum: int = 16, costs: CostModel | StepCosts | None = None,
                  prior: float = PRIOR, probe_every: int = PROBE_EVERY) -> None:
