@@ -364,7 +364,6 @@ def _validate(cfg: TrainConfig) -> None:
         "train.warmup_steps": opt.warmup_steps, "train.eval_every": opt.eval_every,
         "train.save_every": opt.save_every, "train.weight_decay": opt.weight_decay,
         "train.feature_noise": opt.feature_noise, "data.self_distill.rows": data.self_distill.rows,
-        "data.self_distill.temperature": data.self_distill.temperature,
     }
     for values, least in ((positive, 1), (non_negative, 0)):
         for key, value in values.items():
@@ -386,6 +385,7 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError("data.feature_cache with train.target_sharding=fsdp: processes reading the cache would skip "
                           "the sharded target's collective forward while others run it; use data.features (a dump)")
     _check_eval_temperature(opt)
+    temperatures("data.self_distill.temperature", data.self_distill.temperature)  # kept as given: a float stays one
     if not opt.lr > 0:
         raise ConfigError(f"train.lr must be > 0, got {opt.lr}")
     if opt.max_minutes is not None and not opt.max_minutes > 0:
@@ -412,18 +412,24 @@ def _validate(cfg: TrainConfig) -> None:
     objective_class(head.kind, head.variant).configure(cfg)  # last: it may rely on every check above
 
 
+def temperatures(key: str, value: float | list[float]) -> list[float]:
+    """``value`` (one temperature or a list) as a list of distinct temperatures >= 0; a ConfigError naming ``key``
+    otherwise."""
+    temps = value if isinstance(value, list) else [value]
+    if not temps:
+        raise ConfigError(f"{key}: give at least one temperature (0 = greedy), e.g. [0, 1]")
+    for t in temps:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
+            raise ConfigError(f"{key}: {t!r} is no temperature (a number >= 0; 0 = greedy)")
+    if len(set(temps)) < len(temps):
+        raise ConfigError(f"{key}: {temps} lists a temperature twice")
+    return [float(t) for t in temps]
+
+
 def _check_eval_temperature(opt) -> None:
     """``train.eval_temperature`` made a list of distinct temperatures >= 0; ``train.best_by`` one of the
     records' keys it allows."""
-    temps = opt.eval_temperature if isinstance(opt.eval_temperature, list) else [opt.eval_temperature]
-    if not temps:
-        raise ConfigError("train.eval_temperature: give at least one temperature (0 = greedy), e.g. [0, 1]")
-    for t in temps:
-        if not (math.isfinite(t) and t >= 0):
-            raise ConfigError(f"train.eval_temperature: {t} is no temperature (a number >= 0; 0 = greedy)")
-    if len(set(temps)) < len(temps):
-        raise ConfigError(f"train.eval_temperature: {temps} lists a temperature twice")
-    opt.eval_temperature = [float(t) for t in temps]
+    opt.eval_temperature = temperatures("train.eval_temperature", opt.eval_temperature)
     allowed = ["auto", "simulated_tau", *(decode_tau_key(t) for t in opt.eval_temperature)]
     if opt.best_by not in allowed:
         raise ConfigError(f"train.best_by: {opt.best_by!r} is none of {', '.join(allowed)} (decode_tau_<T> needs T "

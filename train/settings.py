@@ -110,7 +110,10 @@ class SelfDistillConfig:
         "tokens; 0 = train on the data as it is", 0)
     max_new_tokens: int = _doc("tokens the target writes per assistant turn or text row", 256)
     prompt_tokens: int = _doc("plain-text rows: the tokens kept from the source before the target continues", 32)
-    temperature: float = _doc("0 = greedy, what greedy decoding accepts; > 0 samples", 0.0)
+    temperature: float | list[float] = _doc(
+        "0 = greedy, what greedy decoding accepts; > 0 samples; a list regenerates the rows once per temperature "
+        "and trains on all of them, e.g. [0, 1]: the greedy rows beside rows sampled at 1 (data.eval's rows: the "
+        "first temperature's)", 0.0)
     batch_size: int = _doc("rows per generate call", 64)
 
 

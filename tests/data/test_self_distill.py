@@ -178,10 +178,35 @@ def test_training_sources_are_the_regenerated_files(target, tmp_path):
     assert rows[0]["provenance"]["max_length"] == 64 and rows[0]["provenance"]["target"] == cfg.target
 
 
+def test_several_temperatures_train_on_each_ones_rows_in_one_file(target, tmp_path):
+    """``data.self_distill.temperature=[0, 1]``: data.train's rows regenerated greedily and sampled at 1, joined in
+    one cached file in that order; data.eval's at the first temperature only (plants: the first file alone; data.eval
+    at the last temperature)."""
+    model, tokenizer = target
+    train, evaluation = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in TEXTS))
+    evaluation.write_text("".join(json.dumps(r) + "\n" for r in TEXTS[:5]))
+    common = [f"data.train={train}", f"data.eval={evaluation}", f"cache_dir={tmp_path / 'cache'}", "seed=3",
+              "data.max_length=64", "data.eval_rows=2", "data.self_distill.rows=3",
+              "data.self_distill.max_new_tokens=5", "data.self_distill.prompt_tokens=4"]
+    each = [data_sources(load_config(None, [*common, f"data.self_distill.temperature={t}"]), model, tokenizer,
+                         progress=False) for t in (0, 1)]
+    assert read(each[0][0]) != read(each[1][0])  # sampled rows differ from the greedy ones
+    cfg = load_config(None, [*common, "data.self_distill.temperature=[0, 1]"])
+    train_file, eval_file = data_sources(cfg, model, tokenizer, progress=False)
+    assert read(train_file) == read(each[0][0]) + read(each[1][0]) and eval_file == each[0][1]
+    assert data_sources(cfg, model, tokenizer, progress=False) == (train_file, eval_file)  # made once
+    assert cfg.data.self_distill.temperature == [0.0, 1.0]
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["data.self_distill.rows=-1"], "data.self_distill.rows must be >= 0"),
     (["data.self_distill.rows=8", "data.self_distill.max_new_tokens=0"], "data.self_distill.max_new_tokens must be >= 1"),
-    (["data.self_distill.rows=8", "data.self_distill.temperature=-0.5"], "data.self_distill.temperature must be >= 0"),
+    (["data.self_distill.rows=8", "data.self_distill.temperature=-0.5"],
+     r"data.self_distill.temperature: -0.5 is no temperature \(a number >= 0; 0 = greedy\)"),
+    (["data.self_distill.rows=8", "data.self_distill.temperature=[0, 0.0]"],
+     r"data.self_distill.temperature: \[0.0, 0.0\] lists a temperature twice"),
+    (["data.self_distill.rows=8", "data.self_distill.temperature=[]"], "data.self_distill.temperature: give at least one"),
     (["data.self_distill.rows=8", "train.target_sharding=fsdp"], "one process cannot generate with a sharded target"),
 ])
 def test_bad_settings_are_refused_at_parse_time(overrides, message):
