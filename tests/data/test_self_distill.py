@@ -5,6 +5,7 @@ import dataclasses
 import json
 import logging
 import threading
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -181,7 +182,7 @@ def test_training_sources_are_the_regenerated_files(target, tmp_path):
 def test_several_temperatures_train_on_each_ones_rows_in_one_file(target, tmp_path):
     """``data.self_distill.temperature=[0, 1]``: data.train's rows regenerated greedily and sampled at 1, joined in
     one cached file in that order; data.eval's at the first temperature only (plants: the first file alone; data.eval
-    at the last temperature)."""
+    at the last temperature; the parts joined in reverse)."""
     model, tokenizer = target
     train, evaluation = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in TEXTS))
@@ -190,11 +191,14 @@ def test_several_temperatures_train_on_each_ones_rows_in_one_file(target, tmp_pa
               "data.max_length=64", "data.eval_rows=2", "data.self_distill.rows=3",
               "data.self_distill.max_new_tokens=5", "data.self_distill.prompt_tokens=4"]
     each = [data_sources(load_config(None, [*common, f"data.self_distill.temperature={t}"]), model, tokenizer,
-                         progress=False) for t in (0, 1)]
+                         progress=False) for t in (0.0, 1.0)]
     assert read(each[0][0]) != read(each[1][0])  # sampled rows differ from the greedy ones
     cfg = load_config(None, [*common, "data.self_distill.temperature=[0, 1]"])
     train_file, eval_file = data_sources(cfg, model, tokenizer, progress=False)
     assert read(train_file) == read(each[0][0]) + read(each[1][0]) and eval_file == each[0][1]
+    # the very files the one-temperature runs made, not copies made again under other keys
+    parts = json.loads(Path(train_file).with_suffix(".json").read_text())["parts"]
+    assert parts == [Path(each[0][0]).name, Path(each[1][0]).name]
     assert data_sources(cfg, model, tokenizer, progress=False) == (train_file, eval_file)  # made once
     assert cfg.data.self_distill.temperature == [0.0, 1.0]
 
