@@ -31,6 +31,7 @@ TEMPLATE_MISMATCH = "template_mismatch"  # template rewrites earlier turns: pref
 MASK_MISMATCH = "mask_mismatch"  # assistant spans do not map one-to-one onto token runs
 OVERLONG = "overlong"  # longer than max_length under overlong="drop"
 NO_LOSS_AFTER_TRUNCATION = "no_loss_after_truncation"  # truncation removed every assistant token
+BAD_TOKEN_IDS = "bad_token_ids"  # a text row's token_ids are not ids of this tokenizer that decode to its text
 
 REASONS = (
     MISSING_FIELD,
@@ -44,6 +45,7 @@ REASONS = (
     MASK_MISMATCH,
     OVERLONG,
     NO_LOSS_AFTER_TRUNCATION,
+    BAD_TOKEN_IDS,
 )
 
 ROLES = frozenset({"system", "user", "assistant"})

@@ -20,7 +20,11 @@ Both methods require every assistant turn to map to its own non-empty run of mas
 
 Plain text: ``[BOS] + tokens(text)`` when the tokenizer has a BOS token (added here, never by the
 tokenizer's post-processor, so it appears exactly once), no EOS (corpus chunks are arbitrary cuts,
-not documents that end). BOS gets mask 0 (nothing predicts it), every text token gets 1.
+not documents that end). BOS gets mask 0 (nothing predicts it), every text token gets 1. A row that
+carries its ``token_ids`` (the target's own tokens: ``data.self_distill`` writes them) is trained on
+those, not on the text tokenized again: text decoded from a model's tokens does not always tokenize back
+to them (a run of n single newlines comes back as n/2 double newlines), and a head must learn the tokens
+the target emits. They must be ids of this tokenizer that decode to the row's text.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ from typing import TYPE_CHECKING, Literal
 
 from jinja2 import TemplateError
 
-from draftsmith.data.conversations import MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, Messages, RowError
+from draftsmith.data.conversations import (BAD_TOKEN_IDS, MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, Messages,
+                                          RowError)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -94,11 +99,31 @@ def encode_conversation(
     return ids, mask
 
 
-def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[int], list[int]]:
-    """``(input_ids, loss_mask)`` of a plain-text row: optional BOS (mask 0), then text (mask 1)."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str,
+                token_ids: object = None) -> tuple[list[int], list[int]]:
+    """``(input_ids, loss_mask)`` of a plain-text row: optional BOS (mask 0), then text (mask 1), the text's
+    tokens being ``token_ids`` when the row carries them (checked: RowError ``bad_token_ids``)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if token_ids is None else \
+        _checked_ids(tokenizer, text, token_ids)
     bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
     return bos + ids, [0] * len(bos) + [1] * len(ids)
+
+
+def _checked_ids(tokenizer: PreTrainedTokenizerBase, text: str, token_ids: object) -> list[int]:
+    """``token_ids`` as a list of ints, when they are ids of ``tokenizer`` that decode to ``text``."""
+    size = len(tokenizer)
+    if not isinstance(token_ids, (list, tuple)) or not token_ids or \
+            not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+        raise RowError(BAD_TOKEN_IDS, f"'token_ids' is not a non-empty list of ints: {str(token_ids)[:60]}")
+    if not all(0 <= t < size for t in token_ids):
+        bad = next(t for t in token_ids if not 0 <= t < size)
+        raise RowError(BAD_TOKEN_IDS, f"'token_ids' holds {bad}, outside this tokenizer's {size} ids")
+    decoded = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    if decoded != text:
+        at = next((i for i, (a, b) in enumerate(zip(decoded, text)) if a != b), min(len(decoded), len(text)))
+        raise RowError(BAD_TOKEN_IDS, f"'token_ids' decode to a text other than 'text' (from character {at}: "
+                                      f"{decoded[at:at + 20]!r} against {text[at:at + 20]!r}; another tokenizer?)")
+    return list(token_ids)
 
 
 def mask_runs(mask: list[int]) -> list[tuple[int, int]]:

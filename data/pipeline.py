@@ -220,7 +220,7 @@ def _encode_rows(
         try:
             sample = normalize_row(row, repairs)
             if isinstance(sample, str):
-                ids, mask = encode_text(tokenizer, sample)
+                ids, mask = encode_text(tokenizer, sample, row.get("token_ids"))
             else:
                 method = method or mask_method(tokenizer)
                 ids, mask = encode_conversation(tokenizer, sample, method)

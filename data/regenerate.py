@@ -10,8 +10,8 @@ plain continuation).
 
 Engines: ``HFEngine`` (batched ``generate`` on the local device) and ``OpenAIEngine`` (any
 OpenAI-compatible chat-completions server: vLLM, SGLang, ...; concurrent requests, retries).
-Output: JSONL rows ``{"id", "source_index", "messages" (or "text"), "provenance"}`` appended one whole line
-per ``os.write`` (a crash leaves at most a cut last line, which ``--resume`` removes); rows that
+Output: JSONL rows ``{"id", "source_index", "messages" (or "text" and its "token_ids"), "provenance"}``
+appended one whole line per ``os.write`` (a crash leaves at most a cut last line, which ``--resume`` removes); rows that
 cannot be regenerated are counted per reason and skipped. ``scripts/regenerate.py`` is the CLI.
 """
 from __future__ import annotations
@@ -62,13 +62,15 @@ class Conversation:
     done: Messages = field(default_factory=list)  # regenerated history so far
     text: str | None = None  # a plain-text row: its source text (the target continues its first tokens)
     continued: str | None = None  # ... and the kept tokens with the target's continuation, once generated
+    continued_ids: list[int] | None = None  # ... and their token ids, as the target wrote them
 
     def written(self) -> bool:
         """Whether there is anything to write (a conversation cut after its first turn is written)."""
         return self.continued is not None if self.text is not None else bool(self.done)
 
     def row(self, settings: Settings) -> dict:
-        body = {"text": self.continued} if self.text is not None else {"messages": self.done}
+        body = {"text": self.continued, "token_ids": self.continued_ids} if self.text is not None else \
+            {"messages": self.done}
         return {"id": self.id, "source_index": self.index, **body,
                 "provenance": {**asdict(settings), "source_index": self.index}}
 
@@ -355,7 +357,8 @@ class HFEngine:
     def _continue_texts(self, texts: list[Conversation], settings: Settings, stats: Stats,
                         finish: Callable[[Conversation, TurnError | None], None]) -> None:
         """Each text row's first ``prompt_tokens`` tokens (as the training data tokenizes them), continued by
-        the target up to ``max_length`` tokens in all; the kept tokens are decoded again with the new ones."""
+        the target up to ``max_length`` tokens in all; the kept tokens are decoded again with the new ones, and
+        the row keeps the ids themselves (text does not always tokenize back to the ids it was decoded from)."""
         prompts = {id(c): self.tokenizer(c.text, add_special_tokens=False)["input_ids"][:settings.prompt_tokens]
                    for c in texts}
         order = sorted((c for c in texts if prompts[id(c)]), key=lambda c: len(prompts[id(c)]))
@@ -377,7 +380,8 @@ class HFEngine:
                 stats.turns += 1
                 stats.new_tokens += n_new
                 stats.turns_at_max_new_tokens += not stopped
-                c.continued = self.tokenizer.decode(prompts[id(c)] + ids, skip_special_tokens=True)
+                c.continued_ids = prompts[id(c)] + ids
+                c.continued = self.tokenizer.decode(c.continued_ids, skip_special_tokens=True)
                 finish(c, None)
 
     def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, limits: list[int],

@@ -155,6 +155,22 @@ def test_strict_mode_names_the_row(chatml, tmp_path):
     assert summary.examples_out == len(ROWS)
 
 
+def test_text_rows_train_on_their_token_ids_in_every_form(chatml, tmp_path):
+    """A text row's ``token_ids`` (the target's own tokens) are its example, read from every input form; ids of
+    another tokenizer are skipped as ``bad_token_ids`` and named in strict mode (plant: the ids ignored)."""
+    piece = lambda text: chatml(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    own = piece("a") + piece(" ") * 2 + piece("b")  # "a  b" as a model may write it; tokenized again it differs
+    assert piece("a  b") != own
+    rows = [{"text": "a  b", "token_ids": own}, {"text": "c", "token_ids": [10**6]}, {"text": "d"}]
+    bos = [] if chatml.bos_token_id is None else [chatml.bos_token_id]
+    for name, source in write_sources(rows, tmp_path / "sources").items():
+        examples, summary = build(source, chatml, tmp_path / name)
+        assert [e["input_ids"] for e in examples] == [bos + own, bos + piece("d")], name
+        assert summary.skipped == {"bad_token_ids": 1}, name
+    with pytest.raises(ValueError, match=r"row 1: bad_token_ids: 'token_ids' holds 1000000, outside this tokenizer"):
+        build(rows, chatml, tmp_path / "strict", strict=True)
+
+
 def test_template_failures_are_counted(tmp_path):
     non_alternating = chat("a", "b")
     non_alternating["messages"][1]["role"] = "user"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from fixtures.chat_tokenizers import STYLES, make_chat_tokenizer
 
-from draftsmith.data.conversations import MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, RowError
+from draftsmith.data.conversations import BAD_TOKEN_IDS, MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, RowError
 from draftsmith.data.masks import encode_conversation, encode_text, mask_method, mask_runs
 
 WITH_SYSTEM = [
@@ -125,6 +125,32 @@ def test_plain_text_gets_one_bos_and_full_loss():
     no_bos = make_chat_tokenizer(None, bos=None)
     ids, mask = encode_text(no_bos, text)
     assert mask == [1] * len(ids) and no_bos.decode(ids) == text
+
+
+def test_a_text_row_trains_on_the_token_ids_it_carries():
+    tokenizer = make_chat_tokenizer(None, bos="<s>")
+    space = tokenizer(" ", add_special_tokens=False)["input_ids"]
+    assert len(space) == 1 and tokenizer("  ", add_special_tokens=False)["input_ids"] != space * 2  # merged again
+    own = tokenizer("a", add_special_tokens=False)["input_ids"] + space * 2 + tokenizer("b", add_special_tokens=False)[
+        "input_ids"]  # as a model may write "a  b": the text tokenizes to other ids
+    ids, mask = encode_text(tokenizer, "a  b", own)
+    assert ids[1:] == own != encode_text(tokenizer, "a  b")[0][1:]
+    assert ids[0] == tokenizer.bos_token_id and mask == [0] + [1] * (len(ids) - 1)
+
+
+@pytest.mark.parametrize("token_ids, message", [
+    ([], "not a non-empty list of ints"), ("abc", "not a non-empty list of ints"),
+    ([1.5], "not a non-empty list of ints"), ([True], "not a non-empty list of ints"),
+    ([5, 400], "holds 400, outside this tokenizer's 400 ids"), ([-1], "holds -1"),
+    ("other", "decode to a text other than 'text' \\(from character 0: 'x  b' against 'a  b'"),
+])
+def test_token_ids_that_are_not_this_texts_are_refused_naming_why(token_ids, message):
+    tokenizer = make_chat_tokenizer(None, bos="<s>")
+    if token_ids == "other":
+        token_ids = tokenizer("x  b", add_special_tokens=False)["input_ids"]
+    with pytest.raises(RowError, match=message) as err:
+        encode_text(tokenizer, "a  b", token_ids)
+    assert err.value.reason == BAD_TOKEN_IDS
 
 
 def test_demo_tokenizer_template_masks_like_prefix_diff():

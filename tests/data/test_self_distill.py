@@ -15,6 +15,7 @@ from fixtures.chat_tokenizers import make_chat_tokenizer
 from support.train_fixtures import tiny_config, tiny_files  # noqa: F401  (fixture)
 from support.reference import hf_greedy
 
+from draftsmith.data.pipeline import build_examples
 from draftsmith.data.regenerate import HFEngine, Settings
 from draftsmith.data import self_distill
 from draftsmith.data.self_distill import self_distilled, spread, weights_fingerprint
@@ -44,12 +45,17 @@ def read(path):
     return [json.loads(line) for line in open(path)]
 
 
-def greedy_continuation(model, tokenizer, text, prompt_tokens, new_tokens):
+def greedy_ids(model, tokenizer, text, prompt_tokens, new_tokens):
+    """The text's first ``prompt_tokens`` token ids and the target's greedy continuation, cut at its end."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:prompt_tokens]
     out = hf_greedy(model, torch.tensor([ids]), new_tokens)
     new = out[0, len(ids):].tolist()
     eos = model.generation_config.eos_token_id
-    return tokenizer.decode(ids + (new[: new.index(eos)] if eos in new else new), skip_special_tokens=True)
+    return ids + (new[: new.index(eos)] if eos in new else new)
+
+
+def greedy_continuation(model, tokenizer, text, prompt_tokens, new_tokens):
+    return tokenizer.decode(greedy_ids(model, tokenizer, text, prompt_tokens, new_tokens), skip_special_tokens=True)
 
 
 def test_spread_picks_rows_over_the_whole_source():
@@ -88,6 +94,23 @@ def test_rows_are_the_targets_own_text_made_once_and_cached(target, tmp_path, mo
 
     other = self_distilled(TEXTS + CHATS, 3, model, tokenizer, SETTINGS, tmp_path, progress=False)
     assert other != path and len(read(other)) == 3  # another row count, another file
+
+
+def test_text_rows_train_on_the_tokens_the_target_wrote(target, tmp_path):
+    """A text row keeps the target's token ids, and the examples are made of them: exactly what greedy
+    ``generate`` wrote, where the text tokenized again is not (plants: the row without its ids; the pipeline
+    tokenizing the text)."""
+    model, tokenizer = target
+    path = self_distilled(TEXTS, 7, model, tokenizer, SETTINGS, tmp_path, batch_size=3, progress=False)
+    examples, summary = build_examples(path, tokenizer, max_length=64, cache_dir=tmp_path / "examples")
+    assert summary.examples_out == len(TEXTS)
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    tokenized_again_differs = 0
+    for row, source, example in zip(read(path), TEXTS, examples):
+        wrote = greedy_ids(model, tokenizer, source["text"], 4, 6)
+        assert row["token_ids"] == wrote and example["input_ids"] == bos + wrote
+        tokenized_again_differs += tokenizer(row["text"], add_special_tokens=False)["input_ids"] != wrote
+    assert tokenized_again_differs >= 2  # on this target the text alone would train on other tokens
 
 
 def test_greedy_rows_are_one_file_for_every_seed_sampled_rows_one_per_seed(target, tmp_path, monkeypatch):
