@@ -6,7 +6,8 @@ Accepted row shapes (checked in this order, so a row carrying several uses the f
 - ``{"text": ...}`` (plain text, trained on every token).
 Keys holding ``None`` count as absent: Parquet files and ``datasets`` tables give every row every
 column, so a text row in a mixed table carries ``messages=None``. Message keys other than the role
-and the content (``name``, ``tool_calls``, ...) are dropped.
+and the content (``name``, ``tool_calls``, ...) are dropped, but for an OpenAI assistant turn's ``token_ids``
+(the ids the target wrote, which ``scripts/regenerate.py`` keeps).
 
 ShareGPT rows are repaired the way published dumps need (ShareGPT V3 as crawled: many
 conversations start with a ``gpt`` turn, the answer to a prompt that was not kept; some repeat a
@@ -31,7 +32,7 @@ TEMPLATE_MISMATCH = "template_mismatch"  # template rewrites earlier turns: pref
 MASK_MISMATCH = "mask_mismatch"  # assistant spans do not map one-to-one onto token runs
 OVERLONG = "overlong"  # longer than max_length under overlong="drop"
 NO_LOSS_AFTER_TRUNCATION = "no_loss_after_truncation"  # truncation removed every assistant token
-BAD_TOKEN_IDS = "bad_token_ids"  # a text row's token_ids are not ids of this tokenizer that decode to its text
+BAD_TOKEN_IDS = "bad_token_ids"  # a row's or turn's token_ids are not ids of this tokenizer that decode to its text
 
 REASONS = (
     MISSING_FIELD,
@@ -65,7 +66,10 @@ SHAREGPT_CANONICAL = frozenset({"system", "human", "gpt"})  # the dump's own nam
 ROLE_ALIAS = "role_alias_turns"  # a role other than human/gpt/system mapped (chatgpt, bing, bard, user)
 LEADING_ASSISTANT = "leading_assistant_turns_dropped"  # assistant turns before the first user turn
 MERGED_SAME_ROLE = "same_role_turns_merged"  # a turn joined onto the previous turn of the same role
-REPAIRS = (ROLE_ALIAS, LEADING_ASSISTANT, MERGED_SAME_ROLE)
+# an assistant turn with the target's token_ids that the template does not render verbatim after its generation
+# prompt, on token boundaries: trained on its text's tokens (data.masks.splice_turn_ids)
+TURN_IDS_NOT_SPLICED = "assistant_turn_ids_not_spliced"
+REPAIRS = (ROLE_ALIAS, LEADING_ASSISTANT, MERGED_SAME_ROLE, TURN_IDS_NOT_SPLICED)
 
 Messages = list[dict[str, str]]
 
@@ -125,7 +129,10 @@ def _normalize_turns(
         _check_content(turn[content_key], f"{where}.{content_key}")
         if repairs is not None and raw_role.lower() not in SHAREGPT_CANONICAL:
             repairs[ROLE_ALIAS] += 1
-        messages.append({"role": role, "content": turn[content_key]})
+        message = {"role": role, "content": turn[content_key]}
+        if role_map is None and role == "assistant" and turn.get("token_ids") is not None:
+            message["token_ids"] = turn["token_ids"]  # the ids the target wrote (data.masks.splice_turn_ids)
+        messages.append(message)
     if repairs is not None:
         messages = _repair(messages, repairs)
     if not any(m["role"] == "assistant" for m in messages):

@@ -29,12 +29,13 @@ the target emits. They must be ids of this tokenizer that decode to the row's te
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
 from jinja2 import TemplateError
 
-from draftsmith.data.conversations import (BAD_TOKEN_IDS, MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, Messages,
-                                          RowError)
+from draftsmith.data.conversations import (BAD_TOKEN_IDS, MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH,
+                                          TURN_IDS_NOT_SPLICED, Messages, RowError)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -67,15 +68,64 @@ def mask_method(tokenizer: PreTrainedTokenizerBase) -> Method:
 
 
 def encode_conversation(
-    tokenizer: PreTrainedTokenizerBase, messages: Messages, method: Method | None = None
+    tokenizer: PreTrainedTokenizerBase, messages: Messages, method: Method | None = None,
+    repairs: Counter | None = None,
 ) -> tuple[list[int], list[int]]:
-    """``(input_ids, loss_mask)`` of a conversation; ``method=None`` picks it from the template.
+    """``(input_ids, loss_mask)`` of a conversation; ``method=None`` picks it from the template. Assistant turns
+    carrying ``token_ids`` are trained on them (``splice_turn_ids``; a turn that cannot be is counted in ``repairs``).
 
-    Raises ``RowError`` (template_error / template_mismatch / mask_mismatch) for rows that cannot
+    Raises ``RowError`` (template_error / template_mismatch / mask_mismatch / bad_token_ids) for rows that cannot
     be masked reliably.
     """
     if not tokenizer.is_fast:
         raise TypeError(f"loss masks need a fast tokenizer (offsets); got {type(tokenizer).__name__}")
+    own = [m.get("token_ids") for m in messages]
+    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    ids, mask = _encode_conversation(tokenizer, messages, method)
+    if any(t is not None for t in own):
+        ids, mask = splice_turn_ids(tokenizer, messages, own, ids, mask,
+                                    repairs if repairs is not None else Counter())
+    return ids, mask
+
+
+def splice_turn_ids(tokenizer: PreTrainedTokenizerBase, messages: Messages, own: list, ids: list[int],
+                    mask: list[int], repairs: Counter) -> tuple[list[int], list[int]]:
+    """``(ids, mask)`` with each assistant turn's content tokens replaced by the ids the target wrote (``own[i]``,
+    checked as a text row's are: RowError ``bad_token_ids``), where the template renders the content verbatim right
+    after the turn's generation prompt and the conversation's tokens have a boundary at both of its ends: the target
+    generated those ids right after that prompt. A turn that cannot be spliced keeps its text's tokens and is
+    counted in ``repairs`` (``assistant_turn_ids_not_spliced``; templates that trim the content, for one)."""
+    full = _render(tokenizer, messages, add_generation_prompt=False)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    aligned = list(enc["input_ids"]) == ids  # the generation method's ids are the rendered text's
+    offsets = enc["offset_mapping"]
+    starts, ends = {}, {}  # a character position -> the first token starting there / past the last ending there
+    for t, (start, end) in enumerate(offsets):
+        starts.setdefault(start, t)
+        ends[end] = t + 1
+    cuts = []  # (first token, past-the-last token, the turn's ids), in order
+    for i, (message, turn_ids) in enumerate(zip(messages, own)):
+        if turn_ids is None:
+            continue
+        turn_ids = _checked_ids(tokenizer, message["content"], turn_ids, f"turn {i}'s content")
+        begin = len(_render(tokenizer, messages[:i], add_generation_prompt=True))
+        end = begin + len(message["content"])
+        a, b = starts.get(begin), ends.get(end)
+        if aligned and full[begin:end] == message["content"] and a is not None and b is not None and (
+                a == 0 or offsets[a - 1][1] <= begin) and (b == len(offsets) or offsets[b][0] >= end):
+            cuts.append((a, b, turn_ids))
+        else:
+            repairs[TURN_IDS_NOT_SPLICED] += 1
+    out_ids, out_mask, at = [], [], 0
+    for a, b, turn_ids in cuts:
+        out_ids += ids[at:a] + turn_ids
+        out_mask += mask[at:a] + [1] * len(turn_ids)
+        at = b
+    return out_ids + ids[at:], out_mask + mask[at:]
+
+
+def _encode_conversation(tokenizer: PreTrainedTokenizerBase, messages: Messages,
+                         method: Method | None) -> tuple[list[int], list[int]]:
     method = method or mask_method(tokenizer)
     if method == "generation":
         ids, mask = _generation_mask(tokenizer, messages)
@@ -109,8 +159,9 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str,
     return bos + ids, [0] * len(bos) + [1] * len(ids)
 
 
-def _checked_ids(tokenizer: PreTrainedTokenizerBase, text: str, token_ids: object) -> list[int]:
-    """``token_ids`` as a list of ints, when they are ids of ``tokenizer`` that decode to ``text``."""
+def _checked_ids(tokenizer: PreTrainedTokenizerBase, text: str, token_ids: object,
+                 where: str = "'text'") -> list[int]:
+    """``token_ids`` as a list of ints, when they are ids of ``tokenizer`` that decode to ``text`` (``where``)."""
     size = len(tokenizer)
     if not isinstance(token_ids, (list, tuple)) or not token_ids or \
             not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
@@ -121,7 +172,7 @@ def _checked_ids(tokenizer: PreTrainedTokenizerBase, text: str, token_ids: objec
     decoded = tokenizer.decode(list(token_ids), skip_special_tokens=True)
     if decoded != text:
         at = next((i for i, (a, b) in enumerate(zip(decoded, text)) if a != b), min(len(decoded), len(text)))
-        raise RowError(BAD_TOKEN_IDS, f"'token_ids' decode to a text other than 'text' (from character {at}: "
+        raise RowError(BAD_TOKEN_IDS, f"'token_ids' decode to a text other than {where} (from character {at}: "
                                       f"{decoded[at:at + 20]!r} against {text[at:at + 20]!r}; another tokenizer?)")
     return list(token_ids)
 

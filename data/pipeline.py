@@ -223,7 +223,7 @@ def _encode_rows(
                 ids, mask = encode_text(tokenizer, sample, row.get("token_ids"))
             else:
                 method = method or mask_method(tokenizer)
-                ids, mask = encode_conversation(tokenizer, sample, method)
+                ids, mask = encode_conversation(tokenizer, sample, method, repairs)
             truncated = len(ids) > max_length
             if truncated and overlong == "drop":
                 raise RowError(OVERLONG, f"{len(ids)} tokens > max_length={max_length}")

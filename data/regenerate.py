@@ -83,8 +83,10 @@ class Conversation:
             return None
         return self.done + self.plan[len(self.done):i]
 
-    def answer(self, text: str) -> None:
-        self.done = self.next_prompt() + [{"role": "assistant", "content": text}]
+    def answer(self, text: str, token_ids: list[int] | None = None) -> None:
+        """Append the answer; ``token_ids``: the ids it was decoded from (the hf engine's), kept in the turn."""
+        turn = {"role": "assistant", "content": text, **({"token_ids": token_ids} if token_ids is not None else {})}
+        self.done = self.next_prompt() + [turn]
 
 
 @dataclass
@@ -314,6 +316,7 @@ class HFEngine:
         self.pad_id = pad if pad is not None else min(self.eos_ids)
 
     def _ids(self, messages: Messages) -> list[int]:
+        messages = [{"role": m["role"], "content": m["content"]} for m in messages]  # not the turns' token_ids
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -340,14 +343,15 @@ class HFEngine:
                 answers = self._generate([prompts[id(c)] for c in active], max_new, settings.temperature,
                                          [min(max_new, room[id(c)]) for c in active])
                 still = []
-                for c, (text, n_new, stopped) in zip(active, answers):
+                for c, (ids, n_new, stopped) in zip(active, answers):
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
                     stats.turns += 1
                     stats.new_tokens += n_new
                     stats.turns_at_max_new_tokens += not stopped
                     if not text.strip():
                         finish(c, TurnError(EMPTY_ANSWER, "the target's answer is empty"))
                         continue
-                    c.answer(text)
+                    c.answer(text, ids)
                     if c.next_prompt() is None:
                         finish(c, None)
                     else:
@@ -375,7 +379,7 @@ class HFEngine:
                                                          f"within max_length={settings.max_length}"))
                 continue
             answers = self._generate([prompts[id(c)] for c in batch], max_new, settings.temperature,
-                                     [min(max_new, r) for r in room], decode=False)
+                                     [min(max_new, r) for r in room])
             for c, (ids, n_new, stopped) in zip(batch, answers):
                 stats.turns += 1
                 stats.new_tokens += n_new
@@ -384,10 +388,9 @@ class HFEngine:
                 c.continued = self.tokenizer.decode(c.continued_ids, skip_special_tokens=True)
                 finish(c, None)
 
-    def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, limits: list[int],
-                  decode: bool = True):
-        """(text, new tokens, ended by itself) per prompt, left-padded into one batch; answer i is cut at
-        ``limits[i]`` tokens and before its end-of-turn token. ``decode=False`` gives the token ids, not text."""
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, limits: list[int]):
+        """(token ids, new tokens, ended by itself) per prompt, left-padded into one batch; answer i is cut at
+        ``limits[i]`` tokens and before its end-of-turn token."""
         import torch
 
         width = max(map(len, prompts))
@@ -407,8 +410,7 @@ class HFEngine:
             ids = ids[:limit]
             stop = next((i for i, t in enumerate(ids) if t in self.eos_ids), None)
             kept = ids if stop is None else ids[:stop]
-            answer = self.tokenizer.decode(kept, skip_special_tokens=True) if decode else kept
-            answers.append((answer, len(kept) + (stop is not None), stop is not None))
+            answers.append((kept, len(kept) + (stop is not None), stop is not None))
         return answers
 
 

@@ -10,8 +10,9 @@ the local device. ``--engine openai`` sends each turn to an OpenAI-compatible se
 regenerate 500k conversations on many GPUs, e.g. ``vllm serve DIR --port 8000`` then
 ``--base-url http://127.0.0.1:8000/v1`` (``--model`` defaults to ``--target``). Plain-text rows
 (``{"text"}``, ``stdlib:train``) are continued by the hf engine from their first ``--prompt-tokens``
-tokens; their rows keep the target's token ids (``"token_ids"``), which training reads instead of
-tokenizing the text again (the two can differ: a run of single newlines comes back as double newlines).
+tokens. The hf engine's rows keep the target's token ids (``"token_ids"`` of a text row and of each assistant
+turn), which training reads instead of tokenizing the text again (the two can differ: a run of single newlines
+comes back as double newlines).
 Train on the output with ``data.train=OUT.jsonl`` (or let training regenerate and cache its
 data itself: ``data.self_distill.rows=N``).
 

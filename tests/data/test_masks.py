@@ -4,7 +4,10 @@ from __future__ import annotations
 import pytest
 from fixtures.chat_tokenizers import STYLES, make_chat_tokenizer
 
-from draftsmith.data.conversations import BAD_TOKEN_IDS, MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH, RowError
+from collections import Counter
+
+from draftsmith.data.conversations import (BAD_TOKEN_IDS, MASK_MISMATCH, TEMPLATE_ERROR, TEMPLATE_MISMATCH,
+                                          TURN_IDS_NOT_SPLICED, RowError)
 from draftsmith.data.masks import encode_conversation, encode_text, mask_method, mask_runs
 
 WITH_SYSTEM = [
@@ -151,6 +154,47 @@ def test_token_ids_that_are_not_this_texts_are_refused_naming_why(token_ids, mes
     with pytest.raises(RowError, match=message) as err:
         encode_text(tokenizer, "a  b", token_ids)
     assert err.value.reason == BAD_TOKEN_IDS
+
+
+def _two_spaces(tokenizer, left: str, right: str) -> list[int]:
+    """``left + "  " + right`` as a model may write it: the two spaces as two tokens (the text tokenizes otherwise)."""
+    piece = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    own = piece(left) + piece(" ") * 2 + piece(right)
+    assert piece(f"{left}  {right}") != own
+    return own
+
+
+@pytest.mark.parametrize("style", ["chatml", "chatml_generation"])
+def test_an_assistant_turn_trains_on_the_token_ids_it_carries(style):
+    """Where the template renders the content verbatim after the generation prompt, the turn's tokens are the
+    ids it carries (the other tokens and the masked text unchanged); plant: the ids not spliced."""
+    tokenizer = make_chat_tokenizer(style)
+    own = _two_spaces(tokenizer, "a", "b")
+    plain = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "a  b"},
+             {"role": "user", "content": "More."}, {"role": "assistant", "content": "Done."}]
+    carried = [dict(m) for m in plain]
+    carried[1]["token_ids"] = own
+    repairs = Counter()
+    ids, mask = encode_conversation(tokenizer, carried, repairs=repairs)
+    base_ids, base_mask = encode_conversation(tokenizer, plain)
+    at = next(i for i in range(len(ids)) if ids[i:i + len(own)] == own)
+    assert ids[:at] == base_ids[:at] and mask[:at] == base_mask[:at] and mask[at:at + len(own)] == [1] * len(own)
+    assert ids != base_ids and tokenizer.decode(ids) == tokenizer.decode(base_ids)
+    assert masked_spans(tokenizer, ids, mask) == masked_spans(tokenizer, base_ids, base_mask)
+    assert not repairs
+
+
+def test_a_turn_the_template_does_not_render_verbatim_keeps_its_texts_tokens():
+    """llama3's template trims the content: the ids cannot be spliced; the turn is counted, nothing is lost."""
+    tokenizer = make_chat_tokenizer("llama3")
+    messages = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "a  b "}]
+    repairs = Counter()
+    carried = [messages[0], {**messages[1], "token_ids": _two_spaces(tokenizer, "a", "b ")}]
+    assert encode_conversation(tokenizer, carried, repairs=repairs) == encode_conversation(tokenizer, messages)
+    assert repairs == {TURN_IDS_NOT_SPLICED: 1}
+    carried[1]["token_ids"] = [5, 400]
+    with pytest.raises(RowError, match="bad_token_ids: 'token_ids' holds 400"):
+        encode_conversation(tokenizer, carried)
 
 
 def test_demo_tokenizer_template_masks_like_prefix_diff():

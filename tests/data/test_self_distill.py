@@ -113,6 +113,30 @@ def test_text_rows_train_on_the_tokens_the_target_wrote(target, tmp_path):
     assert tokenized_again_differs >= 2  # on this target the text alone would train on other tokens
 
 
+def test_chat_rows_train_on_the_tokens_the_target_wrote(target, tmp_path):
+    """An assistant turn keeps the target's token ids, and the example holds them right after the prompt the
+    target answered: exactly what greedy ``generate`` wrote (plants: the turn without its ids; the ids not
+    spliced)."""
+    model, tokenizer = target
+    chats = [{"messages": [{"role": "user", "content": f"Say {word}, then {i}."}]
+              + [{"role": "assistant", "content": "No."}]} for i, word in enumerate(["yes", "a word", "it twice"] * 3)]
+    path = self_distilled(chats, len(chats), model, tokenizer, SETTINGS, tmp_path, batch_size=4, progress=False)
+    examples, summary = build_examples(path, tokenizer, max_length=64, cache_dir=tmp_path / "examples")
+    assert summary.examples_out == len(chats) and not summary.normalized
+    tokenized_again_differs = 0
+    for row, example in zip(read(path), examples):
+        prompt_text = tokenizer.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        out = hf_greedy(model, torch.tensor([prompt]), 6)[0, len(prompt):].tolist()
+        wrote = out[:out.index(model.generation_config.eos_token_id)] if model.generation_config.eos_token_id in out \
+            else out
+        assert row["messages"][1]["token_ids"] == wrote
+        assert example["input_ids"][:len(prompt) + len(wrote)] == prompt + wrote
+        tokenized_again_differs += tokenizer(row["messages"][1]["content"], add_special_tokens=False)["input_ids"] \
+            != wrote
+    assert tokenized_again_differs >= 2  # on this target the text alone would train on other tokens
+
+
 def test_greedy_rows_are_one_file_for_every_seed_sampled_rows_one_per_seed(target, tmp_path, monkeypatch):
     """The run's seed reaches the settings; greedy text does not depend on it, so a run of seed 5 reads the
     rows seed 0 made (each new seed regenerated them before), while sampled rows get a file per seed."""
