@@ -30,7 +30,7 @@ from draftsmith.data.pipeline import load_rows, source_fingerprint, tokenizer_fi
 from draftsmith.data.regenerate import HFEngine, Settings, regenerate
 
 logger = logging.getLogger("draftsmith.data")
-VERSION = 2  # bump when the rows this makes change for the same inputs
+VERSION = 3  # bump when the rows this makes change for the same inputs
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
