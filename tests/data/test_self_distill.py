@@ -45,13 +45,17 @@ def read(path):
     return [json.loads(line) for line in open(path)]
 
 
+def greedy_answer(model, prompt: list[int], new_tokens: int) -> list[int]:
+    """The target's greedy continuation of ``prompt``, cut before its end token."""
+    new = hf_greedy(model, torch.tensor([prompt]), new_tokens)[0, len(prompt):].tolist()
+    eos = model.generation_config.eos_token_id
+    return new[: new.index(eos)] if eos in new else new
+
+
 def greedy_ids(model, tokenizer, text, prompt_tokens, new_tokens):
     """The text's first ``prompt_tokens`` token ids and the target's greedy continuation, cut at its end."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:prompt_tokens]
-    out = hf_greedy(model, torch.tensor([ids]), new_tokens)
-    new = out[0, len(ids):].tolist()
-    eos = model.generation_config.eos_token_id
-    return ids + (new[: new.index(eos)] if eos in new else new)
+    return ids + greedy_answer(model, ids, new_tokens)
 
 
 def greedy_continuation(model, tokenizer, text, prompt_tokens, new_tokens):
@@ -127,9 +131,7 @@ def test_chat_rows_train_on_the_tokens_the_target_wrote(target, tmp_path):
     for row, example in zip(read(path), examples):
         prompt_text = tokenizer.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
         prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-        out = hf_greedy(model, torch.tensor([prompt]), 6)[0, len(prompt):].tolist()
-        wrote = out[:out.index(model.generation_config.eos_token_id)] if model.generation_config.eos_token_id in out \
-            else out
+        wrote = greedy_answer(model, prompt, 6)
         assert row["messages"][1]["token_ids"] == wrote
         assert example["input_ids"][:len(prompt) + len(wrote)] == prompt + wrote
         tokenized_again_differs += tokenizer(row["messages"][1]["content"], add_special_tokens=False)["input_ids"] \
