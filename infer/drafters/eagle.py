@@ -107,10 +107,12 @@ class EagleDrafter(HeadDrafter):
                       counts: list[int] | None = None) -> Tensor:
         """One head forward for every row of ``cache``: hidden (rows, T, H), tokens (rows, T) after each
         row's entries (row b keeps ``counts[b]`` of them; None = all T)."""
-        t = tokens.shape[1]
-        lengths = torch.tensor(cache.row_lengths(), device=tokens.device)
+        t, row_lengths = tokens.shape[1], cache.row_lengths()
+        lengths = torch.tensor(row_lengths, device=tokens.device)
         position = lengths[:, None] + torch.arange(t, device=tokens.device)[None]  # (rows, T)
-        mask = cache.causal_mask(t, hidden.dtype, tokens.device)
+        # one new entry per row, every row at one length: each query sees every entry the cache returns (no mask)
+        uniform = t == 1 and min(row_lengths) == max(row_lengths)
+        mask = None if uniform else cache.causal_mask(t, hidden.dtype, tokens.device)
         cache.counts = counts
         try:
             return self._step(cache, hidden, tokens, position, mask)
