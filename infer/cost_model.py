@@ -24,8 +24,9 @@ from draftsmith.data.base.paths import keyed_cache_file
 
 COSTS_DIR = "step-costs"  # under the cache root: one JSON per key
 # of the measurement (2: the k interleaved over rounds; 3: drafting fitted per level; 5: medians again; 6: the probe,
-# plain steps after their warm-up); a record of another version is measured again
-VERSION = 6
+# plain steps after their warm-up; 7: the EAGLE-3 head drafts without its modules, cheaper per level); a record of
+# another version is measured again
+VERSION = 7
 PROBE_IDLE = 32  # steps at 0 before the one-level step ``StepCosts.probe`` times
 
 
