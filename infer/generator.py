@@ -176,7 +176,7 @@ class SpeculativeGenerator:
         self.profile = flag("profile", profile)
         compile = check_compile(compile)
         self.compile = default_compile(self.device) if compile is None else compile
-        self._verify_fn = self._make_verify_fn(self.compile, self.device)
+        self._verify_fn = self._make_verify_fn(self.compile, self.device, self.target)
         self.drafter.compile_with(self.compile)  # the same switch for the draft step
         self._compiled_shapes: set[tuple[int, int]] = set()
         self._static_cache: StaticKVCache | None = None  # reused across calls while large enough
@@ -199,8 +199,8 @@ class SpeculativeGenerator:
         return per_token_rule(self.per_token_modules)
 
     @staticmethod
-    def _make_verify_fn(compile: bool | str, device: torch.device):
-        return compiled(masked_forward, compile, device)
+    def _make_verify_fn(compile: bool | str, device: torch.device, target: nn.Module):
+        return compiled(masked_forward, compile, device, target)
 
     @classmethod
     def from_pretrained(

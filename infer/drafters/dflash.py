@@ -168,7 +168,7 @@ class DFlashDrafter(HeadDrafter):
         """Compiled: the block pass reads the whole context buffers (``StaticHeadCache.buffers``), so its
         shapes do not change with the rows' lengths; compiled once per (rows, cache capacity)."""
         device = self.embed.weight.device
-        self._fixed_block = compiled(self._block_logits, compile, device) if compile else None
+        self._fixed_block = compiled(self._block_logits, compile, device, self.head) if compile else None
 
     def _block_logits(self, context: list[tuple[torch.Tensor, torch.Tensor]], block: torch.Tensor,
                       starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -201,8 +201,8 @@ class EagleDrafter(HeadDrafter):
         through ``_tree_levels`` in its fixed-shape form, each compiled once per (rows, depth, cache
         capacity)."""
         device = self.embed.weight.device
-        self._fixed_chain = compiled(self._fixed_levels, compile, device) if compile else None
-        self._fixed_tree = compiled(self._tree_levels, compile, device) if compile else None
+        self._fixed_chain = compiled(self._fixed_levels, compile, device, self.head) if compile else None
+        self._fixed_tree = compiled(self._tree_levels, compile, device, self.head) if compile else None
 
     _fixed_chain = _fixed_tree = None  # set by compile_with
 

@@ -255,7 +255,7 @@ def test_a_compiled_generator_warms_up_at_the_real_size(saved, capsys, monkeypat
     import draftsmith.infer.generator as generator
 
     monkeypatch.setattr(generator.SpeculativeGenerator, "_make_verify_fn",
-                        staticmethod(lambda compile, device: generator.masked_forward))
+                        staticmethod(lambda compile, device, target: generator.masked_forward))
     import draftsmith.infer.drafters.eagle as eagle
 
     for drafter in (drafter_base.Drafter, eagle.EagleDrafter):  # the EAGLE-3 head's drafter compiles its chain
