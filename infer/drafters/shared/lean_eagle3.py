@@ -4,10 +4,11 @@ On a small head a draft step is mostly Python: ``Eagle3Head.forward`` calls abou
 the rotary, attention, MLP), each through ``nn.Module.__call__``, and reads an instrumented config, where its
 arithmetic is a few matrix-vector products (docs/benchmarks.md, "The draft step without its modules"). ``LeanEagle3``
 runs ``Eagle3Head.forward``'s tensor ops in the same order on the same weights (``heads.eagle3``'s decoder layer:
-both norms, the concatenation, attention over the head's cache with the rotary, the gated MLP, EAGLE-3.1's output
-norm), so a draft is the module's bit for bit; ``lean_eagle3`` checks that once per head on a short input with a
-cache and returns None (the drafter runs the modules) where it differs or where a module is not the plain class
-the head builds (a LoRA or quantized linear, a hook, training mode, a variant's head).
+both norms and the rotary through their own ``forward``, the concatenation, attention over the head's cache with
+projections as ``F.linear``, the gated MLP, EAGLE-3.1's output norm), so a draft is the module's bit for bit;
+``lean_eagle3`` checks that once per head on a short input with a cache and returns None (the drafter runs the
+modules) where it differs or where a module is not the plain class the head builds (a LoRA or quantized linear, a
+hook, training mode, a variant's head).
 """
 from __future__ import annotations
 
@@ -30,18 +31,11 @@ def _linear(module: nn.Module) -> tuple[Tensor, Tensor | None]:
     return module.weight, module.bias
 
 
-def _norm(module: nn.Module) -> tuple[Tensor, float]:
+def _norm(module: nn.Module):
+    """The norm's own ``forward`` (bound: no ``__call__``)."""
     if type(module) is not RMSNorm:
         raise NotLean(f"{type(module).__name__} is not heads.layers.RMSNorm")
-    return module.weight, module.variance_epsilon
-
-
-def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """``RMSNorm.forward``."""
-    dtype = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
+    return module.forward
 
 
 class LeanEagle3:
@@ -76,11 +70,11 @@ class LeanEagle3:
                  attention_mask: Tensor | None = None, past_key_values: HeadCache | None = None) -> Tensor:
         cos, sin = self.rotary.forward(position_ids, hidden_states.dtype)
         hidden = hidden_states
-        x = torch.cat([_rms(inputs_embeds, *self.norm_embeds), _rms(hidden, *self.norm_hidden)], dim=-1)
+        x = torch.cat([self.norm_embeds(inputs_embeds), self.norm_hidden(hidden)], dim=-1)
         hidden = hidden + self._attention(x, cos, sin, attention_mask, past_key_values)
-        x = _rms(hidden, *self.norm_post)
+        x = self.norm_post(hidden)
         hidden = hidden + F.linear(self.act(F.linear(x, *self.gate)) * F.linear(x, *self.up), *self.down)
-        return _rms(hidden, *self.norm_out) if self.norm_out is not None else hidden
+        return self.norm_out(hidden) if self.norm_out is not None else hidden
 
     def _attention(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache) -> Tensor:
         """``heads.layers.Attention.forward``."""
