@@ -4,7 +4,7 @@
 its most likely nodes kept, and the counts below are of the accepted path's depth, as a chain's). Each row keeps, per
 draft depth d, how often a draft that reached d was accepted (counts decayed by ``DECAY`` per observation, so the
 estimate follows the text), and reads its conditional acceptance p_d from them with a prior: depth 1's is ``prior``,
-depth d's the estimate at d - 1 (a depth never reached is trusted as much as the last one reached). A row drafting k
+depth d's the estimate at d - 1 as far as its tries vouch for it, the prior otherwise (``acceptance``). A row drafting k
 levels is expected to emit E(k) = 1 + p_1 + p_1 p_2 + ... + p_1...p_k tokens (the bonus token, then each accepted
 draft), and a step of k levels takes ``StepCosts.step_seconds(k)`` seconds (``infer.cost_model``: measured per target,
 drafter, device, dtype and thread count, per batch size and sampling mode, every row of the batch at k). Every row of
@@ -63,10 +63,14 @@ class ChooserState:
 
 
 def acceptance(hits: list[float], tries: list[float], prior: float, weight: float = PRIOR_WEIGHT) -> list[float]:
-    """Per depth, the conditional acceptance p_d: (hits + weight * p_{d-1}) / (tries + weight), p_0 = ``prior``."""
-    estimates, mean = [], prior
+    """Per depth, the conditional acceptance p_d = (hits + weight * m_d) / (tries + weight). Its starting point m_d is
+    ``prior`` at depth 1 and deeper the estimate at d - 1 as far as that depth's own tries vouch for it:
+    m_d = (tries_{d-1} * p_{d-1} + weight * prior) / (tries_{d-1} + weight). One hit at depth 1 (p_1 = 0.8) starts
+    depth 2 at 0.7 and depth 3 at the prior; ten hits start the next depth near them."""
+    estimates, mean, seen = [], prior, 0.0
     for h, t in zip(hits, tries):
-        mean = (h + weight * mean) / (t + weight)
+        start = (seen * mean + weight * prior) / (seen + weight)
+        mean, seen = (h + weight * start) / (t + weight), t
         estimates.append(mean)
     return estimates
 
