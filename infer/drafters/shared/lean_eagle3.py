@@ -19,16 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from draftsmith.heads.layers import MLP, Attention, HeadCache, RMSNorm, Rotary, causal_mask, rotate_half
-
-
-class NotLean(Exception):
-    """The head has something ``LeanEagle3`` does not reproduce."""
-
-
-def _linear(module: nn.Module) -> tuple[Tensor, Tensor | None]:
-    if type(module) is not nn.Linear:
-        raise NotLean(f"{type(module).__name__} is not a plain nn.Linear")
-    return module.weight, module.bias
+from draftsmith.target.lean_forward import NotLean, linear_weights
 
 
 def _norm(module: nn.Module):
@@ -60,8 +51,9 @@ class LeanEagle3:
         self.norm_embeds, self.norm_hidden = _norm(layer.input_layernorm), _norm(layer.hidden_norm)
         self.norm_post = _norm(layer.post_attention_layernorm)
         self.norm_out = _norm(head.norm) if head.config.norm_output else None
-        self.q, self.k, self.v, self.o = (_linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
-        self.gate, self.up, self.down = (_linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+        self.q, self.k, self.v, self.o = (linear_weights(m) for m in projections)
+        self.gate, self.up, self.down = (linear_weights(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.layer_idx = attn.layer_idx
