@@ -22,7 +22,7 @@ from draftsmith.infer.cost_model import PROBE_IDLE, StepCosts, curve_name, load_
 from draftsmith.infer.decoding import PhaseClock
 from draftsmith.infer.drafters import Sampling
 from draftsmith.infer.drafters.free.chooser import CostAwareLength
-from draftsmith.target.lean_forward import lean_stack
+from draftsmith.target.lean import lean_stack
 from draftsmith.target.model import loaded_target_identity
 
 PROMPT_TOKENS = 48

@@ -48,13 +48,13 @@ from draftsmith.infer.cost_profile import prepare_costs
 from draftsmith.target.decode_check import check_family
 from draftsmith.infer.decoding import (DecodeInstruments, DecodeSettings, DecodeState, Decoding, GenerationStats, PhaseClock,
                                        RowState)
-from draftsmith.target.delta_rule import per_token_modules, per_token_rule
+from draftsmith.target.delta_rule import per_token_modules, per_token_rule, prefill_rule
 from draftsmith.infer.drafters import Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, make_drafter, root_only
 from draftsmith.infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from draftsmith.target.recurrent import check_chain_drafter, check_supported, is_hybrid
 from draftsmith.infer.rollback import make_rollback
 from draftsmith.infer.speculation_plan import SpeculationPlan, find_plan
-from draftsmith.target.lean_forward import lean_stack
+from draftsmith.target.lean import lean_stack
 from draftsmith.target.model import TargetOutput, decoder_layers
 from draftsmith.target.threads import choose_threads
 from draftsmith.infer.tree import pad_tree
@@ -194,8 +194,7 @@ class SpeculativeGenerator:
         self.last_stats = GenerationStats()
 
     def _forward_context(self) -> AbstractContextManager:
-        """The context every verify and replay forward runs in, and only they (never the prefill): the
-        per-token Gated DeltaNet rule for a hybrid's short stateful calls (``target.delta_rule``)."""
+        """Every verify's and replay's forward context: ``per_token_rule`` (the prefill's: ``prefill_rule``)."""
         return per_token_rule(self.per_token_modules)
 
     @staticmethod
@@ -328,8 +327,9 @@ class SpeculativeGenerator:
         padding = mask if attention_mask is not None and bool((mask == 0).any()) else None  # sync
         masks = attention_masks(text_config(self.target), prefill_mask(mask, self.dtype), positions, positions, padding)
         self._lean = lean_stack(self.target) if self.lean and not self.compile else None
-        out = masked_forward(self.target, ids, torch.arange(ids.shape[1], device=self.device), masks,
-                             positions, cache, self.drafter.aux_layer_ids, lean=self._lean)
+        with prefill_rule(self.per_token_modules):  # Mamba-2 scans of a prompt shorter than a chunk: one chunk
+            out = masked_forward(self.target, ids, torch.arange(ids.shape[1], device=self.device), masks,
+                                 positions, cache, self.drafter.aux_layer_ids, lean=self._lean)
         cache.length = ids.shape[1]
         return out
 

@@ -30,19 +30,20 @@ from draftsmith.heads.layers import additive_mask
 from draftsmith.infer.cache import StaticKVCache
 from draftsmith.target.cache_keywords import cache_kwargs
 from draftsmith.target.lean_forward import LeanStack
+from draftsmith.target.lean_hybrid import HybridStack
 from draftsmith.target.recurrent import RECURRENT_MASK_KEYS, is_hybrid
 from draftsmith.target.model import TargetOutput, backbone_of, causal_lm_of
 
 
 def masked_forward(model: nn.Module, input_ids: Tensor, slots: Tensor, mask: Tensor | dict[str, Tensor],
                    positions: Tensor, cache: StaticKVCache, aux_layer_ids: tuple[int, ...] = (),
-                   inputs_embeds: Tensor | None = None, lean: LeanStack | None = None) -> TargetOutput:
+                   inputs_embeds: Tensor | None = None, lean: LeanStack | HybridStack | None = None) -> TargetOutput:
     """One target forward over ``cache`` for a batch: input_ids (B, T) written at ``slots`` ((T,)
     shared, or (B, T) per row), under the additive ``mask`` (B, 1, T, cache.attended) at
     ``positions`` (B, T); a dict of such masks per layer type for a target that mixes sliding and
     full layers (``attention_masks``). ``inputs_embeds`` (B, T, H) replaces the tokens' embeddings
     (a view of the target's later layers fed the states entering them: ``Drafter.entry_model``). ``lean``: the
-    target's ``target.lean_forward.LeanStack``, the same ops without the module machinery (not with
+    target's ``target.lean`` stack, the same ops without (most of) the module machinery (not with
     ``inputs_embeds``)."""
     cache.slots = slots
     if lean is not None and inputs_embeds is None:

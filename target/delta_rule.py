@@ -38,7 +38,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import ModuleType
 
 from torch import nn
@@ -142,12 +142,13 @@ def _short_scan(chunked):
     without the dt clamp (``dt_limit``: Nemotron-H's and Zamba2's mixers pass (``time_step_min``, inf) to the
     chunked scan only; ``mamba2_selective_state_update``, what ``generate`` runs per token, clamps nothing), and
     over T < ``chunk_size`` tokens in one chunk of T (the same function: the chunked algorithm is exact for any
-    chunk length) without padding T to the chunk. A call without a state (the prefill) runs as it is."""
+    chunk length) without padding T to the chunk. A call without a state (the prefill, ``prefill_rule``) keeps its
+    clamp and runs in one chunk of T too when T < ``chunk_size``: a 128-token prompt no longer pays for 256."""
 
     def scan(hidden_states, dt, A, B, C, chunk_size: int, *args, initial_states=None, **kwargs):
         if initial_states is not None:
             kwargs["dt_limit"] = NO_LIMIT
-            chunk_size = min(chunk_size, hidden_states.shape[1])
+        chunk_size = min(chunk_size, hidden_states.shape[1])
         if initial_states is not None and positions.on() and kwargs.get("return_final_states") and not args:
             out, final, states = positions.mamba2_scan(  # a recorded verify: every position's state kept
                 hidden_states, dt, A, B, C, initial_states, kwargs.get("D"), kwargs.get("dt_bias"),
@@ -193,6 +194,14 @@ def per_token_rule(routes: tuple, max_tokens: int = PER_TOKEN_MAX):
         yield
 
 
+def prefill_rule(routes: tuple) -> AbstractContextManager:
+    """The context of the generator's prefill: of ``routes`` (``per_token_modules``), only the Mamba-2 scans are
+    routed (``_short_scan``: a prompt shorter than the layer's chunk runs in one chunk of its length). Nothing else
+    changes there: the Gated DeltaNet rules route stateful calls only, and mixers stepped one token at a time
+    (``target.one_token``) are left to their own prefill."""
+    return _swapped(tuple(r for r in routes if isinstance(r, ModuleType) and not hasattr(r, CHUNKED)), PER_TOKEN_MAX)
+
+
 @contextmanager
 def _swapped(modules: tuple[ModuleType, ...], max_tokens: int):
     """Each module's chunked rule bound to its router (Gated DeltaNet: ``_routed``; Mamba-2: ``_short_scan``)."""
@@ -216,4 +225,4 @@ def _swapped(modules: tuple[ModuleType, ...], max_tokens: int):
                     del _entered[(module.__name__, name)]
 
 
-__all__ = ["PER_TOKEN_MAX", "per_token_modules", "per_token_rule", "records_positions"]
+__all__ = ["PER_TOKEN_MAX", "per_token_modules", "per_token_rule", "prefill_rule", "records_positions"]

@@ -6,18 +6,18 @@ whose ``__getattribute__`` is instrumented; the matmuls are a third of it (docs/
 ``LeanStack`` runs the same tensor ops in the same order on the same weights, for the families whose decoder
 layer it reproduces (``FAMILIES``: Llama, Mistral, Qwen2, Qwen3 and their RMSNorm, rotary embedding and gated
 MLP; Mellum's dense layers), and calls transformers' own attention function (sdpa or eager, with the arguments the family passes), so
-its outputs are the backbone's bit for bit; ``lean_stack`` checks that once per model on a short prompt and
-falls back to the backbone otherwise.
+its outputs are the backbone's bit for bit; ``target.lean.lean_stack`` checks that once per model on a short prompt
+and a cached step or two and falls back to the backbone otherwise (a hybrid's stack: ``target.lean_hybrid``).
 
 What it does not take, and leaves to the backbone: any other layer class (hybrids, MoE, Gemma's scaled
 embeddings), a module whose class is not the family's own (PEFT's LoRA layers, quantized linears, hub kernels
 that replaced a ``forward``), forward hooks, training mode, and ``inputs_embeds`` (a drafter's entry model).
-Hooks added after ``lean_stack`` built the stack are not seen: the generator builds it again at every prefill.
+Hooks added after ``target.lean.lean_stack`` built the stack are not seen: the generator builds it again at every
+prefill.
 """
 from __future__ import annotations
 
 import sys
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -133,18 +133,18 @@ def linear_weights(module: nn.Module) -> tuple[Tensor, Tensor | None]:
 def norm_weights(module: nn.Module) -> tuple[Tensor, float]:
     """(weight, eps) of one of ``FAMILIES``' RMSNorms (``LlamaRMSNorm``'s formula; not Gemma's or Qwen3-Next's 1 + w)."""
     name = type(module).__name__
-    if name not in {f.replace("DecoderLayer", "RMSNorm") for f in FAMILIES} or not _own(type(module)):
+    if name not in {f.replace("DecoderLayer", "RMSNorm") for f in FAMILIES} or not own(type(module)):
         raise NotLean(f"{name} is not one of the families' RMSNorms")
     return module.weight, module.variance_epsilon
 
 
-def _own(cls: type) -> bool:
+def own(cls: type) -> bool:
     return cls.__module__.startswith("transformers.models.")
 
 
 def build_layer(layer: nn.Module, index: int, layer_types) -> _Layer:
     """A decoder layer of one of ``FAMILIES`` as tensors (``run_layer`` runs it); ``NotLean`` for anything else."""
-    if type(layer).__name__ not in FAMILIES or not _own(type(layer)):
+    if type(layer).__name__ not in FAMILIES or not own(type(layer)):
         raise NotLean(f"a {type(layer).__name__}")
     extra_kind, qk_norm, _ = FAMILIES[type(layer).__name__]
     attn, mlp = layer.self_attn, layer.mlp
@@ -201,24 +201,32 @@ def attention_function(config, family_module) -> Callable:
     raise NotLean(f"attention {impl!r}")
 
 
-def build_lean_stack(model: nn.Module) -> LeanStack:
-    """The lean stack of ``model`` (a *ForCausalLM), or ``NotLean`` naming what it cannot reproduce."""
-    from draftsmith.target.model import backbone_of, causal_lm_of, decoder_layers
+def check_model(model: nn.Module) -> None:
+    """``NotLean`` where ``model`` (a *ForCausalLM) is not what a lean stack may stand in for: a PEFT wrapper,
+    training mode, global forward hooks, or a module ``check_modules`` refuses."""
+    from torch.nn.modules import module as module_globals
+
+    from draftsmith.target.model import causal_lm_of
 
     if causal_lm_of(model) is not model:
         raise NotLean("a PEFT wrapper")
-    backbone = backbone_of(model)
-    layers = list(decoder_layers(model))[: model.config.num_hidden_layers]
-    names = {type(layer).__name__ for layer in layers}
-    if len(names) != 1 or not names <= FAMILIES.keys() or not _own(type(layers[0])):
-        raise NotLean(f"decoder layers {sorted(names)}")
     if model.training:
         raise NotLean("training mode")
-    from torch.nn.modules import module as module_globals
-
     if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
         raise NotLean("global forward hooks")
     check_modules(model)
+
+
+def build_lean_stack(model: nn.Module) -> LeanStack:
+    """The lean stack of ``model`` (a *ForCausalLM), or ``NotLean`` naming what it cannot reproduce."""
+    from draftsmith.target.model import backbone_of, decoder_layers
+
+    check_model(model)
+    backbone = backbone_of(model)
+    layers = list(decoder_layers(model))[: model.config.num_hidden_layers]
+    names = {type(layer).__name__ for layer in layers}
+    if len(names) != 1 or not names <= FAMILIES.keys() or not own(type(layers[0])):
+        raise NotLean(f"decoder layers {sorted(names)}")
     if type(backbone.embed_tokens) is not nn.Embedding or type(backbone.rotary_emb).__name__ != \
             type(layers[0]).__name__.replace("DecoderLayer", "RotaryEmbedding"):
         raise NotLean("the embedding or rotary embedding is not the family's")
@@ -227,47 +235,5 @@ def build_lean_stack(model: nn.Module) -> LeanStack:
     return LeanStack(backbone, layers, attention, layer_types)
 
 
-_CHECKED: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
-
-
-def lean_stack(model: nn.Module) -> LeanStack | None:
-    """``model``'s lean stack when it can build one and, the first time for this model, its forward over a
-    5-token prompt equals the backbone's bit for bit (transformers may change a family's ops between
-    versions); None otherwise (the caller runs the backbone)."""
-    try:
-        stack = build_lean_stack(model)
-    except NotLean:
-        return None
-    if model not in _CHECKED:
-        try:
-            _CHECKED[model] = _agrees(model, stack)
-        except Exception:  # noqa: BLE001  (a transformers release whose backbone takes these arguments otherwise)
-            _CHECKED[model] = False
-    return stack if _CHECKED[model] else None
-
-
-def _agrees(model: nn.Module, stack: LeanStack) -> bool:
-    """The stack's final hidden states equal the backbone's on a causal 5-token prompt (a dynamic cache each)."""
-    from transformers.cache_utils import DynamicCache
-
-    from draftsmith.target.cache_keywords import cache_kwargs
-    from draftsmith.target.model import backbone_of
-
-    weight = stack.embed
-    ids = torch.arange(5, device=weight.device)[None] % weight.shape[0]
-    positions = torch.arange(5, device=weight.device)[None]
-    allowed = torch.ones(5, 5, dtype=torch.bool, device=weight.device).tril_()
-    mask = torch.zeros(1, 1, 5, 5, dtype=weight.dtype, device=weight.device).masked_fill_(
-        ~allowed, torch.finfo(weight.dtype).min)
-    types = set(model.config.layer_types) if getattr(model.config, "layer_types", None) else None
-    masks = {t: mask for t in types} if types and "sliding_attention" in types else mask
-    with torch.inference_mode():
-        ours, _ = stack(ids, masks, positions, DynamicCache(config=model.config))
-        backbone = backbone_of(model)
-        theirs = backbone(input_ids=ids, attention_mask=masks, position_ids=positions, use_cache=True,
-                          **cache_kwargs(backbone, DynamicCache(config=model.config))).last_hidden_state
-    return torch.equal(ours, theirs)
-
-
-__all__ = ["FAMILIES", "LeanStack", "NotLean", "attention_function", "build_layer", "build_lean_stack", "check_modules",
-           "lean_stack", "linear_weights", "norm_weights", "rms", "run_layer"]
+__all__ = ["FAMILIES", "LeanStack", "NotLean", "attention_function", "build_layer", "build_lean_stack", "check_model",
+           "check_modules", "linear_weights", "norm_weights", "own", "rms", "run_layer"]

@@ -72,7 +72,7 @@ def recurrent_gated_delta_rule(query: Tensor, key: Tensor, value: Tensor, g: Ten
     state after every token too: (outputs (B, T, H_v, d_v), final state (B, H_v, d_k, d_v), states (B, T, H_v, d_k,
     d_v)). query and key (B, T, H_k, d_k), value (B, T, H_v, d_v), g and beta (B, T, H_v)."""
     dtype = query.dtype
-    length, k_heads = key.shape[1:3]
+    k_heads = key.shape[2]
     v_heads = value.shape[-2]
     if k_heads != v_heads:
         query = query.repeat_interleave(v_heads // k_heads, dim=2)
@@ -85,12 +85,13 @@ def recurrent_gated_delta_rule(query: Tensor, key: Tensor, value: Tensor, g: Ten
     key, beta = key.unsqueeze(-1), beta.unsqueeze(-1)  # views, hoisted; every arithmetic op as their loop runs it
     state = initial_state.to(value)
     outs, states = [], []
-    for i in range(length):
+    # each token's slices taken at once (views of the same values: the arithmetic below is theirs, op for op)
+    for g_i, k_i, v_i, b_i, q_i in zip(*(x.unbind(2) for x in (g, key, value, beta, query))):
         # exp per token, as theirs: one vectorised exp over every token may round otherwise on another CPU's kernels
-        state = state * g[:, :, i].exp()[..., None, None]
-        delta = (value[:, :, i] - (state * key[:, :, i]).sum(dim=-2)) * beta[:, :, i]
-        state = state + key[:, :, i] * delta.unsqueeze(-2)
-        outs.append((state * query[:, :, i]).sum(dim=-2))
+        state = state * g_i.exp()[..., None, None]
+        delta = (v_i - (state * k_i).sum(dim=-2)) * b_i
+        state = state + k_i * delta.unsqueeze(-2)
+        outs.append((state * q_i).sum(dim=-2))
         states.append(state)
     out = torch.stack(outs, dim=1)  # (B, T, H, d_v)
     return out.to(dtype), state, torch.stack(states, dim=1)

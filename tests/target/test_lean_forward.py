@@ -24,7 +24,8 @@ from draftsmith.infer.generator import SpeculativeGenerator
 from draftsmith.infer.masked_forward import (attention_masks, masked_forward, prefill_mask, verify_key_positions,
                                              verify_mask)
 from draftsmith.target import lean_forward
-from draftsmith.target.lean_forward import build_lean_stack, lean_stack
+from draftsmith.target.lean import lean_stack
+from draftsmith.target.lean_forward import build_lean_stack
 
 CASES = {
     "llama": dict(arch="llama"),
