@@ -42,7 +42,7 @@ def chooser_of(drafter: Any) -> CostAwareLength | None:
 
 def cost_key(gen: Any, chooser: CostAwareLength) -> dict:
     """What a generator's step costs depend on: target, device, dtype, CPU threads, the target's forward (its
-    lean stack or its own modules, ``target.lean_forward``), the drafter and its head."""
+    lean stack or its own modules, ``target.lean``), the drafter and its head."""
     weight = gen.target.get_input_embeddings().weight
     threads = torch.get_num_threads() if weight.device.type == "cpu" else 0
     lean = gen.lean and not gen.compile and lean_stack(gen.target) is not None

@@ -134,8 +134,8 @@ class SpeculativeGenerator:
             per-token rule where ``target.delta_rule`` finds it applies (``per_token_modules``); False = their
             chunked rule (what ``lab/bench_rollback.py --rules chunked`` times). Only that rule choice: the
             routing exactness needs (Mamba mixers per token, Mamba-2 scans without the dt clamp) stays either way.
-        lean: eager decodes run the target as ``target.lean_forward.LeanStack`` where it applies (its modules' ops
-            bit for bit, without their per-call machinery); False = the target's own modules always.
+        lean: eager decodes run the target as ``target.lean``'s stack where one applies (an attention family's
+            or a hybrid's: its modules' ops bit for bit, without their per-call machinery); False = its own modules.
     """
 
     def __init__(
