@@ -7,7 +7,7 @@ whose ``__getattribute__`` is instrumented; the matmuls are a third of it (docs/
 layer it reproduces (``FAMILIES``: Llama, Mistral, Qwen2, Qwen3 and their RMSNorm, rotary embedding and gated
 MLP; Mellum's dense layers), and calls transformers' own attention function (sdpa or eager, with the arguments the family passes), so
 its outputs are the backbone's bit for bit; ``target.lean.lean_stack`` checks that once per model on a short prompt
-and a cached step or two and falls back to the backbone otherwise (a hybrid's stack: ``target.lean_hybrid``).
+and falls back to the backbone otherwise (a hybrid's stack: ``target.lean_hybrid``).
 
 What it does not take, and leaves to the backbone: any other layer class (hybrids, MoE, Gemma's scaled
 embeddings), a module whose class is not the family's own (PEFT's LoRA layers, quantized linears, hub kernels
