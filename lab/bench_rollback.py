@@ -34,9 +34,9 @@ Two measurements on one target, in one process:
    speedup over its plain decoding, the hybrid's over the reference's (the goal: >= 0.85), the rollback's
    share of the step, and each phase's time per step over the target's t(1) (plain decoding's time per
    token): where a hybrid's step costs more than the reference's. ``random:attention``,
-   ``random:gated-deltanet`` and ``random:mamba2`` are randomly initialised models of demo:tiny's size
-   (Llama; the Qwen3.5 hybrid of demo:tiny-hybrid; a Bamba hybrid with Mamba-2 where the Qwen3.5 one has
-   Gated DeltaNet), on random prompts. The hybrids run the generator's default rollback, or the one
+   ``random:gated-deltanet``, ``random:mamba2`` and ``random:short-conv`` are randomly initialised models of
+   demo:tiny's size (Llama; the Qwen3.5 hybrid of demo:tiny-hybrid; a Bamba hybrid with Mamba-2 and an LFM2 with
+   short convs where the Qwen3.5 one has Gated DeltaNet), on random prompts. The hybrids run the generator's default rollback, or the one
    ``--rollback`` names alone.
 """
 from __future__ import annotations
@@ -68,6 +68,8 @@ RANDOM_TARGETS = {
         linear_conv_kernel_dim=4)),
     "random:mamba2": ("bamba", dict(attn_layer_indices=[3, 7], mamba_n_heads=12, mamba_d_head=32, mamba_d_state=32,
                                     mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2)),  # 12 x 32 = 2 x 192
+    "random:short-conv": ("lfm2", dict(layer_types=["conv", "conv", "conv", "full_attention"] * 2, conv_L_cache=3,
+                                       block_auto_adjust_ff_dim=False)),  # LFM2: short conv, attention in 3 and 7
 }
 REPORT_KEYS = ("target", "command")  # what every report this script writes holds (--out may replace only those)
 

@@ -5,8 +5,9 @@ hybrid stack without its module calls").
 code (a conv window, a scan routed per verify by ``target.delta_rule``, states recorded for the rollback by
 ``target.positions``), so ``HybridStack`` keeps their calls as they are and removes the rest: the backbone's and the
 layers' ``__call__`` (hooks, output capturing, kwarg deprecation wrappers, a config property rebuilt at every
-layer), the norms and the gated MLPs, which it runs as the same tensor ops on the same weights. Each attention and
-Mamba-2 mixer runs its module's own ``forward`` with the arguments its decoder layer passes; Qwen3.5's Gated DeltaNet
+layer), the norms and the gated MLPs, which it runs as the same tensor ops on the same weights, for the families in
+``HYBRIDS`` (Qwen3.5's Gated DeltaNet, Bamba's Mamba-2, LFM2's short conv). Each attention, Mamba-2 and short-conv
+mixer runs its module's own ``forward`` with the arguments its decoder layer passes; Qwen3.5's Gated DeltaNet
 mixer runs as ``LeanGatedDeltaNet`` (its forward's ops, with the same cache calls and the same module-level conv and
 delta-rule functions, looked up per call). So every cache call, routed rule and recorded state is theirs.
 ``target.lean.lean_stack`` builds it for ``HYBRIDS`` and checks it once per model against the backbone, bit for bit,
@@ -15,7 +16,7 @@ over a prompt and two cached steps.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -24,16 +25,36 @@ from torch import Tensor, nn
 
 from draftsmith.target.lean_forward import NotLean, check_model, linear_weights, own, rms
 
-# decoder layer class -> (its recurrent mixer's attribute, its MLP's, the norm before the MLP, the config property
-# naming each layer's kind (the backbone's mask key), the final norm's attribute, positions as Qwen3.5's mRoPE, the
-# keywords the layer passes its recurrent mixer beyond the states, cache and mask)
+@dataclass(frozen=True)
+class Family:
+    """Where a hybrid family's decoder layer keeps its parts, and what its forward passes them."""
+
+    mixer: str  # the recurrent mixer's attribute (attention layers: ``self_attn``)
+    recurrent: str  # the recurrent layers' kind: the config's name for them and the backbone's mask key
+    kinds: str  # the config property naming each layer's kind
+    norms: tuple[str, str]  # the norm before the mixer, the norm before the MLP
+    final_norm: str  # the backbone's final norm
+    mlp: tuple[str, str, str, str]  # the MLP's attribute, then its gate, up and down projections
+    mrope: bool = False  # positions as Qwen3.5's mRoPE (its text positions for the layers, three sections for rotary)
+    mixer_kwargs: dict = field(default_factory=dict)  # what the layer passes its mixer beyond states, cache and mask
+    attention_kwargs: dict = field(default_factory=dict)  # what it passes its attention beyond those and positions
+
+
+# decoder layer class -> its family
 HYBRIDS = {
-    "BambaDecoderLayer": ("mamba", "feed_forward", "pre_ff_layernorm", "layers_block_type", "final_layernorm", False,
-                          {}),
-    "Qwen3_5DecoderLayer": ("linear_attn", "mlp", "post_attention_layernorm", "layer_types", "norm", True,
-                            {"use_cache": True}),
+    "BambaDecoderLayer": Family("mamba", "linear_attention", "layers_block_type",
+                                ("input_layernorm", "pre_ff_layernorm"), "final_layernorm",
+                                ("feed_forward", "gate_proj", "up_proj", "down_proj"),
+                                attention_kwargs={"use_cache": True}),
+    "Qwen3_5DecoderLayer": Family("linear_attn", "linear_attention", "layer_types",
+                                  ("input_layernorm", "post_attention_layernorm"), "norm",
+                                  ("mlp", "gate_proj", "up_proj", "down_proj"), mrope=True,
+                                  mixer_kwargs={"use_cache": True}, attention_kwargs={"use_cache": True}),
+    "Lfm2DecoderLayer": Family("conv", "conv", "layer_types", ("operator_norm", "ffn_norm"), "embedding_norm",
+                               ("feed_forward", "w1", "w3", "w2")),  # LFM2's MLP: w2(silu(w1(x)) * w3(x))
 }
-_NORMS = {"BambaRMSNorm": "weight", "Qwen3_5RMSNorm": "offset"}  # Llama's x * w, Qwen3.5's x * (1 + w) in fp32
+# Llama's x * w, Qwen3.5's x * (1 + w) in fp32
+_NORMS = {"BambaRMSNorm": "weight", "Lfm2RMSNorm": "weight", "Qwen3_5RMSNorm": "offset"}
 LEAN_MIXERS: dict[str, Callable] = {}  # a recurrent mixer's class -> its lean replica (filled below)
 
 
@@ -128,20 +149,21 @@ def _norm(module: nn.Module) -> tuple[Callable, Tensor, float]:
     return rms_offset, module.weight, module.eps
 
 
-def _layer(layer: nn.Module, kind: str) -> _Layer:
-    mixer_name, mlp_name, post_name = HYBRIDS[type(layer).__name__][:3]
+def _layer(layer: nn.Module, kind: str, family: Family) -> _Layer:
     attention = kind == "full_attention"
-    mixer = getattr(layer, "self_attn" if attention else mixer_name, None)
+    mixer = getattr(layer, "self_attn" if attention else family.mixer, None)
     if mixer is None:
         raise NotLean(f"a {kind} layer without its mixer")
+    mlp_name, *projections = family.mlp
     mlp = getattr(layer, mlp_name)
-    if not type(mlp).__name__.endswith("MLP") or not {"gate_proj", "up_proj", "down_proj"} <= mlp._modules.keys():
-        raise NotLean(f"{type(mlp).__name__} is not a gated MLP")
-    act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
+    if not type(mlp).__name__.endswith("MLP") or not set(projections) <= mlp._modules.keys() or not own(type(mlp)):
+        raise NotLean(f"{type(mlp).__name__} is not the family's gated MLP")
+    act = getattr(mlp, "act_fn", F.silu)  # LFM2's MLP calls F.silu itself
+    act = act.forward if isinstance(act, nn.Module) else act
     lean = LEAN_MIXERS.get(type(mixer).__name__)
     run = lean(mixer) if lean is not None and own(type(mixer)) else mixer.forward
-    return _Layer(kind, run, attention, _norm(layer.input_layernorm), _norm(getattr(layer, post_name)),
-                  linear_weights(mlp.gate_proj), linear_weights(mlp.up_proj), linear_weights(mlp.down_proj), act)
+    return _Layer(kind, run, attention, *(_norm(getattr(layer, n)) for n in family.norms),
+                  *(linear_weights(getattr(mlp, n)) for n in projections), act)
 
 
 class HybridStack:
@@ -149,12 +171,11 @@ class HybridStack:
     ``lean_forward.LeanStack``."""
 
     def __init__(self, backbone: nn.Module, layers: list[nn.Module], kinds: list[str]) -> None:
-        spec = HYBRIDS[type(layers[0]).__name__]
+        self.family = family = HYBRIDS[type(layers[0]).__name__]
         self.embed = backbone.embed_tokens.weight
         self.rotary = backbone.rotary_emb
-        self.mrope, self.mixer_kwargs = spec[5], spec[6]
-        self.norm = _norm(getattr(backbone, spec[4]))
-        self.layers = [_layer(layer, kind) for layer, kind in zip(layers, kinds)]
+        self.norm = _norm(getattr(backbone, family.final_norm))
+        self.layers = [_layer(layer, kind, family) for layer, kind in zip(layers, kinds)]
 
     def __call__(self, input_ids: Tensor, mask: dict[str, Tensor | None], positions: Tensor, cache,
                  aux_layer_ids: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
@@ -164,8 +185,8 @@ class HybridStack:
         if not isinstance(mask, dict):
             raise NotLean("a hybrid stack takes the masks per layer kind")
         h = F.embedding(input_ids, self.embed)
-        text_positions = positions
-        if self.mrope:  # Qwen3.5: text positions for the layers, the three mRoPE sections for the rotary
+        family, text_positions = self.family, positions
+        if family.mrope:  # Qwen3.5: text positions for the layers, the three mRoPE sections for the rotary
             positions = positions[None].expand(4, *positions.shape)
             text_positions, positions = positions[0], positions[1:]
         rope = self.rotary(h, positions)
@@ -177,9 +198,9 @@ class HybridStack:
             x = norm(h, weight, eps)
             if layer.attention:
                 x, _ = layer.mixer(hidden_states=x, attention_mask=mask[layer.kind], position_ids=text_positions,
-                                   cache=cache, use_cache=True, position_embeddings=rope)
+                                   cache=cache, position_embeddings=rope, **family.attention_kwargs)
             else:
-                x = layer.mixer(hidden_states=x, cache=cache, attention_mask=mask[layer.kind], **self.mixer_kwargs)
+                x = layer.mixer(hidden_states=x, cache=cache, attention_mask=mask[layer.kind], **family.mixer_kwargs)
             h = h + x
             norm, weight, eps = layer.norm_post
             x = norm(h, weight, eps)
@@ -200,8 +221,9 @@ def build_hybrid_stack(model: nn.Module) -> HybridStack:
     names = {type(layer).__name__ for layer in layers}
     if len(names) != 1 or not names <= HYBRIDS.keys() or not own(type(layers[0])):
         raise NotLean(f"decoder layers {sorted(names)}")
-    kinds = list(getattr(backbone.config, HYBRIDS[type(layers[0]).__name__][3]))[: len(layers)]
-    if set(kinds) - {"linear_attention", "full_attention"}:
+    family = HYBRIDS[type(layers[0]).__name__]
+    kinds = list(getattr(backbone.config, family.kinds))[: len(layers)]
+    if set(kinds) - {family.recurrent, "full_attention"}:
         raise NotLean(f"layer kinds {sorted(set(kinds))}")
     if type(backbone.embed_tokens) is not nn.Embedding:
         raise NotLean("the embedding is not an nn.Embedding")
@@ -210,4 +232,4 @@ def build_hybrid_stack(model: nn.Module) -> HybridStack:
 
 LEAN_MIXERS["Qwen3_5GatedDeltaNet"] = LeanGatedDeltaNet
 
-__all__ = ["HYBRIDS", "LEAN_MIXERS", "LeanGatedDeltaNet", "HybridStack", "build_hybrid_stack", "rms_offset"]
+__all__ = ["HYBRIDS", "LEAN_MIXERS", "Family", "LeanGatedDeltaNet", "HybridStack", "build_hybrid_stack", "rms_offset"]

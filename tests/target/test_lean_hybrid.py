@@ -1,13 +1,15 @@
 """The hybrid stack (target.lean_hybrid) gives what the hybrid's own backbone gives, bit for bit: logits, final hidden
 states, aux states, every KV entry and every recurrent and conv state, recorded per position or not, on a left-padded
 prefill, a recorded 4-token verify (with the generator's routing) and a one-token step, for each family it takes
-(Qwen3.5's Gated DeltaNet, its mixers as ops, with gated attention and mRoPE; Bamba's Mamba-2 with partial rotary),
-in float32 and bfloat16. What it cannot
+(Qwen3.5's Gated DeltaNet, its mixers as ops, with gated attention and mRoPE; Bamba's Mamba-2 with partial rotary;
+LFM2's short conv), in float32 and bfloat16. What it cannot
 reproduce runs the backbone; the generator runs it at every eager prefill and decodes alike either way.
 
 Plants (each made once, each failed the test named): Qwen3.5's norms read as Llama's x * w instead of x * (1 + w)
 (test_hybrid_stack_equals_the_backbone[qwen3_5_text]); the aux state taken after the layer instead of before it
-(test_hybrid_stack_equals_the_backbone); every recurrent mixer given the attention layers' mask
+(test_hybrid_stack_equals_the_backbone); the norm before the mixer read before the MLP too (caught only once the
+test's norms were set apart: ``_norms_apart``); LFM2's MLP with its gate and up projections swapped
+(test_hybrid_stack_equals_the_backbone[lfm2]); every recurrent mixer given the attention layers' mask
 (test_hybrid_stack_equals_the_backbone); ``_agrees`` checking the prompt alone (test_the_check_runs_cached_steps);
 in the lean Gated DeltaNet: its gate's float32 cast dropped (test_hybrid_stack_equals_the_backbone[qwen3_5_text-bf16]),
 g scaled by 1.0001 and the conv's activation dropped (test_hybrid_stack_equals_the_backbone[qwen3_5_text])."""
@@ -31,7 +33,7 @@ from draftsmith.target.delta_rule import per_token_modules, per_token_rule
 from draftsmith.target.lean import build_stack, lean_stack
 from draftsmith.target.lean_hybrid import HybridStack, LeanGatedDeltaNet
 
-ARCHS = ("qwen3_5_text", "bamba")
+ARCHS = ("qwen3_5_text", "bamba", "lfm2")
 AUX = (0, 1, 3)
 
 
@@ -39,7 +41,7 @@ def _states(cache: StaticKVCache) -> list[torch.Tensor]:
     out = []
     for i in sorted(cache.states.layers):
         out += [cache.get_conv_state(i), cache.get_recurrent_state(i)]
-    return out
+    return [t for t in out if t is not None]  # a short-conv layer keeps no recurrent state
 
 
 def _steps(model, lean) -> list[torch.Tensor]:
@@ -77,7 +79,9 @@ def _steps(model, lean) -> list[torch.Tensor]:
 @pytest.mark.parametrize("arch", [*ARCHS, *(f"{a}-bf16" for a in ARCHS)])
 def test_hybrid_stack_equals_the_backbone(arch):
     arch, _, dtype = arch.partition("-")
-    model = hybrid_target(arch) if not dtype else copy.deepcopy(hybrid_target(arch)).to(torch.bfloat16)
+    model = _norms_apart(hybrid_target(arch))
+    if dtype:
+        model = model.to(torch.bfloat16)
     stack = build_stack(model)
     assert isinstance(stack, HybridStack)
     lean_mixers = [layer.mixer for layer in stack.layers if isinstance(layer.mixer, LeanGatedDeltaNet)]
@@ -89,6 +93,18 @@ def test_hybrid_stack_equals_the_backbone(arch):
     for i, (a, b) in enumerate(zip(ours, theirs)):
         assert torch.equal(a, b), f"{arch}: output {i} differs by {(a - b).abs().max().item():.3g}"
     assert lean_stack(model) is not None  # its own check agrees too
+
+
+def _norms_apart(model):
+    """A copy of ``model`` whose norms' weights differ from their init and from each other (a norm read in another's
+    place shows)."""
+    model = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn(param.shape, generator=gen) * 0.2)
+    return model
 
 
 def test_what_it_cannot_reproduce_runs_the_backbone():
@@ -104,7 +120,7 @@ def test_what_it_cannot_reproduce_runs_the_backbone():
     other.model.layers[1].mlp = torch.nn.Sequential()  # a layer of another shape
     assert lean_stack(other) is None
     other.model.layers[1].mlp = mlp
-    for arch in ("nemotron_h", "qwen3_next", "lfm2"):  # families it does not take
+    for arch in ("nemotron_h", "qwen3_next", "falcon_h1"):  # families it does not take
         assert lean_stack(hybrid_target(arch)) is None
 
 
