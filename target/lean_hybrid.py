@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from draftsmith.target.lean_forward import NotLean, check_model, linear_weights, own, rms
 
+
 @dataclass(frozen=True)
 class Family:
     """Where a hybrid family's decoder layer keeps its parts, and what its forward passes them."""
@@ -55,7 +56,6 @@ HYBRIDS = {
 }
 # Llama's x * w, Qwen3.5's x * (1 + w) in fp32
 _NORMS = {"BambaRMSNorm": "weight", "Lfm2RMSNorm": "weight", "Qwen3_5RMSNorm": "offset"}
-LEAN_MIXERS: dict[str, Callable] = {}  # a recurrent mixer's class -> its lean replica (filled below)
 
 
 def rms_offset(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -127,9 +127,12 @@ class LeanGatedDeltaNet:
         return F.linear(x.reshape(batch, length, -1), *self.out)
 
 
+LEAN_MIXERS: dict[str, Callable] = {"Qwen3_5GatedDeltaNet": LeanGatedDeltaNet}  # a mixer class -> its lean replica
+
+
 @dataclass
 class _Layer:
-    kind: str  # the mask key: "linear_attention" or "full_attention"
+    kind: str  # the mask key: the family's recurrent kind or "full_attention"
     mixer: Callable  # the recurrent mixer's or the attention's own forward
     attention: bool
     norm_in: tuple[Callable, Tensor, float]
@@ -229,7 +232,5 @@ def build_hybrid_stack(model: nn.Module) -> HybridStack:
         raise NotLean("the embedding is not an nn.Embedding")
     return HybridStack(backbone, layers, kinds)
 
-
-LEAN_MIXERS["Qwen3_5GatedDeltaNet"] = LeanGatedDeltaNet
 
 __all__ = ["HYBRIDS", "LEAN_MIXERS", "Family", "LeanGatedDeltaNet", "HybridStack", "build_hybrid_stack", "rms_offset"]
