@@ -201,12 +201,13 @@ def attention_function(config, family_module) -> Callable:
     raise NotLean(f"attention {impl!r}")
 
 
-def check_model(model: nn.Module) -> None:
-    """``NotLean`` where ``model`` (a *ForCausalLM) is not what a lean stack may stand in for: a PEFT wrapper,
-    training mode, global forward hooks, or a module ``check_modules`` refuses."""
+def check_model(model: nn.Module, families) -> tuple[nn.Module, list[nn.Module]]:
+    """(backbone, decoder layers) of ``model`` (a *ForCausalLM) when a lean stack may stand in for it: every layer
+    one transformers class named in ``families`` and a plain embedding; ``NotLean`` for a PEFT wrapper, training
+    mode, global forward hooks, a module ``check_modules`` refuses, or other layers."""
     from torch.nn.modules import module as module_globals
 
-    from draftsmith.target.model import causal_lm_of
+    from draftsmith.target.model import backbone_of, causal_lm_of, decoder_layers
 
     if causal_lm_of(model) is not model:
         raise NotLean("a PEFT wrapper")
@@ -215,21 +216,21 @@ def check_model(model: nn.Module) -> None:
     if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
         raise NotLean("global forward hooks")
     check_modules(model)
+    backbone = backbone_of(model)
+    layers = list(decoder_layers(model))[: model.config.num_hidden_layers]
+    names = {type(layer).__name__ for layer in layers}
+    if len(names) != 1 or not names <= families.keys() or not own(type(layers[0])):
+        raise NotLean(f"decoder layers {sorted(names)}")
+    if type(backbone.embed_tokens) is not nn.Embedding:
+        raise NotLean("the embedding is not an nn.Embedding")
+    return backbone, layers
 
 
 def build_lean_stack(model: nn.Module) -> LeanStack:
     """The lean stack of ``model`` (a *ForCausalLM), or ``NotLean`` naming what it cannot reproduce."""
-    from draftsmith.target.model import backbone_of, decoder_layers
-
-    check_model(model)
-    backbone = backbone_of(model)
-    layers = list(decoder_layers(model))[: model.config.num_hidden_layers]
-    names = {type(layer).__name__ for layer in layers}
-    if len(names) != 1 or not names <= FAMILIES.keys() or not own(type(layers[0])):
-        raise NotLean(f"decoder layers {sorted(names)}")
-    if type(backbone.embed_tokens) is not nn.Embedding or type(backbone.rotary_emb).__name__ != \
-            type(layers[0]).__name__.replace("DecoderLayer", "RotaryEmbedding"):
-        raise NotLean("the embedding or rotary embedding is not the family's")
+    backbone, layers = check_model(model, FAMILIES)
+    if type(backbone.rotary_emb).__name__ != type(layers[0]).__name__.replace("DecoderLayer", "RotaryEmbedding"):
+        raise NotLean("the rotary embedding is not the family's")
     layer_types = getattr(model.config, "layer_types", None)
     attention = attention_function(model.config, sys.modules[type(layers[0]).__module__])
     return LeanStack(backbone, layers, attention, layer_types)

@@ -216,20 +216,11 @@ class HybridStack:
 def build_hybrid_stack(model: nn.Module) -> HybridStack:
     """The hybrid stack of ``model`` (a *ForCausalLM whose decoder layers are all one of ``HYBRIDS``), or
     ``NotLean`` naming what it cannot reproduce."""
-    from draftsmith.target.model import backbone_of, decoder_layers
-
-    check_model(model)
-    backbone = backbone_of(model)
-    layers = list(decoder_layers(model))[: model.config.num_hidden_layers]
-    names = {type(layer).__name__ for layer in layers}
-    if len(names) != 1 or not names <= HYBRIDS.keys() or not own(type(layers[0])):
-        raise NotLean(f"decoder layers {sorted(names)}")
+    backbone, layers = check_model(model, HYBRIDS)
     family = HYBRIDS[type(layers[0]).__name__]
     kinds = list(getattr(backbone.config, family.kinds))[: len(layers)]
     if set(kinds) - {family.recurrent, "full_attention"}:
         raise NotLean(f"layer kinds {sorted(set(kinds))}")
-    if type(backbone.embed_tokens) is not nn.Embedding:
-        raise NotLean("the embedding is not an nn.Embedding")
     return HybridStack(backbone, layers, kinds)
 
 
