@@ -34,7 +34,9 @@ logger = logging.getLogger("draftsmith.train")
 def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loader: DataLoader, cfg: TrainConfig,
              depth: int) -> dict:
     """acc_k, cond_acc_k and simulated τ of ``head`` on this process's share of the held-out data,
-    summed over processes; plus the share of target top-1 tokens the draft vocab covers. Where the kind has one
+    summed over processes; plus the share of target top-1 tokens the draft vocab covers and, where the features
+    carry it, the mean share of the target's law inside it (``draft_vocab_mass``: the most a draft sampled at
+    T = 1 survives with, whatever the head learns; ``DraftTargets.mass``). Where the kind has one
     (``fit_draft_temperature``), the draft temperature per depth fitted on the same positions
     (``train/draft_temperature.py``), set in the head's config (its decode τ and its saves read it), with the
     sampled survival chance per depth at it and untempered (``sampled_accept``, ``sampled_accept_untempered``)."""
@@ -42,7 +44,8 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
     head.eval()
     meter = AcceptanceMeter(depth, accelerator.device)
     fit, fitted = DraftTemperatureFit(depth, accelerator.device), False
-    covered = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # [in draft vocab, masked]
+    covered = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # [in draft vocab, masked, law mass]
+    has_mass = True
     lm_head = target.get_output_embeddings()
     t2d = getattr(head, "t2d", None)
     objective = objective_class(cfg.head.kind, cfg.head.variant)
@@ -56,7 +59,11 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
         meter.update(*step_correctness(drafted, features.top1, features.loss_mask))
         masked = features.loss_mask[:, 1:].bool()  # target top-1 at j predicts token j+1
         in_vocab = t2d[features.top1[:, :-1]] if t2d is not None else torch.ones_like(masked)
-        covered += torch.stack([(in_vocab & masked).sum(), masked.sum()]).to(covered)
+        targets = getattr(features, "targets", None)
+        mass = getattr(targets, "mass", None)
+        has_mass = has_mass and mass is not None
+        law = (mass[:, :-1] * masked).sum() if mass is not None else masked.new_zeros((), dtype=torch.float32)
+        covered += torch.stack([(in_vocab & masked).sum().double(), masked.sum().double(), law.double()])
     pad_target_passes(target, short)
     meter.state = accelerator.reduce(meter.state, reduction="sum")
     covered = accelerator.reduce(covered, reduction="sum")
@@ -69,6 +76,8 @@ def evaluate(accelerator: Accelerator, head: nn.Module, target: nn.Module, loade
         metrics["sampled_accept_untempered"] = fit.rates([1.0] * depth)
         head.config.draft_temperature = metrics["draft_temperature"]
     metrics["draft_vocab_coverage"] = (covered[0] / covered[1].clamp(min=1)).item()
+    if has_mass:
+        metrics["draft_vocab_mass"] = (covered[2] / covered[1].clamp(min=1)).item()
     return metrics
 
 
@@ -201,8 +210,9 @@ def eval_and_keep_best(accelerator, head, target, loader, cfg, depth, state: Tra
     metrics.update(evaluate_decoding(accelerator, head, target, loader, cfg))
     record = {"step": state.step, **metrics, "best_by": best_metric(cfg, metrics)}
     metrics_log.log(record)
-    logger.info("eval step %d | %s | draft-vocab coverage %.3f", state.step, format_acceptance(metrics),
-                metrics["draft_vocab_coverage"])
+    mass = f", law mass {metrics['draft_vocab_mass']:.3f}" if "draft_vocab_mass" in metrics else ""
+    logger.info("eval step %d | %s | draft-vocab coverage %.3f%s", state.step, format_acceptance(metrics),
+                metrics["draft_vocab_coverage"], mass)
     score = metrics[record["best_by"]]
     if score > state.best_tau:
         state.best_tau, state.best_step = score, state.step

@@ -38,6 +38,9 @@ class DraftTargets(NamedTuple):
     probs: Tensor  # (B, T, Vd) float32 softmax over the draft vocab
     top1: Tensor  # (B, T) int64 target-vocab argmax of the full logits
     in_vocab: Tensor  # (B, T) bool: the target's top-1 is in the draft vocab
+    # (B, T) float32: the share of the target's law (T = 1) inside the draft vocab (1 with the full vocab), the most a
+    # draft sampled from any law over the draft vocab survives speculative sampling with at T = 1
+    mass: Tensor | None = None
 
 
 def step_slices(seq_len: int, step: int) -> tuple[slice, slice, slice]:
@@ -54,9 +57,18 @@ def restrict_to_draft_vocab(target_logits: Tensor, t2d: Tensor | None) -> DraftT
     """
     top1 = target_logits.argmax(dim=-1)  # (B, T)
     if t2d is None:
-        return DraftTargets(target_logits.float().softmax(-1), top1, torch.ones_like(top1, dtype=torch.bool))
-    probs = target_logits[..., t2d].float().softmax(-1)  # (B, T, Vd), ids sorted as the draft vocab
-    return DraftTargets(probs, top1, t2d[top1])
+        return DraftTargets(target_logits.float().softmax(-1), top1, torch.ones_like(top1, dtype=torch.bool),
+                            torch.ones_like(top1, dtype=torch.float32))
+    inside = target_logits[..., t2d].float()  # (B, T, Vd), ids sorted as the draft vocab
+    mass = (inside.logsumexp(-1) - float_logsumexp(target_logits)).exp()
+    return DraftTargets(inside.softmax(-1), top1, t2d[top1], mass)
+
+
+def float_logsumexp(logits: Tensor, rows: int = 256) -> Tensor:
+    """(...) logsumexp over the last dim of ``logits`` (..., V) in float32, ``rows`` positions at a time: bf16
+    logits keep no full float32 copy, and a bf16 result (its step 1/16 at 8) would be off by percents."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    return torch.cat([chunk.float().logsumexp(-1) for chunk in flat.split(rows)]).view(logits.shape[:-1])
 
 
 def top1_labels(probs: Tensor) -> Tensor:
