@@ -49,7 +49,8 @@ from draftsmith.target.decode_check import check_family
 from draftsmith.infer.decoding import (DecodeInstruments, DecodeSettings, DecodeState, Decoding, GenerationStats, PhaseClock,
                                        RowState)
 from draftsmith.target.delta_rule import per_token_modules, per_token_rule, prefill_rule
-from draftsmith.infer.drafters import Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, make_drafter, root_only
+from draftsmith.infer.drafters import (Chain, Draft, Drafter, Sampling, TreeOption, adaptive_chain, default_chain,
+                                      head_drafter_class, make_drafter, root_only)
 from draftsmith.infer.masked_forward import attention_masks, masked_forward, prefill_mask, verify_key_positions, verify_mask
 from draftsmith.target.recurrent import check_chain_drafter, check_supported, is_hybrid
 from draftsmith.infer.rollback import make_rollback
@@ -87,8 +88,10 @@ def _drafter_for(head: nn.Module | Drafter, target: nn.Module, tree: TreeOption 
     if hybrid and tree is not None and not isinstance(tree, Chain):
         raise ValueError(f"{type(target).__name__} is a hybrid (recurrent layers read a verify's tokens as one "
                          f"sequence): drafts must be chains (tree=Chain(n), or no tree), not a {type(tree).__name__}")
-    if hybrid and tree is None:  # chains only: the kind's adaptive chain on every device
-        return adaptive_chain(head, target)
+    if hybrid and tree is None:  # chains only: the kind's default chain where it adapts (an EAGLE head's on CPU:
+        if head_drafter_class(head).adapts_by_default(device):  # adaptive greedy, its length chosen sampled or batched)
+            return default_chain(head, target)
+        return adaptive_chain(head, target)  # elsewhere its adaptive chain
     return make_drafter(head, target, tree)
 
 

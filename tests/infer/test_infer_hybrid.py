@@ -13,6 +13,7 @@ import pytest
 import torch
 from support.targets import make_tiny_target
 from support.hybrids import HYBRIDS, make_tiny_hybrid
+from support.chooser import FLAT
 from support.sampling import PROMPT, VOCAB as SAMPLING_VOCAB, joint_pvalue, sample_triples
 from support.infer_hybrid import MAIN, VOCAB, hybrid_prompt, hybrid_target, left_padded, perturbed
 from support.oracle import Oracle
@@ -20,7 +21,7 @@ from support.reference import hf_greedy
 
 from draftsmith.heads import build_head
 from draftsmith.infer import Chain, DynamicTree, SpeculativeGenerator
-from draftsmith.infer.drafters import make_drafter
+from draftsmith.infer.drafters import AdaptiveLength, ByTemperature, CostAwareLength, make_drafter
 from draftsmith.infer.drafters.free.hierarchical import HierarchicalDrafter
 from draftsmith.infer.drafters.free.layer_skip import LayerSkipDrafter
 from draftsmith.infer.drafters.free.lm_drafter import LMDrafter
@@ -45,7 +46,7 @@ def _drafters(arch: str, target) -> dict:
     eagle3 = perturbed(build_head("eagle3", target, aux_layer_ids=[0, 1, 2]))
     drafters = {
         "ngram": NgramDrafter(max_ngram=3, length=5),
-        "eagle3": eagle3,  # a head: the generator picks the hybrid default (the kind's adaptive chain)
+        "eagle3": eagle3,  # a head: the generator picks the hybrid default (on CPU the kind's default chain)
         "eagle": perturbed(build_head("eagle", target)),
         "medusa": perturbed(build_head("medusa", target, num_heads=3)),
         "dflash": perturbed(build_head("dflash", target, block_size=4, num_layers=1, mask_token_id=90), scale=0.3),
@@ -291,3 +292,21 @@ def test_sampling_keeps_the_target_law_on_a_hybrid(arch):
     assert joint_pvalue(samples, law) > 1e-3
     wrong = _exact_law(target, 1.6)  # the harness can fail: the same samples against another law
     assert joint_pvalue(samples, wrong) < 1e-6
+
+
+def test_a_heads_default_chain_on_a_hybrid_chooses_its_length_sampled_and_keeps_the_law():
+    """On CPU an EAGLE head given no tree drafts the kind's default chain on a hybrid as on an attention target: the
+    adaptive chain for one greedy row, the cost-aware one sampled (it drafted 0.9-1.0 levels at T = 1 on the demo
+    hybrid where the adaptive chain lost to plain decoding). Its sampled chains, rejected and rolled back, keep the
+    target's law (chi-square as above, step costs given so that every step drafts)."""
+    target = make_tiny_hybrid("qwen3_5_text", seed=3, sharpen=6.0, vocab=SAMPLING_VOCAB)
+    target.generation_config.eos_token_id = None
+    torch.manual_seed(0)
+    gen = SpeculativeGenerator(target, perturbed(build_head("eagle3", target)))
+    assert isinstance(gen.drafter, ByTemperature)
+    assert isinstance(gen.drafter.greedy, AdaptiveLength) and isinstance(gen.drafter.sampled, CostAwareLength)
+    gen.drafter.sampled.costs = FLAT  # a verify of any length costs one token's: drafting always pays
+    samples, forwards = sample_triples(gen, 300, temperature=0.9)
+    assert forwards < 2.9  # drafts were kept: fewer forwards than the plain decode's 3
+    assert joint_pvalue(samples, _exact_law(target, 0.9)) > 1e-3
+    assert joint_pvalue(samples, _exact_law(target, 1.6)) < 1e-6
