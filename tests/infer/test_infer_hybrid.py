@@ -296,9 +296,9 @@ def test_sampling_keeps_the_target_law_on_a_hybrid(arch):
 
 def test_a_heads_default_chain_on_a_hybrid_chooses_its_length_sampled_and_keeps_the_law():
     """On CPU an EAGLE head given no tree drafts the kind's default chain on a hybrid as on an attention target: the
-    adaptive chain for one greedy row, the cost-aware one sampled (it drafted 0.9-1.0 levels at T = 1 on the demo
-    hybrid where the adaptive chain lost to plain decoding). Its sampled chains, rejected and rolled back, keep the
-    target's law (chi-square as above, step costs given so that every step drafts)."""
+    adaptive chain for one greedy row, the cost-aware one sampled (at T = 1 on the demo hybrid it decodes almost
+    plainly, where the adaptive chain drafted and lost to ``generate``: docs/hybrid-demo.md). Its sampled chains,
+    rejected and rolled back, keep the target's law (chi-square as above, step costs given so every step drafts)."""
     target = make_tiny_hybrid("qwen3_5_text", seed=3, sharpen=6.0, vocab=SAMPLING_VOCAB)
     target.generation_config.eos_token_id = None
     torch.manual_seed(0)

@@ -84,7 +84,6 @@ def test_a_damaged_cached_vocab_is_named_and_chosen_again(tmp_path, caplog, dama
     assert build_draft_vocab([], vocab_size=8, size=2, data_key="abc", cache_dir=tmp_path).cache_hit
 
 
-
 def test_the_laws_mass_inside_the_draft_vocab_by_hand():
     t2d = torch.tensor([True, False, True, True, False])
     logits = torch.tensor([[[1.0, 5.0, 2.0, 0.0, 0.0], [0.0, 0.0, 3.0, 1.0, 0.0]]])
